@@ -1,0 +1,146 @@
+"""Build a checked, typed :class:`Graph`: structure checks, topological order, type inference."""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from cuvil_edge.errors import CuvilError, MalformedModelError, ShapeInferenceError
+from cuvil_edge.ir import dtypes, ops
+from cuvil_edge.ir.graph import Graph, Node, TensorType, Value, readonly
+
+#: Larger dims are treated as malformed: no edge model has 2^31 elements on one axis.
+MAX_DIM = 2**31 - 1
+
+
+def check_type(t: TensorType, where: str) -> TensorType:
+    """Reject unknown dtypes and negative, absurd or non-integer dims.
+
+    Raises:
+        MalformedModelError: a dim is negative, too large, or not an int/symbol.
+        UnsupportedAttributeError: the dtype is not supported.
+    """
+    dtypes.check(t.dtype, where)
+    for d in t.shape:
+        if isinstance(d, bool) or not isinstance(d, (int, str)):
+            raise MalformedModelError(f"{where} has a dim {d!r} that is neither an int nor a symbol")
+        if isinstance(d, int) and not 0 <= d <= MAX_DIM:
+            raise MalformedModelError(f"{where} has dim {d}, outside 0..{MAX_DIM}; fix the model's shapes")
+        if isinstance(d, str) and not d:
+            raise MalformedModelError(f"{where} has an empty symbolic dim name")
+    return t
+
+
+def topological_order(nodes: Sequence[Node], available: set[str]) -> list[Node]:
+    """Nodes ordered so each one's inputs are produced before it.
+
+    Raises:
+        MalformedModelError: duplicate producers, dangling inputs, or a cycle.
+    """
+    producer: dict[str, Node] = {}
+    for n in nodes:
+        for out in n.outputs:
+            if out in producer or out in available:
+                raise MalformedModelError(f"value {out!r} is produced twice ({n.describe()}); every value needs one producer")
+            producer[out] = n
+    for n in nodes:
+        for name in n.inputs:
+            if name and name not in producer and name not in available:
+                raise MalformedModelError(
+                    f"{n.describe()} reads {name!r}, which no node, graph input or initializer provides"
+                )
+    waiting = {id(n): sum(1 for i in set(n.inputs) if i in producer) for n in nodes}
+    users: dict[str, list[Node]] = {}
+    for n in nodes:
+        for name in set(n.inputs):
+            if name in producer:
+                users.setdefault(name, []).append(n)
+    ready = deque(n for n in nodes if waiting[id(n)] == 0)
+    order: list[Node] = []
+    while ready:
+        n = ready.popleft()
+        order.append(n)
+        for out in n.outputs:
+            for user in users.get(out, ()):
+                waiting[id(user)] -= 1
+                if waiting[id(user)] == 0:
+                    ready.append(user)
+    if len(order) != len(nodes):
+        stuck = [n.name for n in nodes if waiting[id(n)] > 0]
+        raise MalformedModelError(f"the graph has a cycle through nodes {stuck[:8]}; a model must be acyclic")
+    return order
+
+
+def build_graph(
+    name: str,
+    inputs: Sequence[Value],
+    outputs: Sequence[str],
+    nodes: Sequence[Node],
+    initializers: Mapping[str, np.ndarray],
+    opset: int,
+) -> Graph:
+    """Check structure, order nodes, infer every value's type.
+
+    Raises:
+        MalformedModelError: structural problems (see :func:`topological_order`).
+        UnsupportedOpError: a node's op has no module.
+        ShapeInferenceError: a node's input types do not fit its op.
+    """
+    types: dict[str, TensorType] = {}
+    for v in inputs:
+        if v.name in types:
+            raise MalformedModelError(f"graph input {v.name!r} is declared twice")
+        types[v.name] = check_type(v.type, f"graph input {v.name!r}")
+    frozen: dict[str, np.ndarray] = {}
+    for key, array in initializers.items():
+        if key in types:
+            raise MalformedModelError(f"initializer {key!r} has the same name as a graph input")
+        frozen[key] = readonly(np.asarray(array))
+        types[key] = check_type(TensorType.of(frozen[key]), f"initializer {key!r}")
+    names = [n.name for n in nodes]
+    if len(set(names)) != len(names):
+        raise MalformedModelError("node names are not unique; give every node its own name")
+    order = topological_order(nodes, set(types))
+    for node in order:
+        module = ops.get(node.op_type, node.describe(), node.version)
+        in_types = [types[i] if i else None for i in node.inputs]
+        try:
+            out_types = module.infer(node, in_types)
+        except CuvilError:
+            raise
+        except (ValueError, TypeError, IndexError, KeyError, ZeroDivisionError) as e:
+            raise ShapeInferenceError(f"{node.describe()}: cannot infer output types ({e})") from e
+        if len(out_types) < len([o for o in node.outputs if o]):
+            raise ShapeInferenceError(f"{node.describe()} declares {len(node.outputs)} outputs, the op gives {len(out_types)}")
+        for out, t in zip(node.outputs, out_types):
+            if out:
+                types[out] = check_type(t, f"output {out!r} of {node.describe()}")
+    out_values = []
+    for out in outputs:
+        if out not in types:
+            raise MalformedModelError(f"graph output {out!r} is not produced by any node or input")
+        out_values.append(Value(out, types[out]))
+    if not out_values:
+        raise MalformedModelError("the graph has no outputs")
+    return Graph(name, tuple(inputs), tuple(out_values), tuple(order), frozen, types, opset)
+
+
+def with_initializers(graph: Graph, arrays: Mapping[str, np.ndarray]) -> Graph:
+    """The same graph with some initializers replaced (same dtype and shape required).
+
+    Raises:
+        ShapeInferenceError: unknown name, or dtype/shape differ from the original.
+    """
+    merged = dict(graph.initializers)
+    for key, array in arrays.items():
+        if key not in merged:
+            raise ShapeInferenceError(f"{key!r} is not an initializer of graph {graph.name!r}")
+        old, new = merged[key], np.asarray(array)
+        if old.shape != new.shape or old.dtype != new.dtype:
+            raise ShapeInferenceError(
+                f"initializer {key!r} must stay {old.dtype}{list(old.shape)}, got {new.dtype}{list(new.shape)}"
+            )
+        merged[key] = readonly(new)
+    return Graph(graph.name, graph.inputs, graph.outputs, graph.nodes, merged, graph.types, graph.opset)

@@ -1,0 +1,72 @@
+"""Op registry: one module per op in this package, found by name.
+
+Each op module defines (see ``relu.py`` for the smallest example):
+
+``OP_TYPE``   the ONNX op name.
+``VERSIONS``  the ONNX opset versions at which its semantics changed and that
+              it implements; a node's opset is mapped to the newest of these not
+              above it.
+``infer(node, inputs) -> list[TensorType]``
+              output types from input types (``None`` for absent optional inputs);
+              raises :class:`~cuvil_edge.errors.ShapeInferenceError`.
+``kernel(node, *arrays) -> list[np.ndarray]``
+              the numpy reference used by the interpreter.
+``flops(node, inputs, outputs) -> int``
+              floating-point operations (a multiply-add counts 2) for static types.
+``TEMPLATE``  numpy source of the kernel function(s) the code generator pastes
+              into a compiled module; may branch on ``TARGET_*`` capability
+              constants, which the AST pruner folds per target.
+``emit(node, args, outs) -> str``
+              the source line(s) that call the template at this node.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from functools import lru_cache
+from types import ModuleType
+
+from cuvil_edge.errors import UnsupportedOpError
+
+_REQUIRED = ("OP_TYPE", "VERSIONS", "infer", "kernel", "flops", "TEMPLATE", "emit")
+
+
+@lru_cache(maxsize=1)
+def registry() -> dict[str, ModuleType]:
+    """All op modules of this package, keyed by ONNX op type."""
+    found: dict[str, ModuleType] = {}
+    for info in pkgutil.iter_modules(__path__):
+        if info.name.startswith("_"):
+            continue
+        module = importlib.import_module(f"{__name__}.{info.name}")
+        missing = [attr for attr in _REQUIRED if not hasattr(module, attr)]
+        if missing:
+            raise ImportError(f"op module {module.__name__} lacks {', '.join(missing)}")
+        found[module.OP_TYPE] = module
+    return found
+
+
+def supported_ops() -> list[str]:
+    return sorted(registry())
+
+
+def get(op_type: str, where: str = "", opset: int | None = None) -> ModuleType:
+    """The module implementing ``op_type``.
+
+    Raises:
+        UnsupportedOpError: no module implements the op, or not at ``opset``.
+    """
+    module = registry().get(op_type)
+    loc = f" at {where}" if where else ""
+    if module is None:
+        raise UnsupportedOpError(
+            f"unsupported op {op_type!r}{loc}; supported ops: {', '.join(supported_ops())}. "
+            "Re-export the model using only these ops, or add an op module under cuvil_edge/ir/ops/."
+        )
+    if opset is not None and opset < min(module.VERSIONS):
+        raise UnsupportedOpError(
+            f"op {op_type!r}{loc} at opset {opset} is older than the oldest supported version "
+            f"{min(module.VERSIONS)}; upgrade the model with onnx.version_converter"
+        )
+    return module

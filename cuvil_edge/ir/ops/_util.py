@@ -1,0 +1,136 @@
+"""Small helpers shared by op modules (attribute access, broadcasting, conv geometry)."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from cuvil_edge.errors import ShapeInferenceError, UnsupportedAttributeError
+from cuvil_edge.ir.graph import Dim, Node, TensorType
+
+
+def need(node: Node, inputs: Sequence[TensorType | None], count: int, optional: int = 0) -> None:
+    """Check the node got ``count`` required inputs (plus up to ``optional`` more)."""
+    present = len(inputs)
+    if present < count or present > count + optional or any(t is None for t in inputs[:count]):
+        want = f"{count}" if not optional else f"{count} to {count + optional}"
+        raise ShapeInferenceError(f"{node.describe()} needs {want} inputs, got {present}")
+
+
+def same_dtype(node: Node, types: Sequence[TensorType | None]) -> str:
+    """The common dtype of the given inputs (raises if they differ)."""
+    present = [t for t in types if t is not None]
+    kinds = {t.dtype for t in present}
+    if len(kinds) != 1:
+        raise ShapeInferenceError(f"{node.describe()} has inputs of different dtypes {sorted(kinds)}; cast them to one")
+    return present[0].dtype
+
+
+def want_dtype(node: Node, t: TensorType, allowed: frozenset[str] | set[str]) -> None:
+    if t.dtype not in allowed:
+        raise UnsupportedAttributeError(
+            f"{node.describe()} does not support dtype {t.dtype}; supported: {', '.join(sorted(allowed))}"
+        )
+
+
+def ints(node: Node, key: str, default: Sequence[int] | None = None) -> list[int]:
+    value = node.attr(key, default)
+    if value is None:
+        return []
+    if isinstance(value, (int, float, str)) or not all(isinstance(v, int) for v in value):
+        raise UnsupportedAttributeError(f"{node.describe()} attribute {key!r} must be a list of ints, got {value!r}")
+    return list(value)
+
+
+def broadcast(node: Node, a: Sequence[Dim], b: Sequence[Dim]) -> tuple[Dim, ...]:
+    """Numpy-style multidirectional broadcast of two shapes with symbols."""
+    out: list[Dim] = []
+    for i in range(1, max(len(a), len(b)) + 1):
+        x = a[-i] if i <= len(a) else 1
+        y = b[-i] if i <= len(b) else 1
+        if x == 1:
+            out.append(y)
+        elif y == 1 or x == y:
+            out.append(x)
+        else:
+            raise ShapeInferenceError(
+                f"{node.describe()} cannot broadcast shapes {list(a)} and {list(b)} (dim {-i}: {x} vs {y})"
+            )
+    return tuple(reversed(out))
+
+
+def pool_out(node: Node, size: Dim, kernel: int, stride: int, pad_begin: int, pad_end: int,
+             dilation: int = 1, ceil_mode: int = 0) -> Dim:
+    """Output length of a conv/pool window along one axis (symbols pass through only when kernel 1, stride 1)."""
+    if isinstance(size, str):
+        if kernel == 1 and stride == 1 and pad_begin == pad_end == 0:
+            return size
+        raise ShapeInferenceError(f"{node.describe()} needs a static spatial size, got symbol {size!r}")
+    span = dilation * (kernel - 1) + 1
+    padded = size + pad_begin + pad_end
+    if padded < span:
+        raise ShapeInferenceError(f"{node.describe()}: window {span} is larger than padded input {padded}")
+    steps = padded - span
+    out = (-(-steps // stride) if ceil_mode else steps // stride) + 1
+    if ceil_mode and (out - 1) * stride >= size + pad_begin:
+        out -= 1  # the last window must start inside the input or left padding
+    return out
+
+
+def spatial_attrs(node: Node, spatial: Sequence[Dim], kernel: Sequence[int]) -> tuple[list[int], list[int], list[int]]:
+    """strides, pads (begin..., end...), dilations with ONNX defaults and auto_pad resolved."""
+    n = len(kernel)
+    strides = ints(node, "strides") or [1] * n
+    dilations = ints(node, "dilations") or [1] * n
+    pads = ints(node, "pads") or [0] * (2 * n)
+    auto_pad = node.attr("auto_pad", "NOTSET")
+    if isinstance(auto_pad, bytes):
+        auto_pad = auto_pad.decode()
+    if len(strides) != n or len(dilations) != n or len(pads) != 2 * n:
+        raise ShapeInferenceError(f"{node.describe()} has strides/pads/dilations of the wrong length for {n} spatial dims")
+    if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+        pads = [0] * (2 * n)
+        for i, size in enumerate(spatial):
+            if isinstance(size, str):
+                raise ShapeInferenceError(f"{node.describe()} auto_pad needs static spatial dims")
+            out = -(-size // strides[i])
+            total = max(0, (out - 1) * strides[i] + dilations[i] * (kernel[i] - 1) + 1 - size)
+            small, big = total // 2, total - total // 2
+            pads[i], pads[i + n] = (small, big) if auto_pad == "SAME_UPPER" else (big, small)
+    elif auto_pad == "VALID":
+        pads = [0] * (2 * n)
+    elif auto_pad != "NOTSET":
+        raise UnsupportedAttributeError(f"{node.describe()} auto_pad={auto_pad!r} is not supported")
+    if any(s <= 0 for s in strides) or any(d <= 0 for d in dilations) or any(p < 0 for p in pads):
+        raise ShapeInferenceError(f"{node.describe()} has non-positive strides/dilations or negative pads")
+    return strides, pads, dilations
+
+
+#: Capability constants every generated module defines (device_targets sets
+#: them per target; the AST pruner folds branches on them).  Op templates may
+#: read only these names, ``np``, and their own helper functions.
+DEFAULT_CAPABILITIES: dict[str, object] = {
+    "TARGET_NAME": "reference",
+    "TARGET_ARCH": "x86_64",
+    "TARGET_SIMD_BITS": 256,
+    "TARGET_HAS_GPU": False,
+    "TARGET_HAS_FP16": False,
+    "TARGET_HAS_INT8": False,
+    "TARGET_STATIC_SHAPES": False,
+    "TARGET_STATIC_BATCH": 1,
+    "TARGET_MEMORY_MB": 16384,
+    "TARGET_LARGE_SCRATCH": True,
+    "COMPUTE_FP16": False,
+}
+
+
+def template_function(template: str, name: str, **capabilities: object):
+    """Compile an op's TEMPLATE and return function ``name`` from it.
+
+    Lets a reference kernel reuse its template when the two are the same
+    algorithm; capability constants default to :data:`DEFAULT_CAPABILITIES`.
+    """
+    import numpy as np
+
+    namespace: dict[str, object] = {"np": np, **DEFAULT_CAPABILITIES, **capabilities}
+    exec(compile(template, f"<template {name}>", "exec"), namespace)
+    return namespace[name]
