@@ -21,6 +21,10 @@ class MalformedModelError(ModelError):
     """The model file or graph is structurally broken (cycle, dangling input, bad dims...)."""
 
 
+class ModelFileError(ModelError):
+    """The model file is missing or cannot be read."""
+
+
 class UnsupportedOpError(ModelError):
     """The model uses an op (or op version) the IR does not implement."""
 
@@ -98,6 +102,10 @@ class UnknownTargetError(TargetError, ConfigError):
 
 class BuildError(TargetError):
     """Generating, pruning or compiling the module for a target failed."""
+
+
+class TargetSpecError(TargetError, ConfigError):
+    """A device target spec (specs/*.yaml) is unreadable or does not follow the schema."""
 
 
 # --- privacy -------------------------------------------------------------------

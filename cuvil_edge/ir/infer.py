@@ -73,6 +73,17 @@ def topological_order(nodes: Sequence[Node], available: set[str]) -> list[Node]:
     return order
 
 
+def const_inputs(module, node: Node, initializers: Mapping[str, np.ndarray]) -> dict[str, dict[int, np.ndarray]]:
+    """Keyword arguments for ``module.infer``: ``{"consts": {index: value}}`` for the
+    input indices the op lists in ``CONST_INPUTS`` that are initializers; ``{}`` when
+    the op lists none (its ``infer`` then takes no ``consts`` keyword)."""
+    wanted = getattr(module, "CONST_INPUTS", ())
+    if not wanted:
+        return {}
+    return {"consts": {i: initializers[node.inputs[i]] for i in wanted
+                       if i < len(node.inputs) and node.inputs[i] in initializers}}
+
+
 def build_graph(
     name: str,
     inputs: Sequence[Value],
@@ -107,7 +118,7 @@ def build_graph(
         module = ops.get(node.op_type, node.describe(), node.version)
         in_types = [types[i] if i else None for i in node.inputs]
         try:
-            out_types = module.infer(node, in_types)
+            out_types = module.infer(node, in_types, **const_inputs(module, node, frozen))
         except CuvilError:
             raise
         except (ValueError, TypeError, IndexError, KeyError, ZeroDivisionError) as e:

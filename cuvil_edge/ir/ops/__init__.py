@@ -9,6 +9,12 @@ Each op module defines (see ``relu.py`` for the smallest example):
 ``infer(node, inputs) -> list[TensorType]``
               output types from input types (``None`` for absent optional inputs);
               raises :class:`~cuvil_edge.errors.ShapeInferenceError`.
+``CONST_INPUTS`` (optional) indices of inputs whose *values* ``infer`` needs
+              (Reshape's shape).  When present and non-empty, ``infer`` is
+              called as ``infer(node, inputs, consts={index: array})`` with the
+              listed inputs that are initializers (absent ones are missing from
+              the dict; infer raises if it cannot do without them).  See
+              :func:`cuvil_edge.ir.infer.const_inputs`.
 ``kernel(node, *arrays) -> list[np.ndarray]``
               the numpy reference used by the interpreter.
 ``flops(node, inputs, outputs) -> int``

@@ -1,0 +1,151 @@
+"""The Flower ClientApp: verify -> build -> train or evaluate -> reply.
+
+A site learns who it is from its node config (``site-config``: path to its
+site YAML, on the deployment engine) or, in simulation, from its partition id
+through the federation file named by the run spec.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from functools import lru_cache
+from pathlib import Path
+
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Error, Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
+
+from cuvil_edge.agent.runtime import AgentRuntime
+from cuvil_edge.config import load_federation, load_site
+from cuvil_edge.config.run_spec import RunSpec
+from cuvil_edge.config.site import SiteConfig
+from cuvil_edge.datasets import digits
+from cuvil_edge.errors import BudgetExhaustedError, ConfigError, CuvilError
+
+log = logging.getLogger(__name__)
+
+app = ClientApp()
+
+#: Error code of replies for rejected packages and other site-side failures.
+SITE_ERROR_CODE = 4001
+
+
+@lru_cache(maxsize=8)
+def _site_setup(spec_path: str, partition: int | None, site_config: str | None) -> tuple[SiteConfig, int, int]:
+    spec = RunSpec.from_env()
+    federation = load_federation(spec.federation)
+    if site_config is not None:
+        site = load_site(site_config)
+        paths = [load_site(p).site for p in federation.sites]
+        if site.site not in paths:
+            raise ConfigError(f"{site_config}: site {site.site!r} is not in federation {spec.federation}")
+        return site, paths.index(site.site), len(paths)
+    if partition is None or not 0 <= partition < len(federation.sites):
+        raise ConfigError(f"node has partition-id {partition!r}; the federation lists {len(federation.sites)} sites")
+    return load_site(federation.sites[partition]), partition, len(federation.sites)
+
+
+def _agent(context: Context) -> tuple[AgentRuntime, int, int]:
+    import os
+
+    node = context.node_config
+    partition = node.get("partition-id")
+    site_config = node.get("site-config")
+    site, index, count = _site_setup(os.environ.get("CUVIL_EDGE_RUN_SPEC", ""),
+                                     None if partition is None else int(partition),
+                                     None if site_config is None else str(site_config))
+    spec = RunSpec.from_env()
+    key = site.agent.coordinator_public_key or Path(spec.coordinator_public_key)
+    state_dir = site.agent.state_dir or spec.agent_state_dir(site.site)
+    return AgentRuntime(site, state_dir, key), index, count
+
+
+def _local_data(agent: AgentRuntime, index: int, count: int) -> tuple[digits.Split, digits.Split]:
+    federation = load_federation(RunSpec.from_env().federation)
+    d = federation.dataset
+    part = digits.site_partition(index, count, test_fraction=d.test_fraction, alpha=d.dirichlet_alpha, seed=d.seed)
+    return digits.split_eval(part, agent.site.data.eval_fraction, seed=index)
+
+
+def _error(msg: Message, error: Exception) -> Message:
+    log.warning("%s", error)
+    return Message(Error(code=SITE_ERROR_CODE, reason=f"{type(error).__name__}: {error}"), reply_to=msg)
+
+
+def _budget_reply(msg: Message, agent: AgentRuntime, error: BudgetExhaustedError) -> Message:
+    ledger = agent.ledger()
+    metrics = MetricRecord({"num-examples": 0, "budget-exhausted": 1, "eps-spent": ledger.spent(),
+                            "eps-remaining": ledger.remaining()})
+    log.warning("%s", error)
+    return Message(RecordDict({"arrays": ArrayRecord(), "metrics": metrics}), reply_to=msg)
+
+
+def _package(msg: Message, agent: AgentRuntime) -> bytes:
+    config = msg.content["config"]
+    if config.get("site") != agent.site.site:
+        raise ConfigError(f"message for site {config.get('site')!r} reached site {agent.site.site!r}")
+    return bytes(config["package"])
+
+
+@app.query()
+def query(msg: Message, context: Context) -> Message:
+    """Tell the coordinator which site this node is."""
+    try:
+        agent, _, _ = _agent(context)
+    except CuvilError as e:
+        return _error(msg, e)
+    return Message(RecordDict({"config": ConfigRecord({"site": agent.site.site})}), reply_to=msg)
+
+
+@app.train()
+def train(msg: Message, context: Context) -> Message:
+    """Verify and build the package, then train locally with DP-SGD."""
+    from cuvil_edge.agent.training import train_round
+
+    try:
+        agent, index, count = _agent(context)
+        activated = agent.activate(_package(msg, agent))
+        train_data, _ = _local_data(agent, index, count)
+        ledger = agent.ledger()
+        start = time.perf_counter()
+        outcome = train_round(activated.package.graph, agent.site, train_data, ledger,
+                              int(msg.content["config"]["server-round"]), activated.package.manifest.version,
+                              seed=index)
+        train_seconds = time.perf_counter() - start
+    except BudgetExhaustedError as e:
+        return _budget_reply(msg, agent, e)
+    except CuvilError as e:
+        return _error(msg, e)
+    metrics = MetricRecord({
+        "num-examples": len(train_data.y), "eps-round": outcome.epsilon_round, "eps-spent": ledger.spent(),
+        "eps-remaining": ledger.remaining(), "noise-multiplier": outcome.noise_multiplier,
+        "build-seconds": activated.model.build_seconds, "verify-seconds": activated.verify_seconds,
+        "train-seconds": train_seconds, "package-bytes": activated.package_bytes, "budget-exhausted": 0,
+    })
+    arrays = ArrayRecord({k: Array(v) for k, v in outcome.weights.items()})
+    return Message(RecordDict({"arrays": arrays, "metrics": metrics}), reply_to=msg)
+
+
+@app.evaluate()
+def evaluate(msg: Message, context: Context) -> Message:
+    """Verify and build the package, evaluate locally, release the accuracy with DP noise."""
+    from cuvil_edge.privacy import release
+
+    try:
+        agent, index, count = _agent(context)
+        activated = agent.activate(_package(msg, agent))
+        _, eval_data = _local_data(agent, index, count)
+        ledger = agent.ledger()
+        n = len(eval_data.y)
+        accuracy = agent.accuracy(activated.model, eval_data.x, eval_data.y)
+        # Accuracy is a mean of n indicators: replacing one example moves it by at most 1/n.
+        noisy = release([accuracy], sensitivity=1.0 / n, epsilon=agent.site.privacy.eval_epsilon, ledger=ledger,
+                        lower=0.0, upper=1.0, key=f"eval-v{activated.package.manifest.version}",
+                        round=int(msg.content["config"]["server-round"]))
+    except BudgetExhaustedError as e:
+        return _budget_reply(msg, agent, e)
+    except CuvilError as e:
+        return _error(msg, e)
+    metrics = MetricRecord({"num-examples": n, "accuracy": float(noisy[0]), "eps-spent": ledger.spent(),
+                            "eps-remaining": ledger.remaining(), "budget-exhausted": 0})
+    return Message(RecordDict({"metrics": metrics}), reply_to=msg)

@@ -1,0 +1,128 @@
+"""The `cuvil-edge` command: parses, calls, prints. No logic lives here."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Optional
+
+import click
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from cuvil_edge.errors import CuvilError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="Federated edge deployment: ONNX -> signed per-site packages -> local builds -> DP training.")
+keys_app = typer.Typer(no_args_is_help=True, help="Coordinator signing keys.")
+app.add_typer(keys_app, name="keys")
+console = Console()
+
+DEFAULT_STATE = Path(".cuvil")
+
+
+@keys_app.command("init")
+def keys_init(directory: Path = typer.Option(DEFAULT_STATE / "keys", "--dir", help="where to write the key pair"),
+              force: bool = typer.Option(False, help="replace existing keys")) -> None:
+    """Create the coordinator's Ed25519 signing key pair."""
+    from cuvil_edge.coordinator.keys import init_keys
+
+    private, public = init_keys(directory, force=force)
+    console.print(f"private key: {private} (keep it secret)\npublic key:  {public} (pin it on every agent)")
+
+
+@app.command("compile")
+def compile_cmd(model: Path = typer.Argument(..., help="ONNX model file"),
+                site: Path = typer.Option(..., "--site", help="site YAML the package is addressed to"),
+                output: Path = typer.Option(..., "-o", "--output", help="package file to write"),
+                key: Path = typer.Option(DEFAULT_STATE / "keys" / "coordinator.key", help="coordinator private key"),
+                validity: int = typer.Option(86400, help="seconds the package stays valid")) -> None:
+    """Import MODEL, and write a package signed for one site."""
+    from cuvil_edge.coordinator.compile import compile_for_site
+
+    result = compile_for_site(model, site, output, key, validity, versions=DEFAULT_STATE / "versions.json")
+    console.print(f"wrote {output} ({result.size} bytes) for site {result.site} on {result.target}, "
+                  f"version {result.version}, {result.nodes} nodes")
+
+
+@app.command("inspect")
+def inspect_cmd(package: Path = typer.Argument(..., help="package file"),
+                key: Optional[Path] = typer.Option(None, help="also verify the signature with this public key")) -> None:
+    """Show a package's manifest, ops, tensors and FLOPs."""
+    from cuvil_edge.coordinator.compile import inspect_package
+
+    info = inspect_package(package, key)
+    console.print(f"[bold]{package}[/bold]  signature: {info.signature}")
+    for k, v in info.manifest.items():
+        console.print(f"  {k:<16} {v}")
+    ops = Table("op", "count", "FLOPs (batch 1)", title="ops")
+    for op, (count, flops) in sorted(info.ops.items()):
+        ops.add_row(op, str(count), f"{flops:,}")
+    console.print(ops)
+    tensors = Table("tensor", "dtype", "shape", "bytes", title="tensors")
+    for name, dtype, shape, size in info.tensors:
+        tensors.add_row(name, dtype, str(shape), f"{size:,}")
+    console.print(tensors)
+    console.print(f"total: {info.total_flops:,} FLOPs per sample, {info.parameter_bytes:,} parameter bytes")
+
+
+@app.command("demo")
+def demo(federation: Path = typer.Option(Path("configs/federation.yaml"), help="federation YAML"),
+         rounds: Optional[int] = typer.Option(None, help="override the number of rounds"),
+         run_dir: Optional[Path] = typer.Option(None, help="run directory (default runs/<name>-<time>)")) -> None:
+    """Run the demo federation in Flower simulation and report each round."""
+    from cuvil_edge.agent.client_app import app as client_app
+    from cuvil_edge.coordinator.launcher import prepare_run, run_in_simulation
+    from cuvil_edge.coordinator.server_app import app as server_app
+
+    os.environ.setdefault("FLWR_LOG_LEVEL", "WARNING")
+    _show_reports()
+    spec = prepare_run(federation, run_dir, rounds)
+    console.print(f"run directory: {spec.run_dir}")
+    metrics = run_in_simulation(spec, server_app, client_app)
+    final = metrics["rounds"][-1]
+    worst = max(s.get("eps-spent", 0.0) for s in final["sites"].values())
+    console.print(f"[bold]final global test accuracy {final['global_accuracy']:.4f}[/bold], "
+                  f"largest site ε spent {worst:.3f}")
+    console.print(f"metrics: {spec.run_dir}/metrics.json  plot: {spec.run_dir}/metrics.png")
+
+
+def _show_reports() -> None:
+    handler = logging.StreamHandler(sys.stdout)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    for name in ("cuvil_edge.coordinator.report",):
+        logger = logging.getLogger(name)
+        logger.setLevel(logging.INFO)
+        logger.addHandler(handler)
+        logger.propagate = False
+    logging.getLogger("cuvil_edge").setLevel(logging.WARNING)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point: every expected failure becomes one line on stderr and exit code 2."""
+    try:
+        app(args=argv, standalone_mode=False)
+    except CuvilError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except click.exceptions.Exit as e:
+        return e.exit_code
+    except click.Abort:
+        print("aborted", file=sys.stderr)
+        return 130
+    except click.ClickException as e:
+        e.show()
+        return e.exit_code
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+
+
+def run() -> None:
+    """Console-script entry point."""
+    sys.exit(main())

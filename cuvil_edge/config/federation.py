@@ -1,0 +1,93 @@
+"""Federation YAML: the model, the sites, the data split and the rounds."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+
+from cuvil_edge.config.loader import load_model
+from cuvil_edge.config.site import SiteConfig, load_site
+from cuvil_edge.errors import ConfigError
+
+BUILTIN_MODELS = ("builtin:digits-cnn",)
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+
+class DatasetSection(_Strict):
+    """The demo's data: scikit-learn digits, split non-IID across sites."""
+
+    name: Literal["digits"] = "digits"
+    test_fraction: float = Field(gt=0, lt=1, default=0.2)
+    dirichlet_alpha: float = Field(gt=0, default=0.5)
+    seed: int = 7
+
+
+class PackageSection(_Strict):
+    validity_seconds: int = Field(ge=60, le=366 * 86400, default=86400)
+
+
+class SimulationSection(_Strict):
+    client_cpus: float = Field(gt=0, default=1.0)
+    ray_cpus: int = Field(ge=1, default=2)
+
+
+class FederationConfig(_Strict):
+    """One federation: which model goes to which sites for how many rounds."""
+
+    name: str = Field(min_length=1)
+    rounds: int = Field(ge=1, le=10000)
+    model: str
+    sites: list[Path] = Field(min_length=1)
+    dataset: DatasetSection = DatasetSection()
+    package: PackageSection = PackageSection()
+    simulation: SimulationSection = SimulationSection()
+    round_timeout: float = Field(gt=0, default=600.0)
+    seed: int = 0
+
+    @field_validator("sites", mode="before")
+    @classmethod
+    def _relative_sites(cls, value: object, info: ValidationInfo) -> object:
+        base = Path((info.context or {}).get("base_dir", "."))
+        if isinstance(value, list):
+            return [(base / v).resolve() if isinstance(v, str) else v for v in value]
+        return value
+
+    @field_validator("model", mode="before")
+    @classmethod
+    def _model_path(cls, value: object, info: ValidationInfo) -> object:
+        if isinstance(value, str) and not value.startswith("builtin:"):
+            base = Path((info.context or {}).get("base_dir", "."))
+            path = (base / value).resolve()
+            if not path.is_file():
+                raise ValueError(f"model file {path} not found; give a path to an .onnx file or one of {BUILTIN_MODELS}")
+            return str(path)
+        if isinstance(value, str) and value not in BUILTIN_MODELS:
+            raise ValueError(f"unknown builtin model; choose one of {BUILTIN_MODELS}")
+        return value
+
+    def load_sites(self) -> list[SiteConfig]:
+        """Load every site file; site ids must be unique.
+
+        Raises:
+            ConfigError: a site file is invalid, or two files use one site id.
+        """
+        sites = [load_site(p) for p in self.sites]
+        ids = [s.site for s in sites]
+        for sid in ids:
+            if ids.count(sid) > 1:
+                raise ConfigError(f"sites: site id {sid!r} is used by more than one site file; ids must be unique")
+        return sites
+
+
+def load_federation(path: Path | str) -> FederationConfig:
+    """Load and validate a federation YAML file (its site files are loaded by :meth:`load_sites`).
+
+    Raises:
+        ConfigError: one line naming the file, the key and what is expected.
+    """
+    return load_model(Path(path), FederationConfig)

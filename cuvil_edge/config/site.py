@@ -1,0 +1,113 @@
+"""Site YAML: who a site is, what hardware it runs, and its privacy budget.
+
+One file per site under ``configs/sites/``.  The coordinator reads it to
+address and target packages; the agent reads it to verify, build, train and
+spend its budget.  Paths inside are relative to the file.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+
+from cuvil_edge.config.loader import load_model
+
+SITE_ID_PATTERN = r"^[a-z0-9][a-z0-9-]{0,62}$"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+
+class PrivacySection(_Strict):
+    """Per-site differential-privacy budget (record-level, add/remove neighbours)."""
+
+    epsilon_budget: float = Field(gt=0, description="total ε this site may ever spend")
+    delta: float = Field(gt=0, lt=1e-2, default=1e-5)
+    epsilon_per_round: float = Field(gt=0, description="DP-SGD target ε for one round of local training")
+    eval_epsilon: float = Field(gt=0, default=0.05, description="ε per released evaluation metric")
+
+    @model_validator(mode="after")
+    def _fits(self) -> "PrivacySection":
+        for name in ("epsilon_budget", "epsilon_per_round", "eval_epsilon"):
+            if not math.isfinite(getattr(self, name)):
+                raise ValueError(f"{name} must be finite")
+        if self.epsilon_per_round > self.epsilon_budget:
+            raise ValueError("epsilon_per_round must not exceed epsilon_budget")
+        return self
+
+
+class TrainingSection(_Strict):
+    """Local DP-SGD hyperparameters."""
+
+    local_epochs: int = Field(ge=1, le=100, default=2)
+    batch_size: int = Field(ge=1, le=65536, default=32)
+    learning_rate: float = Field(gt=0, le=10, default=0.1)
+    momentum: float = Field(ge=0, lt=1, default=0.0)
+    max_grad_norm: float = Field(gt=0, default=1.0)
+
+
+class DataSection(_Strict):
+    """Where the site's local data comes from (the demo uses a digits partition)."""
+
+    kind: Literal["digits-partition"] = "digits-partition"
+    eval_fraction: float = Field(gt=0, lt=1, default=0.2)
+
+
+class AgentSection(_Strict):
+    """Agent-side paths; both default to what the launcher provisions."""
+
+    state_dir: Optional[Path] = None
+    coordinator_public_key: Optional[Path] = None
+
+    @field_validator("state_dir", "coordinator_public_key", mode="before")
+    @classmethod
+    def _relative_to_file(cls, value: object, info: ValidationInfo) -> object:
+        if isinstance(value, str):
+            base = (info.context or {}).get("base_dir", Path("."))
+            return (Path(base) / value).resolve()
+        return value
+
+
+class SiteConfig(_Strict):
+    """A site: one edge device or one institution."""
+
+    site: str = Field(pattern=SITE_ID_PATTERN, description="site id, lowercase letters, digits and '-'")
+    target: str
+    precision: Literal["fp32", "fp16"] = "fp32"
+    description: str = ""
+    privacy: PrivacySection
+    training: TrainingSection = TrainingSection()
+    data: DataSection = DataSection()
+    agent: AgentSection = AgentSection()
+
+    @field_validator("target")
+    @classmethod
+    def _known_target(cls, value: str) -> str:
+        from cuvil_edge.device_targets import load_target  # a config names a target spec by name
+
+        try:
+            spec = load_target(value)
+        except Exception as e:  # UnknownTargetError: re-raised so pydantic names the key
+            raise ValueError(str(e)) from None
+        return spec.name
+
+    @model_validator(mode="after")
+    def _precision_supported(self) -> "SiteConfig":
+        from cuvil_edge.device_targets import load_target
+
+        if self.precision == "fp16" and not load_target(self.target).fp16:
+            raise ValueError(f"target {self.target} has no fp16; use precision: fp32")
+        return self
+
+
+def load_site(path: Path | str) -> SiteConfig:
+    """Load and validate a site YAML file.
+
+    Raises:
+        ConfigError: one line naming the file, the key and what is expected.
+    """
+    return load_model(Path(path), SiteConfig)

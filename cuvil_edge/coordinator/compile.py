@@ -1,0 +1,87 @@
+"""`cuvil-edge compile` and `cuvil-edge inspect`: one model, one site, one package file."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from cuvil_edge.config import load_site
+from cuvil_edge.coordinator.packaging import VersionCounter
+from cuvil_edge.errors import ConfigError
+from cuvil_edge.frontend import load_model
+from cuvil_edge.ir.cost import node_flops
+from cuvil_edge.ir_serialize import Manifest, decode_payload, load_private_key, load_public_key, write_package
+from cuvil_edge.ir_serialize._atomic import atomic_write
+from cuvil_edge.ir_serialize.package import split_package
+from cuvil_edge.ir_serialize.signing import verify_manifest_signature
+
+#: `inspect` reads files up to this size (the agent applies its own, configured limit).
+INSPECT_MAX_BYTES = 4 * 1024**3
+
+
+@dataclass(frozen=True)
+class CompileResult:
+    site: str
+    target: str
+    version: int
+    size: int
+    nodes: int
+
+
+def compile_for_site(model: Path, site_file: Path, output: Path, key: Path, validity: int,
+                     versions: Path) -> CompileResult:
+    """Import ``model`` and write a package signed for the site in ``site_file``.
+
+    Raises:
+        ModelError: the model is malformed or unsupported.
+        ConfigError: the site file or key is invalid.
+    """
+    if not model.is_file():
+        raise ConfigError(f"{model}: model file not found")
+    site = load_site(site_file)
+    signing_key = load_private_key(key)
+    graph = load_model(model)
+    version = VersionCounter(versions).next(site.site)
+    now = int(time.time())
+    data = write_package(graph, site=site.site, target=site.target, version=version, signing_key=signing_key,
+                         issued_at=now, expires=now + validity)
+    atomic_write(output, data, mode=0o644)
+    return CompileResult(site.site, site.target, version, len(data), len(graph.nodes))
+
+
+@dataclass(frozen=True)
+class PackageInfo:
+    signature: str
+    manifest: dict[str, Any]
+    ops: dict[str, tuple[int, int]]  # op -> (count, FLOPs)
+    tensors: list[tuple[str, str, list[int], int]]
+    total_flops: int
+    parameter_bytes: int
+
+
+def inspect_package(path: Path, public_key: Path | None = None) -> PackageInfo:
+    """Describe a package file; verifies the signature only when a key is given.
+
+    Raises:
+        PackageError: the file is not a well-formed package (or the signature fails).
+    """
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read package ({e.strerror})") from e
+    parts = split_package(memoryview(data), INSPECT_MAX_BYTES)
+    signature = "not checked (pass --key to verify)"
+    if public_key is not None:
+        verify_manifest_signature(parts.manifest_bytes, parts.signature, load_public_key(public_key))
+        signature = "valid"
+    manifest = Manifest.from_bytes(parts.manifest_bytes)
+    graph = decode_payload(parts.payload)
+    flops = node_flops(graph)
+    per_op: dict[str, tuple[int, int]] = {}
+    for node in graph.nodes:
+        count, total = per_op.get(node.op_type, (0, 0))
+        per_op[node.op_type] = (count + 1, total + flops[node.name])
+    tensors = [(name, str(a.dtype), list(a.shape), int(a.nbytes)) for name, a in sorted(graph.initializers.items())]
+    return PackageInfo(signature, manifest.to_dict(), per_op, tensors, sum(flops.values()), graph.parameter_bytes())

@@ -1,0 +1,73 @@
+"""Start a federation run in Flower's simulation engine (Ray), one virtual node per site."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+from cuvil_edge.config import load_federation
+from cuvil_edge.config.run_spec import ENV_VAR, RunSpec
+from cuvil_edge.coordinator.keys import init_keys
+from cuvil_edge.errors import CuvilError
+
+#: Flower settings for offline, quiet, reproducible runs (a caller's own values win).
+FLOWER_ENV = {
+    "FLWR_TELEMETRY_ENABLED": "0",
+    "FLWR_DISABLE_UPDATE_CHECK": "1",
+    "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
+    "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "0",
+    "RAY_DEDUP_LOGS": "0",
+}
+
+
+class RunFailedError(CuvilError):
+    """The federation did not complete all its rounds."""
+
+
+def prepare_run(federation_path: Path, run_dir: Path | None = None, rounds: int | None = None) -> RunSpec:
+    """Validate the configs, create the run directory with fresh keys, and write the run spec.
+
+    Raises:
+        ConfigError: the federation or a site file is invalid.
+    """
+    federation_path = Path(federation_path).resolve()
+    federation = load_federation(federation_path)
+    federation.load_sites()
+    if run_dir is None:
+        run_dir = Path("runs") / f"{federation.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    run_dir = run_dir.resolve()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    private, public = init_keys(run_dir / "keys", force=True)
+    spec = RunSpec(federation=str(federation_path), run_dir=str(run_dir), coordinator_key=str(private),
+                   coordinator_public_key=str(public), agents_dir=str(run_dir / "agents"),
+                   rounds=rounds or federation.rounds)
+    spec.save(run_dir / "run_spec.json")
+    return spec
+
+
+def run_in_simulation(spec: RunSpec, server_app, client_app) -> dict:
+    """Run all rounds in Flower simulation and return the metrics written by the ServerApp.
+
+    Raises:
+        RunFailedError: fewer rounds were reported than requested.
+    """
+    from flwr.simulation import run_simulation
+
+    federation = load_federation(spec.federation)
+    for key, value in FLOWER_ENV.items():
+        os.environ.setdefault(key, value)
+    os.environ.setdefault("FLWR_HOME", str(Path(spec.run_dir) / "flwr_home"))
+    os.environ[ENV_VAR] = str(Path(spec.run_dir) / "run_spec.json")
+    sim = federation.simulation
+    run_simulation(server_app=server_app, client_app=client_app, num_supernodes=len(federation.sites),
+                   backend_config={"client_resources": {"num_cpus": sim.client_cpus, "num_gpus": 0.0},
+                                   "init_args": {"num_cpus": sim.ray_cpus, "include_dashboard": False,
+                                                 "log_to_driver": True}})
+    metrics_path = Path(spec.run_dir) / "metrics.json"
+    metrics = json.loads(metrics_path.read_text()) if metrics_path.exists() else {"rounds": []}
+    if len(metrics["rounds"]) != spec.rounds + 1:
+        raise RunFailedError(f"the federation stopped after {max(0, len(metrics['rounds']) - 1)} of {spec.rounds} "
+                             f"rounds; see the log above and {spec.run_dir}")
+    return metrics

@@ -1,0 +1,1 @@
+"""Demo datasets, split the way a federation would see them."""

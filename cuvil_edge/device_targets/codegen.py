@@ -1,0 +1,244 @@
+"""Generate the source of one Python module that runs a graph with numpy.
+
+The generated (unpruned) module is target-independent:
+
+* a header comment and ``import numpy as np``;
+* every capability constant as a module-level ``TARGET_X = ...`` with the
+  reference value (the pruner substitutes the target's values and drops these);
+* the TEMPLATE of every op in the registry, deduplicated (the pruner removes
+  the functions the graph does not use);
+* ``_forward(W, feeds)``: straight-line code, one ``emit()`` per node, values
+  named ``v0, v1, ...`` and deleted after their last use;
+* ``run(W, feeds)``: the wrapper, with ``if COMPUTE_FP16:`` casts and an
+  ``if TARGET_STATIC_SHAPES:`` branch that runs fixed-size batch chunks.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+from dataclasses import dataclass
+
+from cuvil_edge.errors import BuildError
+from cuvil_edge.ir import ops
+from cuvil_edge.ir.graph import Graph
+from cuvil_edge.ir.ops._util import DEFAULT_CAPABILITIES
+
+#: Bump when the generated code's shape changes (part of every cache key).
+CODEGEN_VERSION = "1"
+
+#: Names the generated wrapper defines; op templates must not reuse them.
+RESERVED = frozenset({"np", "run", "_forward", "_run_static_batches", "BUILT_FOR", "W", "feeds"})
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    """How a static-shape target splits a batch: the symbol and the inputs that carry it."""
+
+    symbol: str | None
+    batched_inputs: tuple[str, ...]
+
+
+def batch_plan(graph: Graph) -> BatchPlan:
+    """The leading-batch plan for static-shape targets.
+
+    Supported: every symbolic dim of the graph inputs and outputs is the same
+    symbol at axis 0, and every output carries it when any input does.
+
+    Raises:
+        BuildError: the graph has other symbolic dims, or an output without the batch axis.
+    """
+    symbols: set[str] = set()
+    for v in (*graph.inputs, *graph.outputs):
+        for axis, dim in enumerate(v.type.shape):
+            if isinstance(dim, str):
+                if axis != 0:
+                    raise BuildError(
+                        f"value {v.name!r} has symbolic dim {dim!r} at axis {axis}; static-shape targets "
+                        "support only a leading batch dim. Export the model with fixed non-batch dims."
+                    )
+                symbols.add(dim)
+    if len(symbols) > 1:
+        raise BuildError(f"graph {graph.name!r} has several batch symbols {sorted(symbols)}; use one")
+    if not symbols:
+        return BatchPlan(None, ())
+    symbol = symbols.pop()
+    unbatched = [v.name for v in graph.outputs if not v.type.shape or v.type.shape[0] != symbol]
+    if unbatched:
+        raise BuildError(
+            f"outputs {unbatched} of graph {graph.name!r} have no leading {symbol!r} axis, so a static-shape "
+            "target cannot split the batch into chunks"
+        )
+    return BatchPlan(symbol, tuple(v.name for v in graph.inputs if v.type.shape and v.type.shape[0] == symbol))
+
+
+def template_functions() -> list[tuple[str, str]]:
+    """(op type, template source) for every registered op, sorted by op type, deduplicated.
+
+    Raises:
+        BuildError: two templates define the same top-level name differently, or a
+            template reuses a reserved name.
+    """
+    seen: dict[str, tuple[str, str]] = {}
+    out: list[tuple[str, str]] = []
+    for op_type, module in sorted(ops.registry().items()):
+        try:
+            tree = ast.parse(module.TEMPLATE)
+        except SyntaxError as e:
+            raise BuildError(f"TEMPLATE of op {op_type} is not valid Python: {e}") from e
+        kept = []
+        for stmt in tree.body:
+            text = ast.unparse(stmt)
+            for name in _defined_names(stmt):
+                if name in RESERVED or name in DEFAULT_CAPABILITIES:
+                    raise BuildError(f"TEMPLATE of op {op_type} defines reserved name {name!r}; rename it")
+                if name in seen and seen[name][1] != text:
+                    raise BuildError(f"ops {seen[name][0]} and {op_type} both define {name!r} differently")
+            if all(n in seen for n in _defined_names(stmt)) and _defined_names(stmt):
+                continue  # identical definition already pasted
+            for name in _defined_names(stmt):
+                seen[name] = (op_type, text)
+            kept.append(stmt)
+        if kept:
+            lines = module.TEMPLATE.strip("\n").splitlines()
+            if len(kept) == len(tree.body):
+                out.append((op_type, "\n".join(lines)))
+            else:
+                out.append((op_type, "\n\n".join(ast.get_source_segment(module.TEMPLATE, s) or "" for s in kept)))
+    return out
+
+
+def templates_digest() -> str:
+    """sha256 over codegen version and all op templates: changes when any kernel changes."""
+    h = hashlib.sha256(CODEGEN_VERSION.encode())
+    for op_type, text in template_functions():
+        h.update(f"\0{op_type}\0{text}".encode())
+    return h.hexdigest()
+
+
+def _defined_names(stmt: ast.stmt) -> list[str]:
+    if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return [stmt.name]
+    if isinstance(stmt, (ast.Assign, ast.AnnAssign)):
+        targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
+        return [n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)]
+    return []
+
+
+def generate_source(graph: Graph) -> str:
+    """The unpruned, target-independent module source for ``graph``.
+
+    Raises:
+        BuildError: a template is invalid or an op's emit() failed.
+        UnsupportedOpError: a node's op has no module.
+    """
+    parts = [
+        f"# cuvil-edge generated module (codegen {CODEGEN_VERSION}) for graph {graph.name!r}",
+        f"# {len(graph.nodes)} nodes, inputs {[v.name for v in graph.inputs]}, outputs {[v.name for v in graph.outputs]}",
+        "# Do not edit: regenerated from the package by cuvil_edge.device_targets.",
+        "import numpy as np",
+        "",
+        "\n".join(f"{key} = {value!r}" for key, value in DEFAULT_CAPABILITIES.items()),
+        "BUILT_FOR = {'target': TARGET_NAME, 'arch': TARGET_ARCH, 'simd_bits': TARGET_SIMD_BITS, "
+        "'fp16': COMPUTE_FP16, 'static_batch': TARGET_STATIC_BATCH if TARGET_STATIC_SHAPES else None}",
+    ]
+    for op_type, text in template_functions():
+        parts.append(f"\n# --- op {op_type}\n{text}")
+    parts.append(_forward_source(graph))
+    parts.append(_static_source(graph))
+    parts.append(_run_source(graph))
+    return "\n".join(parts) + "\n"
+
+
+def _forward_source(graph: Graph) -> str:
+    names: dict[str, str] = {}
+
+    def ident(value: str) -> str:
+        if value not in names:
+            names[value] = f"v{len(names)}"
+        return names[value]
+
+    lines = ["", "", "def _forward(W, feeds):", '    """Straight-line graph body: one kernel call per node."""']
+    for v in graph.inputs:
+        lines.append(f"    {ident(v.name)} = feeds[{v.name!r}]")
+    needed = {i for n in graph.nodes for i in n.inputs} | {v.name for v in graph.outputs}
+    for key in graph.initializers:
+        if key in needed:
+            lines.append(f"    {ident(key)} = W[{key!r}]")
+    last_use: dict[str, int] = {}
+    for index, node in enumerate(graph.nodes):
+        for name in node.inputs:
+            if name:
+                last_use[name] = index
+    keep = {v.name for v in graph.outputs}
+    for index, node in enumerate(graph.nodes):
+        module = ops.get(node.op_type, node.describe())
+        args = [ident(i) if i else "" for i in node.inputs]
+        outs = [ident(o) if o else "_" for o in node.outputs]
+        try:
+            call = module.emit(node, args, outs)
+        except Exception as e:  # an op module fault must name the node
+            raise BuildError(f"emit() of {node.describe()} failed: {type(e).__name__}: {e}") from e
+        lines.append(f"    # {node.op_type} node {node.name!r}"[:200])
+        lines.extend(f"    {line}" for line in call.splitlines())
+        dead = [o for o in node.outputs if o and o not in keep and o not in last_use]
+        dead += [i for i in dict.fromkeys(node.inputs) if i and last_use.get(i) == index and i not in keep]
+        if dead:
+            lines.append(f"    del {', '.join(names[d] for d in dict.fromkeys(dead))}")
+    result = ", ".join(f"{v.name!r}: {ident(v.name)}" for v in graph.outputs)
+    lines.append(f"    return {{{result}}}")
+    return "\n".join(lines)
+
+
+def _static_source(graph: Graph) -> str:
+    try:
+        plan: BatchPlan | None = batch_plan(graph)
+    except BuildError:
+        plan = None  # build() refuses static targets for this graph before running it
+    head = ["", "", "def _run_static_batches(W, feeds):",
+            '    """Static-shape targets: run fixed chunks of TARGET_STATIC_BATCH rows, padding the last."""']
+    if plan is None:
+        return "\n".join(head + ["    raise ValueError('this graph cannot be split into static batch chunks')"])
+    if not plan.batched_inputs:
+        return "\n".join(head + ["    return _forward(W, feeds)"])
+    first = plan.batched_inputs[0]
+    body = f"""
+    step = TARGET_STATIC_BATCH
+    batched = {plan.batched_inputs!r}
+    n = feeds[{first!r}].shape[0]
+    if n == 0:
+        raise ValueError('a static-shape target cannot run an empty batch')
+    parts = []
+    for start in range(0, n, step):
+        chunk = dict(feeds)
+        for name in batched:
+            rows = feeds[name][start:start + step]
+            if rows.shape[0] < step:
+                pad = [(0, step - rows.shape[0])] + [(0, 0)] * (rows.ndim - 1)
+                rows = np.pad(rows, pad, mode='edge')
+            chunk[name] = rows
+        parts.append(_forward(W, chunk))
+    return {{key: np.concatenate([p[key] for p in parts])[:n] for key in parts[0]}}"""
+    return "\n".join(head) + body
+
+
+def _run_source(graph: Graph) -> str:
+    f32_in = tuple(v.name for v in graph.inputs if v.type.dtype == "float32")
+    f32_out = tuple(v.name for v in graph.outputs if v.type.dtype == "float32")
+    return f'''
+
+def run(W, feeds):
+    """Run the graph: W maps initializer names to arrays, feeds maps input names to arrays."""
+    if COMPUTE_FP16:
+        W = {{k: v.astype(np.float16) if v.dtype == np.float32 else v for k, v in W.items()}}
+        feeds = dict(feeds)
+        for name in {f32_in!r}:
+            feeds[name] = feeds[name].astype(np.float16)
+    if TARGET_STATIC_SHAPES:
+        outputs = _run_static_batches(W, feeds)
+    else:
+        outputs = _forward(W, feeds)
+    if COMPUTE_FP16:
+        for name in {f32_out!r}:
+            outputs[name] = outputs[name].astype(np.float32)
+    return outputs'''

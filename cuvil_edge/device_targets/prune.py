@@ -1,0 +1,265 @@
+"""AST pruning: specialise generated source for one target's capability constants.
+
+Passes, in order (each an :class:`ast.NodeTransformer` or a small walk):
+
+1. :class:`Substitute` replaces loads of the constants by literals and drops
+   their module-level assignments.
+2. :class:`Fold` folds ``not``/``-``, ``and``/``or``, comparisons and arithmetic
+   over literals, and replaces ``if``/``while``/``x if c else y`` with a literal
+   test by the live branch (an emptied body gets ``pass``).
+3. :func:`remove_unused_functions` drops top-level functions (and classes) that
+   are not reachable from the roots (``run`` and top-level statements).
+
+Top-level statements the passes did not change are copied from the input
+text, so comments inside untouched functions survive; changed ones are
+re-rendered with :func:`ast.unparse`.  Pruning is idempotent.
+"""
+
+from __future__ import annotations
+
+import ast
+import operator
+from typing import Any, Callable, Mapping
+
+from cuvil_edge.errors import BuildError
+
+_UNARY: dict[type, Callable[[Any], Any]] = {
+    ast.Not: operator.not_, ast.USub: operator.neg, ast.UAdd: operator.pos, ast.Invert: operator.invert,
+}
+_BINARY: dict[type, Callable[[Any, Any], Any]] = {
+    ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
+    ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow,
+    ast.LShift: operator.lshift, ast.RShift: operator.rshift, ast.BitOr: operator.or_,
+    ast.BitAnd: operator.and_, ast.BitXor: operator.xor,
+}
+_COMPARE: dict[type, Callable[[Any, Any], Any]] = {
+    ast.Eq: operator.eq, ast.NotEq: operator.ne, ast.Lt: operator.lt, ast.LtE: operator.le,
+    ast.Gt: operator.gt, ast.GtE: operator.ge, ast.Is: operator.is_, ast.IsNot: operator.is_not,
+    ast.In: lambda a, b: a in b, ast.NotIn: lambda a, b: a not in b,
+}
+_LITERALS = (bool, int, float, complex, str, bytes, type(None))
+_MISSING = object()
+
+
+def literal(node: ast.AST) -> Any:
+    """The Python value of a literal node (constants and tuples/lists/sets of them), else ``_MISSING``."""
+    if isinstance(node, ast.Constant):
+        return node.value
+    if isinstance(node, (ast.Tuple, ast.List, ast.Set)) and isinstance(getattr(node, "ctx", ast.Load()), ast.Load):
+        items = [literal(e) for e in node.elts]
+        if any(i is _MISSING for i in items):
+            return _MISSING
+        try:
+            return {ast.Tuple: tuple, ast.List: list, ast.Set: frozenset}[type(node)](items)
+        except TypeError:  # unhashable set member: leave it to run time
+            return _MISSING
+    return _MISSING
+
+
+def _small(value: Any) -> bool:
+    """Results we are willing to inline (no huge ints or strings from folding)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value.bit_length() <= 256
+    if isinstance(value, (str, bytes)):
+        return len(value) <= 1024
+    return isinstance(value, _LITERALS)
+
+
+def _const(value: Any, like: ast.AST) -> ast.expr:
+    return ast.copy_location(ast.Constant(value), like)
+
+
+class Substitute(ast.NodeTransformer):
+    """Replace loads of the capability constants by literals; drop their top-level assignments.
+
+    Raises:
+        BuildError: the source stores to a constant anywhere but a top-level assignment.
+    """
+
+    def __init__(self, constants: Mapping[str, object]):
+        bad = [k for k, v in constants.items() if not isinstance(v, _LITERALS)]
+        if bad:
+            raise BuildError(f"capability constants {bad} are not plain literals")
+        self.constants = dict(constants)
+
+    def visit_Module(self, node: ast.Module) -> ast.Module:
+        body = []
+        for stmt in node.body:
+            if isinstance(stmt, ast.Assign) and all(
+                isinstance(t, ast.Name) and t.id in self.constants for t in stmt.targets
+            ):
+                continue
+            body.append(self.visit(stmt))
+        node.body = [s for s in body if s is not None]
+        return node
+
+    def visit_arg(self, node: ast.arg) -> ast.AST:
+        if node.arg in self.constants:
+            raise BuildError(f"line {node.lineno}: parameter {node.arg} shadows a capability constant; rename it")
+        return node
+
+    def visit_Name(self, node: ast.Name) -> ast.AST:
+        if node.id not in self.constants:
+            return node
+        if not isinstance(node.ctx, ast.Load):
+            raise BuildError(f"line {node.lineno} assigns to capability constant {node.id}; templates may only read it")
+        return _const(self.constants[node.id], node)
+
+
+class Fold(ast.NodeTransformer):
+    """Fold literal expressions and remove branches whose test is a literal."""
+
+    def visit_UnaryOp(self, node: ast.UnaryOp) -> ast.AST:
+        self.generic_visit(node)
+        value = literal(node.operand)
+        if value is _MISSING:
+            return node
+        return self._try(lambda: _UNARY[type(node.op)](value), node)
+
+    def visit_BinOp(self, node: ast.BinOp) -> ast.AST:
+        self.generic_visit(node)
+        left, right = literal(node.left), literal(node.right)
+        if left is _MISSING or right is _MISSING or type(node.op) not in _BINARY:
+            return node
+        if isinstance(node.op, ast.Pow) and isinstance(right, int) and abs(right) > 64:
+            return node
+        return self._try(lambda: _BINARY[type(node.op)](left, right), node)
+
+    def visit_Compare(self, node: ast.Compare) -> ast.AST:
+        self.generic_visit(node)
+        values = [literal(node.left)] + [literal(c) for c in node.comparators]
+        if any(v is _MISSING for v in values):
+            return node
+
+        def chain() -> bool:
+            return all(_COMPARE[type(op)](a, b) for op, a, b in zip(node.ops, values, values[1:]))
+
+        return self._try(chain, node)
+
+    def visit_BoolOp(self, node: ast.BoolOp) -> ast.AST:
+        """Short-circuit over literal operands; keeps the value semantics of ``and``/``or``."""
+        self.generic_visit(node)
+        stop_on_truth = isinstance(node.op, ast.Or)
+        kept: list[ast.expr] = []
+        for index, operand in enumerate(node.values):
+            value = literal(operand)
+            last = index == len(node.values) - 1
+            if value is _MISSING or last:
+                kept.append(operand)
+                if value is not _MISSING:
+                    break
+                continue
+            if bool(value) == stop_on_truth:
+                kept.append(operand)  # decides the result: later operands never run
+                break
+            # a literal that lets evaluation continue contributes nothing
+        if len(kept) == 1:
+            return kept[0]
+        node.values = kept
+        return node
+
+    def visit_IfExp(self, node: ast.IfExp) -> ast.AST:
+        self.generic_visit(node)
+        test = literal(node.test)
+        if test is _MISSING:
+            return node
+        return node.body if test else node.orelse
+
+    def visit_If(self, node: ast.If) -> Any:
+        self.generic_visit(node)
+        test = literal(node.test)
+        if test is _MISSING:
+            if not node.body:
+                node.body = [ast.Pass()]
+            return node
+        return (node.body if test else node.orelse) or None
+
+    def visit_While(self, node: ast.While) -> Any:
+        self.generic_visit(node)
+        test = literal(node.test)
+        if test is _MISSING or test:
+            if not node.body:
+                node.body = [ast.Pass()]
+            return node
+        return node.orelse or None
+
+    def generic_visit(self, node: ast.AST) -> ast.AST:
+        """Visit children; a statement block emptied by folding gets ``pass``."""
+        super().generic_visit(node)
+        if not isinstance(node, ast.Module) and getattr(node, "body", None) == []:
+            node.body = [ast.Pass()]
+        return node
+
+    @staticmethod
+    def _try(compute: Callable[[], Any], node: ast.AST) -> ast.AST:
+        try:
+            value = compute()
+        except Exception:  # leave it to run time, where it raises as written
+            return node
+        return _const(value, node) if _small(value) else node
+
+
+def _references(node: ast.AST) -> set[str]:
+    return {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
+
+
+def remove_unused_functions(tree: ast.Module, roots: tuple[str, ...] = ("run",)) -> ast.Module:
+    """Drop top-level defs not reachable from ``roots`` or from other top-level statements."""
+    defs = {s.name: s for s in tree.body if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
+    pending = [r for r in roots if r in defs]
+    for stmt in tree.body:
+        if not isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            pending.extend(_references(stmt) & defs.keys())
+    used: set[str] = set()
+    while pending:
+        name = pending.pop()
+        if name in used:
+            continue
+        used.add(name)
+        pending.extend((_references(defs[name]) & defs.keys()) - used)
+    tree.body = [s for s in tree.body if getattr(s, "name", None) not in defs or s.name in used] or [ast.Pass()]
+    return tree
+
+
+def prune(source: str, constants: Mapping[str, object], *, roots: tuple[str, ...] = ("run",)) -> str:
+    """Specialise ``source`` for ``constants``: substitute, fold, drop dead code.
+
+    Raises:
+        BuildError: ``source`` is not valid Python, stores to a constant, or a
+            constant is not a plain literal.
+    """
+    try:
+        tree = ast.parse(source)
+    except SyntaxError as e:
+        raise BuildError(f"generated source does not parse: {e}") from e
+    original = {id(s): (ast.dump(s), ast.get_source_segment(source, s, padded=False)) for s in tree.body}
+    tree = Fold().visit(Substitute(constants).visit(tree))
+    tree = remove_unused_functions(ast.fix_missing_locations(tree), roots)
+    chunks = []
+    for stmt in tree.body:
+        before = original.get(id(stmt))
+        same = (before is not None and before[0] == ast.dump(stmt) and before[1] is not None
+                and not getattr(stmt, "decorator_list", None))  # segments start after decorators
+        chunks.append(before[1] if same else ast.unparse(stmt))
+    return _header(source) + _join(tree.body, chunks)
+
+
+def _header(source: str) -> str:
+    """The leading comment block of ``source`` (kept verbatim)."""
+    lines = []
+    for line in source.splitlines():
+        if not line.startswith("#"):
+            break
+        lines.append(line)
+    return "\n".join(lines) + "\n" if lines else ""
+
+
+def _join(body: list[ast.stmt], chunks: list[str]) -> str:
+    out = []
+    for index, (stmt, chunk) in enumerate(zip(body, chunks)):
+        is_def = isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+        prev_def = index > 0 and isinstance(body[index - 1], (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+        if index and (is_def or prev_def):
+            out.append("\n\n")
+        out.append(chunk + "\n")
+    return "".join(out)

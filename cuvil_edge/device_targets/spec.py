@@ -1,0 +1,154 @@
+"""Device target specs: what a target can do, read from ``specs/<name>.yaml``.
+
+A spec is data, not code (see DESIGN.md §2): each YAML file names the
+target's architecture, dtypes, SIMD width, memory and peak throughput, with a
+comment justifying the numbers.  :meth:`TargetSpec.capabilities` turns a spec
+into the ``TARGET_*`` constants that every generated module defines and the
+AST pruner folds (:data:`cuvil_edge.ir.ops._util.DEFAULT_CAPABILITIES`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from cuvil_edge.errors import TargetError, TargetSpecError, UnknownTargetError
+from cuvil_edge.ir import dtypes as ir_dtypes
+
+#: Folder of the shipped specs.
+SPECS_DIR = Path(__file__).parent / "specs"
+
+#: Build precision -> the IR dtype the target must support for it.
+PRECISIONS: dict[str, str] = {"fp32": "float32", "fp16": "float16", "int8": "int8"}
+
+_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
+
+
+class TargetSpec(BaseModel):
+    """One device target (frozen; unknown fields and loose types are rejected)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+    name: str = Field(pattern=_NAME.pattern)
+    description: str
+    arch: Literal["x86_64", "aarch64", "npu"]
+    dtypes: tuple[str, ...] = Field(min_length=1)
+    simd_bits: int = Field(ge=0, le=4096)
+    accelerator: Literal["none", "gpu", "npu"]
+    fp16: bool
+    int8: bool
+    static_shapes: bool
+    static_batch: int = Field(ge=1, le=4096)
+    memory_mb: int = Field(gt=0)
+    peak_gflops: dict[str, float]
+    memory_bandwidth_gbs: float = Field(gt=0)
+
+    @field_validator("dtypes", mode="before")
+    @classmethod
+    def _list_to_tuple(cls, value: Any) -> Any:
+        return tuple(value) if isinstance(value, list) else value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "TargetSpec":
+        unknown = [d for d in self.dtypes if d not in ir_dtypes.SUPPORTED]
+        if unknown:
+            raise ValueError(f"dtypes {unknown} are not IR dtypes ({', '.join(sorted(ir_dtypes.SUPPORTED))})")
+        if self.fp16 != ("float16" in self.dtypes):
+            raise ValueError("fp16 must be true exactly when float16 is listed in dtypes")
+        if self.int8 != ("int8" in self.dtypes):
+            raise ValueError("int8 must be true exactly when int8 is listed in dtypes")
+        extra = sorted(set(self.peak_gflops) - set(self.dtypes))
+        if extra:
+            raise ValueError(f"peak_gflops names dtypes {extra} that are not in dtypes")
+        if any(v <= 0 for v in self.peak_gflops.values()):
+            raise ValueError("peak_gflops values must be positive")
+        if not self.static_shapes and self.static_batch != 1:
+            raise ValueError("static_batch only applies to static_shapes targets; set it to 1")
+        return self
+
+    def supports(self, precision: str) -> bool:
+        """Whether the target can build at ``precision`` ('fp32', 'fp16', 'int8')."""
+        return PRECISIONS.get(precision) in self.dtypes
+
+    def capabilities(self, precision: str = "fp32") -> dict[str, object]:
+        """The ``TARGET_*`` constants for a generated module at ``precision``.
+
+        The keys are exactly those of ``ir.ops._util.DEFAULT_CAPABILITIES``.
+
+        Raises:
+            TargetError: the target does not support ``precision``.
+        """
+        if not self.supports(precision):
+            ok = [p for p in PRECISIONS if self.supports(p)]
+            raise TargetError(
+                f"target {self.name!r} cannot build at precision {precision!r}; it supports {', '.join(ok)}"
+            )
+        return {
+            "TARGET_NAME": self.name,
+            "TARGET_ARCH": self.arch,
+            "TARGET_SIMD_BITS": self.simd_bits,
+            "TARGET_HAS_GPU": self.accelerator == "gpu",
+            "TARGET_HAS_FP16": self.fp16,
+            "TARGET_HAS_INT8": self.int8,
+            "TARGET_STATIC_SHAPES": self.static_shapes,
+            "TARGET_STATIC_BATCH": self.static_batch,
+            "TARGET_MEMORY_MB": self.memory_mb,
+            "TARGET_LARGE_SCRATCH": self.memory_mb >= 4096,
+            "COMPUTE_FP16": self.fp16 and precision == "fp16",
+        }
+
+    def digest(self) -> str:
+        """sha256 (hex) of the spec's canonical JSON: changes whenever any field changes."""
+        text = json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(text.encode()).hexdigest()
+
+
+def list_targets(specs_dir: Path | str | None = None) -> list[str]:
+    """Names of the targets that have a spec file, sorted."""
+    folder = Path(specs_dir) if specs_dir is not None else SPECS_DIR
+    return sorted(p.stem for p in folder.glob("*.yaml") if _NAME.match(p.stem))
+
+
+def load_target(name: str, *, specs_dir: Path | str | None = None) -> TargetSpec:
+    """Read and validate the spec ``<specs_dir>/<name>.yaml``.
+
+    Raises:
+        UnknownTargetError: no spec has this name (the message lists known targets).
+        TargetSpecError: the file is not valid YAML or does not follow the schema.
+    """
+    folder = Path(specs_dir) if specs_dir is not None else SPECS_DIR
+    known = list_targets(folder)
+    if not isinstance(name, str) or name not in known:
+        raise UnknownTargetError(
+            f"unknown device target {name!r}; known targets: {', '.join(known) or '(none)'}. "
+            f"Pick one of those or add a spec under {folder}"
+        )
+    path = folder / f"{name}.yaml"
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
+        raise TargetSpecError(f"cannot read target spec {path}: {e}") from e
+    if not isinstance(data, dict):
+        raise TargetSpecError(f"target spec {path} must be a YAML mapping, got {type(data).__name__}")
+    try:
+        spec = TargetSpec.model_validate(data)
+    except ValidationError as e:
+        raise TargetSpecError(f"target spec {path} is invalid: {e}") from e
+    if spec.name != name:
+        raise TargetSpecError(f"target spec {path} is named {spec.name!r}; the name must match the file name")
+    return spec
+
+
+def resolve(target: "TargetSpec | str") -> TargetSpec:
+    """A spec from a spec or a target name.
+
+    Raises:
+        UnknownTargetError, TargetSpecError: see :func:`load_target`.
+    """
+    return target if isinstance(target, TargetSpec) else load_target(target)

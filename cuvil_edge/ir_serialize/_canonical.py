@@ -1,0 +1,151 @@
+"""Canonical JSON (PACKAGE_SPEC §1.2) and strict field readers shared by the schemas.
+
+Writing: sorted keys, separators ``(",", ":")``, UTF-8 without ASCII escaping,
+NaN/Infinity refused.  Reading: valid UTF-8, no duplicate keys, no NaN or
+Infinity, nothing after the value, and (by default) the bytes must be exactly
+the canonical encoding of what they decode to.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Iterable, Mapping
+
+from cuvil_edge.errors import PackageFormatError
+
+#: Largest integer any schema field may hold (fits a signed 64-bit int everywhere).
+MAX_INT = 2**63 - 1
+
+
+def canonical_json(obj: Any, what: str) -> bytes:
+    """The canonical encoding of ``obj`` (PACKAGE_SPEC §1.2).
+
+    Raises:
+        PackageFormatError: ``obj`` holds NaN/Infinity, lone surrogates or non-JSON types.
+    """
+    try:
+        text = json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+        return text.encode("utf-8")
+    except (TypeError, ValueError) as e:
+        raise PackageFormatError(f"{what} cannot be written as canonical JSON: {e}") from e
+
+
+def _pairs_hook(what: str):
+    def hook(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        result: dict[str, Any] = {}
+        for key, value in pairs:
+            if key in result:
+                raise PackageFormatError(f"{what} has the key {key!r} twice; duplicate JSON keys are not allowed")
+            result[key] = value
+        return result
+
+    return hook
+
+
+def _reject_constant(name: str) -> Any:
+    raise PackageFormatError(f"JSON constant {name} is not allowed (PACKAGE_SPEC §1.2)")
+
+
+def parse_json(data: bytes, what: str, *, canonical: bool = True) -> Any:
+    """Strictly parse JSON bytes (PACKAGE_SPEC §1.2).
+
+    Raises:
+        PackageFormatError: invalid UTF-8 or JSON, trailing data, duplicate keys,
+            NaN/Infinity, or (``canonical``) bytes that are not the canonical form.
+    """
+    try:
+        text = bytes(data).decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise PackageFormatError(f"{what} is not valid UTF-8 ({e})") from e
+    try:
+        obj = json.loads(text, object_pairs_hook=_pairs_hook(what), parse_constant=_reject_constant)
+    except json.JSONDecodeError as e:
+        raise PackageFormatError(f"{what} is not valid JSON: {e.msg} at byte {e.pos} (garbage or trailing data?)") from e
+    except RecursionError as e:
+        raise PackageFormatError(f"{what} nests too deeply") from e
+    except ValueError as e:
+        if isinstance(e, PackageFormatError):
+            raise
+        raise PackageFormatError(f"{what} is not acceptable JSON: {e}") from e
+    if canonical and canonical_json(obj, what) != bytes(data):
+        raise PackageFormatError(
+            f"{what} is valid JSON but not in canonical form (sorted keys, no spaces, UTF-8); PACKAGE_SPEC §1.2"
+        )
+    return obj
+
+
+def fields(obj: Any, required: Iterable[str], where: str) -> Mapping[str, Any]:
+    """``obj`` as a mapping with exactly the ``required`` keys.
+
+    Raises:
+        PackageFormatError: not an object, or a key is missing or unknown.
+    """
+    if not isinstance(obj, dict):
+        raise PackageFormatError(f"{where} must be a JSON object, got {type(obj).__name__}")
+    want = set(required)
+    missing, unknown = sorted(want - obj.keys()), sorted(obj.keys() - want)
+    if missing:
+        raise PackageFormatError(f"{where} lacks required field(s) {missing}")
+    if unknown:
+        raise PackageFormatError(f"{where} has unknown field(s) {unknown}; this reader rejects anything unknown")
+    return obj
+
+
+def get_int(obj: Mapping[str, Any], key: str, where: str, lo: int = 0, hi: int = MAX_INT) -> int:
+    """An integer field in ``lo..hi`` (booleans are not integers here).
+
+    Raises:
+        PackageFormatError: wrong type or out of range.
+    """
+    return check_int(obj[key], f"{where} field {key!r}", lo, hi)
+
+
+def check_int(value: Any, where: str, lo: int = 0, hi: int = MAX_INT) -> int:
+    """``value`` if it is an int (not bool) in ``lo..hi``.
+
+    Raises:
+        PackageFormatError: wrong type or out of range.
+    """
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise PackageFormatError(f"{where} must be an integer, got {type(value).__name__} {value!r}")
+    if not lo <= value <= hi:
+        raise PackageFormatError(f"{where} is {value}, outside {lo}..{hi}")
+    return value
+
+
+def get_str(obj: Mapping[str, Any], key: str, where: str, *, max_len: int = 4096, empty: bool = False) -> str:
+    """A string field without control characters, at most ``max_len`` characters.
+
+    Raises:
+        PackageFormatError: wrong type, empty, too long or with control characters.
+    """
+    return check_str(obj[key], f"{where} field {key!r}", max_len=max_len, empty=empty)
+
+
+def check_str(value: Any, where: str, *, max_len: int = 4096, empty: bool = False) -> str:
+    """``value`` if it is an acceptable string (see :func:`get_str`).
+
+    Raises:
+        PackageFormatError: wrong type, empty, too long or with control characters.
+    """
+    if not isinstance(value, str):
+        raise PackageFormatError(f"{where} must be a string, got {type(value).__name__}")
+    if not value and not empty:
+        raise PackageFormatError(f"{where} must not be empty")
+    if len(value) > max_len:
+        raise PackageFormatError(f"{where} is {len(value)} characters, more than {max_len}")
+    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in value):
+        raise PackageFormatError(f"{where} contains control characters")
+    return value
+
+
+def get_list(obj: Mapping[str, Any], key: str, where: str) -> list[Any]:
+    """A list field.
+
+    Raises:
+        PackageFormatError: the field is not a JSON array.
+    """
+    value = obj[key]
+    if not isinstance(value, list):
+        raise PackageFormatError(f"{where} field {key!r} must be a JSON array, got {type(value).__name__}")
+    return value

@@ -1,0 +1,121 @@
+"""DP-SGD: planning agrees with Opacus, training updates the caller's module in place."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+torch.set_num_threads(1)
+
+from cuvil_edge.errors import PrivacyError  # noqa: E402
+from cuvil_edge.privacy import (  # noqa: E402
+    noise_multiplier_for,
+    plan_dp_sgd,
+    sample_rate_for,
+    steps_for,
+    train_dp_sgd,
+)
+
+
+class TinyNet(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = torch.nn.Linear(4, 8)
+        self.fc2 = torch.nn.Linear(8, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(torch.relu(self.fc1(x)))
+
+
+def _separable(n: int = 512, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    y = rng.integers(0, 2, size=n)
+    x = rng.normal(size=(n, 4)).astype(np.float32)
+    x[:, 0] += np.where(y == 1, 3.0, -3.0)
+    return x, y
+
+
+def _train(model, x, y, **over):
+    kw = dict(target_epsilon=4.0, delta=1e-5, epochs=4, batch_size=64, lr=0.1, momentum=0.9,
+              max_grad_norm=1.0, seed=7)
+    kw.update(over)
+    return train_dp_sgd(model, x, y, **kw)
+
+
+def test_trains_in_place_within_target() -> None:
+    torch.manual_seed(0)
+    model = TinyNet()
+    params_before = [p for p in model.parameters()]
+    weights_before = [p.detach().clone() for p in params_before]
+    x, y = _separable()
+
+    result = _train(model, x, y)
+
+    assert result.epsilon <= 4.0 + 1e-6
+    assert result.steps == steps_for(512, 64, 4) == 32
+    assert result.sample_rate == sample_rate_for(512, 64) == 1 / 8
+    assert all(a is b for a, b in zip(model.parameters(), params_before))
+    assert any(not torch.equal(a, b) for a, b in zip(model.parameters(), weights_before))
+    assert not any(hasattr(p, "grad_sample") for p in model.parameters())
+    assert type(model) is TinyNet and not model._forward_hooks
+    with torch.no_grad():
+        acc = (model(torch.from_numpy(x)).argmax(1).numpy() == y).mean()
+    assert acc > 0.8
+    assert np.isfinite(result.final_loss)
+
+
+def test_plan_matches_training_and_opacus() -> None:
+    from opacus.accountants import RDPAccountant
+
+    x, y = _separable(300)
+    plan = plan_dp_sgd(300, target_epsilon=4.0, delta=1e-5, epochs=3, batch_size=64)
+
+    result = _train(TinyNet(), x, y, epochs=3)
+
+    assert (result.noise_multiplier, result.sample_rate, result.steps) == (
+        plan.noise_multiplier, plan.sample_rate, plan.steps)
+    assert plan.steps == 3 * 5 and plan.sample_rate == 1 / 5
+    acc = RDPAccountant()
+    acc.history = [(plan.noise_multiplier, plan.sample_rate, plan.steps)]
+    assert result.epsilon == pytest.approx(acc.get_epsilon(delta=1e-5))
+    assert noise_multiplier_for(4.0, 1e-5, plan.sample_rate, plan.steps) == plan.noise_multiplier
+
+
+def test_same_seed_same_weights() -> None:
+    x, y = _separable(128)
+    models = []
+    for _ in range(2):
+        torch.manual_seed(1)
+        m = TinyNet()
+        _train(m, x, y, epochs=1, batch_size=32)
+        models.append(m)
+
+    for a, b in zip(models[0].parameters(), models[1].parameters()):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize(
+    "data, over, match",
+    [
+        pytest.param(_separable(16), {}, "full\\s+batch", id="fewer-samples-than-a-batch"),
+        pytest.param((np.zeros((10, 4), np.float32), np.zeros(9, np.int64)), {}, "first",
+                     id="length-mismatch"),
+        pytest.param(_separable(), {"loss": "hinge"}, "loss", id="unknown-loss"),
+        pytest.param(_separable(), {"target_epsilon": 0.0}, "target_epsilon", id="zero-epsilon"),
+        pytest.param(_separable(), {"lr": -1.0}, "lr", id="negative-lr"),
+        pytest.param((np.zeros((128, 4), np.float32), np.zeros(128, np.float32)), {},
+                     "class ids", id="float-labels-for-cross-entropy"),
+    ],
+)
+def test_bad_inputs(data, over, match) -> None:
+    with pytest.raises(PrivacyError, match=match):
+        _train(TinyNet(), *data, **over)
+
+
+def test_batchnorm_model_is_refused_with_advice() -> None:
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4),
+                                torch.nn.Linear(4, 2))
+
+    with pytest.raises(PrivacyError, match="ModuleValidator.fix"):
+        _train(model, *_separable())
