@@ -109,8 +109,7 @@ def train(msg: Message, context: Context) -> Message:
         ledger = agent.ledger()
         start = time.perf_counter()
         outcome = train_round(activated.package.graph, agent.site, train_data, ledger,
-                              int(msg.content["config"]["server-round"]), activated.package.manifest.version,
-                              seed=index)
+                              int(msg.content["config"]["server-round"]), activated.package.manifest.version)
         train_seconds = time.perf_counter() - start
     except BudgetExhaustedError as e:
         return _budget_reply(msg, agent, e)

@@ -24,7 +24,7 @@ class TrainOutcome:
 
 
 def train_round(graph: Graph, site: SiteConfig, data: Split, ledger: PrivacyLedger,
-                server_round: int, package_version: int, seed: int = 0) -> TrainOutcome:
+                server_round: int, package_version: int, seed: int | None = None) -> TrainOutcome:
     """Reserve this round's DP-SGD spend, then train the graph's weights on ``data``.
 
     Raises:
@@ -33,15 +33,15 @@ def train_round(graph: Graph, site: SiteConfig, data: Split, ledger: PrivacyLedg
         PrivacyError: the data or hyperparameters cannot give the target ε.
     """
     from cuvil_edge.agent.torch_model import IRTorchModule
-    from cuvil_edge.privacy.dpsgd import noise_multiplier_for, steps_for, train_dp_sgd
+    from cuvil_edge.privacy.dpsgd import plan_dp_sgd, train_dp_sgd
 
     p, t = site.privacy, site.training
     n = len(data.y)
     if n < t.batch_size:
         raise PrivacyError(f"site {site.site} has {n} examples, fewer than batch_size {t.batch_size}; lower it")
-    sample_rate = t.batch_size / n
-    steps = steps_for(n, t.batch_size, t.local_epochs)
-    sigma = noise_multiplier_for(p.epsilon_per_round, p.delta, sample_rate, steps)
+    plan = plan_dp_sgd(n, target_epsilon=p.epsilon_per_round, delta=p.delta, epochs=t.local_epochs,
+                       batch_size=t.batch_size)
+    sigma, sample_rate, steps = plan.noise_multiplier, plan.sample_rate, plan.steps
     exceeds, total = ledger.would_exceed_dpsgd(sigma, sample_rate, steps)
     if exceeds:
         raise BudgetExhaustedError(

@@ -25,7 +25,7 @@ from typing import Any, Callable, Mapping, Protocol, runtime_checkable
 
 import numpy as np
 
-from cuvil_edge.errors import BuildError, CuvilError, ExecutionError, TargetError
+from cuvil_edge.errors import BuildError, CuvilError, ExecutionError
 from cuvil_edge.ir.graph import Graph
 from cuvil_edge.ir.interpreter import bind_inputs
 from cuvil_edge.device_targets import codegen
@@ -109,6 +109,7 @@ def build(
         TargetError: the target does not support ``precision``.
         BuildError: the graph cannot run on this target (e.g. non-batch symbolic
             dims on a static-shape target), or generating/compiling failed.
+        ModelError: the graph uses an op the registry does not have (UnsupportedOpError).
     """
     start = time.perf_counter()
     spec = resolve(target)
@@ -121,14 +122,12 @@ def build(
     source = _read_cached(entry)
     hit = source is not None
     if source is None:
-        if spec.static_shapes:
-            codegen.batch_plan(graph)
         try:
+            if spec.static_shapes:
+                codegen.batch_plan(graph)
             pruned = prune(codegen.generate_source(graph), constants)
-        except TargetError:
-            raise
-        except CuvilError as e:
-            raise BuildError(f"cannot generate code for target {spec.name!r}: {e}") from e
+        except BuildError as e:
+            raise BuildError(f"cannot build graph {graph.name!r} for target {spec.name!r}: {e}") from e
         source = f"# target {spec.name}, precision {precision}, {COMPILER_VERSION}, cache key {key}\n" + pruned
         _write_entry(entry, source, {"payload_digest": digest, "target": spec.name, "target_spec": spec.digest(),
                                      "precision": precision, "compiler": COMPILER_VERSION, "graph": graph.name})

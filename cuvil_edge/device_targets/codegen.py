@@ -196,7 +196,7 @@ def _static_source(graph: Graph) -> str:
     except BuildError:
         plan = None  # build() refuses static targets for this graph before running it
     head = ["", "", "def _run_static_batches(W, feeds):",
-            '    """Static-shape targets: run fixed chunks of TARGET_STATIC_BATCH rows, padding the last."""']
+            '    """Static-shape targets: run fixed-size chunks of rows, padding the last one."""']
     if plan is None:
         return "\n".join(head + ["    raise ValueError('this graph cannot be split into static batch chunks')"])
     if not plan.batched_inputs:

@@ -5,8 +5,9 @@ Passes, in order (each an :class:`ast.NodeTransformer` or a small walk):
 1. :class:`Substitute` replaces loads of the constants by literals and drops
    their module-level assignments.
 2. :class:`Fold` folds ``not``/``-``, ``and``/``or``, comparisons and arithmetic
-   over literals, and replaces ``if``/``while``/``x if c else y`` with a literal
-   test by the live branch (an emptied body gets ``pass``).
+   over literals, replaces ``if``/``while``/``x if c else y`` with a literal
+   test by the live branch (an emptied body gets ``pass``), and drops
+   statements after ``return``/``raise``/``break``/``continue``.
 3. :func:`remove_unused_functions` drops top-level functions (and classes) that
    are not reachable from the roots (``run`` and top-level statements).
 
@@ -37,6 +38,7 @@ _COMPARE: dict[type, Callable[[Any, Any], Any]] = {
     ast.Gt: operator.gt, ast.GtE: operator.ge, ast.Is: operator.is_, ast.IsNot: operator.is_not,
     ast.In: lambda a, b: a in b, ast.NotIn: lambda a, b: a not in b,
 }
+_TERMINAL = (ast.Return, ast.Raise, ast.Break, ast.Continue)
 _LITERALS = (bool, int, float, complex, str, bytes, type(None))
 _MISSING = object()
 
@@ -61,7 +63,7 @@ def _small(value: Any) -> bool:
     if isinstance(value, int) and not isinstance(value, bool):
         return value.bit_length() <= 256
     if isinstance(value, (str, bytes)):
-        return len(value) <= 1024
+        return len(value) <= 200
     return isinstance(value, _LITERALS)
 
 
@@ -184,8 +186,15 @@ class Fold(ast.NodeTransformer):
         return node.orelse or None
 
     def generic_visit(self, node: ast.AST) -> ast.AST:
-        """Visit children; a statement block emptied by folding gets ``pass``."""
+        """Visit children; drop statements after return/raise/break/continue; an emptied body gets ``pass``."""
         super().generic_visit(node)
+        for field in ("body", "orelse", "finalbody"):
+            block = getattr(node, field, None)
+            if isinstance(block, list) and block and isinstance(block[0], ast.stmt):
+                for index, stmt in enumerate(block):
+                    if isinstance(stmt, _TERMINAL):
+                        del block[index + 1:]
+                        break
         if not isinstance(node, ast.Module) and getattr(node, "body", None) == []:
             node.body = [ast.Pass()]
         return node

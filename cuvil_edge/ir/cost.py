@@ -10,7 +10,8 @@ from cuvil_edge.ir.graph import Graph
 
 def node_flops(graph: Graph, bindings: Mapping[str, int] | None = None) -> dict[str, int]:
     """FLOPs of every node (a multiply-add counts 2); unbound symbols count as 1 (e.g. per sample)."""
-    bindings = dict(bindings or {})
+    symbols = {d for t in graph.types.values() for d in t.shape if isinstance(d, str)}
+    bindings = {**{s: 1 for s in symbols}, **(bindings or {})}
     out: dict[str, int] = {}
     for node in graph.nodes:
         module = ops.get(node.op_type, node.describe())

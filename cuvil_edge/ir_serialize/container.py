@@ -150,12 +150,13 @@ def decode_payload(buffer: Buffer, *, max_header_bytes: int = MAX_HEADER_BYTES, 
     if get_int(header, "format", "payload header") != FORMAT_VERSION:
         raise PackageFormatError(f"payload header format {header['format']} is not supported (this reader: {FORMAT_VERSION})")
     entries = [TensorEntry.from_dict(row, i) for i, row in enumerate(get_list(header, "tensors", "payload header"))]
+    names = [e.name for e in entries]
+    if any(a >= b for a, b in zip(names, names[1:])):
+        raise PackageFormatError("the tensor table must be sorted by name without duplicates (PACKAGE_SPEC §6.3)")
     data_start = align(header_end)
     _check_layout(entries, data_start, len(view))
     _check_padding(view, entries, header_end, data_start)
     arrays = {e.name: _tensor_view(view, data_start, e, check_digests) for e in entries}
-    if len(arrays) != len(entries):
-        raise PackageFormatError("the tensor table names a tensor twice")
     return graph_from_dict(header["graph"], arrays)
 
 

@@ -12,7 +12,6 @@ torch and opacus are imported inside the functions that need them.
 from __future__ import annotations
 
 import logging
-import math
 import secrets
 import warnings
 from contextlib import contextmanager
@@ -22,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 import numpy as np
 
 from cuvil_edge.errors import PrivacyError
+from cuvil_edge.privacy._checks import int_at_least, positive_finite
 
 if TYPE_CHECKING:
     import torch
@@ -67,26 +67,14 @@ def _quiet_opacus() -> Iterator[None]:
         yield
 
 
-def _check_int(name: str, value: int, minimum: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise PrivacyError(f"{name} must be an int >= {minimum}, got {value!r}")
-    return value
-
-
-def _check_pos(name: str, value: float, *, allow_zero: bool = False) -> float:
-    try:
-        v = float(value)
-    except (TypeError, ValueError) as e:
-        raise PrivacyError(f"{name} must be a number, got {value!r}") from e
-    if isinstance(value, bool) or not math.isfinite(v) or v < 0 or (v == 0 and not allow_zero):
-        raise PrivacyError(f"{name} must be finite and {'>=' if allow_zero else '>'} 0, got {value!r}")
-    return v
-
-
 def batches_per_epoch(n: int, batch_size: int) -> int:
-    """Batches per epoch: ``ceil(n / batch_size)``, the length of the loader Opacus wraps."""
-    _check_int("n", n)
-    _check_int("batch_size", batch_size)
+    """Batches per epoch: ``ceil(n / batch_size)``, the length of the loader Opacus wraps.
+
+    Raises:
+        PrivacyError: ``n`` or ``batch_size`` is not a positive int.
+    """
+    int_at_least("n", n)
+    int_at_least("batch_size", batch_size)
     return -(-n // batch_size)
 
 
@@ -105,7 +93,7 @@ def steps_for(n: int, batch_size: int, epochs: int) -> int:
     Raises:
         PrivacyError: an argument is not a positive int.
     """
-    return _check_int("epochs", epochs) * batches_per_epoch(n, batch_size)
+    return int_at_least("epochs", epochs) * batches_per_epoch(n, batch_size)
 
 
 def noise_multiplier_for(target_epsilon: float, delta: float, sample_rate: float,
@@ -115,12 +103,12 @@ def noise_multiplier_for(target_epsilon: float, delta: float, sample_rate: float
     Raises:
         PrivacyError: invalid arguments, or the target is unreachable.
     """
-    eps = _check_pos("target_epsilon", target_epsilon)
-    d = _check_pos("delta", delta)
-    q = _check_pos("sample_rate", sample_rate)
+    eps = positive_finite("target_epsilon", target_epsilon)
+    d = positive_finite("delta", delta)
+    q = positive_finite("sample_rate", sample_rate)
     if d >= 1 or q > 1:
         raise PrivacyError(f"need 0 < delta < 1 and 0 < sample_rate <= 1, got {d}, {q}")
-    _check_int("steps", steps)
+    int_at_least("steps", steps)
     from opacus.accountants.utils import get_noise_multiplier  # lazy: pulls in torch
 
     try:
@@ -141,8 +129,8 @@ def plan_dp_sgd(n: int, *, target_epsilon: float, delta: float, epochs: int,
         PrivacyError: invalid arguments, fewer samples than a batch, or an
             unreachable target.
     """
-    _check_int("n", n)
-    _check_int("batch_size", batch_size)
+    int_at_least("n", n)
+    int_at_least("batch_size", batch_size)
     if n < batch_size:
         raise PrivacyError(
             f"only {n} samples for batch_size {batch_size}; DP-SGD needs at least one full "
@@ -211,8 +199,8 @@ def train_dp_sgd(
     if not isinstance(model, torch.nn.Module):
         raise PrivacyError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     for name, v in (("lr", lr), ("max_grad_norm", max_grad_norm)):
-        _check_pos(name, v)
-    _check_pos("momentum", momentum, allow_zero=True)
+        positive_finite(name, v)
+    positive_finite("momentum", momentum, allow_zero=True)
     tx, ty = _tensors(x, y, loss)
     plan = plan_dp_sgd(len(tx), target_epsilon=target_epsilon, delta=delta,
                        epochs=epochs, batch_size=batch_size)
@@ -274,8 +262,8 @@ def _train(model: Any, tx: Any, ty: Any, plan: DpSgdPlan, *, epochs: int, batch_
                 dp_optimizer.step()
                 last, taken = float(batch_loss.detach()), taken + 1
     finally:
-        trained = dp_model.to_standard_module()  # removes hooks and per-sample grads
         dp_optimizer.zero_grad(set_to_none=True)
+        trained = dp_model.to_standard_module()  # removes hooks and per-sample grad attrs
     if trained is not model:  # GradSampleModule shares parameters; copy if it ever stops
         model.load_state_dict(trained.state_dict())
     # Charge the planned run (an upper bound on the steps actually taken).

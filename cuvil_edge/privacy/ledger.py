@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from cuvil_edge.errors import BudgetExhaustedError, LedgerError, PrivacyError
+from cuvil_edge.privacy._checks import int_at_least, positive_finite
 
 logger = logging.getLogger(__name__)
 
@@ -103,18 +104,6 @@ def _now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="microseconds")
 
 
-def _positive_finite(name: str, value: float) -> float:
-    if isinstance(value, bool):
-        raise PrivacyError(f"{name} must be a number, got {value!r}")
-    try:
-        v = float(value)
-    except (TypeError, ValueError) as e:
-        raise PrivacyError(f"{name} must be a number, got {value!r}") from e
-    if not math.isfinite(v) or v <= 0:
-        raise PrivacyError(f"{name} must be finite and > 0, got {value!r}")
-    return v
-
-
 def _check_round(round_: int | None) -> int | None:
     if round_ is None:
         return None
@@ -135,13 +124,11 @@ def _check_key(key: str | None) -> str:
 
 
 def _check_dpsgd(sigma: float, q: float, steps: int) -> tuple[float, float, int]:
-    sigma = _positive_finite("noise_multiplier", sigma)
-    q = _positive_finite("sample_rate", q)
+    sigma = positive_finite("noise_multiplier", sigma)
+    q = positive_finite("sample_rate", q)
     if q > 1:
         raise PrivacyError(f"sample_rate must be in (0, 1], got {q!r}")
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-        raise PrivacyError(f"steps must be an int >= 1, got {steps!r}")
-    return sigma, q, steps
+    return sigma, q, int_at_least("steps", steps)
 
 
 def dpsgd_epsilon(history: list[tuple[float, float, int]], delta: float) -> float:
@@ -174,8 +161,8 @@ class PrivacyLedger:
             raise PrivacyError(f"site must be a non-empty string, got {site!r}")
         self.path = Path(path)
         self.site = site
-        self.epsilon_budget = _positive_finite("epsilon_budget", epsilon_budget)
-        self.delta = _positive_finite("delta", delta)
+        self.epsilon_budget = positive_finite("epsilon_budget", epsilon_budget)
+        self.delta = positive_finite("delta", delta)
         if self.delta >= 1:
             raise PrivacyError(f"delta must be in (0, 1), got {delta!r}")
         self._lock = threading.Lock()
@@ -371,7 +358,7 @@ class PrivacyLedger:
             BudgetExhaustedError: the budget would be exceeded; nothing was reserved.
             LedgerError: the ledger cannot be read or written.
         """
-        eps = _positive_finite("epsilon", epsilon)
+        eps = positive_finite("epsilon", epsilon)
         fields = dict(mechanism="laplace", epsilon=eps, delta=0.0, noise_multiplier=None,
                       sample_rate=None, steps=None)
         return self._reserve(fields, _check_key(key), _check_round(round), extra_laplace=eps)
@@ -477,14 +464,13 @@ class _Transaction:
         return self.conn
 
     def __exit__(self, exc_type: type | None, exc: BaseException | None, tb: object) -> None:
-        if exc_type is not None:
-            self.conn.execute("ROLLBACK")
-            return
         try:
-            self.conn.execute("COMMIT")
+            self.conn.execute("COMMIT" if exc_type is None else "ROLLBACK")
         except sqlite3.Error as e:
-            self.conn.execute("ROLLBACK")
-            raise LedgerError(f"cannot write privacy ledger {self.path}: {e}") from e
+            if self.conn.in_transaction:
+                self.conn.execute("ROLLBACK")
+            if exc_type is None:
+                raise LedgerError(f"cannot write privacy ledger {self.path}: {e}") from e
 
 
 def _fsync_dir(directory: Path) -> None:

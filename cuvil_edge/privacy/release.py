@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from cuvil_edge.errors import PrivacyError
+from cuvil_edge.privacy._checks import positive_finite
 
 if TYPE_CHECKING:
     from cuvil_edge.privacy.ledger import PrivacyLedger
@@ -33,18 +34,6 @@ def _laplace_noise(scale: float, shape: tuple[int, ...]) -> np.ndarray:
     """
     rng = np.random.default_rng(secrets.randbits(128))
     return rng.laplace(0.0, scale, size=shape)
-
-
-def _finite_positive(name: str, value: float) -> float:
-    if isinstance(value, bool):
-        raise PrivacyError(f"{name} must be a number, got {value!r}")
-    try:
-        v = float(value)
-    except (TypeError, ValueError) as e:
-        raise PrivacyError(f"{name} must be a number, got {value!r}") from e
-    if not math.isfinite(v) or v <= 0:
-        raise PrivacyError(f"{name} must be finite and > 0, got {value!r}")
-    return v
 
 
 def _as_values(values: object) -> np.ndarray:
@@ -99,8 +88,8 @@ def release(
         BudgetExhaustedError: the site's budget would be exceeded; nothing released.
         LedgerError: the ledger is unreadable or cannot be written.
     """
-    eps = _finite_positive("epsilon", epsilon)
-    sens = _finite_positive("sensitivity", sensitivity)
+    eps = positive_finite("epsilon", epsilon)
+    sens = positive_finite("sensitivity", sensitivity)
     clipped = _clip(_as_values(values), lower, upper)
     scale = sens / eps
     if not math.isfinite(scale):

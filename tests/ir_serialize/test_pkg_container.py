@@ -237,3 +237,18 @@ def test_invalid_bool_tensor_bytes_rejected():
     new_header = __import__("json").dumps(doc, sort_keys=True, separators=(",", ":")).encode()
     with pytest.raises(PackageFormatError, match="bool"):
         decode_payload(build_payload(new_header, bytes(bad)))
+
+
+def test_duplicate_tensor_name_rejected(payload):
+    def dup(doc):
+        doc["tensors"][1]["name"] = doc["tensors"][0]["name"]
+    with pytest.raises(PackageFormatError, match="without duplicates"):
+        decode_payload(mutate_header(payload, dup))
+
+
+def test_unsorted_tensor_table_rejected(payload):
+    def swap(doc):
+        t = doc["tensors"]
+        t[0]["name"], t[1]["name"] = t[1]["name"], t[0]["name"]
+    with pytest.raises(PackageFormatError, match="sorted"):
+        decode_payload(mutate_header(payload, swap))

@@ -155,10 +155,10 @@ def dim_product(node: Node, dims: Sequence[Dim]) -> Dim:
 
 
 def axis_index(node: Node, axis: int, rank: int, extra: int = 0) -> int:
-    """``axis`` normalised into ``0..rank-1+extra`` (negative counts from the end)."""
-    if not -(rank + extra) <= axis < rank + extra:
+    """``axis`` in ``-rank..rank-1+extra`` normalised to ``0..rank-1+extra`` (negative counts from the end)."""
+    if not -rank <= axis < rank + extra:
         raise ShapeInferenceError(f"{node.describe()}: axis {axis} is out of range for rank {rank}")
-    return axis + rank + extra if axis < 0 else axis
+    return axis + rank if axis < 0 else axis
 
 
 def text(node: Node, key: str, default: str) -> str:

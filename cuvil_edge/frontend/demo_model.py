@@ -1,0 +1,49 @@
+"""A small digits CNN as serialized ONNX, for demos and tests.
+
+image float32[batch, 1, 8, 8] -> Conv(1->16, 3x3, pads 1) -> Relu -> MaxPool(2x2, /2)
+-> Flatten -> Gemm(256->10, transB) -> Softmax(axis=1) -> probs float32[batch, 10].
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+OPSET = 13
+
+
+def _uniform(rng: np.random.Generator, shape: tuple[int, ...], fan_in: int) -> np.ndarray:
+    """U(-1/sqrt(fan_in), 1/sqrt(fan_in)), like torch's default Conv/Linear init."""
+    bound = 1.0 / np.sqrt(fan_in)
+    return rng.uniform(-bound, bound, size=shape).astype(np.float32)
+
+
+def digits_cnn_onnx(seed: int = 0) -> bytes:
+    """The serialized model; weights drawn from ``np.random.default_rng(seed)``."""
+    rng = np.random.default_rng(seed)
+    weights = {
+        "conv.weight": _uniform(rng, (16, 1, 3, 3), 9),
+        "conv.bias": _uniform(rng, (16,), 9),
+        "fc.weight": _uniform(rng, (10, 256), 256),
+        "fc.bias": _uniform(rng, (10,), 256),
+    }
+    nodes = [
+        helper.make_node("Conv", ["image", "conv.weight", "conv.bias"], ["conv"], name="conv",
+                         kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["conv"], ["relu"], name="relu"),
+        helper.make_node("MaxPool", ["relu"], ["pool"], name="pool", kernel_shape=[2, 2], strides=[2, 2]),
+        helper.make_node("Flatten", ["pool"], ["flat"], name="flatten", axis=1),
+        helper.make_node("Gemm", ["flat", "fc.weight", "fc.bias"], ["logits"], name="fc", transB=1),
+        helper.make_node("Softmax", ["logits"], ["probs"], name="softmax", axis=1),
+    ]
+    graph = helper.make_graph(
+        nodes, "digits_cnn",
+        [helper.make_tensor_value_info("image", TensorProto.FLOAT, ["batch", 1, 8, 8])],
+        [helper.make_tensor_value_info("probs", TensorProto.FLOAT, ["batch", 10])],
+        [numpy_helper.from_array(array, name) for name, array in weights.items()],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="cuvil-edge")
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    return model.SerializeToString()

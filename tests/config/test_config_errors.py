@@ -1,0 +1,108 @@
+"""Config errors: one line naming the file, the key and what is expected."""
+
+from pathlib import Path
+
+import pytest
+
+from cuvil_edge.config import load_federation, load_site
+from cuvil_edge.errors import ConfigError
+
+GOOD_SITE = """\
+site: hospital-a
+target: rpi4
+privacy:
+  epsilon_budget: 8.0
+  epsilon_per_round: 2.0
+"""
+
+
+def write(tmp_path: Path, text: str, name: str = "site.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def test_good_site_loads_with_defaults(tmp_path):
+    site = load_site(write(tmp_path, GOOD_SITE))
+    assert site.site == "hospital-a"
+    assert site.target == "rpi4"
+    assert site.privacy.delta == 1e-5
+    assert site.training.batch_size > 0
+
+
+@pytest.mark.parametrize(
+    "text, key, expected",
+    [
+        (GOOD_SITE.replace("site: hospital-a\n", ""), "site", "missing required key"),
+        (GOOD_SITE + "colour: blue\n", "colour", "unknown key"),
+        (GOOD_SITE.replace("epsilon_budget: 8.0", "epsilon_budget: lots"), "privacy.epsilon_budget", "valid number"),
+        (GOOD_SITE.replace("target: rpi4", "target: pdp-11"), "target", "pdp-11"),
+        (GOOD_SITE.replace("epsilon_per_round: 2.0", "epsilon_per_round: 9.0"), "privacy", "must not exceed"),
+        (GOOD_SITE.replace("site: hospital-a", "site: Hospital A"), "site", "pattern"),
+        (GOOD_SITE + "training:\n  batch_size: 0\n", "training.batch_size", "greater than or equal"),
+    ],
+    ids=["missing-field", "unknown-key", "wrong-type", "unknown-target", "per-round-over-budget", "bad-id",
+         "out-of-range"],
+)
+def test_site_errors_name_file_key_and_expectation(tmp_path, text, key, expected):
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError) as info:
+        load_site(path)
+    message = str(info.value)
+    assert "\n" not in message
+    assert message.startswith(f"{path}: {key}")
+    assert expected in message
+
+
+def test_unknown_target_lists_known_targets(tmp_path):
+    with pytest.raises(ConfigError, match="rpi4"):
+        load_site(write(tmp_path, GOOD_SITE.replace("target: rpi4", "target: pdp-11")))
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(ConfigError, match="file not found"):
+        load_site(tmp_path / "nope.yaml")
+
+
+def test_duplicate_key_rejected(tmp_path):
+    with pytest.raises(ConfigError, match="appears twice"):
+        load_site(write(tmp_path, GOOD_SITE + "site: other\n"))
+
+
+def test_not_a_mapping(tmp_path):
+    with pytest.raises(ConfigError, match="mapping"):
+        load_site(write(tmp_path, "- just\n- a list\n"))
+
+
+def test_yaml_syntax_error(tmp_path):
+    with pytest.raises(ConfigError, match="invalid YAML"):
+        load_site(write(tmp_path, "site: [unclosed\n"))
+
+
+def test_federation_site_paths_are_relative_to_the_file(tmp_path):
+    (tmp_path / "sites").mkdir()
+    write(tmp_path / "sites", GOOD_SITE, "a.yaml")
+    fed = write(tmp_path, "name: f\nrounds: 2\nmodel: builtin:digits-cnn\nsites: [sites/a.yaml]\n", "fed.yaml")
+    sites = load_federation(fed).load_sites()
+    assert [s.site for s in sites] == ["hospital-a"]
+
+
+def test_federation_missing_model_file(tmp_path):
+    fed = write(tmp_path, "name: f\nrounds: 2\nmodel: nothere.onnx\nsites: [a.yaml]\n", "fed.yaml")
+    with pytest.raises(ConfigError, match=r"fed.yaml: model: .*not found"):
+        load_federation(fed)
+
+
+def test_federation_duplicate_site_ids(tmp_path):
+    write(tmp_path, GOOD_SITE, "a.yaml")
+    write(tmp_path, GOOD_SITE, "b.yaml")
+    fed = write(tmp_path, "name: f\nrounds: 2\nmodel: builtin:digits-cnn\nsites: [a.yaml, b.yaml]\n", "fed.yaml")
+    with pytest.raises(ConfigError, match="more than one site file"):
+        load_federation(fed).load_sites()
+
+
+def test_shipped_configs_are_valid():
+    root = Path(__file__).resolve().parents[2] / "configs"
+    federation = load_federation(root / "federation.yaml")
+    sites = federation.load_sites()
+    assert len({s.target for s in sites}) == len(sites) == 3

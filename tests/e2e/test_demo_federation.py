@@ -1,0 +1,49 @@
+"""End to end: the shipped demo federation in Flower simulation, fewer rounds.
+
+Runs `python -m cuvil_edge demo` in a subprocess (Ray starts and stops with it),
+with its own FLWR_HOME, and checks what a user would look at.
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+pytestmark = pytest.mark.e2e
+
+
+def run_demo(tmp_path: Path, rounds: int, federation: Path) -> tuple[subprocess.CompletedProcess, Path]:
+    run_dir = tmp_path / "run"
+    env = dict(os.environ, FLWR_HOME=str(tmp_path / "flwr_home"), FLWR_TELEMETRY_ENABLED="0",
+               FLWR_DISABLE_UPDATE_CHECK="1", FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1")
+    proc = subprocess.run(
+        [sys.executable, "-m", "cuvil_edge", "demo", "--rounds", str(rounds), "--run-dir", str(run_dir),
+         "--federation", str(federation)],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900,
+    )
+    return proc, run_dir
+
+
+def test_demo_federation_learns_and_accounts_privacy(tmp_path):
+    proc, run_dir = run_demo(tmp_path, 2, ROOT / "configs" / "federation.yaml")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    rounds = metrics["rounds"]
+    assert [r["round"] for r in rounds] == [0, 1, 2]
+    assert rounds[-1]["global_accuracy"] > rounds[0]["global_accuracy"] + 0.2
+    for site, stats in rounds[-1]["sites"].items():
+        assert stats["status"] == "ok", (site, stats)
+        assert 0 < stats["eps-spent"] <= 8.0
+        assert stats["eps-spent"] + stats["eps-remaining"] == pytest.approx(8.0)
+        assert stats["package-bytes"] > 0
+    spent = [r["sites"]["hospital-a"]["eps-spent"] for r in rounds[1:]]
+    assert spent[1] > spent[0]  # every round spends
+    assert (run_dir / "metrics.png").stat().st_size > 1000
+    assert "global test accuracy" in proc.stdout
+    pruned = list((run_dir / "agents").glob("*/build-cache/*/module.py"))
+    assert len({p.parts[-4] for p in pruned}) == 3  # every site built locally
