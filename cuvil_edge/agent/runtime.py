@@ -93,6 +93,6 @@ class AgentRuntime:
     @staticmethod
     def accuracy(model: CompiledModel, x: np.ndarray, y: np.ndarray) -> float:
         """Fraction of ``x`` whose argmax output equals ``y``."""
-        name = model.input_names[0]
+        name = model.graph.inputs[0].name
         out = next(iter(model.run({name: x}).values()))
         return float((out.argmax(axis=1) == y).mean())

@@ -59,7 +59,7 @@ def _linear_layer(weight_kn: np.ndarray, bias: np.ndarray | None) -> nn.Linear:
     k, n = weight_kn.shape
     layer = nn.Linear(k, n, bias=bias is not None)
     with torch.no_grad():
-        layer.weight.copy_(torch.from_numpy(np.ascontiguousarray(weight_kn.T)))
+        layer.weight.copy_(torch.from_numpy(np.array(weight_kn.T, order="C")))
         if bias is not None:
             layer.bias.copy_(torch.from_numpy(np.array(bias)))
     return layer

@@ -17,7 +17,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from cuvil_edge.errors import CuvilError, MalformedModelError, ModelFileError, UnsupportedAttributeError, UnsupportedOpError
+from cuvil_edge.errors import MalformedModelError, ModelFileError, UnsupportedAttributeError, UnsupportedOpError
 from cuvil_edge.ir import dtypes, ops
 from cuvil_edge.ir.graph import Dim, Graph, Node, TensorType, Value
 from cuvil_edge.ir.infer import build_graph, topological_order

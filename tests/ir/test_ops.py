@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import onnx
 import pytest
 from onnx import numpy_helper
 
@@ -12,8 +13,6 @@ from cuvil_edge.ir import interpreter, ops
 from cuvil_edge.ir.ops._util import DEFAULT_CAPABILITIES
 
 from onnx_cases import In, assert_matches, batches, build_model, case, const, feeds_for, run_ort
-
-import onnx
 
 B = "batch"
 X4 = In((B, 2, 5, 5))

@@ -1,0 +1,86 @@
+"""The agent's inference path: verify -> accept -> build -> run, against onnxruntime."""
+
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+from cuvil_edge.agent.runtime import AgentRuntime
+from cuvil_edge.config import load_site
+from cuvil_edge.coordinator.keys import init_keys
+from cuvil_edge.errors import RollbackError, SignatureError, WrongSiteError
+from cuvil_edge.frontend import load_model
+from cuvil_edge.frontend.demo_model import digits_cnn_onnx
+from cuvil_edge.ir_serialize import load_private_key, write_package
+
+SITES = Path(__file__).resolve().parents[2] / "configs" / "sites"
+
+
+@pytest.fixture
+def setup(tmp_path):
+    private, public = init_keys(tmp_path / "keys")
+    site = load_site(SITES / "fleet-c.yaml")
+    agent = AgentRuntime(site, tmp_path / "state", public)
+    graph = load_model(digits_cnn_onnx(3))
+
+    def package(version, site_id="fleet-c", target="ascend-310", key=private):
+        now = int(time.time())
+        return write_package(graph, site=site_id, target=target, version=version,
+                             signing_key=load_private_key(key), issued_at=now, expires=now + 60)
+
+    return agent, package, tmp_path
+
+
+def test_activated_package_matches_onnxruntime(setup):
+    agent, package, _ = setup
+    activated = agent.activate(package(1))
+    x = np.random.default_rng(0).random((7, 1, 8, 8), dtype=np.float32)
+    ours = activated.model.run({"image": x})["probs"]
+    ref = ort.InferenceSession(digits_cnn_onnx(3)).run(None, {"image": x})[0]
+    np.testing.assert_allclose(ours, ref, rtol=1e-5, atol=1e-6)
+    assert activated.model.target.name == "ascend-310"
+
+
+def test_replayed_package_is_refused_after_acceptance(setup):
+    agent, package, _ = setup
+    first = package(1)
+    agent.activate(first)
+    with pytest.raises(RollbackError):
+        agent.activate(first)
+    agent.activate(package(2))
+
+
+def test_rejections_accept_nothing(setup):
+    agent, package, tmp_path = setup
+    other_private, _ = init_keys(tmp_path / "other-keys")
+    with pytest.raises(SignatureError):
+        agent.activate(package(5, key=other_private))
+    with pytest.raises(WrongSiteError):
+        agent.activate(package(5, site_id="hospital-a"))
+    assert agent.rollback.last_version("fleet-c") is None
+    agent.activate(package(1))  # nothing above was accepted, so version 1 is still new
+
+
+def test_inference_path_imports_neither_torch_nor_onnx(setup):
+    agent, package, tmp_path = setup
+    (tmp_path / "p.cpkg").write_bytes(package(1))
+    script = textwrap.dedent(f"""
+        import sys
+        import numpy as np
+        from cuvil_edge.agent.runtime import AgentRuntime
+        from cuvil_edge.config import load_site
+        agent = AgentRuntime(load_site({str(SITES / 'fleet-c.yaml')!r}), {str(tmp_path / 'state2')!r},
+                             {str(tmp_path / 'keys' / 'coordinator.pub')!r})
+        activated = agent.activate(open({str(tmp_path / 'p.cpkg')!r}, 'rb').read())
+        activated.model.run({{"image": np.zeros((2, 1, 8, 8), np.float32)}})
+        heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'onnx', 'opacus', 'flwr'))
+        print('HEAVY', heavy)
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "HEAVY []" in out.stdout
