@@ -12,14 +12,13 @@ compile and run packages.  All IO of the agent's state directory happens here:
 from __future__ import annotations
 
 import hashlib
-import os
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from cuvil_edge.atomic import atomic_write
 from cuvil_edge.config.site import SiteConfig
 from cuvil_edge.device_targets import CompiledModel, build, load_target
 from cuvil_edge.ir_serialize import AntiRollbackState, VerifiedPackage, load_public_key, open_package
@@ -62,12 +61,7 @@ class AgentRuntime:
         folder = self.state_dir / "packages"
         folder.mkdir(exist_ok=True)
         path = folder / f"{hashlib.sha256(data).hexdigest()}.cpkg"
-        fd, tmp = tempfile.mkstemp(dir=folder, prefix=".incoming-")
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        atomic_write(path, data)
         return path
 
     def activate(self, data: bytes) -> Activated:

@@ -13,7 +13,7 @@ from cuvil_edge.errors import ConfigError
 from cuvil_edge.frontend import load_model
 from cuvil_edge.ir.cost import node_flops
 from cuvil_edge.ir_serialize import Manifest, decode_payload, load_private_key, load_public_key, write_package
-from cuvil_edge.ir_serialize._atomic import atomic_write
+from cuvil_edge.atomic import atomic_write
 from cuvil_edge.ir_serialize.package import split_package
 from cuvil_edge.ir_serialize.signing import verify_manifest_signature
 

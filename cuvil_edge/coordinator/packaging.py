@@ -9,8 +9,6 @@ already accepted (agents reject anything not strictly newer).
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +16,7 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
+from cuvil_edge.atomic import atomic_write
 from cuvil_edge.config.site import SiteConfig
 from cuvil_edge.errors import StateError
 from cuvil_edge.ir.graph import Graph
@@ -54,12 +53,7 @@ class VersionCounter:
         """Reserve and durably record the next version for ``site``."""
         self.versions[site] = self.versions.get(site, 0) + 1
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".versions-")
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(self.versions, f, sort_keys=True)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.path)
+        atomic_write(self.path, json.dumps(self.versions, sort_keys=True).encode("utf-8"))
         return self.versions[site]
 
 

@@ -16,8 +16,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +23,7 @@ from typing import Any, Callable, Mapping, Protocol, runtime_checkable
 
 import numpy as np
 
+from cuvil_edge.atomic import atomic_write
 from cuvil_edge.errors import BuildError, CuvilError, ExecutionError
 from cuvil_edge.ir.graph import Graph
 from cuvil_edge.ir.interpreter import bind_inputs
@@ -167,24 +166,8 @@ def _read_cached(entry: Path) -> str | None:
 def _write_entry(entry: Path, source: str, meta: dict[str, Any]) -> None:
     try:
         entry.mkdir(parents=True, exist_ok=True)
-        _atomic_write(entry / "module.py", source)
+        atomic_write(entry / "module.py", source.encode("utf-8"), mode=0o644)
         meta = {**meta, "source_sha256": hashlib.sha256(source.encode()).hexdigest()}
-        _atomic_write(entry / "meta.json", json.dumps(meta, indent=2, sort_keys=True) + "\n")
+        atomic_write(entry / "meta.json", (json.dumps(meta, indent=2, sort_keys=True) + "\n").encode("utf-8"), mode=0o644)
     except OSError as e:
         raise BuildError(f"cannot write build cache entry {entry}: {e}; check cache_dir is writable") from e
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise

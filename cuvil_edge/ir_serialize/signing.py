@@ -13,7 +13,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from cuvil_edge.errors import KeyFileError, SignatureError
-from cuvil_edge.ir_serialize._atomic import atomic_write
+from cuvil_edge.atomic import atomic_write
 
 log = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from cuvil_edge.errors import PackageFormatError, RollbackError, StateError
-from cuvil_edge.ir_serialize._atomic import atomic_write
+from cuvil_edge.atomic import atomic_write
 from cuvil_edge.ir_serialize._canonical import canonical_json, check_int, check_str, fields, get_int, parse_json
 
 log = logging.getLogger(__name__)

@@ -9,7 +9,7 @@ import mmap
 
 import numpy as np
 import pytest
-from conftest import (EXPIRES, ISSUED, LIMIT, NOW, SITE, TARGET, flip, mutate_header, sign_package,
+from conftest import (EXPIRES, ISSUED, LIMIT, SITE, TARGET, flip, mutate_header, sign_package,
                       verify_kwargs)
 
 from cuvil_edge.errors import (ExpiredPackageError, PackageError, PackageFormatError, PackageSizeError,

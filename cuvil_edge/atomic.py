@@ -1,4 +1,7 @@
-"""Crash-safe file replacement (PACKAGE_SPEC §9.2): temp file, fsync, rename, fsync directory."""
+"""Crash-safe file replacement (PACKAGE_SPEC §9.2): temp file, fsync, rename, fsync directory.
+
+Layer 0: every durable file cuvil-edge writes (state, caches, packages, keys) goes through here.
+"""
 
 from __future__ import annotations
 
