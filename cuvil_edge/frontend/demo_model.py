@@ -1,7 +1,12 @@
 """A small digits CNN as serialized ONNX, for demos and tests.
 
-image float32[batch, 1, 8, 8] -> Conv(1->16, 3x3, pads 1) -> Relu -> MaxPool(2x2, /2)
--> Flatten -> Gemm(256->10, transB) -> Softmax(axis=1) -> probs float32[batch, 10].
+image float32[batch, 1, 8, 8] in [0, 1] -> Mul, Add (standardise with fixed public
+constants, so the deployed model takes raw pixels) -> Conv(1->C, 3x3, pads 1) -> Relu -> MaxPool(2x2, /2)
+-> Flatten -> Gemm(16*C->10, transB) -> Softmax(axis=1) -> probs float32[batch, 10].
+
+C = 32 by default: under DP-SGD with non-IID sites, one wide conv layer learns
+fastest in few rounds (measured against 8/16/64 channels and two conv layers;
+see the walking-skeleton issue note).
 """
 
 from __future__ import annotations
@@ -11,6 +16,10 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 OPSET = 13
+#: (x - 0.3) / 0.4 as x * 2.5 - 0.75: roughly zero-mean, unit-variance digits pixels.
+#: Fixed constants, not statistics of any site's data. Under DP-SGD this more than
+#: doubles early-round accuracy gains (see the walking-skeleton issue note).
+PIXEL_SCALE, PIXEL_SHIFT = 2.5, -0.75
 
 
 def _uniform(rng: np.random.Generator, shape: tuple[int, ...], fan_in: int) -> np.ndarray:
@@ -19,17 +28,22 @@ def _uniform(rng: np.random.Generator, shape: tuple[int, ...], fan_in: int) -> n
     return rng.uniform(-bound, bound, size=shape).astype(np.float32)
 
 
-def digits_cnn_onnx(seed: int = 0) -> bytes:
+def digits_cnn_onnx(seed: int = 0, channels: int = 32) -> bytes:
     """The serialized model; weights drawn from ``np.random.default_rng(seed)``."""
     rng = np.random.default_rng(seed)
+    features = 16 * channels  # C x 4 x 4 after the 2x2 pool
     weights = {
-        "conv.weight": _uniform(rng, (16, 1, 3, 3), 9),
-        "conv.bias": _uniform(rng, (16,), 9),
-        "fc.weight": _uniform(rng, (10, 256), 256),
-        "fc.bias": _uniform(rng, (10,), 256),
+        "input.scale": np.array([PIXEL_SCALE], np.float32),
+        "input.shift": np.array([PIXEL_SHIFT], np.float32),
+        "conv.weight": _uniform(rng, (channels, 1, 3, 3), 9),
+        "conv.bias": _uniform(rng, (channels,), 9),
+        "fc.weight": _uniform(rng, (10, features), features),
+        "fc.bias": _uniform(rng, (10,), features),
     }
     nodes = [
-        helper.make_node("Conv", ["image", "conv.weight", "conv.bias"], ["conv"], name="conv",
+        helper.make_node("Mul", ["image", "input.scale"], ["scaled"], name="scale"),
+        helper.make_node("Add", ["scaled", "input.shift"], ["standardised"], name="shift"),
+        helper.make_node("Conv", ["standardised", "conv.weight", "conv.bias"], ["conv"], name="conv",
                          kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
         helper.make_node("Relu", ["conv"], ["relu"], name="relu"),
         helper.make_node("MaxPool", ["relu"], ["pool"], name="pool", kernel_shape=[2, 2], strides=[2, 2]),
