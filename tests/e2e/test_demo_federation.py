@@ -47,3 +47,24 @@ def test_demo_federation_learns_and_accounts_privacy(tmp_path):
     assert "global test accuracy" in proc.stdout
     pruned = list((run_dir / "agents").glob("*/build-cache/*/module.py"))
     assert len({p.parts[-4] for p in pruned}) == 3  # every site built locally
+
+
+def test_site_out_of_budget_drops_out_and_the_run_goes_on(tmp_path):
+    configs = tmp_path / "configs"
+    (configs / "sites").mkdir(parents=True)
+    (configs / "federation.yaml").write_text((ROOT / "configs" / "federation.yaml").read_text())
+    for site in (ROOT / "configs" / "sites").glob("*.yaml"):
+        text = site.read_text()
+        if site.stem == "fleet-c":  # enough for one round of training, not two
+            text = text.replace("epsilon_budget: 8.0", "epsilon_budget: 3.8")
+        (configs / "sites" / site.name).write_text(text)
+    proc, run_dir = run_demo(tmp_path, 2, configs / "federation.yaml")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rounds = json.loads((run_dir / "metrics.json").read_text())["rounds"]
+    first, second = rounds[1]["sites"], rounds[2]["sites"]
+    assert first["fleet-c"]["status"] == "ok"
+    assert second["fleet-c"]["status"] == "budget exhausted"
+    assert second["fleet-c"]["eps-spent"] <= 3.8
+    assert second["hospital-a"]["status"] == second["factory-b"]["status"] == "ok"
+    assert "budget exhausted" in proc.stdout
+    assert rounds[2]["global_accuracy"] > rounds[0]["global_accuracy"]
