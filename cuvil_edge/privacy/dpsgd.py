@@ -138,7 +138,11 @@ def plan_dp_sgd(n: int, *, target_epsilon: float, delta: float, epochs: int,
         )
     q = sample_rate_for(n, batch_size)
     steps = steps_for(n, batch_size, epochs)
-    return DpSgdPlan(noise_multiplier_for(target_epsilon, delta, q, steps), q, steps)
+    # Opacus' make_private_with_epsilon calibrates σ for int(epochs / q) steps (a float
+    # division that can land one below the steps the loader really takes). Use the
+    # same σ so training and ledger agree exactly, but charge the steps that run.
+    calibration_steps = int(int_at_least("epochs", epochs) / q)
+    return DpSgdPlan(noise_multiplier_for(target_epsilon, delta, q, calibration_steps), q, steps)
 
 
 def _tensors(x: np.ndarray, y: np.ndarray, loss: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -178,9 +182,10 @@ def train_dp_sgd(
 ) -> DpSgdResult:
     """Train ``model`` (a ``torch.nn.Module``) in place with DP-SGD (Opacus, RDP accountant).
 
-    Poisson sampling with rate ``1/ceil(n/batch_size)`` for ``epochs`` epochs;
-    the noise multiplier is :func:`plan_dp_sgd`'s, so it matches what the
-    ledger was asked about. ``epsilon`` in the result is the RDP epsilon of
+    Poisson sampling with rate ``1/ceil(n/batch_size)`` for ``epochs`` epochs,
+    made private with Opacus' ``make_private_with_epsilon``; training is refused
+    unless the σ Opacus picks is :func:`plan_dp_sgd`'s, the one the ledger was
+    asked about. ``epsilon`` in the result is the RDP epsilon of
     the planned run at ``delta`` (empty Poisson batches are skipped, which only
     over-counts). ``seed`` makes sampling and noise reproducible (tests); a
     seed known to an adversary voids the guarantee, so pass ``None`` in
@@ -211,7 +216,7 @@ def train_dp_sgd(
         torch.manual_seed(seed)
         final_loss, epsilon = _train(model, tx, ty, plan, epochs=epochs, batch_size=batch_size,
                                      lr=lr, momentum=momentum, max_grad_norm=max_grad_norm,
-                                     delta=delta, loss=loss)
+                                     target_epsilon=target_epsilon, delta=delta, loss=loss)
     return DpSgdResult(plan.noise_multiplier, plan.sample_rate, plan.steps, epsilon, final_loss)
 
 
@@ -227,8 +232,8 @@ def _validate_module(model: Any) -> None:
 
 
 def _train(model: Any, tx: Any, ty: Any, plan: DpSgdPlan, *, epochs: int, batch_size: int,
-           lr: float, momentum: float, max_grad_norm: float, delta: float,
-           loss: str) -> tuple[float, float]:
+           lr: float, momentum: float, max_grad_norm: float, target_epsilon: float,
+           delta: float, loss: str) -> tuple[float, float]:
     import torch
     from opacus import PrivacyEngine
 
@@ -237,16 +242,17 @@ def _train(model: Any, tx: Any, ty: Any, plan: DpSgdPlan, *, epochs: int, batch_
     criterion = torch.nn.CrossEntropyLoss() if loss == "cross_entropy" else torch.nn.MSELoss()
     optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
     engine = PrivacyEngine(accountant="rdp")
-    dp_model, dp_optimizer, dp_loader = engine.make_private(
-        module=model, optimizer=optimizer, data_loader=loader,
-        noise_multiplier=plan.noise_multiplier, max_grad_norm=max_grad_norm,
-        poisson_sampling=True,
+    dp_model, dp_optimizer, dp_loader = engine.make_private_with_epsilon(
+        module=model, optimizer=optimizer, data_loader=loader, target_epsilon=target_epsilon,
+        target_delta=delta, epochs=epochs, max_grad_norm=max_grad_norm, poisson_sampling=True,
     )
-    if len(dp_loader) * epochs != plan.steps:
+    sigma = float(dp_optimizer.noise_multiplier)
+    if len(dp_loader) * epochs != plan.steps or abs(sigma - plan.noise_multiplier) > 1e-9 * plan.noise_multiplier:
         dp_model.to_standard_module()
+        # Never train with less noise, or more steps, than the ledger was asked about.
         raise PrivacyError(
-            f"Opacus would run {len(dp_loader) * epochs} steps, the plan says {plan.steps}; "
-            "refusing to train"
+            f"Opacus chose σ={sigma} for {len(dp_loader) * epochs} steps; the plan (checked against the "
+            f"ledger) says σ={plan.noise_multiplier} for {plan.steps} steps. Refusing to train."
         )
     model.train()
     last, taken = float("nan"), 0

@@ -16,7 +16,7 @@ def test_demo_model_types():
     graph = load_model(digits_cnn_onnx())
     assert [(v.name, str(v.type)) for v in graph.inputs] == [("image", "float32[batch, 1, 8, 8]")]
     assert [(v.name, str(v.type)) for v in graph.outputs] == [("probs", "float32[batch, 10]")]
-    assert [n.op_type for n in graph.nodes] == ["Conv", "Relu", "MaxPool", "Flatten", "Gemm", "Softmax"]
+    assert [n.op_type for n in graph.nodes] == ["Mul", "Add", "Conv", "Relu", "MaxPool", "Flatten", "Gemm", "Softmax"]
 
 
 def test_demo_model_is_seeded():
