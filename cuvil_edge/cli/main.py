@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Optional
 
@@ -57,6 +58,8 @@ def inspect_cmd(package: Path = typer.Argument(..., help="package file"),
     info = inspect_package(package, key)
     console.print(f"[bold]{package}[/bold]  signature: {info.signature}")
     for k, v in info.manifest.items():
+        if k in ("issued_at", "expires"):
+            v = f"{v} ({datetime.fromtimestamp(v, timezone.utc):%Y-%m-%d %H:%M:%S} UTC)"
         console.print(f"  {k:<16} {v}")
     ops = Table("op", "count", "FLOPs (batch 1)", title="ops")
     for op, (count, flops) in sorted(info.ops.items()):
@@ -72,13 +75,16 @@ def inspect_cmd(package: Path = typer.Argument(..., help="package file"),
 @app.command("demo")
 def demo(federation: Path = typer.Option(Path("configs/federation.yaml"), help="federation YAML"),
          rounds: Optional[int] = typer.Option(None, help="override the number of rounds"),
-         run_dir: Optional[Path] = typer.Option(None, help="run directory (default runs/<name>-<time>)")) -> None:
+         run_dir: Optional[Path] = typer.Option(None, help="run directory (default runs/<name>-<time>)"),
+         verbose: bool = typer.Option(False, "--verbose", "-v", help="also show Flower's and Ray's logs")) -> None:
     """Run the demo federation in Flower simulation and report each round."""
     from cuvil_edge.agent.client_app import app as client_app
     from cuvil_edge.coordinator.launcher import prepare_run, run_in_simulation
     from cuvil_edge.coordinator.server_app import app as server_app
 
-    os.environ.setdefault("FLWR_LOG_LEVEL", "WARNING")
+    if not verbose:
+        os.environ.setdefault("FLWR_LOG_LEVEL", "WARNING")
+        logging.getLogger("flwr").setLevel(logging.WARNING)
     _show_reports()
     spec = prepare_run(federation, run_dir, rounds)
     console.print(f"run directory: {spec.run_dir}")
