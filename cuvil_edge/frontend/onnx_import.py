@@ -180,7 +180,7 @@ def _tensor(t: onnx.TensorProto, where: str) -> np.ndarray:
     except Exception as e:
         raise MalformedModelError(f"{where} tensor data cannot be decoded ({_summary(e)}); re-export the model") from e
     dtypes.from_numpy(array.dtype)
-    array = np.ascontiguousarray(array)
+    array = np.array(array, order="C")  # keeps 0-d scalars 0-d (ascontiguousarray would make them 1-D)
     array.flags.writeable = False
     return array
 

@@ -141,10 +141,18 @@ class Graph:
         }
 
 
+#: Tensor attributes up to this many elements are kept inline in the graph JSON
+#: (ConstantOfShape's fill value); bigger ones must be initializers.
+MAX_INLINE_TENSOR = 1024
+
+
 def _attr_to_json(node: Node, key: str, value: AttrValue) -> Any:
     if isinstance(value, np.ndarray):
-        # Only Constant carries tensors and the frontend folds those away.
-        raise ValueError(f"{node.describe()} attribute {key!r} holds a tensor; fold it into an initializer first")
+        if value.size > MAX_INLINE_TENSOR or value.dtype.kind not in "iuf":
+            raise ValueError(f"{node.describe()} attribute {key!r} holds a {value.dtype}{list(value.shape)} tensor; "
+                             "fold it into an initializer first")
+        return {"tensor": {"dtype": dtypes.from_numpy(value.dtype), "shape": list(value.shape),
+                           "values": value.ravel().tolist()}}
     if isinstance(value, tuple):
         return list(value)
     return value

@@ -13,7 +13,8 @@ from typing import Any, Mapping
 import numpy as np
 
 from cuvil_edge.errors import ModelError, PackageFormatError
-from cuvil_edge.ir.graph import Graph, Node, TensorType, Value
+from cuvil_edge.ir import dtypes
+from cuvil_edge.ir.graph import MAX_INLINE_TENSOR, Graph, Node, TensorType, Value
 from cuvil_edge.ir.infer import build_graph
 from cuvil_edge.ir_serialize._canonical import check_int, check_str, fields, get_int, get_list, get_str
 
@@ -98,9 +99,32 @@ def _node(obj: Any, index: int) -> Node:
 
 
 def _attr(value: Any, where: str) -> Any:
-    """JSON scalars and flat lists of scalars; lists become tuples (immutable)."""
+    """JSON scalars and flat lists of scalars (lists become tuples), or a small inline
+    tensor ``{"tensor": {"dtype", "shape", "values"}}`` (PACKAGE_SPEC §4)."""
     if isinstance(value, _SCALARS):
         return value
     if isinstance(value, list) and all(isinstance(x, _SCALARS) for x in value):
         return tuple(value)
+    if isinstance(value, dict) and set(value) == {"tensor"}:
+        return _inline_tensor(value["tensor"], where)
     raise PackageFormatError(f"{where} must be a number, string or flat list of them, got {value!r:.80}")
+
+
+def _inline_tensor(obj: Any, where: str) -> np.ndarray:
+    t = fields(obj, ("dtype", "shape", "values"), where)
+    dtype = get_str(t, "dtype", where)
+    if dtype not in dtypes.SUPPORTED or dtype == "bool":  # bool fills are rare; keep the codec small
+        raise PackageFormatError(f"{where}: inline tensor dtype {dtype!r} is not supported")
+    shape = [check_int(d, f"{where} shape", 0, MAX_INLINE_TENSOR) for d in get_list(t, "shape", where)]
+    values = get_list(t, "values", where)
+    if int(np.prod(shape, dtype=np.int64)) != len(values) or len(values) > MAX_INLINE_TENSOR:
+        raise PackageFormatError(f"{where}: inline tensor of shape {shape} must have {int(np.prod(shape))} values, "
+                                 f"got {len(values)}")
+    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+        raise PackageFormatError(f"{where}: inline tensor values must be numbers")
+    try:
+        array = np.array(values, dtype=dtype).reshape(shape)
+    except (OverflowError, ValueError) as e:
+        raise PackageFormatError(f"{where}: inline tensor values do not fit {dtype} ({e})") from e
+    array.flags.writeable = False
+    return array

@@ -128,8 +128,18 @@ CASES = [
 CAPABILITIES = [{"TARGET_LARGE_SCRATCH": True}, {"TARGET_LARGE_SCRATCH": False}]
 
 
-def test_cases_cover_every_op():
-    assert {c.op for c in CASES} == set(ops.supported_ops())
+def test_every_registered_op_has_onnxruntime_cases():
+    """Each op module is compared with onnxruntime by one of the op test tables."""
+    import importlib
+
+    covered = {c.op for c in CASES}
+    for table in ("test_ops_shape", "test_ops_elementwise", "test_ops_quant"):
+        try:
+            covered |= {c.op for c in importlib.import_module(table).CASES}
+        except ImportError:
+            pass
+    internal = {op for op in ops.supported_ops() if op.startswith("Cuvil")}  # fused ops: tests/passes
+    assert set(ops.supported_ops()) - internal <= covered
 
 
 @pytest.mark.parametrize("c", CASES, ids=lambda c: c.id)

@@ -1,6 +1,7 @@
 """Reshape: target shape from the constant ``shape`` input; 0 copies the input dim
 (unless allowzero=1, opset >= 14) and one -1 takes what is left, symbols included:
-(batch, 16, 4, 4) -> [-1, 256] is (batch, 256)."""
+(batch, 16, 4, 4) -> [-1, 256] is (batch, 256).  A target computed from a Shape of
+symbolic dims (an object array such as ["batch", -1]) keeps its symbols."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from collections import Counter
 
 from cuvil_edge.errors import ShapeInferenceError
 from cuvil_edge.ir.graph import TensorType
+from cuvil_edge.ir.ops._shape import vector
 from cuvil_edge.ir.ops._util import need, template_function
 
 OP_TYPE = "Reshape"
@@ -29,13 +31,15 @@ def _split(dims):
 def _target(node, x, shape):
     allowzero = _allowzero(node)
     out = []
-    for i, s in enumerate(int(v) for v in shape.reshape(-1)):
-        if s == 0 and not allowzero:
+    for i, s in enumerate(shape):
+        if isinstance(s, str):
+            out.append(s)
+        elif s == 0 and not allowzero:
             if i >= x.rank:
                 raise ShapeInferenceError(f"{node.describe()}: shape entry {i} is 0 but the input {x} has no axis {i}")
             out.append(x.shape[i])
         elif s < -1 or (s == -1 and None in out):
-            raise ShapeInferenceError(f"{node.describe()}: bad target shape {shape.tolist()} (one -1 at most, no other negatives)")
+            raise ShapeInferenceError(f"{node.describe()}: bad target shape {shape} (one -1 at most, no other negatives)")
         else:
             out.append(None if s == -1 else s)
     return out
@@ -43,9 +47,10 @@ def _target(node, x, shape):
 
 def infer(node, inputs, consts=None):
     need(node, inputs, 2)
-    x, shape = inputs[0], (consts or {}).get(1)
-    if shape is None or shape.dtype.kind != "i" or shape.ndim != 1:
+    x, value = inputs[0], (consts or {}).get(1)
+    if value is None or value.dtype.kind not in "iO" or value.ndim != 1:
         raise ShapeInferenceError(f"{node.describe()}: the shape input must be a 1-D int64 initializer or Constant")
+    shape = vector(node, consts, 1, "shape", symbols=True)
     out = _target(node, x, shape)
     in_size, in_syms = _split(x.shape)
     out_size, out_syms = _split(d for d in out if d is not None)
@@ -55,7 +60,7 @@ def infer(node, inputs, consts=None):
     if None in out:
         if out_size == 0 or in_size % out_size or (left and (len(left) > 1 or in_size != out_size)):
             raise ShapeInferenceError(
-                f"{node.describe()}: cannot resolve -1 reshaping {x} to {shape.tolist()}; "
+                f"{node.describe()}: cannot resolve -1 reshaping {x} to {shape}; "
                 "the target hard-codes sizes that depend on a symbolic dim (fix that dim, or use 0 to copy it)")
         out[out.index(None)] = next(iter(left)) if left else in_size // out_size
     elif left or in_size != out_size:

@@ -1,0 +1,140 @@
+"""ConvTranspose: the gradient of Conv. W is (C, M/group, *kernel); each output axis is
+stride*(in-1) + output_padding + dilation*(k-1) + 1 - pads, or ``output_shape`` / in*stride
+(auto_pad SAME_*) with the padding derived as the spec and onnxruntime do (odd totals: SAME_UPPER
+pads more at the end, otherwise at the start)."""
+
+from __future__ import annotations
+
+from cuvil_edge.errors import ShapeInferenceError, UnsupportedAttributeError
+from cuvil_edge.ir import dtypes
+from cuvil_edge.ir.graph import TensorType
+from cuvil_edge.ir.ops._shape import arg
+from cuvil_edge.ir.ops._util import ints, need, same_dtype, template_function, text, want_dtype
+
+OP_TYPE = "ConvTranspose"
+VERSIONS = (1, 11, 22)
+
+
+def static_attrs(node, k: int):
+    """(strides, pads, dilations, output_padding, output_shape, auto_pad, group) with defaults."""
+    strides = ints(node, "strides") or [1] * k
+    dilations = ints(node, "dilations") or [1] * k
+    pads = ints(node, "pads") or [0] * (2 * k)
+    out_pad = ints(node, "output_padding") or [0] * k
+    out_shape = ints(node, "output_shape")[-k:] if ints(node, "output_shape") else []
+    auto_pad, group = text(node, "auto_pad", "NOTSET"), int(node.attr("group", 1))
+    if auto_pad not in ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID"):
+        raise UnsupportedAttributeError(f"{node.describe()} auto_pad={auto_pad!r} is not supported")
+    if len(strides) != k or len(dilations) != k or len(pads) != 2 * k or len(out_pad) != k:
+        raise ShapeInferenceError(f"{node.describe()}: strides/pads/dilations/output_padding do not fit {k} spatial dims")
+    if min(strides + dilations) <= 0 or min(pads + out_pad) < 0 or group < 1:
+        raise ShapeInferenceError(f"{node.describe()}: non-positive strides/dilations/group or negative pads")
+    return strides, pads, dilations, out_pad, out_shape, auto_pad, group
+
+
+TEMPLATE = '''
+def _convt_geometry(spatial, kernel, strides, pads, dilations, out_pad, out_shape, auto_pad):
+    n = len(kernel)
+    begin, end, out = [], [], []
+    for i in range(n):
+        full = strides[i] * (spatial[i] - 1) + out_pad[i] + dilations[i] * (kernel[i] - 1) + 1
+        if out_shape or auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+            size = out_shape[i] if out_shape else spatial[i] * strides[i]
+            total = max(0, full - size)
+            small, big = total // 2, total - total // 2
+            b, e = (small, big) if auto_pad == "SAME_UPPER" else (big, small)
+        else:
+            b, e = (0, 0) if auto_pad == "VALID" else (pads[i], pads[i + n])
+            size = full - b - e
+        begin.append(b)
+        end.append(e)
+        out.append(size)
+    return tuple(begin), tuple(out)
+
+
+def k_conv_transpose(x, w, b, strides, pads, dilations, out_pad, out_shape, auto_pad, group):
+    n, c, kernel = x.shape[0], x.shape[1], w.shape[2:]
+    k, mg, cg = len(kernel), w.shape[1], x.shape[1] // group
+    strides = tuple(strides) or (1,) * k
+    dilations = tuple(dilations) or (1,) * k
+    pads = tuple(pads) or (0,) * (2 * k)
+    out_pad = tuple(out_pad) or (0,) * k
+    out_shape = tuple(out_shape)[-k:] if out_shape else ()
+    begin, out = _convt_geometry(x.shape[2:], kernel, strides, pads, dilations, out_pad, out_shape, auto_pad)
+    spatial, p = x.shape[2:], 1
+    for size in spatial:
+        p *= size
+    # scratch long enough for every tap and for the requested output window
+    span = [max(begin[i] + out[i], (spatial[i] - 1) * strides[i] + dilations[i] * (kernel[i] - 1) + 1) for i in range(k)]
+    y = np.zeros((n, group, mg) + tuple(span), dtype=x.dtype)
+    xg = x.reshape(n, group, cg, p)
+    wg = w.reshape(group, cg, mg, -1)
+    if TARGET_LARGE_SCRATCH:
+        # one batched matmul for every tap at once, then scatter-add each tap's slab
+        cols = np.matmul(wg.transpose(0, 3, 2, 1).reshape(group, -1, cg), xg)
+        cols = cols.reshape((n, group, wg.shape[3], mg) + tuple(spatial))
+    for index, tap in enumerate(np.ndindex(*kernel)):
+        if TARGET_LARGE_SCRATCH:
+            part = cols[:, :, index]
+        else:
+            part = np.matmul(wg[:, :, :, index].transpose(0, 2, 1), xg).reshape((n, group, mg) + tuple(spatial))
+        window = tuple(slice(t * d, t * d + (s_in - 1) * s + 1, s)
+                       for t, d, s_in, s in zip(tap, dilations, spatial, strides))
+        y[(slice(None), slice(None), slice(None)) + window] += part
+    y = y[(slice(None), slice(None), slice(None)) + tuple(slice(bg, bg + o) for bg, o in zip(begin, out))]
+    y = y.reshape((n, group * mg) + tuple(out))
+    if b is not None:
+        y = y + b.reshape((1, -1) + (1,) * k)
+    return np.ascontiguousarray(y)
+'''
+
+k_conv_transpose = template_function(TEMPLATE, "k_conv_transpose")
+_geometry = template_function(TEMPLATE, "_convt_geometry")
+
+
+def infer(node, inputs):
+    need(node, inputs, 2, optional=1)
+    dtype = same_dtype(node, inputs)
+    want_dtype(node, inputs[0], dtypes.FLOATS)
+    x, w = inputs[0].shape, inputs[1].shape
+    if len(x) < 3 or len(w) != len(x) or not all(isinstance(d, int) for d in (x[1], *w)):
+        raise ShapeInferenceError(f"{node.describe()} needs X (N, C, *spatial) and a static W of the same rank, got {x}, {w}")
+    k = len(x) - 2
+    strides, pads, dilations, out_pad, out_shape, auto_pad, group = static_attrs(node, k)
+    if x[1] != w[0] or w[0] % group:
+        raise ShapeInferenceError(f"{node.describe()}: X channels {x[1]} and W {w} do not fit group={group}")
+    if ints(node, "kernel_shape") not in ([], list(w[2:])):
+        raise ShapeInferenceError(f"{node.describe()}: kernel_shape differs from W {w}")
+    if any(isinstance(d, str) for d in x[2:]):
+        raise ShapeInferenceError(f"{node.describe()} needs static spatial dims, got {x}")
+    _, out = _geometry(x[2:], w[2:], strides, pads, dilations, out_pad, out_shape, auto_pad)
+    if min(out) <= 0:
+        raise ShapeInferenceError(f"{node.describe()}: output spatial size {list(out)} is not positive")
+    m = w[1] * group
+    if len(inputs) > 2 and inputs[2] is not None and inputs[2].shape != (m,):
+        raise ShapeInferenceError(f"{node.describe()}: bias {inputs[2]} must have shape ({m},)")
+    return [TensorType(dtype, (x[0], m, *out))]
+
+
+def flops(node, inputs, outputs):
+    x, w = inputs[0], inputs[1].shape
+    taps = 1
+    for d in w[1:]:
+        taps *= d
+    bias = outputs[0].numel() if len(inputs) > 2 and inputs[2] is not None else 0
+    return 2 * x.numel() * taps + bias
+
+
+def _args(node):
+    """Static template arguments: the attributes as given (empty tuples when absent; the template fills defaults)."""
+    raw = tuple(tuple(ints(node, key)) for key in ("strides", "pads", "dilations", "output_padding", "output_shape"))
+    return raw + (text(node, "auto_pad", "NOTSET"), int(node.attr("group", 1)))
+
+
+def kernel(node, x, w, b=None):
+    return [k_conv_transpose(x, w, b, *_args(node))]
+
+
+def emit(node, args, outs):
+    params = ", ".join(repr(a) for a in _args(node))
+    return f"{outs[0]} = k_conv_transpose({args[0]}, {args[1]}, {arg(args, 2)}, {params})"

@@ -1,0 +1,187 @@
+"""Resize: nearest or (multi)linear resampling to ``scales`` or ``sizes``.
+
+Opset 10 takes (X, scales) with asymmetric coordinates and onnxruntime's "simple" nearest
+rounding; from 11 (X, roi, scales, sizes) with coordinate_transformation_mode half_pixel,
+half_pixel_symmetric (19), pytorch_half_pixel, align_corners, asymmetric, tf_half_pixel_for_nn
+and nearest_mode round_prefer_floor/ceil, floor, ceil; from 18 ``axes`` and
+``keep_aspect_ratio_policy``.  Cubic mode, tf_crop_and_resize and antialias are rejected.
+Axes are resampled one at a time (exact for nearest and multilinear).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from cuvil_edge.errors import ShapeInferenceError, UnsupportedAttributeError
+from cuvil_edge.ir import dtypes
+from cuvil_edge.ir.graph import TensorType
+from cuvil_edge.ir.ops._shape import arg, axes as norm_axes, floats, vector
+from cuvil_edge.ir.ops._util import ints, need, template_function, text, want_dtype
+
+OP_TYPE = "Resize"
+VERSIONS = (10, 11, 13, 18, 19)
+CONST_INPUTS = (1, 2, 3)
+_COORDS = ("half_pixel", "pytorch_half_pixel", "align_corners", "asymmetric", "tf_half_pixel_for_nn")
+
+
+def options(node) -> tuple:
+    """(mode, coordinate mode, nearest mode, axes, keep_aspect_ratio_policy, legacy) after validation."""
+    legacy = node.version < 11
+    mode = text(node, "mode", "nearest")
+    coord = "asymmetric" if legacy else text(node, "coordinate_transformation_mode", "half_pixel")
+    nearest = "simple" if legacy else text(node, "nearest_mode", "round_prefer_floor")
+    policy = text(node, "keep_aspect_ratio_policy", "stretch") if node.version >= 18 else "stretch"
+    coords = _COORDS + (("half_pixel_symmetric",) if node.version >= 19 else ())
+    problems = []
+    if mode not in ("nearest", "linear"):
+        problems.append(f"mode={mode!r} (supported: nearest, linear)")
+    if coord not in coords + ("asymmetric",):
+        problems.append(f"coordinate_transformation_mode={coord!r} (supported: {', '.join(coords)})")
+    if nearest not in ("simple", "round_prefer_floor", "round_prefer_ceil", "floor", "ceil"):
+        problems.append(f"nearest_mode={nearest!r}")
+    if policy not in ("stretch", "not_larger", "not_smaller"):
+        problems.append(f"keep_aspect_ratio_policy={policy!r}")
+    if int(node.attr("antialias", 0)):
+        problems.append("antialias=1")
+    if problems:
+        raise UnsupportedAttributeError(f"{node.describe()}: unsupported {'; '.join(problems)}")
+    axes = tuple(ints(node, "axes")) if node.version >= 18 else ()
+    return mode, coord, nearest, axes, policy, int(legacy)
+
+
+TEMPLATE = '''
+def _resize_plan(shape, scales, sizes, axes, policy):
+    """Per axis (output size, scale) as onnxruntime computes them (float32 arithmetic)."""
+    rank = len(shape)
+    axes = [int(a) + rank if int(a) < 0 else int(a) for a in axes] or list(range(rank))
+    out, scale = list(shape), [np.float32(1)] * rank
+    if sizes is not None and len(sizes):
+        sizes = [int(s) for s in sizes]
+        if policy != "stretch":
+            ratios = [np.float32(s) / np.float32(shape[a]) for s, a in zip(sizes, axes)]
+            common = min(ratios) if policy == "not_larger" else max(ratios)
+            sizes = [int(np.floor(common * np.float32(shape[a]) + np.float32(0.5))) for a in axes]
+            for a, s in zip(axes, sizes):
+                out[a], scale[a] = s, np.float32(common)
+        else:
+            for a, s in zip(axes, sizes):
+                out[a], scale[a] = s, np.float32(s) / np.float32(shape[a])
+    else:
+        for a, s in zip(axes, scales):
+            out[a], scale[a] = int(np.floor(np.float32(s) * np.float32(shape[a]))), np.float32(s)
+    return out, scale
+
+
+def _resize_coords(size_in, size_out, scale, coord):
+    x = np.arange(size_out, dtype=np.float32)
+    if coord == "half_pixel":
+        return (x + np.float32(0.5)) / scale - np.float32(0.5)
+    if coord == "half_pixel_symmetric":
+        adjust = np.float32(size_out) / (scale * np.float32(size_in))
+        offset = np.float32(size_in) / np.float32(2) * (np.float32(1) - adjust)
+        return offset + (x + np.float32(0.5)) / scale - np.float32(0.5)
+    if coord == "pytorch_half_pixel":
+        return (x + np.float32(0.5)) / scale - np.float32(0.5) if size_out > 1 else np.zeros_like(x)
+    if coord == "align_corners":
+        return x * np.float32(size_in - 1) / np.float32(size_out - 1) if size_out > 1 else np.zeros_like(x)
+    if coord == "tf_half_pixel_for_nn":
+        return (x + np.float32(0.5)) / scale
+    return x / scale
+
+
+def _resize_nearest(coords, nearest, scale):
+    if nearest == "simple":
+        index = np.ceil(coords) if scale < 1 else np.trunc(coords)
+    elif nearest == "floor":
+        index = np.floor(coords)
+    elif nearest == "ceil":
+        index = np.ceil(coords)
+    else:
+        frac = coords - np.floor(coords)
+        tie = np.floor(coords) if nearest == "round_prefer_floor" else np.ceil(coords)
+        index = np.where(frac == np.float32(0.5), tie, np.round(coords))
+    return index.astype(np.int64)
+
+
+def k_resize(x, scales, sizes, mode, coord, nearest, axes, policy):
+    out, scale = _resize_plan(x.shape, scales, sizes, axes, policy)
+    y = x
+    for axis in range(x.ndim):
+        size_in = x.shape[axis]
+        if out[axis] == size_in and scale[axis] == 1:
+            continue
+        coords = _resize_coords(size_in, out[axis], scale[axis], coord)
+        if mode == "nearest":
+            index = np.clip(_resize_nearest(coords, nearest, scale[axis]), 0, size_in - 1)
+            y = np.take(y, index, axis=axis)
+            continue
+        coords = np.clip(coords, 0, size_in - 1)
+        low = np.minimum(np.floor(coords).astype(np.int64), size_in - 1)
+        high = np.minimum(low + 1, size_in - 1)
+        frac = (coords - low).astype(x.dtype)
+        shape = [1] * x.ndim
+        shape[axis] = out[axis]
+        frac = frac.reshape(shape)
+        y = np.take(y, low, axis=axis) * (1 - frac) + np.take(y, high, axis=axis) * frac
+    return np.ascontiguousarray(y.astype(x.dtype, copy=False))
+'''
+
+k_resize = template_function(TEMPLATE, "k_resize")
+_plan = template_function(TEMPLATE, "_resize_plan")
+
+
+def _inputs(node, consts):
+    """(scales, sizes) from the constant inputs; sizes may hold symbols."""
+    if node.version < 11:
+        return floats(node, consts, 1, "scales"), None
+    scales = floats(node, consts, 2, "scales")
+    sizes = None
+    if len(node.inputs) > 3 and node.inputs[3]:
+        sizes = vector(node, consts, 3, "sizes", symbols=True) or None
+    if (scales is None) == (sizes is None):
+        raise ShapeInferenceError(f"{node.describe()} needs exactly one of scales and sizes (non-empty)")
+    return scales, sizes
+
+
+def infer(node, inputs, consts=None):
+    need(node, inputs, 2 if node.version < 11 else 1, optional=0 if node.version < 11 else 3)
+    x = inputs[0]
+    want_dtype(node, x, dtypes.FLOATS | ({"int8", "uint8", "int32", "int64"} if options(node)[0] == "nearest" else set()))
+    _, _, _, axes, policy, _ = options(node)
+    scales, sizes = _inputs(node, consts)
+    axes = norm_axes(node, list(axes), x.rank) if axes else list(range(x.rank))
+    given = sizes if sizes is not None else scales
+    if len(given) != len(axes):
+        raise ShapeInferenceError(f"{node.describe()}: {len(given)} scales/sizes for {len(axes)} axes of {x}")
+    symbolic = {a: v for a, v in zip(axes, given) if isinstance(x.shape[a], str) or isinstance(v, str)}
+    for a, v in symbolic.items():
+        if not (v == x.shape[a] or (sizes is None and v == 1.0)) or policy != "stretch":
+            raise ShapeInferenceError(f"{node.describe()}: axis {a} ({x.shape[a]!r}) is resized to {v!r}, "
+                                      "which depends on a symbol; make that dim static")
+    static = [d if isinstance(d, int) else 1 for d in x.shape]
+    plain = [1 if isinstance(v, str) else v for v in given] if sizes is not None else None
+    out, _ = _plan(static, scales, plain, axes, policy)
+    shape = tuple(x.shape[a] if a in symbolic or a not in axes else out[a] for a in range(x.rank))
+    if any(d == 0 for d in shape if isinstance(d, int)) and x.numel():
+        raise ShapeInferenceError(f"{node.describe()}: output shape {list(shape)} has an empty axis")
+    return [TensorType(x.dtype, shape)]
+
+
+def flops(node, inputs, outputs):
+    per = 4 if text(node, "mode", "nearest") == "linear" else 0
+    return per * outputs[0].numel() * max(1, inputs[0].rank - 2)
+
+
+def kernel(node, x, *rest):
+    mode, coord, nearest, axes, policy, legacy = options(node)
+    scales, sizes = (rest[0], None) if legacy else ((list(rest) + [None] * 3)[1:3])
+    scales = None if scales is None or not np.size(scales) else scales
+    return [k_resize(x, scales, sizes, mode, coord, nearest, axes, policy)]
+
+
+def emit(node, args, outs):
+    mode, coord, nearest, axes, policy, legacy = options(node)
+    scales, sizes = (args[1], "None") if legacy else (arg(args, 2), arg(args, 3))
+    scales = f"(None if {scales} is None or not np.size({scales}) else {scales})"
+    return (f"{outs[0]} = k_resize({args[0]}, {scales}, {sizes}, {mode!r}, {coord!r}, {nearest!r}, "
+            f"{axes!r}, {policy!r})")
