@@ -1,23 +1,18 @@
-"""Add: elementwise a + b with numpy multidirectional broadcasting, any int or float dtype."""
+"""Add: elementwise a + b with numpy multidirectional broadcasting, int and float dtypes as ONNX allows per opset."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from cuvil_edge.ir import dtypes
-from cuvil_edge.ir.graph import TensorType
-from cuvil_edge.ir.ops._util import broadcast, need, same_dtype, want_dtype
+from cuvil_edge.ir.ops._elementwise import ARITH_14, ARITH_OLD, infer_binary
 
 OP_TYPE = "Add"
-VERSIONS = (7, 13, 14)
-NUMERIC = dtypes.SUPPORTED - {"bool"}
+VERSIONS = (7, 13, 14)  # 13: bfloat16 (not an IR dtype); 14: int8/int16/uint8/uint16
+TYPES = ((7, ARITH_OLD), (14, ARITH_14))
 
 
 def infer(node, inputs):
-    need(node, inputs, 2)
-    dtype = same_dtype(node, inputs)
-    want_dtype(node, inputs[0], NUMERIC)
-    return [TensorType(dtype, broadcast(node, inputs[0].shape, inputs[1].shape))]
+    return infer_binary(node, inputs, TYPES)
 
 
 def kernel(node, a, b):

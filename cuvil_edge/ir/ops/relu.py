@@ -4,17 +4,15 @@ from __future__ import annotations
 
 import numpy as np
 
-from cuvil_edge.ir import dtypes
-from cuvil_edge.ir.ops._util import need, want_dtype
+from cuvil_edge.ir.ops._elementwise import FLOATS, SIGNED, infer_unary
 
 OP_TYPE = "Relu"
-VERSIONS = (6, 13, 14)
+VERSIONS = (6, 13, 14)  # 13: bfloat16 (not an IR dtype); 14: int8/int16/int32/int64
+TYPES = ((6, FLOATS), (14, FLOATS | SIGNED))
 
 
 def infer(node, inputs):
-    need(node, inputs, 1)
-    want_dtype(node, inputs[0], dtypes.FLOATS | {"int8", "int32", "int64"})
-    return [inputs[0]]
+    return infer_unary(node, inputs, TYPES)
 
 
 def kernel(node, x):
