@@ -82,6 +82,11 @@ class StateError(CuvilError):
     """The agent's durable state directory is unreadable or corrupt."""
 
 
+# --- passes ------------------------------------------------------------------
+class PassError(CuvilError):
+    """A graph pass failed its precondition, rewrite or postcondition (the pass is named)."""
+
+
 # --- the configuration is at fault -----------------------------------------
 class ConfigError(CuvilError):
     """A YAML config or CLI argument is invalid."""

@@ -14,7 +14,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from cuvil_edge.errors import CuvilError
+from cuvil_edge.errors import ConfigError as CuvilConfigError, CuvilError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Federated edge deployment: ONNX -> signed per-site packages -> local builds -> DP training.")
@@ -37,16 +37,39 @@ def keys_init(directory: Path = typer.Option(DEFAULT_STATE / "keys", "--dir", he
 
 @app.command("compile")
 def compile_cmd(model: Path = typer.Argument(..., help="ONNX model file"),
-                site: Path = typer.Option(..., "--site", help="site YAML the package is addressed to"),
-                output: Path = typer.Option(..., "-o", "--output", help="package file to write"),
+                site: Optional[Path] = typer.Option(None, "--site",
+                                                    help="site YAML the package is addressed to (without it: "
+                                                         "import, optimize and report only; nothing is written)"),
+                output: Optional[Path] = typer.Option(None, "-o", "--output", help="package file to write"),
                 key: Path = typer.Option(DEFAULT_STATE / "keys" / "coordinator.key", help="coordinator private key"),
-                validity: int = typer.Option(86400, help="seconds the package stays valid")) -> None:
-    """Import MODEL, and write a package signed for one site."""
-    from cuvil_edge.coordinator.compile import compile_for_site
+                validity: int = typer.Option(86400, help="seconds the package stays valid"),
+                report: bool = typer.Option(False, "--report", help="show what each optimization pass did")) -> None:
+    """Import and optimize MODEL, and write a package signed for one site (with --site)."""
+    from cuvil_edge.coordinator.compile import compile_for_site, optimize_model
 
+    if site is None:
+        _, info = optimize_model(model)
+        _print_compile_report(info, full=report)
+        return
+    if output is None:
+        raise CuvilConfigError("compile --site needs -o/--output, the package file to write")
     result = compile_for_site(model, site, output, key, validity, versions=DEFAULT_STATE / "versions.json")
+    if report and result.report is not None:
+        _print_compile_report(result.report, full=True)
     console.print(f"wrote {output} ({result.size} bytes) for site {result.site} on {result.target}, "
                   f"version {result.version}, {result.nodes} nodes")
+
+
+def _print_compile_report(info, full: bool) -> None:
+    if full:
+        table = Table("pass", "nodes before", "nodes after", "changes", title="optimization passes")
+        for name, before, after, changes in info.passes:
+            shown = "\n".join(changes[:12]) + (f"\n... and {len(changes) - 12} more" if len(changes) > 12 else "")
+            table.add_row(name, str(before), str(after), shown or "-")
+        console.print(table)
+    console.print(f"nodes: {info.nodes_before} -> {info.nodes_after} ({info.iterations} iterations to a fixed point)")
+    console.print(f"total (batch 1): {info.flops:,} FLOPs, {info.macs / 1e9:.3f} GMAC, "
+                  f"{info.parameter_bytes:,} parameter bytes")
 
 
 @app.command("inspect")

@@ -11,7 +11,9 @@ from cuvil_edge.config import load_site
 from cuvil_edge.coordinator.packaging import VersionCounter
 from cuvil_edge.errors import ConfigError
 from cuvil_edge.frontend import load_model
-from cuvil_edge.ir.cost import node_flops
+from cuvil_edge.ir.cost import node_flops, total_flops, total_macs
+from cuvil_edge.ir.graph import Graph
+from cuvil_edge.passes import OptimizeReport, optimize
 from cuvil_edge.ir_serialize import Manifest, decode_payload, load_private_key, load_public_key, write_package
 from cuvil_edge.atomic import atomic_write
 from cuvil_edge.ir_serialize.package import split_package
@@ -22,33 +24,67 @@ INSPECT_MAX_BYTES = 4 * 1024**3
 
 
 @dataclass(frozen=True)
+class CompileReport:
+    """What optimizing a model did, and the cost of the result (batch 1)."""
+
+    passes: list[tuple[str, int, int, list[str]]]  # (pass, nodes before, nodes after, changes)
+    iterations: int
+    nodes_before: int
+    nodes_after: int
+    flops: int
+    macs: int
+    parameter_bytes: int
+
+
+@dataclass(frozen=True)
 class CompileResult:
     site: str
     target: str
     version: int
     size: int
     nodes: int
+    report: CompileReport | None = None
+
+
+def _report(graph: Graph, report: OptimizeReport) -> CompileReport:
+    return CompileReport(report.per_pass(), report.iterations, report.nodes_before, report.nodes_after,
+                         total_flops(graph), total_macs(graph), graph.parameter_bytes())
+
+
+def optimize_model(model: Path) -> tuple[Graph, CompileReport]:
+    """Import ``model`` and run the default optimization pipeline; writes nothing.
+
+    Raises:
+        ConfigError: the model file does not exist.
+        ModelError: the model is malformed or unsupported.
+        PassError: an optimization pass failed (it is named).
+    """
+    if not model.is_file():
+        raise ConfigError(f"{model}: model file not found")
+    graph, report = optimize(load_model(model))
+    return graph, _report(graph, report)
 
 
 def compile_for_site(model: Path, site_file: Path, output: Path, key: Path, validity: int,
                      versions: Path) -> CompileResult:
-    """Import ``model`` and write a package signed for the site in ``site_file``.
+    """Import and optimize ``model`` and write a package signed for the site in ``site_file``.
 
     Raises:
         ModelError: the model is malformed or unsupported.
+        PassError: an optimization pass failed (it is named).
         ConfigError: the site file or key is invalid.
     """
     if not model.is_file():
         raise ConfigError(f"{model}: model file not found")
     site = load_site(site_file)
     signing_key = load_private_key(key)
-    graph = load_model(model)
+    graph, report = optimize_model(model)
     version = VersionCounter(versions).next(site.site)
     now = int(time.time())
     data = write_package(graph, site=site.site, target=site.target, version=version, signing_key=signing_key,
                          issued_at=now, expires=now + validity)
     atomic_write(output, data, mode=0o644)
-    return CompileResult(site.site, site.target, version, len(data), len(graph.nodes))
+    return CompileResult(site.site, site.target, version, len(data), len(graph.nodes), report)
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from cuvil_edge.errors import CuvilError, MalformedModelError, ShapeInferenceError
-from cuvil_edge.ir import dtypes, ops
+from cuvil_edge.ir import dtypes, ops, shape_values
 from cuvil_edge.ir.graph import Graph, Node, TensorType, Value, readonly
 
 #: Larger dims are treated as malformed: no edge model has 2^31 elements on one axis.
@@ -73,15 +73,55 @@ def topological_order(nodes: Sequence[Node], available: set[str]) -> list[Node]:
     return order
 
 
-def const_inputs(module, node: Node, initializers: Mapping[str, np.ndarray]) -> dict[str, dict[int, np.ndarray]]:
+def const_inputs(module, node: Node, values: Mapping[str, np.ndarray],
+                 in_types: Sequence[TensorType | None] = ()) -> dict[str, dict[int, np.ndarray]]:
     """Keyword arguments for ``module.infer``: ``{"consts": {index: value}}`` for the
-    input indices the op lists in ``CONST_INPUTS`` that are initializers; ``{}`` when
-    the op lists none (its ``infer`` then takes no ``consts`` keyword)."""
-    wanted = getattr(module, "CONST_INPUTS", ())
-    if not wanted:
-        return {}
-    return {"consts": {i: initializers[node.inputs[i]] for i in wanted
-                       if i < len(node.inputs) and node.inputs[i] in initializers}}
+    input indices the op lists in ``CONST_INPUTS`` whose values are known (initializers,
+    folded constants, symbolic shape vectors as object arrays); ``{}`` when the op lists
+    none (its ``infer`` then takes no ``consts`` keyword)."""
+    return shape_values.consts_for(module, node, values, in_types)
+
+
+def _infer_nodes(order: Sequence[Node], types: dict[str, TensorType], values: dict[str, np.ndarray]) -> None:
+    """Infer the output types of ``order`` into ``types``, tracking known values in ``values``
+    (see :mod:`cuvil_edge.ir.shape_values`).
+
+    Raises:
+        UnsupportedOpError: a node's op has no module.
+        ShapeInferenceError: a node's input types do not fit its op.
+    """
+    for node in order:
+        module = ops.get(node.op_type, node.describe(), node.version)
+        in_types = [types[i] if i else None for i in node.inputs]
+        try:
+            out_types = module.infer(node, in_types, **shape_values.consts_for(module, node, values, in_types))
+        except CuvilError:
+            raise
+        except (ValueError, TypeError, IndexError, KeyError, ZeroDivisionError) as e:
+            raise ShapeInferenceError(f"{node.describe()}: cannot infer output types ({e})") from e
+        if len(out_types) < len([o for o in node.outputs if o]):
+            raise ShapeInferenceError(f"{node.describe()} declares {len(node.outputs)} outputs, the op gives {len(out_types)}")
+        for out, t in zip(node.outputs, out_types):
+            if out:
+                types[out] = check_type(t, f"output {out!r} of {node.describe()}")
+        known = shape_values.evaluate(node, module, [values.get(i) if i else None for i in node.inputs],
+                                      in_types, [types[o] for o in node.outputs if o])
+        for out, value in zip(node.outputs, known):
+            if out and value is not None:
+                values[out] = value
+
+
+def known_values(graph: Graph) -> dict[str, np.ndarray]:
+    """Every value of ``graph`` known before running it: initializers, small constant
+    results, and symbolic shape vectors (object arrays; see :mod:`cuvil_edge.ir.shape_values`).
+
+    Raises:
+        ShapeInferenceError: re-inference failed (the graph was built elsewhere).
+    """
+    values: dict[str, np.ndarray] = dict(graph.initializers)
+    types = {name: t for name, t in graph.types.items()}
+    _infer_nodes(graph.nodes, types, values)
+    return values
 
 
 def build_graph(
@@ -114,20 +154,7 @@ def build_graph(
     if len(set(names)) != len(names):
         raise MalformedModelError("node names are not unique; give every node its own name")
     order = topological_order(nodes, set(types))
-    for node in order:
-        module = ops.get(node.op_type, node.describe(), node.version)
-        in_types = [types[i] if i else None for i in node.inputs]
-        try:
-            out_types = module.infer(node, in_types, **const_inputs(module, node, frozen))
-        except CuvilError:
-            raise
-        except (ValueError, TypeError, IndexError, KeyError, ZeroDivisionError) as e:
-            raise ShapeInferenceError(f"{node.describe()}: cannot infer output types ({e})") from e
-        if len(out_types) < len([o for o in node.outputs if o]):
-            raise ShapeInferenceError(f"{node.describe()} declares {len(node.outputs)} outputs, the op gives {len(out_types)}")
-        for out, t in zip(node.outputs, out_types):
-            if out:
-                types[out] = check_type(t, f"output {out!r} of {node.describe()}")
+    _infer_nodes(order, types, dict(frozen))
     out_values = []
     for out in outputs:
         if out not in types:

@@ -1,0 +1,233 @@
+"""Values known before running a graph: constants and (symbolic) shape vectors.
+
+:func:`cuvil_edge.ir.infer.build_graph` keeps a dict of *known values* while it
+infers types, so ops that need an input's value (``CONST_INPUTS``: Reshape's
+shape, Expand's shape ...) get it even when it is computed by a small subgraph
+(``Shape -> Gather -> Unsqueeze -> Concat -> Reshape`` from a model exported
+with a dynamic batch).  A known value is:
+
+* an initializer;
+* the output of a node whose inputs are all known numeric arrays of at most
+  :data:`SMALL` elements (the op's own kernel evaluates it at build time);
+* a *symbolic vector*: a numpy array of ``dtype=object`` holding ints and
+  symbol names, e.g. ``Shape`` of a ``float32[batch, 16, 4, 4]`` value is
+  ``array(['batch', 16, 4, 4], dtype=object)``.  Ops that list ``CONST_INPUTS``
+  accept such arrays (the convention agreed with the op modules).  They flow
+  through the ops of :data:`SYMBOLIC` with plain numpy object-array semantics;
+  an object result without symbols becomes an ``int64`` array.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Callable, Mapping, Optional, Sequence
+
+import numpy as np
+
+from cuvil_edge.ir.graph import Node, TensorType
+
+log = logging.getLogger(__name__)
+
+#: Largest value (elements) evaluated or kept at build time.
+SMALL = 4096
+
+#: ONNX TensorProto codes of the integer types a shape vector may be cast to.
+_INT_CODES = {6: "int32", 7: "int64"}
+
+
+def is_symbolic(value: Optional[np.ndarray]) -> bool:
+    return value is not None and value.dtype == object
+
+
+def _settle(array: np.ndarray) -> np.ndarray:
+    """An object array without symbols becomes int64; others stay object."""
+    array = np.asarray(array, dtype=object)
+    if any(isinstance(v, str) for v in array.reshape(-1)):
+        return array
+    return np.asarray(array.astype(np.int64))
+
+
+def _obj(value: np.ndarray) -> np.ndarray:
+    return np.asarray(value, dtype=object)
+
+
+def _axes(node: Node, values: Sequence[Optional[np.ndarray]], index: int) -> Optional[list[int]]:
+    """Axes from input ``index`` (newer opsets) or the ``axes`` attribute (older)."""
+    if len(values) > index and values[index] is not None:
+        return [int(a) for a in np.asarray(values[index]).reshape(-1)]
+    attr = node.attr("axes")
+    return None if attr is None else [int(a) for a in attr]
+
+
+def _shape(node, values, types):
+    shape = types[0].shape
+    rank = len(shape)
+    start, end = int(node.attr("start", 0)), node.attr("end")
+    end = rank if end is None else int(end)
+    start, end = (max(0, min(rank, s + rank if s < 0 else s)) for s in (start, end))
+    return _settle(np.array(list(shape[start:end]), dtype=object).reshape(-1))
+
+
+def _gather(node, values, types):
+    data, indices = values[0], values[1]
+    if data is None or indices is None or is_symbolic(indices):
+        return None
+    return _settle(np.asarray(np.take(_obj(data), np.asarray(indices, np.int64), axis=int(node.attr("axis", 0))),
+                              dtype=object))
+
+
+def _unsqueeze(node, values, types):
+    axes = _axes(node, values, 1)
+    if values[0] is None or axes is None:
+        return None
+    out = _obj(values[0])
+    rank = out.ndim + len(axes)
+    for a in sorted(a + rank if a < 0 else a for a in axes):
+        out = np.expand_dims(out, a)
+    return _settle(out)
+
+
+def _squeeze(node, values, types):
+    if values[0] is None:
+        return None
+    axes = _axes(node, values, 1)
+    data = _obj(values[0])
+    return _settle(np.squeeze(data) if axes is None else np.squeeze(data, axis=tuple(axes)))
+
+
+def _concat(node, values, types):
+    if any(v is None for v in values):
+        return None
+    return _settle(np.concatenate([_obj(v) for v in values], axis=int(node.attr("axis", 0))))
+
+
+def _slice(node, values, types):
+    data = values[0]
+    if data is None:
+        return None
+    if node.version < 10:
+        starts, ends, axes, steps = node.attr("starts"), node.attr("ends"), node.attr("axes"), None
+    else:
+        if any(v is None or is_symbolic(v) for v in values[1:3]) or any(
+                len(values) > i and node.inputs[i] and (values[i] is None or is_symbolic(values[i])) for i in (3, 4)):
+            return None
+        starts, ends = values[1].reshape(-1), values[2].reshape(-1)
+        axes = values[3].reshape(-1) if len(values) > 3 and values[3] is not None else None
+        steps = values[4].reshape(-1) if len(values) > 4 and values[4] is not None else None
+    data = _obj(data)
+    axes = list(range(len(starts))) if axes is None else [int(a) for a in axes]
+    steps = [1] * len(starts) if steps is None else [int(s) for s in steps]
+    index = [slice(None)] * data.ndim
+    for s, e, a, st in zip(starts, ends, axes, steps):
+        index[a + data.ndim if a < 0 else a] = slice(int(s), int(e), st)
+    return _settle(data[tuple(index)])
+
+
+def _cast(node, values, types):
+    if values[0] is None or int(node.attr("to", 0)) not in _INT_CODES:
+        return None
+    return _settle(values[0])
+
+
+def _identity(node, values, types):
+    return None if values[0] is None else _settle(values[0])
+
+
+#: op -> evaluation of its first output on symbolic vectors (None: unknown).
+SYMBOLIC: dict[str, Callable] = {
+    "Gather": _gather, "Unsqueeze": _unsqueeze, "Squeeze": _squeeze, "Concat": _concat,
+    "Slice": _slice, "Cast": _cast, "Identity": _identity,
+}
+
+
+def _small(value: Optional[np.ndarray]) -> bool:
+    return value is not None and value.size <= SMALL
+
+
+def evaluate(node: Node, module, values: Sequence[Optional[np.ndarray]],
+             in_types: Sequence[Optional[TensorType]], out_types: Sequence[TensorType]) -> list[Optional[np.ndarray]]:
+    """Known values of ``node``'s outputs (``None`` where unknown); never raises.
+
+    ``values`` are the known values of its inputs (``None``: unknown or absent).
+    """
+    unknown: list[Optional[np.ndarray]] = [None] * len(node.outputs)
+    if node.op_type == "Shape" and in_types and in_types[0] is not None:
+        try:
+            return [_shape(node, values, in_types)] + unknown[1:]
+        except (ValueError, TypeError) as e:
+            log.debug("%s: shape value unknown (%s)", node.describe(), e)
+            return unknown
+    present = [v for name, v in zip(node.inputs, values) if name]
+    if not present or any(v is None for v in present):
+        return unknown
+    if any(is_symbolic(v) for v in present):
+        rule = SYMBOLIC.get(node.op_type)
+        if rule is None or not all(v.size <= SMALL for v in present):
+            return unknown
+        try:
+            return [rule(node, list(values), in_types)] + unknown[1:]
+        except (ValueError, TypeError, IndexError) as e:
+            log.debug("%s: symbolic value unknown (%s)", node.describe(), e)
+            return unknown
+    if not all(_small(v) for v in present):
+        return unknown
+    if not all(t is not None and t.is_static and t.numel() <= SMALL for t in out_types):
+        return unknown
+    try:
+        results = module.kernel(node, *values)
+    except Exception as e:  # a kernel that fails on constants fails at run time too; leave it to then
+        log.debug("%s: cannot evaluate at build time (%s)", node.describe(), e)
+        return unknown
+    return [np.asarray(r) if r is not None else None for r in results][: len(node.outputs)] + unknown[len(results):]
+
+
+def reshape_target(node: Node, value: np.ndarray, data_type: TensorType) -> Optional[np.ndarray]:
+    """An int64 Reshape target equivalent to the symbolic ``value``, or None.
+
+    A symbol at axis ``i`` that equals the data's dim ``i`` becomes 0 (copy that
+    dim; only without allowzero): ``['batch', -1]`` on ``[batch, 16, 4, 4]`` is ``[0, -1]``.
+    """
+    if not is_symbolic(value) or value.ndim != 1:
+        return None
+    if node.version >= 14 and int(node.attr("allowzero", 0)):
+        return None
+    out = []
+    for i, v in enumerate(value):
+        if isinstance(v, str):
+            if i >= data_type.rank or data_type.shape[i] != v:
+                return None
+            out.append(0)
+        else:
+            out.append(int(v))
+    return np.array(out, dtype=np.int64)
+
+
+#: op -> how to turn a symbolic CONST_INPUT into a plain int64 one: (input index, rule).
+CONCRETE: dict[str, tuple[int, Callable]] = {"Reshape": (1, reshape_target)}
+
+
+def concrete_input(node: Node, index: int, value: np.ndarray,
+                   in_types: Sequence[Optional[TensorType]]) -> Optional[np.ndarray]:
+    """The int64 equivalent of a symbolic value at input ``index``, where the op has one."""
+    rule = CONCRETE.get(node.op_type)
+    if rule is None or rule[0] != index or in_types[0] is None:
+        return None
+    return rule[1](node, value, in_types[0])
+
+
+def consts_for(module, node: Node, values: Mapping[str, np.ndarray],
+               in_types: Sequence[Optional[TensorType]]) -> dict[str, dict[int, np.ndarray]]:
+    """Keyword arguments for ``module.infer``: ``{"consts": {index: value}}`` with every known
+    value among the inputs listed in ``CONST_INPUTS`` (symbolic ones as object arrays, or
+    as the op's int64 equivalent where :data:`CONCRETE` has one); ``{}`` when it lists none."""
+    wanted = getattr(module, "CONST_INPUTS", ())
+    if not wanted:
+        return {}
+    consts: dict[int, np.ndarray] = {}
+    for i in wanted:
+        if i < len(node.inputs) and node.inputs[i] in values:
+            value = values[node.inputs[i]]
+            concrete = concrete_input(node, i, value, in_types) if is_symbolic(value) else None
+            consts[i] = value if concrete is None else concrete
+    return {"consts": consts}
+
