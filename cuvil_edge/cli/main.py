@@ -18,21 +18,9 @@ from cuvil_edge.errors import ConfigError as CuvilConfigError, CuvilError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Federated edge deployment: ONNX -> signed per-site packages -> local builds -> DP training.")
-keys_app = typer.Typer(no_args_is_help=True, help="Coordinator signing keys.")
-app.add_typer(keys_app, name="keys")
 console = Console()
 
 DEFAULT_STATE = Path(".cuvil")
-
-
-@keys_app.command("init")
-def keys_init(directory: Path = typer.Option(DEFAULT_STATE / "keys", "--dir", help="where to write the key pair"),
-              force: bool = typer.Option(False, help="replace existing keys")) -> None:
-    """Create the coordinator's Ed25519 signing key pair."""
-    from cuvil_edge.coordinator.keys import init_keys
-
-    private, public = init_keys(directory, force=force)
-    console.print(f"private key: {private} (keep it secret)\npublic key:  {public} (pin it on every agent)")
 
 
 @app.command("compile")
@@ -119,6 +107,17 @@ def demo(federation: Path = typer.Option(Path("configs/federation.yaml"), help="
     console.print(f"metrics: {spec.run_dir}/metrics.json  plot: {spec.run_dir}/metrics.png")
 
 
+def _mount_subcommands() -> None:
+    """Command groups live in their own modules (one owner each); they are mounted here."""
+    from cuvil_edge.cli.agent_cmd import agent_app
+    from cuvil_edge.cli.keys_cmd import keys_app
+    from cuvil_edge.cli.privacy_cmd import privacy_app
+
+    app.add_typer(keys_app, name="keys")
+    app.add_typer(agent_app, name="agent")
+    app.add_typer(privacy_app, name="privacy")
+
+
 def _show_reports() -> None:
     handler = logging.StreamHandler(sys.stdout)
     handler.setFormatter(logging.Formatter("%(message)s"))
@@ -133,6 +132,8 @@ def _show_reports() -> None:
 def main(argv: list[str] | None = None) -> int:
     """Entry point: every expected failure becomes one line on stderr and exit code 2."""
     try:
+        if not app.registered_groups:
+            _mount_subcommands()
         app(args=argv, standalone_mode=False)
     except CuvilError as e:
         print(f"error: {e}", file=sys.stderr)
