@@ -1,10 +1,11 @@
-"""release: clipping, noise scale, ledger spend first, refusal."""
+"""release: clipping, grid, noise scale, ledger spend first, refusal, Gaussian and counts."""
 
 from __future__ import annotations
 
 import importlib
 import math
 import sys
+from fractions import Fraction
 from pathlib import Path
 
 import numpy as np
@@ -22,7 +23,7 @@ def _ledger(tmp_path: Path, budget: float = 10.0) -> PrivacyLedger:
 
 
 def test_clips_before_noise(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(release_mod, "_laplace_noise", lambda scale, shape: np.zeros(shape))
+    monkeypatch.setattr(release_mod, "_draw", lambda plan, values, rng: values)
 
     out = release([-5.0, 0.5, 7.0], 1.0, 1.0, _ledger(tmp_path), lower=0.0, upper=1.0)
 
@@ -31,7 +32,9 @@ def test_clips_before_noise(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
 
 def test_noise_scale(tmp_path: Path) -> None:
     n, sensitivity, epsilon = 200_000, 2.0, 0.5
-    scale = sensitivity / epsilon
+    plan = release_mod.plan_laplace(sensitivity, epsilon, n)
+    scale = float(plan.scale) * 2.0 ** -plan.k  # in value units, widened by the grid slack
+    assert sensitivity / epsilon <= scale <= 1.002 * sensitivity / epsilon
 
     out = release(np.zeros(n), sensitivity, epsilon, _ledger(tmp_path))
 
@@ -46,11 +49,11 @@ def test_spends_epsilon_and_reserves_before_noise(tmp_path: Path,
     led = _ledger(tmp_path)
     seen = []
 
-    def noise(scale: float, shape: tuple[int, ...]) -> np.ndarray:
+    def noise(plan, values, rng) -> np.ndarray:
         seen.append([r["status"] for r in led.history()])
-        return np.zeros(shape)
+        return values
 
-    monkeypatch.setattr(release_mod, "_laplace_noise", noise)
+    monkeypatch.setattr(release_mod, "_draw", noise)
 
     release([1.0, 2.0], 1.0, 0.7, led, key="r1", round=3)
 
@@ -64,8 +67,8 @@ def test_refuses_when_exhausted_and_draws_no_noise(tmp_path: Path,
     led = _ledger(tmp_path, budget=1.0)
     release([1.0], 1.0, 0.8, led)
     drawn = []
-    monkeypatch.setattr(release_mod, "_laplace_noise",
-                        lambda scale, shape: drawn.append(shape) or np.zeros(shape))
+    monkeypatch.setattr(release_mod, "_draw",
+                        lambda plan, values, rng: drawn.append(values.shape) or values)
 
     with pytest.raises(BudgetExhaustedError):
         release([1.0], 1.0, 0.8, led)
@@ -96,6 +99,12 @@ def test_retry_of_published_key_is_refused(tmp_path: Path) -> None:
         pytest.param([], 1.0, 1.0, {}, id="empty"),
         pytest.param(["a"], 1.0, 1.0, {}, id="non-numeric"),
         pytest.param([1.0], 1.0, 1.0, {"lower": 2.0, "upper": 1.0}, id="lower-above-upper"),
+        pytest.param([1.0], 1.0, 1.0, {"mechanism": "float"}, id="unknown-mechanism"),
+        pytest.param([1.0], 1.0, 1.0, {"k": 1.5}, id="non-int-grid"),
+        pytest.param([1.0], 1.0, 1.0, {"k": 99}, id="grid-out-of-range"),
+        pytest.param([1e30], 1.0, 1.0, {"k": 40}, id="value-too-large-for-grid"),
+        pytest.param([1.0], 1.0, 1.0, {"clip_norm": 1.0}, id="clip-norm-above-half-sensitivity"),
+        pytest.param([1.0], 1.0, 1.0, {"mechanism": "gaussian", "sigma": 1e-9}, id="sigma-below-grid"),
     ],
 )
 def test_bad_inputs_spend_nothing(tmp_path: Path, values, sensitivity, epsilon, bounds) -> None:
@@ -120,3 +129,89 @@ def test_laplace_path_does_not_import_torch(tmp_path: Path) -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
 
     assert out.stdout.strip() == "False False", out.stderr
+
+
+def test_outputs_lie_on_the_grid(tmp_path: Path) -> None:
+    values = np.random.default_rng(0).normal(size=(50, 7))
+
+    out = release(values, 3.0, 1.2, _ledger(tmp_path), k=12)
+
+    scaled = np.ldexp(out, 12)
+    assert out.shape == values.shape
+    np.testing.assert_array_equal(scaled, np.round(scaled))
+
+
+def test_client_app_call_shape_still_works(tmp_path: Path) -> None:
+    led = _ledger(tmp_path)
+
+    out = release([0.93], sensitivity=1.0 / 300, epsilon=0.5, ledger=led, lower=0.0, upper=1.0)
+
+    assert out.shape == (1,) and np.isfinite(out).all()
+    assert led.spent() == pytest.approx(0.5)
+
+
+def test_effective_epsilon_never_above_stated() -> None:
+    for eps in (1.2, 0.1, 3.0, 1 / 3):
+        plan = release_mod.plan_laplace(0.85, eps, 10)
+
+        assert plan.epsilon <= Fraction(eps)
+        assert float(plan.epsilon) == pytest.approx(eps, rel=1e-9)
+        assert plan.sensitivity_int == math.ceil(Fraction(0.85) * 2 ** plan.k) + 10
+
+
+def test_clip_norm_bounds_the_released_vector(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    captured = []
+
+    def no_noise(plan, values, rng):
+        x = release_mod.to_grid(values, plan.k)
+        x = release_mod._clip_norm_int(x, plan.clip_int, plan.mechanism)
+        captured.append(plan)
+        return np.ldexp(x.astype(float), -plan.k)
+
+    monkeypatch.setattr(release_mod, "_draw", no_noise)
+
+    out = release([3.0, -4.0, 1.0], 2.0, 1.0, _ledger(tmp_path), clip_norm=1.0)
+
+    assert np.abs(out).sum() <= 1.0
+    assert captured[0].sensitivity_int == 2 * captured[0].clip_int
+
+
+def test_gaussian_release_charges_widened_sensitivity(tmp_path: Path) -> None:
+    led = _ledger(tmp_path, budget=50.0)
+    if not hasattr(led, "reserve_gaussian"):
+        pytest.skip("ledger has no Gaussian reservation yet")
+
+    out = release(np.zeros(4000), 1.0, 2.0, led, mechanism="gaussian", k=16, key="g1")
+
+    [row] = led.history()
+    sigma = release_mod.gaussian_sigma_for(2.0, 1e-5, 1.0)
+    assert row["mechanism"] == "gaussian"
+    assert row["sensitivity"] > 1.0  # widened by sqrt(d) grid steps
+    assert row["sensitivity"] == pytest.approx(1.0 + math.ceil(math.sqrt(4000)) * 2.0 ** -16)
+    assert abs(out.std() - sigma) < 6 * sigma / math.sqrt(2 * 4000)
+    np.testing.assert_array_equal(np.ldexp(out, 16), np.round(np.ldexp(out, 16)))
+
+
+def test_integer_counts_get_discrete_noise(tmp_path: Path) -> None:
+    import random
+
+    led = _ledger(tmp_path)
+    counts = np.full(20_000, 7, dtype=np.int64)
+
+    out = release_mod.release_counts(counts, 2, 1.0, led, rng=random.Random(3))
+
+    p = math.exp(-1 / 2)
+    var = 2 * p / (1 - p) ** 2
+    assert out.dtype == np.int64
+    assert abs(out.mean() - 7) < 6 * math.sqrt(var / counts.size)
+    assert led.spent() == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("counts, sensitivity", [([1.5], 1), ([3], 0), ([3], 1.0), ([], 1)])
+def test_bad_counts_spend_nothing(tmp_path: Path, counts, sensitivity) -> None:
+    led = _ledger(tmp_path)
+
+    with pytest.raises(PrivacyError):
+        release_mod.release_counts(np.array(counts), sensitivity, 1.0, led)
+
+    assert led.history() == []
