@@ -6,25 +6,27 @@ commit is fsynced. A spend goes through two steps:
 1. ``reserve_*``: ``BEGIN IMMEDIATE`` (one writer at a time, across
    processes), recompute the total over every non-aborted row plus the new
    event, refuse with :class:`BudgetExhaustedError` if it would exceed the
-   budget, else insert a ``reserved`` row and ``COMMIT``. Only then may the
-   caller compute a noisy value.
-2. ``commit``: mark the row ``committed`` once the value has been released.
+   budget, else insert a ``reserved`` row (mechanism, parameters, standalone
+   (ε, δ), round, idempotency key, UTC time, config hash) and ``COMMIT``.
+   Only then may the caller compute a noisy value.
+2. ``commit``: mark the row ``committed`` once the value has been released,
+   or ``abort`` it when it is certain nothing left the process.
 
 A row left ``reserved`` by a crash still counts (fail closed). A retry with
 the same idempotency key returns the existing row and does not count twice.
 A file that is unreadable, truncated or not a ledger raises
 :class:`LedgerError`; the ledger is never silently reset.
 
-Accounting: DP-SGD events are stored as ``(noise_multiplier, sample_rate,
-steps)`` and composed tightly with Opacus' ``RDPAccountant`` at the ledger's
-delta; Laplace events are pure epsilon-DP and summed exactly. The two groups
-are then combined by basic composition (epsilons add, deltas add: the total
-is (spent, ledger delta)), which is always valid though looser than composing
-everything under RDP.
+Accounting (:mod:`cuvil_edge.privacy.accounting`): DP-SGD events are stored
+as ``(noise_multiplier, sample_rate, steps)``, Gaussian releases as
+``(noise_std, sensitivity)``, Laplace and other pure releases as their ε; the total is
+min(all events composed by RDP, basic composition) at the ledger's δ.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import math
 import os
@@ -38,44 +40,19 @@ from pathlib import Path
 from typing import Any
 
 from cuvil_edge.errors import BudgetExhaustedError, LedgerError, PrivacyError
-from cuvil_edge.privacy._checks import int_at_least, positive_finite
+from cuvil_edge.privacy._checks import positive_finite
+from cuvil_edge.privacy._ledger_db import _COLUMNS, SCHEMA_VERSION, _LedgerFile, _Transaction
+from cuvil_edge.privacy.accounting import (
+    Accountant, DpSgd, Event, Gaussian, Laplace, PureDp, cumulative_epsilons,
+)
+
+__all__ = ["LEDGER_FILENAME", "SCHEMA_VERSION", "PrivacyLedger", "Reservation", "budget_config_hash",
+           "dpsgd_epsilon"]
 
 logger = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 1
+LEDGER_FILENAME = "ledger.sqlite"  # the file's name inside an agent's state directory
 _MAX_KEY_LEN = 200
-
-_SCHEMA = """
-CREATE TABLE meta (
-    name  TEXT PRIMARY KEY,
-    value TEXT NOT NULL
-);
-CREATE TABLE events (
-    id               INTEGER PRIMARY KEY AUTOINCREMENT,
-    idempotency_key  TEXT NOT NULL UNIQUE,
-    site             TEXT NOT NULL,
-    mechanism        TEXT NOT NULL CHECK (mechanism IN ('laplace', 'dpsgd')),
-    epsilon          REAL NOT NULL,   -- laplace: pure eps; dpsgd: standalone eps at delta
-    delta            REAL NOT NULL,
-    noise_multiplier REAL,
-    sample_rate      REAL,
-    steps            INTEGER,
-    round            INTEGER,
-    created_at       TEXT NOT NULL,
-    committed_at     TEXT,
-    status           TEXT NOT NULL CHECK (status IN ('reserved', 'committed', 'aborted')),
-    CHECK ((mechanism = 'laplace' AND noise_multiplier IS NULL AND sample_rate IS NULL
-            AND steps IS NULL)
-        OR (mechanism = 'dpsgd' AND noise_multiplier IS NOT NULL AND sample_rate IS NOT NULL
-            AND steps IS NOT NULL))
-);
-"""
-
-_COLUMNS = (
-    "id, idempotency_key, site, mechanism, epsilon, delta, noise_multiplier, "
-    "sample_rate, steps, round, created_at, committed_at, status"
-)
-
 
 @dataclass(frozen=True)
 class Reservation:
@@ -90,7 +67,10 @@ class Reservation:
     noise_multiplier: float | None
     sample_rate: float | None
     steps: int | None
+    noise_std: float | None
+    sensitivity: float | None
     round: int | None
+    config_hash: str
     created_at: str
     committed_at: str | None
     status: str
@@ -99,9 +79,30 @@ class Reservation:
         """Return the row as a plain dict."""
         return asdict(self)
 
+    def event(self) -> Event:
+        """The accounting event this row records.
+
+        Raises:
+            PrivacyError: the stored parameters are invalid.
+        """
+        if self.mechanism == "dpsgd":
+            return DpSgd(self.noise_multiplier, self.sample_rate, self.steps)  # type: ignore[arg-type]
+        if self.mechanism == "gaussian":
+            return Gaussian(self.noise_std, self.sensitivity)  # type: ignore[arg-type]
+        if self.mechanism == "pure":
+            return PureDp(self.epsilon)
+        return Laplace(self.epsilon)
+
 
 def _now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="microseconds")
+
+
+def budget_config_hash(site: str, epsilon_budget: float, delta: float) -> str:
+    """sha256 of the canonical JSON of a site's budget settings (the default config hash)."""
+    doc = json.dumps({"site": site, "epsilon_budget": epsilon_budget, "delta": delta},
+                     sort_keys=True, separators=(",", ":"))
+    return "sha256:" + hashlib.sha256(doc.encode()).hexdigest()
 
 
 def _check_round(round_: int | None) -> int | None:
@@ -123,30 +124,19 @@ def _check_key(key: str | None) -> str:
     return key
 
 
-def _check_dpsgd(sigma: float, q: float, steps: int) -> tuple[float, float, int]:
-    sigma = positive_finite("noise_multiplier", sigma)
-    q = positive_finite("sample_rate", q)
-    if q > 1:
-        raise PrivacyError(f"sample_rate must be in (0, 1], got {q!r}")
-    return sigma, q, int_at_least("steps", steps)
-
-
 def dpsgd_epsilon(history: list[tuple[float, float, int]], delta: float) -> float:
-    """Epsilon of composed DP-SGD events at ``delta`` by Opacus' RDP accountant.
+    """Epsilon of composed DP-SGD events at ``delta`` by Opacus' RDP curves and conversion.
 
     Imports opacus (and therefore torch) only when ``history`` is non-empty.
     """
-    if not history:
-        return 0.0
-    from opacus.accountants import RDPAccountant  # lazy: pulls in torch
-
-    accountant = RDPAccountant()
-    accountant.history = [(float(s), float(q), int(n)) for s, q, n in history]
-    return float(accountant.get_epsilon(delta=delta))
+    return Accountant([DpSgd(float(s), float(q), int(n)) for s, q, n in history]).rdp_epsilon(delta)
 
 
-class PrivacyLedger:
+class PrivacyLedger(_LedgerFile):
     """The durable privacy-budget ledger of one site.
+
+    ``config_hash`` is stored on every row (default: :func:`budget_config_hash`
+    of site, budget and delta).
 
     Raises:
         PrivacyError: bad arguments.
@@ -155,7 +145,8 @@ class PrivacyLedger:
     """
 
     def __init__(
-        self, path: str | os.PathLike[str], *, site: str, epsilon_budget: float, delta: float
+        self, path: str | os.PathLike[str], *, site: str, epsilon_budget: float, delta: float,
+        config_hash: str | None = None,
     ) -> None:
         if not isinstance(site, str) or not site:
             raise PrivacyError(f"site must be a non-empty string, got {site!r}")
@@ -165,105 +156,12 @@ class PrivacyLedger:
         self.delta = positive_finite("delta", delta)
         if self.delta >= 1:
             raise PrivacyError(f"delta must be in (0, 1), got {delta!r}")
+        if config_hash is not None and (not isinstance(config_hash, str) or not config_hash):
+            raise PrivacyError(f"config_hash must be a non-empty string, got {config_hash!r}")
+        self.config_hash = config_hash or budget_config_hash(site, self.epsilon_budget, self.delta)
         self._lock = threading.Lock()
         self._create_if_missing()
         self._conn = self._open()
-
-    # ---- opening -------------------------------------------------------------
-    def _create_if_missing(self) -> None:
-        """Create a fresh ledger atomically: build it aside, then hard-link it in."""
-        if self.path.exists():
-            return
-        wal = Path(str(self.path) + "-wal")
-        if wal.exists():
-            raise LedgerError(
-                f"privacy ledger {self.path} is missing but its WAL file {wal} exists; "
-                "the ledger may have been deleted. Restore it; releases are refused."
-            )
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_name(f".{self.path.name}.{uuid.uuid4().hex}.init")
-        try:
-            conn = sqlite3.connect(tmp, isolation_level=None)
-            try:
-                conn.execute("PRAGMA synchronous=FULL")
-                conn.executescript(_SCHEMA)
-                conn.executemany(
-                    "INSERT INTO meta(name, value) VALUES (?, ?)",
-                    [
-                        ("schema_version", str(SCHEMA_VERSION)),
-                        ("site", self.site),
-                        ("delta", repr(self.delta)),
-                        ("epsilon_budget", repr(self.epsilon_budget)),
-                        ("created_at", _now()),
-                    ],
-                )
-            finally:
-                conn.close()
-            with open(tmp, "rb") as f:
-                os.fsync(f.fileno())
-            try:
-                os.link(tmp, self.path)  # fails if another process created it first
-            except FileExistsError:
-                pass
-            _fsync_dir(self.path.parent)
-        except OSError as e:
-            raise LedgerError(f"cannot create privacy ledger {self.path}: {e}") from e
-        finally:
-            tmp.unlink(missing_ok=True)
-        logger.info("created privacy ledger %s for site %r", self.path, self.site)
-
-    def _open(self) -> sqlite3.Connection:
-        try:
-            if self.path.stat().st_size == 0:
-                raise LedgerError(
-                    f"privacy ledger {self.path} is empty (truncated?); releases are refused. "
-                    "Restore it from backup; never delete it to reset the budget."
-                )
-            conn = sqlite3.connect(
-                self.path, isolation_level=None, timeout=30.0, check_same_thread=False
-            )
-        except (OSError, sqlite3.Error) as e:
-            raise LedgerError(f"cannot open privacy ledger {self.path}: {e}") from e
-        try:
-            conn.execute("PRAGMA journal_mode=WAL")
-            conn.execute("PRAGMA synchronous=FULL")
-            rows = conn.execute("PRAGMA integrity_check").fetchall()
-            if rows != [("ok",)]:
-                raise LedgerError(
-                    f"privacy ledger {self.path} failed its integrity check "
-                    f"({'; '.join(str(r[0]) for r in rows[:3])}); releases are refused. "
-                    "Restore it from backup."
-                )
-            meta = dict(conn.execute("SELECT name, value FROM meta").fetchall())
-            conn.execute(f"SELECT {_COLUMNS} FROM events LIMIT 0")
-        except sqlite3.Error as e:
-            conn.close()
-            raise LedgerError(
-                f"privacy ledger {self.path} is unreadable or not a ledger ({e}); "
-                "releases are refused. Restore it from backup."
-            ) from e
-        except LedgerError:
-            conn.close()
-            raise
-        self._check_meta(meta, conn)
-        return conn
-
-    def _check_meta(self, meta: dict[str, str], conn: sqlite3.Connection) -> None:
-        problem = None
-        if meta.get("schema_version") != str(SCHEMA_VERSION):
-            problem = f"schema version {meta.get('schema_version')!r} != {SCHEMA_VERSION}"
-        elif meta.get("site") != self.site:
-            problem = f"it belongs to site {meta.get('site')!r}, not {self.site!r}"
-        elif meta.get("delta") != repr(self.delta):
-            problem = f"it was created with delta {meta.get('delta')}, not {self.delta!r}"
-        if problem:
-            conn.close()
-            raise LedgerError(f"privacy ledger {self.path}: {problem}; releases are refused.")
-        if meta.get("epsilon_budget") != repr(self.epsilon_budget):
-            logger.warning(
-                "privacy ledger %s: budget changed from %s to %r by configuration",
-                self.path, meta.get("epsilon_budget"), self.epsilon_budget,
-            )
 
     def close(self) -> None:
         """Close the database connection."""
@@ -286,32 +184,25 @@ class PrivacyLedger:
 
     def _to_reservation(self, r: tuple) -> Reservation:
         res = Reservation(*r)
-        bad = (
-            not isinstance(res.epsilon, float) or not math.isfinite(res.epsilon) or res.epsilon < 0
-            or res.mechanism == "dpsgd" and not (
-                isinstance(res.noise_multiplier, float) and res.noise_multiplier > 0
-                and isinstance(res.sample_rate, float) and 0 < res.sample_rate <= 1
-                and isinstance(res.steps, int) and res.steps >= 1
-            )
-        )
-        if bad:
-            raise LedgerError(f"privacy ledger {self.path}: row {res.id} is corrupt: {res}")
+        try:
+            if not isinstance(res.epsilon, float) or not math.isfinite(res.epsilon) or res.epsilon < 0:
+                raise PrivacyError(f"epsilon {res.epsilon!r}")
+            res.event()
+        except (PrivacyError, TypeError) as e:
+            raise LedgerError(f"privacy ledger {self.path}: row {res.id} is corrupt ({e}): {res}") from e
         return res
 
-    def _total(self, rows: list[Reservation], extra_dpsgd: tuple | None = None,
-               extra_laplace: float = 0.0) -> Fraction:
-        live = [r for r in rows if r.status != "aborted"]  # reserved rows count (fail closed)
-        history = [(r.noise_multiplier, r.sample_rate, r.steps) for r in live if r.mechanism == "dpsgd"]
-        if extra_dpsgd is not None:
-            history.append(extra_dpsgd)
-        # Pure-eps Laplace events: exact sum of the stored floats (no rounding drift).
-        laplace = sum((Fraction(r.epsilon) for r in live if r.mechanism == "laplace"), Fraction(0))
-        laplace += Fraction(extra_laplace)
-        # Basic composition between the RDP-composed DP-SGD group and the Laplace group.
-        return Fraction(dpsgd_epsilon(history, self.delta)) + laplace
+    def _total(self, rows: list[Reservation], extra: Event | None = None) -> Fraction:
+        # Reserved rows count (fail closed); only aborted ones do not.
+        events = [r.event() for r in rows if r.status != "aborted"]
+        if extra is not None:
+            events.append(extra)
+        return Accountant(events).epsilon_exact(self.delta)
 
     def spent(self) -> float:
         """Total epsilon spent (reserved or committed) at the ledger's delta.
+
+        min(RDP composition, basic composition); see :mod:`.accounting`.
 
         Raises:
             LedgerError: the ledger cannot be read.
@@ -327,6 +218,17 @@ class PrivacyLedger:
         """
         return max(0.0, self.epsilon_budget - self.spent())
 
+    def would_exceed(self, event: Event) -> tuple[bool, float]:
+        """Whether adding ``event`` would exceed the budget, and the total it would make.
+
+        Raises:
+            PrivacyError: not an event.
+            LedgerError: the ledger cannot be read.
+        """
+        with self._lock:
+            total = self._total(self._rows(self._conn), extra=event)
+        return total > Fraction(self.epsilon_budget), float(total)
+
     def would_exceed_dpsgd(self, sigma: float, q: float, steps: int) -> tuple[bool, float]:
         """Whether a DP-SGD run (sigma, q, steps) would exceed the budget, and the new total.
 
@@ -334,10 +236,7 @@ class PrivacyLedger:
             PrivacyError: bad parameters.
             LedgerError: the ledger cannot be read.
         """
-        event = _check_dpsgd(sigma, q, steps)
-        with self._lock:
-            total = self._total(self._rows(self._conn), extra_dpsgd=event)
-        return total > Fraction(self.epsilon_budget), float(total)
+        return self.would_exceed(DpSgd(sigma, q, steps))
 
     def history(self) -> list[dict[str, Any]]:
         """Every row, oldest first, as dicts.
@@ -348,20 +247,77 @@ class PrivacyLedger:
         with self._lock:
             return [r.to_dict() for r in self._rows(self._conn)]
 
+    def rounds(self) -> list[dict[str, Any]]:
+        """Per round (in order of each round's last row): its rows and the total ε after it.
+
+        ``spent_after`` is the site's total (all earlier rows included, aborted
+        ones excluded) once the round's last row is counted.
+
+        Raises:
+            LedgerError: the ledger cannot be read.
+        """
+        with self._lock:
+            rows = self._rows(self._conn)
+        live = [r for r in rows if r.status != "aborted"]
+        totals = dict(zip((r.id for r in live), cumulative_epsilons([r.event() for r in live], self.delta)))
+        out: dict[int | None, dict[str, Any]] = {}
+        spent = 0.0
+        for r in rows:
+            spent = totals.get(r.id, spent)
+            entry = out.pop(r.round, None) or {"round": r.round, "rows": []}
+            entry["rows"].append(r.to_dict())
+            entry["spent_after"] = spent
+            out[r.round] = entry  # re-inserted: dict order follows each round's last row
+        return list(out.values())
+
     # ---- writing -------------------------------------------------------------
     def reserve_laplace(self, epsilon: float, key: str | None = None,
                         round: int | None = None) -> Reservation:
-        """Reserve a pure epsilon-DP (Laplace) release before computing it.
+        """Reserve a Laplace release (pure epsilon-DP) before computing it.
+
+        Composed by the continuous Laplace RDP curve: use it for continuous
+        Laplace or a discrete Laplace on a fine grid (integer sensitivity of
+        at least ~2^10 grid steps); otherwise use :meth:`reserve_pure`.
 
         Raises:
             PrivacyError: bad parameters, or the key was used for a different event.
             BudgetExhaustedError: the budget would be exceeded; nothing was reserved.
             LedgerError: the ledger cannot be read or written.
         """
-        eps = positive_finite("epsilon", epsilon)
-        fields = dict(mechanism="laplace", epsilon=eps, delta=0.0, noise_multiplier=None,
-                      sample_rate=None, steps=None)
-        return self._reserve(fields, _check_key(key), _check_round(round), extra_laplace=eps)
+        event = Laplace(epsilon)
+        fields = dict(mechanism="laplace", epsilon=event.epsilon, delta=0.0)
+        return self._reserve(event, fields, _check_key(key), _check_round(round))
+
+    def reserve_pure(self, epsilon: float, key: str | None = None,
+                     round: int | None = None) -> Reservation:
+        """Reserve any pure epsilon-DP release (e.g. a discrete Laplace on integer counts).
+
+        Composed by the randomized-response RDP curve, which bounds every
+        ε-DP mechanism; use it where the continuous Laplace curve of
+        :meth:`reserve_laplace` may under-count (small integer sensitivity).
+
+        Raises:
+            PrivacyError: bad parameters, or the key was used for a different event.
+            BudgetExhaustedError: the budget would be exceeded; nothing was reserved.
+            LedgerError: the ledger cannot be read or written.
+        """
+        event = PureDp(epsilon)
+        fields = dict(mechanism="pure", epsilon=event.epsilon, delta=0.0)
+        return self._reserve(event, fields, _check_key(key), _check_round(round))
+
+    def reserve_gaussian(self, sigma: float, sensitivity: float, key: str | None = None,
+                         round: int | None = None) -> Reservation:
+        """Reserve a Gaussian release (noise std ``sigma``, L2 ``sensitivity``) before computing it.
+
+        Raises:
+            PrivacyError: bad parameters, or the key was used for a different event.
+            BudgetExhaustedError: the budget would be exceeded; nothing was reserved.
+            LedgerError: the ledger cannot be read or written.
+        """
+        event = Gaussian(sigma, sensitivity)
+        fields = dict(mechanism="gaussian", epsilon=Accountant([event]).rdp_epsilon(self.delta),
+                      delta=self.delta, noise_std=event.noise_std, sensitivity=event.sensitivity)
+        return self._reserve(event, fields, _check_key(key), _check_round(round))
 
     def reserve_dpsgd(self, sigma: float, q: float, steps: int, key: str | None = None,
                       round: int | None = None) -> Reservation:
@@ -372,21 +328,22 @@ class PrivacyLedger:
             BudgetExhaustedError: the budget would be exceeded; nothing was reserved.
             LedgerError: the ledger cannot be read or written.
         """
-        event = _check_dpsgd(sigma, q, steps)
-        fields = dict(mechanism="dpsgd", epsilon=dpsgd_epsilon([event], self.delta),
-                      delta=self.delta, noise_multiplier=event[0], sample_rate=event[1],
-                      steps=event[2])
-        return self._reserve(fields, _check_key(key), _check_round(round), extra_dpsgd=event)
+        event = DpSgd(sigma, q, steps)
+        fields = dict(mechanism="dpsgd", epsilon=Accountant([event]).rdp_epsilon(self.delta),
+                      delta=self.delta, noise_multiplier=event.noise_multiplier,
+                      sample_rate=event.sample_rate, steps=event.steps)
+        return self._reserve(event, fields, _check_key(key), _check_round(round))
 
-    def _reserve(self, fields: dict[str, Any], key: str, round_: int | None,
-                 **extra: Any) -> Reservation:
+    def _reserve(self, event: Event, fields: dict[str, Any], key: str, round_: int | None) -> Reservation:
+        params = ("noise_multiplier", "sample_rate", "steps", "noise_std", "sensitivity")
+        fields = {p: None for p in params} | fields
         with self._lock, self._transaction() as conn:
             existing = self._rows(conn, "WHERE idempotency_key = ?", (key,))
             if existing:
                 return self._same_event(existing[0], fields, round_)
             rows = self._rows(conn)
             before = self._total(rows)
-            after = self._total(rows, **extra)
+            after = self._total(rows, extra=event)
             if after > Fraction(self.epsilon_budget):
                 raise BudgetExhaustedError(
                     f"site {self.site!r}: privacy budget exhausted: spent {float(before):.6g}, "
@@ -396,14 +353,12 @@ class PrivacyLedger:
                 )
             conn.execute(
                 f"INSERT INTO events ({_COLUMNS.replace('id, ', '', 1)}) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, NULL, 'reserved')",
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, NULL, 'reserved')",
                 (key, self.site, fields["mechanism"], fields["epsilon"], fields["delta"],
-                 fields["noise_multiplier"], fields["sample_rate"], fields["steps"],
-                 round_, _now()),
+                 *(fields[p] for p in params), round_, self.config_hash, _now()),
             )
             row = self._rows(conn, "WHERE idempotency_key = ?", (key,))[0]
-        logger.info("site %r reserved %s eps=%.6g key=%s", self.site, row.mechanism,
-                    row.epsilon, key)
+        logger.info("site %r reserved %s eps=%.6g key=%s", self.site, row.mechanism, row.epsilon, key)
         return row
 
     @staticmethod
@@ -414,6 +369,8 @@ class PrivacyLedger:
                 f"idempotency key {row.key!r} was already used for a different event "
                 f"({mine}); use a fresh key for a new release."
             )
+        if row.status == "aborted":
+            raise PrivacyError(f"idempotency key {row.key!r} was aborted; use a fresh key for a new release.")
         return row
 
     def commit(self, reservation: Reservation, *, exclusive: bool = False) -> Reservation:
@@ -446,41 +403,26 @@ class PrivacyLedger:
                 )
             return rows[0]
 
+    def abort(self, reservation: Reservation) -> Reservation:
+        """Give a reserved spend back. Call only when certain no value computed under it left the process.
+
+        Idempotent for an already aborted row.
+
+        Raises:
+            LedgerError: the row is missing or committed (a released value is
+                never un-counted), or the ledger cannot be written.
+        """
+        with self._lock, self._transaction() as conn:
+            conn.execute("UPDATE events SET status = 'aborted' WHERE idempotency_key = ? AND status = 'reserved'",
+                         (reservation.key,))
+            rows = self._rows(conn, "WHERE idempotency_key = ?", (reservation.key,))
+            if not rows or rows[0].status != "aborted":
+                raise LedgerError(
+                    f"privacy ledger {self.path}: cannot abort reservation {reservation.key!r}: "
+                    f"{'missing' if not rows else 'it was committed (its value was released)'}"
+                )
+        logger.info("site %r aborted reservation %s", self.site, reservation.key)
+        return rows[0]
+
     def _transaction(self) -> _Transaction:
         return _Transaction(self._conn, self.path)
-
-
-class _Transaction:
-    """``BEGIN IMMEDIATE`` ... ``COMMIT`` (rollback on any error)."""
-
-    def __init__(self, conn: sqlite3.Connection, path: Path) -> None:
-        self.conn, self.path = conn, path
-
-    def __enter__(self) -> sqlite3.Connection:
-        try:
-            self.conn.execute("BEGIN IMMEDIATE")
-        except sqlite3.Error as e:
-            raise LedgerError(f"cannot lock privacy ledger {self.path}: {e}") from e
-        return self.conn
-
-    def __exit__(self, exc_type: type | None, exc: BaseException | None, tb: object) -> None:
-        try:
-            self.conn.execute("COMMIT" if exc_type is None else "ROLLBACK")
-        except sqlite3.Error as e:
-            if self.conn.in_transaction:
-                self.conn.execute("ROLLBACK")
-            if exc_type is None:
-                raise LedgerError(f"cannot write privacy ledger {self.path}: {e}") from e
-
-
-def _fsync_dir(directory: Path) -> None:
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)

@@ -352,7 +352,8 @@ def release_counts(
                     epsilon=Fraction(eps), scale=Fraction(int(sensitivity)) / Fraction(eps))
     if plan.scale.numerator >= _MAX_SCALE_NUMERATOR:
         raise PrivacyError(f"sensitivity {sensitivity} too large for exact sampling")
-    reservation = ledger.reserve_laplace(eps, key=key, round=round)
+    reservation = ledger.reserve_pure(eps, key=key, round=round)  # discrete noise at a coarse
+    # integer sensitivity has randomized response's RDP curve, not continuous Laplace's
     if reservation.status != "reserved":
         raise PrivacyError(f"a release with key {reservation.key!r} was already published "
                            f"({reservation.status}); reuse that value or release under a new key")

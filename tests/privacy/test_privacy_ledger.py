@@ -1,8 +1,9 @@
-"""PrivacyLedger: reserve/commit, refusal, fail-closed crashes, idempotency, corruption, RDP."""
+"""PrivacyLedger: reserve/commit/abort, refusal, fail-closed crashes, races, idempotency, corruption, accounting."""
 
 from __future__ import annotations
 
 import signal
+import sqlite3
 import subprocess
 import sys
 import textwrap
@@ -12,6 +13,8 @@ import pytest
 
 from cuvil_edge.errors import BudgetExhaustedError, LedgerError, PrivacyError
 from cuvil_edge.privacy import PrivacyLedger
+from cuvil_edge.privacy.accounting import Accountant, DpSgd, Gaussian, Laplace, PureDp
+from cuvil_edge.privacy.ledger import budget_config_hash
 
 DELTA = 1e-5
 
@@ -78,6 +81,38 @@ def test_reserved_rows_count_after_crash(tmp_path: Path) -> None:
     assert [r["status"] for r in led.history()] == ["reserved"]
 
 
+_RESERVE_AND_HANG = textwrap.dedent(
+    """
+    import sys, time
+    from cuvil_edge.privacy import PrivacyLedger
+    led = PrivacyLedger(sys.argv[1], site="site-a", epsilon_budget=10.0, delta=1e-5)
+    led.reserve_dpsgd(1.5, 0.04, 2250, key="train-v1", round=1)
+    print("reserved", flush=True)
+    time.sleep(120)  # "training": killed from outside before commit
+    """
+)
+
+
+def test_sigkill_from_outside_between_reserve_and_commit_fails_closed(tmp_path: Path) -> None:
+    path = tmp_path / "l.db"
+    proc = subprocess.Popen([sys.executable, "-c", _RESERVE_AND_HANG, str(path)],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "reserved"
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=60)
+
+    led = _ledger(path, budget=10.0)
+    assert [r["status"] for r in led.history()] == ["reserved"]
+    assert led.spent() == pytest.approx(7.32911117143, abs=1e-4)  # the reserved run still counts
+    again = led.reserve_dpsgd(1.5, 0.04, 2250, key="train-v1", round=1)  # the retry
+    assert again.status == "reserved" and len(led.history()) == 1
+    assert led.spent() == pytest.approx(7.32911117143, abs=1e-4)
+    with pytest.raises(BudgetExhaustedError):
+        led.reserve_laplace(50.0, key="eval")
+
+
 def test_idempotent_retry_does_not_double_count(tmp_path: Path) -> None:
     led = _ledger(tmp_path / "l.db")
     first = led.reserve_laplace(1.2, key="r1-q1", round=1)
@@ -111,7 +146,7 @@ def test_rdp_composition_matches_opacus_golden_value(tmp_path: Path) -> None:
     assert row["delta"] == DELTA
 
 
-def test_dpsgd_and_laplace_compose_basically(tmp_path: Path) -> None:
+def test_dpsgd_and_laplace_compose_by_min_of_rdp_and_basic(tmp_path: Path) -> None:
     led = _ledger(tmp_path / "l.db", budget=10.0)
     led.reserve_dpsgd(1.5, 0.04, 2250, key="t")
 
@@ -120,7 +155,9 @@ def test_dpsgd_and_laplace_compose_basically(tmp_path: Path) -> None:
 
     # Two identical DP-SGD runs compose under RDP to less than twice one run.
     assert exceed and 7.33 < total < 2 * 7.33
-    assert led.spent() == pytest.approx(7.32911117143 + 1.0, abs=1e-4)
+    expected = Accountant([DpSgd(1.5, 0.04, 2250), Laplace(1.0)])
+    assert led.spent() == expected.epsilon(DELTA) == min(expected.rdp_epsilon(DELTA), 7.32911117143 + 1.0)
+    assert 7.33 < led.spent() < 7.32911117143 + 1.0  # RDP beats the plain sum here
     with pytest.raises(BudgetExhaustedError):
         led.reserve_dpsgd(1.5, 0.04, 2250, key="t2")
 
@@ -147,6 +184,126 @@ def test_damaged_file_raises_ledger_error_and_is_not_reset(tmp_path: Path, damag
         _ledger(path)
 
     assert path.read_bytes() == before
+
+
+def test_truncated_at_page_boundaries_refuses_and_is_not_reset(tmp_path: Path) -> None:
+    path = tmp_path / "l.db"
+    led = _ledger(path, budget=1000.0)
+    for i in range(400):
+        led.reserve_laplace(0.1, key=f"release-{i:04d}-" + "x" * 100, round=i // 10)
+    led.close()
+    full = path.read_bytes()
+    page = int.from_bytes(full[16:18], "big")
+    assert not Path(str(path) + "-wal").exists() and len(full) // page > 8  # checkpointed, many pages
+
+    for pages in (1, 2, len(full) // page // 2, len(full) // page - 1):
+        path.write_bytes(full[: pages * page])
+        with pytest.raises(LedgerError):
+            _ledger(path, budget=1000.0)
+        assert path.stat().st_size == pages * page  # never reset or rewritten
+
+
+def test_gaussian_release_is_reserved_with_its_parameters(tmp_path: Path) -> None:
+    led = _ledger(tmp_path / "l.db", budget=10.0)
+
+    res = led.reserve_gaussian(4.0, 2.0, key="infer-1", round=3)
+    led.commit(res)
+
+    row = led.history()[0]
+    assert (row["mechanism"], row["noise_std"], row["sensitivity"], row["round"]) == ("gaussian", 4.0, 2.0, 3)
+    assert row["noise_multiplier"] is None and row["delta"] == DELTA
+    assert led.spent() == pytest.approx(Accountant([Gaussian(4.0, 2.0)]).epsilon(DELTA))
+    assert led.spent() == pytest.approx(row["epsilon"])
+    assert led.reserve_gaussian(4.0, 2.0, key="infer-1", round=3).id == res.id  # idempotent
+    with pytest.raises(PrivacyError, match="already used"):
+        led.reserve_gaussian(4.0, 1.0, key="infer-1", round=3)
+    with pytest.raises(PrivacyError):
+        led.reserve_gaussian(0.0, 1.0)
+
+
+def test_pure_release_uses_the_curve_that_bounds_every_pure_mechanism(tmp_path: Path) -> None:
+    led = _ledger(tmp_path / "l.db", budget=200.0)
+    for i in range(100):
+        led.reserve_pure(1.2, key=f"count-{i}", round=i)
+
+    assert led.history()[0]["mechanism"] == "pure"
+    assert led.spent() == pytest.approx(Accountant([PureDp(1.2)] * 100).epsilon(DELTA))
+    assert Accountant([Laplace(1.2)] * 100).epsilon(DELTA) < led.spent() < 120
+
+
+def test_abort_gives_back_only_reserved_spends(tmp_path: Path) -> None:
+    led = _ledger(tmp_path / "l.db", budget=3.0)
+    kept = led.commit(led.reserve_laplace(1.0, key="a"))
+    dropped = led.reserve_laplace(1.5, key="b")
+
+    led.abort(dropped)
+    led.abort(dropped)  # idempotent
+
+    assert led.spent() == pytest.approx(1.0)
+    assert [r["status"] for r in led.history()] == ["committed", "aborted"]
+    with pytest.raises(LedgerError, match="committed"):
+        led.abort(kept)
+    with pytest.raises(PrivacyError, match="aborted"):
+        led.reserve_laplace(1.5, key="b")  # an aborted key is not silently revived
+    with pytest.raises(LedgerError):
+        led.commit(dropped)
+
+
+def test_rows_carry_config_hash_and_utc_time(tmp_path: Path) -> None:
+    led = _ledger(tmp_path / "l.db")
+    led.reserve_laplace(0.1, key="a")
+    led.close()
+    led = PrivacyLedger(tmp_path / "l.db", site="site-a", epsilon_budget=3.0, delta=DELTA, config_hash="abc")
+    led.reserve_laplace(0.1, key="b")
+
+    first, second = led.history()
+    assert first["config_hash"] == budget_config_hash("site-a", 3.0, DELTA) != second["config_hash"] == "abc"
+    assert first["created_at"].endswith("+00:00")
+
+
+def test_rounds_show_the_total_after_each_round(tmp_path: Path) -> None:
+    led = _ledger(tmp_path / "l.db", budget=20.0)
+    led.commit(led.reserve_dpsgd(1.5, 0.04, 2250, key="t1", round=1))
+    led.commit(led.reserve_laplace(0.1, key="e1", round=1))
+    led.abort(led.reserve_laplace(0.5, key="e1b", round=1))
+    led.reserve_laplace(0.1, key="e2", round=2)
+
+    rounds = led.rounds()
+
+    assert [r["round"] for r in rounds] == [1, 2]
+    assert [len(r["rows"]) for r in rounds] == [3, 1]
+    one = Accountant([DpSgd(1.5, 0.04, 2250), Laplace(0.1)]).epsilon(DELTA)
+    assert rounds[0]["spent_after"] == pytest.approx(one)
+    assert rounds[1]["spent_after"] == pytest.approx(led.spent())
+
+
+_V1_SCHEMA = """
+CREATE TABLE meta (name TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE events (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, idempotency_key TEXT NOT NULL UNIQUE, site TEXT NOT NULL,
+    mechanism TEXT NOT NULL, epsilon REAL NOT NULL, delta REAL NOT NULL, noise_multiplier REAL,
+    sample_rate REAL, steps INTEGER, round INTEGER, created_at TEXT NOT NULL, committed_at TEXT,
+    status TEXT NOT NULL);
+INSERT INTO meta VALUES ('schema_version', '1'), ('site', 'site-a'), ('delta', '1e-05'),
+    ('epsilon_budget', '3.0'), ('created_at', '2025-01-01T00:00:00+00:00');
+INSERT INTO events (idempotency_key, site, mechanism, epsilon, delta, round, created_at, status)
+    VALUES ('old', 'site-a', 'laplace', 1.2, 0.0, 1, '2025-01-01T00:00:00+00:00', 'committed');
+"""
+
+
+def test_schema_1_ledger_is_upgraded_keeping_its_spends(tmp_path: Path) -> None:
+    path = tmp_path / "l.db"
+    conn = sqlite3.connect(path)
+    conn.executescript(_V1_SCHEMA)
+    conn.close()
+
+    led = _ledger(path)
+
+    assert led.spent() == pytest.approx(1.2)
+    (row,) = led.history()
+    assert row["key"] == "old" and row["status"] == "committed" and "schema 1" in row["config_hash"]
+    led.reserve_gaussian(3.0, 1.0, key="new")
+    assert len(_ledger(path).history()) == 2
 
 
 def test_ledger_of_another_site_is_refused(tmp_path: Path) -> None:
@@ -179,10 +336,14 @@ def test_bad_arguments_are_refused(tmp_path: Path, call) -> None:
 
 _RACER = textwrap.dedent(
     """
-    import sys
+    import os, sys, time
     from cuvil_edge.errors import BudgetExhaustedError
     from cuvil_edge.privacy import PrivacyLedger
     led = PrivacyLedger(sys.argv[1], site="site-a", epsilon_budget=2.4, delta=1e-5)
+    print("ready", flush=True)
+    deadline = time.monotonic() + 60
+    while not os.path.exists(sys.argv[3]) and time.monotonic() < deadline:
+        time.sleep(0.001)
     try:
         led.commit(led.reserve_laplace(1.2, key=sys.argv[2]))
         print("ok")
@@ -192,16 +353,25 @@ _RACER = textwrap.dedent(
 )
 
 
-def test_concurrent_writers_cannot_overspend(tmp_path: Path) -> None:
-    path = tmp_path / "l.db"
-    _ledger(path, budget=2.4).close()
+def test_six_racing_processes_exactly_two_succeed(tmp_path: Path) -> None:
+    path, go = tmp_path / "l.db", tmp_path / "go"
+    _ledger(path, budget=2.4).close()  # 2 x 1.2 fits exactly; RDP of 3 x 1.2 is 3.67 > 2.4
 
     procs = [
-        subprocess.Popen([sys.executable, "-c", _RACER, str(path), f"k{i}"],
+        subprocess.Popen([sys.executable, "-c", _RACER, str(path), f"k{i}", str(go)],
                          stdout=subprocess.PIPE, text=True)
-        for i in range(4)
+        for i in range(6)
     ]
-    outs = [p.communicate(timeout=120)[0].strip() for p in procs]
+    try:
+        for p in procs:  # every process has opened the ledger before any reserves
+            assert p.stdout.readline().strip() == "ready"
+        go.touch()
+        outs = [p.communicate(timeout=120)[0].strip() for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
 
-    assert sorted(outs) == ["ok", "ok", "refused", "refused"]
-    assert _ledger(path, budget=2.4).spent() == pytest.approx(2.4)
+    assert sorted(outs) == ["ok"] * 2 + ["refused"] * 4
+    led = _ledger(path, budget=2.4)
+    assert led.spent() == pytest.approx(2.4)
+    assert [r["status"] for r in led.history()] == ["committed", "committed"]

@@ -1,0 +1,87 @@
+"""`cuvil-edge privacy status`: spent / remaining and the ledger per round; damaged ledgers exit 2."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from cuvil_edge.cli.main import main
+from cuvil_edge.config.site import load_site
+from cuvil_edge.privacy import PrivacyLedger
+
+SITE = Path(__file__).resolve().parents[2] / "configs" / "sites" / "factory-b.yaml"
+
+
+@pytest.fixture
+def wide(monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")  # Rich tables: no wrapping in captured output
+
+
+def _ledger(state: Path) -> PrivacyLedger:
+    p = load_site(SITE).privacy
+    return PrivacyLedger(state / "ledger.sqlite", site="factory-b", epsilon_budget=p.epsilon_budget, delta=p.delta)
+
+
+def test_status_prints_spent_remaining_and_rounds(tmp_path, capsys, wide):
+    with _ledger(tmp_path) as led:
+        led.commit(led.reserve_dpsgd(1.5, 0.04, 500, key="train-v1", round=1))
+        led.commit(led.reserve_laplace(0.1, key="eval-v1", round=1))
+        led.reserve_gaussian(20.0, 1.0, key="infer-7", round=2)  # reserved, never committed
+        spent, remaining, rounds = led.spent(), led.remaining(), led.rounds()
+
+    code = main(["privacy", "status", "--site", str(SITE), "--state-dir", str(tmp_path)])
+
+    out = capsys.readouterr().out
+    assert code == 0
+    assert f"ε spent {spent:.4f} of 8" in out and f"remaining {remaining:.4f}" in out
+    for key in ("train-v1", "eval-v1", "infer-7"):
+        assert key in out
+    assert "σ=1.5 q=0.04 steps=500" in out and "σ=20 Δ₂=1" in out
+    assert "reserved" in out and "committed" in out
+    assert f"{rounds[0]['spent_after']:.4f}" in out and f"{rounds[1]['spent_after']:.4f}" in out
+
+
+def test_status_without_a_ledger_says_nothing_was_spent(tmp_path, capsys, wide):
+    assert main(["privacy", "status", "--site", str(SITE), "--state-dir", str(tmp_path)]) == 0
+    assert "nothing spent" in capsys.readouterr().out
+    assert not (tmp_path / "ledger.sqlite").exists()  # status never creates a ledger
+
+
+def test_status_needs_a_state_dir(capsys):
+    assert main(["privacy", "status", "--site", str(SITE)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--state-dir" in err
+
+
+@pytest.mark.parametrize("damage", [
+    pytest.param(lambda p: p.write_bytes(p.read_bytes()[:2000]), id="truncated"),
+    pytest.param(lambda p: p.write_bytes(b"not a database" * 300), id="garbage"),
+    pytest.param(lambda p: p.write_bytes(b""), id="empty"),
+])
+def test_damaged_ledger_is_one_line_error_exit_2(tmp_path, capsys, damage):
+    with _ledger(tmp_path) as led:
+        for i in range(50):
+            led.reserve_laplace(0.01, key=f"k{i}", round=i)
+    path = tmp_path / "ledger.sqlite"
+    damage(path)
+    before = path.read_bytes()
+
+    code = main(["privacy", "status", "--site", str(SITE), "--state-dir", str(tmp_path)])
+
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.count("\n") == 1 and err.startswith("error: ") and "ledger" in err
+    assert path.read_bytes() == before
+
+
+def test_state_dir_defaults_to_the_sites_agent_state_dir(tmp_path, capsys, wide):
+    site = tmp_path / "site.yaml"
+    site.write_text(SITE.read_text() + "agent:\n  state_dir: state\n")
+    (tmp_path / "state").mkdir()
+    with _ledger(tmp_path / "state") as led:
+        led.commit(led.reserve_laplace(0.25, key="only", round=4))
+
+    assert main(["privacy", "status", "--site", str(site)]) == 0
+    out = capsys.readouterr().out
+    assert "ε spent 0.2500 of 8" in out and "only" in out
