@@ -24,7 +24,8 @@ from cuvil_edge.device_targets import build, list_targets
 from cuvil_edge.frontend import load_model
 from cuvil_edge.frontend.demo_model import digits_cnn_onnx
 from cuvil_edge.ir import interpreter
-from cuvil_edge.ir_serialize import generate_keypair, verify_package, write_package
+from cuvil_edge.coordinator.keys import current_root, init_keys, load_signing_keys
+from cuvil_edge.ir_serialize import verify_package, write_package
 
 REPEATS = 7
 BATCH = 256
@@ -41,7 +42,9 @@ def best_of(fn, repeats: int = REPEATS) -> float:
 
 def main() -> dict:
     graph = load_model(digits_cnn_onnx(0))
-    private, public = generate_keypair()
+    keys_dir = Path(tempfile.mkdtemp())
+    private_path, _ = init_keys(keys_dir)
+    keys, root = load_signing_keys(private_path), current_root(keys_dir)
     now = int(time.time())
     x = np.random.default_rng(0).random((BATCH, 1, 8, 8), dtype=np.float32)
     results: dict = {"batch": BATCH, "repeats": REPEATS, "python": platform.python_version(),
@@ -50,10 +53,10 @@ def main() -> dict:
     interp = best_of(lambda: interpreter.run(graph, {"image": x}))
     results["interpreter_s"] = interp
     for target in list_targets():
-        data = write_package(graph, site="bench", target=target, version=1, signing_key=private,
-                             issued_at=now, expires=now + 600)
-        verify = lambda: verify_package(data, public_key=public, site="bench", target=target, now=now,  # noqa: E731
-                                        last_version=None, max_package_bytes=1 << 30)
+        data = write_package(graph, site="bench", target=target, version=1, signing_key=keys.coordinator,
+                             release_key=keys.release, issued_at=now, expires=now + 600)
+        verify = lambda: verify_package(data, trust_root=root, site="bench", target=target, now=now,  # noqa: E731
+                                        max_package_bytes=1 << 30)
         package = verify()
         with tempfile.TemporaryDirectory() as cache:
             cold = time.perf_counter()

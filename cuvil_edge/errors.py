@@ -78,6 +78,99 @@ class PayloadDigestError(PackageError):
     """The payload bytes do not hash to the digest in the signed manifest."""
 
 
+# leaf types, one per attack class (PACKAGE_SPEC §12)
+class TruncatedPackageError(PackageSizeError):
+    """The file ends before a part its prelude or manifest declares."""
+
+
+class DeclaredLengthError(PackageSizeError):
+    """A declared length exceeds its cap or the real size (checked before allocating)."""
+
+
+class TrailingDataError(PackageFormatError):
+    """Bytes follow the last declared part."""
+
+
+class DuplicateKeyError(PackageFormatError):
+    """A JSON object has the same key twice."""
+
+
+class UnsupportedFormatError(PackageFormatError):
+    """An unknown format version, payload type, dtype or field."""
+
+
+class RegionLayoutError(PackageFormatError):
+    """Regions overlap, leave gaps, are unaligned, or padding is not zero."""
+
+
+class BadShapeError(PackageFormatError):
+    """A tensor shape is negative, too large, overflows, or disagrees with its length."""
+
+
+class BadNameError(PackageFormatError):
+    """A name holds a path separator, '..', NUL or control characters."""
+
+
+class BadSignatureError(SignatureError):
+    """A signature by a trusted key does not verify over the exact signed bytes."""
+
+
+class UntrustedKeyError(SignatureError):
+    """No signature comes from a key of the required role."""
+
+
+class RevokedKeyError(UntrustedKeyError):
+    """The signing key was removed from the trust root by a rotation."""
+
+
+class ThresholdError(SignatureError):
+    """Fewer distinct trusted keys signed than the role's threshold."""
+
+
+class RootRotationError(PackageError):
+    """A new trust root is not version N+1 or not signed by the old and new root keys."""
+
+
+class RootChainTooLongError(RootRotationError):
+    """More root updates than the chain cap."""
+
+
+class ExpiredRootError(RootRotationError):
+    """The newest trust root has expired."""
+
+
+class ManifestMismatchError(PackageError):
+    """The per-site manifest and the release statement (or the payload's regions) disagree."""
+
+
+class RegionDigestError(PayloadDigestError):
+    """A region's bytes do not hash to the digest in the signed manifest."""
+
+
+class ClockRollbackError(ExpiredPackageError):
+    """The package expired before the agent's time floor (its clock was set back)."""
+
+
+class DigestConflictError(RollbackError):
+    """Same per-site version as the accepted one but a different manifest digest."""
+
+
+class ReleaseRollbackError(RollbackError):
+    """The release counter is lower than one already accepted."""
+
+
+class NonceError(PackageError):
+    """The manifest lacks the agent's fresh nonce or replays an old one."""
+
+
+class SealingError(PackageError):
+    """A sealed payload cannot be opened or a chunk fails authentication."""
+
+
+class WrongSealKeyError(SealingError):
+    """The payload is sealed for another site's key."""
+
+
 class StateError(CuvilError):
     """The agent's durable state directory is unreadable or corrupt."""
 

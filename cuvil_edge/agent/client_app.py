@@ -12,8 +12,10 @@ import time
 from functools import lru_cache
 from pathlib import Path
 
-from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Error, Message, MetricRecord, RecordDict
+from flwr.app import (Array, ArrayRecord, ConfigRecord, Context, Error, Message, MessageType, MetricRecord,
+                      RecordDict)
 from flwr.clientapp import ClientApp
+from flwr.clientapp.mod import fixedclipping_mod
 
 from cuvil_edge.agent.runtime import AgentRuntime
 from cuvil_edge.config import load_federation, load_site
@@ -28,6 +30,25 @@ app = ClientApp()
 
 #: Error code of replies for rejected packages and other site-side failures.
 SITE_ERROR_CODE = 4001
+#: Config key Flower's DifferentialPrivacyClientSideFixedClipping adds to train messages.
+CLIPPING_NORM_KEY = "clipping_norm"
+
+
+def central_dp(msg: Message) -> bool:
+    """Whether the coordinator runs central DP this round (it sent a clipping norm)."""
+    return CLIPPING_NORM_KEY in msg.content["config"]
+
+
+def central_dp_clipping_mod(msg: Message, context: Context, call_next) -> Message:
+    """Flower's ``fixedclipping_mod`` when the round runs central DP; otherwise a no-op.
+
+    The mod clips (reply - received arrays) to L2 <= the server's clipping norm. It
+    needs exactly one ArrayRecord and one ConfigRecord: the package travels inside
+    the single "config" record, so our messages qualify.
+    """
+    if msg.content.config_records and central_dp(msg):
+        return fixedclipping_mod(msg, context, call_next)
+    return call_next(msg, context)
 
 
 @lru_cache(maxsize=8)
@@ -60,6 +81,15 @@ def _agent(context: Context) -> tuple[AgentRuntime, int, int]:
     return AgentRuntime(site, state_dir, key), index, count
 
 
+def _local_dp() -> bool:
+    """The federation's ``local_dp`` switch, read from the agent's own copy of the file.
+
+    It is not taken from the coordinator's message: a coordinator cannot turn a
+    site's local DP off remotely.
+    """
+    return load_federation(RunSpec.from_env().federation).local_dp
+
+
 def _local_data(agent: AgentRuntime, index: int, count: int) -> tuple[digits.Split, digits.Split]:
     federation = load_federation(RunSpec.from_env().federation)
     d = federation.dataset
@@ -73,11 +103,18 @@ def _error(msg: Message, error: Exception) -> Message:
 
 
 def _budget_reply(msg: Message, agent: AgentRuntime, error: BudgetExhaustedError) -> Message:
+    """A clean "budget exhausted" reply: no update, the coordinator drops the site from the round.
+
+    Under central DP the reply carries the received weights unchanged (a zero
+    update) with weight 1, since Flower's accountant needs every sampled site's reply.
+    """
     ledger = agent.ledger()
-    metrics = MetricRecord({"num-examples": 0, "budget-exhausted": 1, "eps-spent": ledger.spent(),
-                            "eps-remaining": ledger.remaining()})
+    central = msg.metadata.message_type == MessageType.TRAIN and central_dp(msg)
+    metrics = MetricRecord({"num-examples": 1 if central else 0, "budget-exhausted": 1,
+                            "eps-spent": ledger.spent(), "eps-remaining": ledger.remaining()})
     log.warning("%s", error)
-    return Message(RecordDict({"arrays": ArrayRecord(), "metrics": metrics}), reply_to=msg)
+    arrays = msg.content["arrays"] if central else ArrayRecord()
+    return Message(RecordDict({"arrays": arrays, "metrics": metrics}), reply_to=msg)
 
 
 def _package(msg: Message, agent: AgentRuntime) -> bytes:
@@ -97,9 +134,13 @@ def query(msg: Message, context: Context) -> Message:
     return Message(RecordDict({"config": ConfigRecord({"site": agent.site.site})}), reply_to=msg)
 
 
-@app.train()
+@app.train(mods=[central_dp_clipping_mod])
 def train(msg: Message, context: Context) -> Message:
-    """Verify and build the package, then train locally with DP-SGD."""
+    """Verify and build the package, then train locally (DP-SGD unless ``local_dp: false``).
+
+    Under central DP the reply's ``num-examples`` is 1 for every site: Flower's
+    accountant needs equal weights, so FedAvg then averages sites equally.
+    """
     from cuvil_edge.agent.training import train_round
 
     try:
@@ -109,19 +150,23 @@ def train(msg: Message, context: Context) -> Message:
         ledger = agent.ledger()
         start = time.perf_counter()
         outcome = train_round(activated.package.graph, agent.site, train_data, ledger,
-                              int(msg.content["config"]["server-round"]), activated.package.manifest.version)
+                              int(msg.content["config"]["server-round"]), activated.package.manifest.version,
+                              local_dp=_local_dp())
         train_seconds = time.perf_counter() - start
     except BudgetExhaustedError as e:
         return _budget_reply(msg, agent, e)
     except CuvilError as e:
         return _error(msg, e)
     metrics = MetricRecord({
-        "num-examples": len(train_data.y), "eps-round": outcome.epsilon_round, "eps-spent": ledger.spent(),
-        "eps-remaining": ledger.remaining(), "noise-multiplier": outcome.noise_multiplier,
+        "num-examples": 1 if central_dp(msg) else len(train_data.y), "eps-round": outcome.epsilon_round,
+        "eps-spent": ledger.spent(), "eps-remaining": ledger.remaining(),
+        "noise-multiplier": outcome.noise_multiplier, "local-dp": int(outcome.noise_multiplier > 0),
         "build-seconds": activated.model.build_seconds, "verify-seconds": activated.verify_seconds,
         "train-seconds": train_seconds, "package-bytes": activated.package_bytes, "budget-exhausted": 0,
     })
-    arrays = ArrayRecord({k: Array(v) for k, v in outcome.weights.items()})
+    # Same keys in the same order as received (fixedclipping_mod checks this).
+    sent = list(msg.content["arrays"].keys()) or list(outcome.weights)
+    arrays = ArrayRecord({k: Array(outcome.weights[k]) for k in sent})
     return Message(RecordDict({"arrays": arrays, "metrics": metrics}), reply_to=msg)
 
 

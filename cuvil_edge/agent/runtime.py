@@ -3,7 +3,8 @@
 Imports neither torch nor onnx, so a box without PyTorch can still verify,
 compile and run packages.  All IO of the agent's state directory happens here:
 
-    <state_dir>/rollback.json     anti-rollback state (PACKAGE_SPEC, state file)
+    <state_dir>/anti_rollback.json  trusted root + anti-rollback state (PACKAGE_SPEC §11)
+    <state_dir>/keys/seal.key     the site's sealing key (`cuvil-edge agent keys init`), optional
     <state_dir>/ledger.sqlite     privacy ledger
     <state_dir>/packages/         received packages, by payload digest
     <state_dir>/build-cache/      compiled modules (pruned source kept for people)
@@ -21,7 +22,8 @@ import numpy as np
 from cuvil_edge.atomic import atomic_write
 from cuvil_edge.config.site import SiteConfig
 from cuvil_edge.device_targets import CompiledModel, build, load_target
-from cuvil_edge.ir_serialize import AntiRollbackState, VerifiedPackage, load_public_key, open_package
+from cuvil_edge.errors import KeyFileError
+from cuvil_edge.ir_serialize import AntiRollbackState, VerifiedPackage, open_package
 from cuvil_edge.privacy import PrivacyLedger
 
 #: Largest package an agent accepts (PACKAGE_SPEC limits); big enough for ResNet-class models.
@@ -39,17 +41,33 @@ class Activated:
 
 
 class AgentRuntime:
-    """One site's agent: owns its state directory and pinned coordinator key."""
+    """One site's agent: owns its state directory, pinned trust root and sealing key.
 
-    def __init__(self, site: SiteConfig, state_dir: Path, coordinator_public_key: Path,
-                 clock=time.time) -> None:
+    ``trust_root`` is the federation's root.json (PACKAGE_SPEC §10) used on first start;
+    afterwards the root stored in the state directory (updated by rotations the packages carry) wins.
+    """
+
+    def __init__(self, site: SiteConfig, state_dir: Path, trust_root: Path, clock=time.time,
+                 seal_key: Path | None = None) -> None:
         self.site = site
         self.state_dir = Path(state_dir)
         self.state_dir.mkdir(parents=True, exist_ok=True)
-        self.public_key = load_public_key(Path(coordinator_public_key))
+        self.root_path = Path(trust_root)
+        if self.root_path.suffix != ".json":
+            raise KeyFileError(f"{trust_root}: agents pin the federation's root.json (PACKAGE_SPEC §10), not a bare key")
+        try:
+            self.pinned_root = self.root_path.read_bytes()
+        except OSError as e:
+            raise KeyFileError(f"cannot read the pinned trust root {trust_root}: {e}") from e
         self.target = load_target(site.target)
         self.rollback = AntiRollbackState(self.state_dir)
         self.clock = clock
+        seal_path = Path(seal_key) if seal_key else self.state_dir / "keys" / "seal.key"
+        self.seal_key = None
+        if seal_key or seal_path.exists():
+            from cuvil_edge.ir_serialize.sealing import load_seal_private
+
+            self.seal_key = load_seal_private(seal_path)
 
     def ledger(self) -> PrivacyLedger:
         p = self.site.privacy
@@ -74,12 +92,17 @@ class AgentRuntime:
         """
         path = self._store(data)
         start = time.perf_counter()
-        package = open_package(path, public_key=self.public_key, site=self.site.site, target=self.target.name,
-                               now=int(self.clock()), last_version=self.rollback.last_version(self.site.site),
-                               max_package_bytes=MAX_PACKAGE_BYTES)
+        now = int(self.clock())
+        root = self.rollback.trust_root(self.pinned_root)
+        package = open_package(path, trust_root=root, site=self.site.site, target=self.target.name, now=now,
+                               state=self.rollback.snapshot(), max_package_bytes=MAX_PACKAGE_BYTES,
+                               seal_key=self.seal_key)
         verify_seconds = time.perf_counter() - start
-        # Durable before use: a crash after this point can never re-open an older package.
-        self.rollback.accept(self.site.site, package.manifest.version, package.payload_digest)
+        # Durable before use (PACKAGE_SPEC §11.3): a crash after this point never re-opens an older package.
+        m = package.manifest
+        self.rollback.accept(m.site, m.version, package.manifest_digest,
+                             release=(package.release.package, package.release.release_counter),
+                             issued_at=m.issued_at, root=package.root, root_envelope=package.root_envelope)
         model = build(package, self.target.name, cache_dir=self.state_dir / "build-cache",
                       precision=self.site.precision)
         return Activated(package, model, len(data), verify_seconds)

@@ -24,8 +24,16 @@ class TrainOutcome:
 
 
 def train_round(graph: Graph, site: SiteConfig, data: Split, ledger: PrivacyLedger,
-                server_round: int, package_version: int, seed: int | None = None) -> TrainOutcome:
+                server_round: int, package_version: int, seed: int | None = None,
+                local_dp: bool = True) -> TrainOutcome:
     """Reserve this round's DP-SGD spend, then train the graph's weights on ``data``.
+
+    Before anything is reserved or trained, the σ for the per-round target ε is
+    planned and the ledger asked whether (σ, q, steps) composed with everything
+    spent so far stays within the site's budget. With ``local_dp=False``
+    (federation ``local_dp: false``, e.g. central DP only) the round trains with
+    plain SGD, spends nothing and returns ``epsilon_round`` 0: the update itself
+    then carries no record-level guarantee.
 
     Raises:
         BudgetExhaustedError: the round would take the site over its budget
@@ -39,6 +47,8 @@ def train_round(graph: Graph, site: SiteConfig, data: Split, ledger: PrivacyLedg
     n = len(data.y)
     if n < t.batch_size:
         raise PrivacyError(f"site {site.site} has {n} examples, fewer than batch_size {t.batch_size}; lower it")
+    if not local_dp:
+        return _train_plain(graph, site, data, seed)
     plan = plan_dp_sgd(n, target_epsilon=p.epsilon_per_round, delta=p.delta, epochs=t.local_epochs,
                        batch_size=t.batch_size)
     sigma, sample_rate, steps = plan.noise_multiplier, plan.sample_rate, plan.steps
@@ -64,3 +74,34 @@ def train_round(graph: Graph, site: SiteConfig, data: Split, ledger: PrivacyLedg
     weights = {k: np.array(v) for k, v in graph.initializers.items() if v.dtype == np.float32}
     weights.update(model.ir_weights())
     return TrainOutcome(weights, result.epsilon, sigma, sample_rate, steps, result.final_loss)
+
+
+def _train_plain(graph: Graph, site: SiteConfig, data: Split, seed: int | None) -> TrainOutcome:
+    """Non-private minibatch SGD with the site's hyperparameters (no ledger spend)."""
+    import torch
+
+    from cuvil_edge.agent.torch_model import IRTorchModule
+
+    t = site.training
+    model = IRTorchModule(graph)
+    x = torch.from_numpy(np.ascontiguousarray(data.x, dtype=np.float32))
+    y = torch.from_numpy(np.asarray(data.y, dtype=np.int64))
+    optimizer = torch.optim.SGD(model.parameters(), lr=t.learning_rate, momentum=t.momentum)
+    criterion = torch.nn.CrossEntropyLoss()
+    steps, loss = 0, float("nan")
+    with torch.random.fork_rng(devices=[]):
+        if seed is not None:
+            torch.manual_seed(seed)
+        model.train()
+        for _ in range(t.local_epochs):
+            order = torch.randperm(len(y))
+            for start in range(0, len(y), t.batch_size):
+                idx = order[start:start + t.batch_size]
+                optimizer.zero_grad(set_to_none=True)
+                batch_loss = criterion(model(x[idx]), y[idx])
+                batch_loss.backward()
+                optimizer.step()
+                steps, loss = steps + 1, float(batch_loss.detach())
+    weights = {k: np.array(v) for k, v in graph.initializers.items() if v.dtype == np.float32}
+    weights.update(model.ir_weights())
+    return TrainOutcome(weights, 0.0, 0.0, t.batch_size / len(y), steps, loss)

@@ -2,6 +2,53 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Optional
+
 import typer
+from rich.console import Console
 
 agent_app = typer.Typer(no_args_is_help=True, help="Agent-side commands (run on the site's device).")
+console = Console()
+
+DEFAULT_STATE = Path(".cuvil")
+
+
+@agent_app.command("infer")
+def infer_cmd(package: Path = typer.Argument(..., help="signed package for this site"),
+              site: Path = typer.Option(..., "--site", help="this site's YAML"),
+              input: Path = typer.Option(..., "--input", help=".npy batch, one record per row"),
+              epsilon: float = typer.Option(..., "--epsilon", help="ε this release spends from the site's ledger"),
+              output: Optional[Path] = typer.Option(None, "--output", help=".npy file for the noisy outputs"),
+              state_dir: Optional[Path] = typer.Option(None, "--state-dir",
+                                                       help="agent state directory (default: the site's "
+                                                            "agent.state_dir, else .cuvil/agents/<site>)"),
+              key: Optional[Path] = typer.Option(None, "--key", help="pinned trust root root.json (default: "
+                                                 "the site's agent.coordinator_public_key, else "
+                                                 ".cuvil/keys/root.json)"),
+              clip_l1: float = typer.Option(1.0, "--clip-l1", help="L1 bound of each output row "
+                                            "(sensitivity 2·C per release)")) -> None:
+    """Verify and build PACKAGE, run it on --input, and release the outputs under ε-DP."""
+    import numpy as np
+
+    from cuvil_edge.agent.inference import infer_private
+    from cuvil_edge.agent.runtime import AgentRuntime
+    from cuvil_edge.config import load_site
+    from cuvil_edge.errors import ConfigError
+
+    config = load_site(site)
+    try:
+        x = np.load(input, allow_pickle=False)
+        data = package.read_bytes()
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"cannot read input: {e}") from e
+    state = state_dir or config.agent.state_dir or DEFAULT_STATE / "agents" / config.site
+    pub = key or config.agent.coordinator_public_key or DEFAULT_STATE / "keys" / "root.json"
+    result = infer_private(AgentRuntime(config, state, pub), data, x, epsilon, clip_l1=clip_l1)
+    if output is not None:
+        np.save(output, result.values, allow_pickle=False)
+        console.print(f"wrote {output} {result.values.shape}")
+    else:
+        console.print(result.values)
+    console.print(f"released {result.output_name} at ε={result.epsilon:g} (L1 sensitivity {result.sensitivity:g}); "
+                  f"site {config.site} has spent ε={result.eps_spent:.3f}, {result.eps_remaining:.3f} left")

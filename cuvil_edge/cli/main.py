@@ -110,10 +110,12 @@ def demo(federation: Path = typer.Option(Path("configs/federation.yaml"), help="
 def _mount_subcommands() -> None:
     """Command groups live in their own modules (one owner each); they are mounted here."""
     from cuvil_edge.cli.agent_cmd import agent_app
+    from cuvil_edge.cli.agent_keys_cmd import agent_keys_app
     from cuvil_edge.cli.keys_cmd import keys_app
     from cuvil_edge.cli.privacy_cmd import privacy_app
 
     app.add_typer(keys_app, name="keys")
+    agent_app.add_typer(agent_keys_app, name="keys")
     app.add_typer(agent_app, name="agent")
     app.add_typer(privacy_app, name="privacy")
 

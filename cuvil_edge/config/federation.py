@@ -36,6 +36,22 @@ class SimulationSection(_Strict):
     ray_cpus: int = Field(ge=1, default=2)
 
 
+class CentralDpSection(_Strict):
+    """User-level (site-level) central DP with Flower's client-side fixed clipping.
+
+    Each site's update (new - received weights) is clipped to L2 <= clipping_norm by
+    Flower's ``fixedclipping_mod`` on the agent; the coordinator adds Gaussian noise of
+    std noise_multiplier * clipping_norm / m to the average of the m replies, and
+    Flower's RDP accountant reports the (ε, delta) of the aggregates released so far.
+    See docs/PRIVACY.md.
+    """
+
+    enabled: bool = False
+    noise_multiplier: float = Field(gt=0, le=1000, default=1.0)
+    clipping_norm: float = Field(gt=0, default=1.0)
+    delta: float = Field(gt=0, lt=1e-2, default=1e-5)
+
+
 class FederationConfig(_Strict):
     """One federation: which model goes to which sites for how many rounds."""
 
@@ -48,6 +64,10 @@ class FederationConfig(_Strict):
     simulation: SimulationSection = SimulationSection()
     round_timeout: float = Field(gt=0, default=600.0)
     seed: int = 0
+    #: Local (record-level) DP-SGD on every site, paid from each site's ledger. With
+    #: false, sites train with plain SGD and only their evaluation releases spend.
+    local_dp: bool = True
+    central_dp: CentralDpSection = CentralDpSection()
 
     @field_validator("sites", mode="before")
     @classmethod

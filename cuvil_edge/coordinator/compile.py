@@ -14,10 +14,14 @@ from cuvil_edge.frontend import load_model
 from cuvil_edge.ir.cost import node_flops, total_flops, total_macs
 from cuvil_edge.ir.graph import Graph
 from cuvil_edge.passes import OptimizeReport, optimize
-from cuvil_edge.ir_serialize import Manifest, decode_payload, load_private_key, load_public_key, write_package
+from cuvil_edge.coordinator.keys import load_signing_keys
+from cuvil_edge.ir_serialize import (
+    Manifest, ReleaseStatement, decode_payload, encode_payload, key_id, load_pinned_root, load_public_key, sign_release,
+    write_package,
+)
 from cuvil_edge.atomic import atomic_write
+from cuvil_edge.ir_serialize.dsse import verify_threshold
 from cuvil_edge.ir_serialize.package import split_package
-from cuvil_edge.ir_serialize.signing import verify_manifest_signature
 
 #: `inspect` reads files up to this size (the agent applies its own, configured limit).
 INSPECT_MAX_BYTES = 4 * 1024**3
@@ -77,12 +81,15 @@ def compile_for_site(model: Path, site_file: Path, output: Path, key: Path, vali
     if not model.is_file():
         raise ConfigError(f"{model}: model file not found")
     site = load_site(site_file)
-    signing_key = load_private_key(key)
+    keys = load_signing_keys(key)
     graph, report = optimize_model(model)
-    version = VersionCounter(versions).next(site.site)
+    counters = VersionCounter(versions)
+    version = counters.next(site.site)
+    payload = encode_payload(graph)
+    release = sign_release(payload, "model", counters.next("release:model"), [site.target], keys.release)
     now = int(time.time())
-    data = write_package(graph, site=site.site, target=site.target, version=version, signing_key=signing_key,
-                         issued_at=now, expires=now + validity)
+    data = write_package(None, site=site.site, target=site.target, version=version, signing_key=keys.coordinator,
+                         issued_at=now, expires=now + validity, release=release, payload=payload, roots=keys.roots)
     atomic_write(output, data, mode=0o644)
     return CompileResult(site.site, site.target, version, len(data), len(graph.nodes), report)
 
@@ -108,11 +115,21 @@ def inspect_package(path: Path, public_key: Path | None = None) -> PackageInfo:
     except OSError as e:
         raise ConfigError(f"{path}: cannot read package ({e.strerror})") from e
     parts = split_package(memoryview(data), INSPECT_MAX_BYTES)
-    signature = "not checked (pass --key to verify)"
+    signature = "not checked (pass --key coordinator.pub or root.json to verify)"
     if public_key is not None:
-        verify_manifest_signature(parts.manifest_bytes, parts.signature, load_public_key(public_key))
-        signature = "valid"
-    manifest = Manifest.from_bytes(parts.manifest_bytes)
+        if public_key.suffix == ".json":  # a trust root: both signatures, by role
+            root = load_pinned_root(_read(public_key))
+            root.verify(parts.release, "release")
+            root.verify(parts.manifest, "coordinator")
+            signature = f"valid (release and coordinator roles of root v{root.version})"
+        else:
+            pub = load_public_key(public_key)
+            verify_threshold(parts.manifest, {key_id(pub): pub}, [key_id(pub)], 1, "coordinator")
+            signature = "valid (manifest, coordinator key)"
+    manifest = Manifest.from_bytes(parts.manifest.body)
+    release = ReleaseStatement.from_bytes(parts.release.body)
+    if manifest.sealed is not None:
+        raise ConfigError(f"{path}: the payload is sealed for site {manifest.site!r}; only that site can inspect it")
     graph = decode_payload(parts.payload)
     flops = node_flops(graph)
     per_op: dict[str, tuple[int, int]] = {}
@@ -120,4 +137,13 @@ def inspect_package(path: Path, public_key: Path | None = None) -> PackageInfo:
         count, total = per_op.get(node.op_type, (0, 0))
         per_op[node.op_type] = (count + 1, total + flops[node.name])
     tensors = [(name, str(a.dtype), list(a.shape), int(a.nbytes)) for name, a in sorted(graph.initializers.items())]
-    return PackageInfo(signature, manifest.to_dict(), per_op, tensors, sum(flops.values()), graph.parameter_bytes())
+    shown = {k: v for k, v in manifest.to_dict().items() if k != "regions"}
+    shown.update(regions=len(manifest.regions), release_counter=release.release_counter)
+    return PackageInfo(signature, shown, per_op, tensors, sum(flops.values()), graph.parameter_bytes())
+
+
+def _read(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read ({e.strerror})") from e

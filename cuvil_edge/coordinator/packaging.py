@@ -8,20 +8,22 @@ already accepted (agents reject anything not strictly newer).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
 from cuvil_edge.atomic import atomic_write
 from cuvil_edge.config.site import SiteConfig
-from cuvil_edge.errors import StateError
+from cuvil_edge.coordinator.keys import SigningKeys
+from cuvil_edge.errors import KeyFileError, StateError
 from cuvil_edge.ir.graph import Graph
 from cuvil_edge.ir.infer import with_initializers
-from cuvil_edge.ir_serialize import write_package
+from cuvil_edge.ir_serialize import SignedRelease, encode_payload, sign_release, write_package
 
 
 @dataclass(frozen=True)
@@ -58,26 +60,49 @@ class VersionCounter:
 
 
 class PackageFactory:
-    """Signs one package per site from the current global weights."""
+    """Signs one package per site from the current global weights (PACKAGE_SPEC §3).
 
-    def __init__(self, graph: Graph, sites: Sequence[SiteConfig], signing_key, versions: VersionCounter,
-                 validity_seconds: int, clock: Callable[[], float] = time.time) -> None:
+    ``signing_key`` is a :class:`~cuvil_edge.coordinator.keys.SigningKeys` (coordinator key,
+    release key, root chain).  Every distinct payload gets one release statement with the next
+    release counter; each site then gets its own manifest (and, when ``seal_keys`` has the site,
+    a payload sealed for it).
+    """
+
+    def __init__(self, graph: Graph, sites: Sequence[SiteConfig], signing_key: SigningKeys, versions: VersionCounter,
+                 validity_seconds: int, clock: Callable[[], float] = time.time, package: str = "model",
+                 seal_keys: Mapping[str, Any] | None = None) -> None:
+        if not isinstance(signing_key, SigningKeys):
+            raise KeyFileError("PackageFactory needs SigningKeys (coordinator.keys.load_signing_keys), not a bare key")
         self.graph = graph
         self.sites = {s.site: s for s in sites}
-        self.signing_key = signing_key
+        self.keys = signing_key
         self.versions = versions
         self.validity_seconds = validity_seconds
         self.clock = clock
+        self.package = package
+        self.seal_keys = dict(seal_keys or {})
+        self._release: tuple[str, SignedRelease] | None = None
 
     def graph_with(self, arrays: Mapping[str, np.ndarray]) -> Graph:
         """The model graph carrying ``arrays`` as its weights."""
         return with_initializers(self.graph, arrays)
 
+    def _release_for(self, payload: bytes) -> SignedRelease:
+        digest = hashlib.sha256(payload).hexdigest()
+        if self._release is None or self._release[0] != digest:
+            counter = self.versions.next(f"release:{self.package}")
+            targets = sorted({s.target for s in self.sites.values()})
+            self._release = (digest, sign_release(payload, self.package, counter, targets, self.keys.release))
+        return self._release[1]
+
     def issue(self, site: str, arrays: Mapping[str, np.ndarray]) -> IssuedPackage:
         """A freshly versioned, signed package of the model with ``arrays`` for ``site``."""
         config = self.sites[site]
+        payload = encode_payload(self.graph_with(arrays))
+        release = self._release_for(payload)
         now = int(self.clock())
         version = self.versions.next(site)
-        data = write_package(self.graph_with(arrays), site=site, target=config.target, version=version,
-                             signing_key=self.signing_key, issued_at=now, expires=now + self.validity_seconds)
+        data = write_package(None, site=site, target=config.target, version=version, signing_key=self.keys.coordinator,
+                             issued_at=now, expires=now + self.validity_seconds, release=release, payload=payload,
+                             seal_to=self.seal_keys.get(site), roots=self.keys.roots)
         return IssuedPackage(site, version, data)

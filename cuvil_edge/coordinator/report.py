@@ -11,6 +11,9 @@ from cuvil_edge.config.site import SiteConfig
 
 log = logging.getLogger(__name__)
 
+#: Status of a site whose ledger refused the round (set by coordinator.strategy).
+EXHAUSTED_STATUS = "budget exhausted"
+
 
 class RunReport:
     """Collects global accuracy and per-site statistics round by round."""
@@ -20,9 +23,14 @@ class RunReport:
         self.sites = list(sites)
         self.rounds: list[dict] = []
 
-    def add_round(self, server_round: int, accuracy: float, site_stats: dict[str, dict]) -> dict:
-        entry = {"round": server_round, "global_accuracy": accuracy,
-                 "sites": {s.site: {"target": s.target, **site_stats.get(s.site, {})} for s in self.sites}}
+    def add_round(self, server_round: int, accuracy: float, site_stats: dict[str, dict],
+                  central: dict | None = None) -> dict:
+        """Record one round; ``central`` is the central-DP accounting (None without central DP)."""
+        sites = {s.site: {"target": s.target, **site_stats.get(s.site, {})} for s in self.sites}
+        entry = {"round": server_round, "global_accuracy": accuracy, "sites": sites,
+                 "dropped_out": sorted(k for k, v in sites.items() if v.get("status") == EXHAUSTED_STATUS)}
+        if central is not None:
+            entry["central_dp"] = central
         self.rounds.append(entry)
         log.info("%s", format_round(entry))
         self.write_json()
@@ -49,6 +57,10 @@ class RunReport:
         for site in self.sites:
             eps = [r["sites"][site.site].get("eps-spent", 0.0) for r in self.rounds]
             ax_eps.plot(rounds, eps, marker="o", label=f"{site.site} ({site.target})")
+        central = [(r["round"], r["central_dp"]["epsilon"]) for r in self.rounds
+                   if r.get("central_dp", {}).get("epsilon") is not None]
+        if central:
+            ax_eps.plot(*zip(*central), marker="s", color="black", label="central ε (site-level)")
         budget = max(s.privacy.epsilon_budget for s in self.sites)
         ax_eps.axhline(budget, color="grey", linestyle="--", label="budget")
         ax_eps.set(title="ε spent per site", xlabel="round", ylabel="ε (δ per site config)")
@@ -74,5 +86,14 @@ def format_round(entry: dict) -> str:
             f"{s.get('package-bytes', 0) / 1024:>9.1f}{1000 * s.get('train-build-seconds', float('nan')):>10.1f}"
             f"{s.get('eval-accuracy', float('nan')):>11.3f}"
         )
+    if entry.get("dropped_out"):
+        lines.append(f"  ! {', '.join(entry['dropped_out'])}: privacy budget exhausted; left out of this round's "
+                     "average (the run goes on with the others)")
+    central = entry.get("central_dp")
+    if central is not None:
+        eps = central.get("epsilon")
+        shown = "no accountant" if eps is None else f"ε = {eps:.3f} at δ = {central['delta']:g}"
+        lines.append(f"  central DP (site-level, σ={central['noise_multiplier']:g}, clip {central['clipping_norm']:g}): "
+                     f"{shown}" + ("" if central.get("released") else " (no aggregate released this round)"))
     lines.append("  * local accuracy is released with Laplace noise (ε per site config)")
     return "\n".join(lines)

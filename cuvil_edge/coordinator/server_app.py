@@ -14,10 +14,12 @@ from cuvil_edge.config.run_spec import RunSpec
 from cuvil_edge.coordinator.model import load_federation_model
 from cuvil_edge.coordinator.packaging import PackageFactory, VersionCounter
 from cuvil_edge.coordinator.report import RunReport
-from cuvil_edge.coordinator.strategy import SitePackageFedAvg, arrays_to_numpy
+from cuvil_edge.config.federation import FederationConfig
+from cuvil_edge.coordinator.strategy import (CentralDpFixedClipping, SitePackageFedAvg, SitePackages,
+                                             arrays_to_numpy)
 from cuvil_edge.datasets import digits
 from cuvil_edge.ir import interpreter
-from cuvil_edge.ir_serialize import load_private_key
+from cuvil_edge.coordinator.keys import load_signing_keys
 
 log = logging.getLogger(__name__)
 
@@ -35,12 +37,10 @@ def run_federation(grid: Grid, spec: RunSpec) -> RunReport:
     sites = federation.load_sites()
     graph = load_federation_model(federation.model, federation.seed)
     run_dir = Path(spec.run_dir)
-    factory = PackageFactory(graph, sites, load_private_key(Path(spec.coordinator_key)),
+    factory = PackageFactory(graph, sites, load_signing_keys(Path(spec.coordinator_key)),
                              VersionCounter(run_dir / "coordinator" / "versions.json"),
                              federation.package.validity_seconds)
-    n = len(sites)
-    strategy = SitePackageFedAvg(factory, fraction_train=1.0, fraction_evaluate=1.0, min_train_nodes=n,
-                                 min_evaluate_nodes=n, min_available_nodes=n)
+    sites_strategy, strategy = make_strategy(federation, factory, len(sites))
     test = digits.global_test(federation.dataset.test_fraction)
     report = RunReport(run_dir, sites)
     trainable = {k: v for k, v in graph.initializers.items() if v.dtype == np.float32}
@@ -49,10 +49,35 @@ def run_federation(grid: Grid, spec: RunSpec) -> RunReport:
         model = factory.graph_with(arrays_to_numpy(arrays))
         probs = interpreter.run(model, {model.inputs[0].name: test.x})[model.outputs[0].name]
         accuracy = float((probs.argmax(axis=1) == test.y).mean())
-        report.add_round(server_round, accuracy, strategy.rounds.get(server_round, {}))
+        report.add_round(server_round, accuracy, sites_strategy.rounds.get(server_round, {}),
+                         central=sites_strategy.central.get(server_round))
         return MetricRecord({"accuracy": accuracy})
 
     strategy.start(grid, ArrayRecord({k: Array(np.array(v)) for k, v in trainable.items()}),
                    num_rounds=spec.rounds, timeout=federation.round_timeout, evaluate_fn=evaluate)
     report.plot()
     return report
+
+
+def make_strategy(federation: FederationConfig, factory: PackageFactory, n: int):
+    """(the per-site FedAvg, the strategy to run): the same object unless central DP wraps it.
+
+    Central DP accounts with Flower's RDP accountant (needs ``dp-accounting``) for
+    sampling every site every round (NO_AMPLIFICATION), add-or-remove-one site.
+    """
+    kwargs = dict(fraction_train=1.0, fraction_evaluate=1.0, min_train_nodes=n, min_evaluate_nodes=n,
+                  min_available_nodes=n)
+    dp = federation.central_dp
+    if not dp.enabled:
+        strategy = SitePackageFedAvg(factory, **kwargs)
+        return strategy, strategy
+    from flwr.serverapp import NeighboringRelation, PrivacyConfig, SamplingMethod
+    from flwr.supercore.privacy_accounting.rdp_accountant import RdpAccountant
+
+    inner = SitePackages(factory, **kwargs)
+    accountant = RdpAccountant(PrivacyConfig(target_delta=dp.delta, population_size=n,
+                                             neighboring_relation=NeighboringRelation.ADD_OR_REMOVE_ONE,
+                                             sampling_method=SamplingMethod.NO_AMPLIFICATION))
+    return inner, CentralDpFixedClipping(inner, noise_multiplier=dp.noise_multiplier,
+                                         clipping_norm=dp.clipping_norm, num_sampled_clients=n,
+                                         accountant=accountant)

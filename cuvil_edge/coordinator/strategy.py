@@ -5,6 +5,11 @@ subclass only (1) learns which site each node is with a QUERY message,
 (2) swaps the shared message content for a per-site one carrying that site's
 package, and (3) keeps per-site round statistics, dropping sites that reply
 "budget exhausted" from the average instead of failing the round.
+
+With central DP, ``SitePackages`` (whose ``aggregate_train`` is FedAvg's, as
+Flower's accountant demands) is wrapped by :class:`CentralDpFixedClipping`, a
+``DifferentialPrivacyClientSideFixedClipping`` that records the same statistics
+and reports the central ε of every round.
 """
 
 from __future__ import annotations
@@ -15,9 +20,10 @@ from typing import Iterable
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.serverapp import Grid
-from flwr.serverapp.strategy import FedAvg
+from flwr.serverapp.strategy import DifferentialPrivacyClientSideFixedClipping, FedAvg
 
 from cuvil_edge.coordinator.packaging import PackageFactory
+from cuvil_edge.coordinator.report import EXHAUSTED_STATUS
 
 log = logging.getLogger(__name__)
 
@@ -31,14 +37,19 @@ def arrays_to_numpy(arrays: ArrayRecord) -> dict[str, np.ndarray]:
     return {name: array.numpy() for name, array in arrays.items()}
 
 
-class SitePackageFedAvg(FedAvg):
-    """FedAvg whose messages each carry the receiving site's own signed package."""
+class SitePackages(FedAvg):
+    """FedAvg whose messages each carry the receiving site's own signed package.
+
+    Its ``aggregate_train`` is FedAvg's (so Flower's DP wrapper may account it);
+    :class:`SitePackageFedAvg` adds dropping exhausted sites for plain runs.
+    """
 
     def __init__(self, factory: PackageFactory, **fedavg_kwargs) -> None:
         super().__init__(**fedavg_kwargs)
         self.factory = factory
         self.node_to_site: dict[int, str] = {}
-        self.rounds: dict[int, dict] = {}
+        self.rounds: dict[int, dict] = {}  # round -> site -> statistics
+        self.central: dict[int, dict] = {}  # round -> central-DP accounting (CentralDpFixedClipping)
 
     # -- node -> site ---------------------------------------------------------
     def _resolve_sites(self, grid: Grid, node_ids: Iterable[int]) -> None:
@@ -90,8 +101,14 @@ class SitePackageFedAvg(FedAvg):
     def _site_stats(self, server_round: int, site: str) -> dict:
         return self.rounds.setdefault(server_round, {}).setdefault(site, {})
 
-    def _record(self, server_round: int, replies: Iterable[Message], prefix: str) -> list[Message]:
-        """Store each site's metrics; return the replies that should be aggregated."""
+    def _record(self, server_round: int, replies: Iterable[Message], prefix: str,
+                keep_exhausted: bool = False) -> list[Message]:
+        """Store each site's metrics; return the replies that should be aggregated.
+
+        A "budget exhausted" reply is dropped unless ``keep_exhausted`` (central DP:
+        the reply then carries the unchanged weights, a zero update, so that the
+        accountant's fixed sample size holds).
+        """
         kept = []
         for reply in replies:
             site = self.node_to_site.get(reply.metadata.src_node_id, f"node-{reply.metadata.src_node_id}")
@@ -104,15 +121,48 @@ class SitePackageFedAvg(FedAvg):
             stats.update({f"{prefix}-{k}" if k not in ("eps-spent", "eps-remaining") else k: v
                           for k, v in metrics.items()})
             if metrics.get(EXHAUSTED_METRIC):
-                stats["status"] = "budget exhausted"
-                log.warning("site %s dropped out of round %d: privacy budget exhausted", site, server_round)
+                stats["status"] = EXHAUSTED_STATUS
+                log.warning("site %s dropped out of round %d (%s): privacy budget exhausted; the round goes on "
+                            "with the other sites", site, server_round, prefix)
+                if keep_exhausted and prefix == "train":
+                    kept.append(reply)
                 continue
             stats.setdefault("status", "ok")
             kept.append(reply)
         return kept
 
+    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
+        return super().aggregate_evaluate(server_round, self._record(server_round, replies, "eval"))
+
+
+class SitePackageFedAvg(SitePackages):
+    """:class:`SitePackages` that leaves "budget exhausted" replies out of the average."""
+
     def aggregate_train(self, server_round: int, replies: Iterable[Message]):
         return super().aggregate_train(server_round, self._record(server_round, replies, "train"))
 
-    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
-        return super().aggregate_evaluate(server_round, self._record(server_round, replies, "eval"))
+
+class CentralDpFixedClipping(DifferentialPrivacyClientSideFixedClipping):
+    """Flower's client-side fixed-clipping central DP around :class:`SitePackages`.
+
+    Records per-site statistics before Flower validates and noises the aggregate,
+    and stores the accountant's cumulative (ε, δ) in ``strategy.central[r]``.
+    Flower's accountant needs exactly ``num_sampled_clients`` replies with equal
+    weights: agents report ``num-examples`` 1 under central DP, and an exhausted
+    site answers with a zero update instead of being dropped. A round with an
+    error reply, or fewer replies, is skipped (no aggregate, no ε spent).
+    """
+
+    strategy: SitePackages
+
+    def aggregate_train(self, server_round: int, replies: Iterable[Message]):
+        replies = self.strategy._record(server_round, replies, "train", keep_exhausted=True)
+        result = super().aggregate_train(server_round, replies)
+        spent = self.privacy_spent()
+        central = {"released": result[0] is not None, "noise_multiplier": self.noise_multiplier,
+                   "clipping_norm": self.clipping_norm}
+        if spent is not None:
+            central.update(epsilon=float(spent.epsilon), delta=float(spent.delta),
+                           releases=int(spent.num_releases))
+        self.strategy.central[server_round] = central
+        return result

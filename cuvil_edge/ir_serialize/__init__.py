@@ -1,12 +1,12 @@
-"""The package layer (layer 2): IR container, per-site manifest, Ed25519 signing,
-verification without IO, and durable anti-rollback state.
+"""The package layer (layer 2): IR container, release statement and per-site manifest (DSSE,
+Ed25519), trust root with rotation, sealing, verification without IO, durable anti-rollback state.
 
 ``docs/PACKAGE_SPEC.md`` is the normative description; code comments cite its sections.
 """
 
 from cuvil_edge.ir_serialize.container import decode_payload, encode_payload
-from cuvil_edge.ir_serialize.manifest import Manifest
-from cuvil_edge.ir_serialize.package import write_package
+from cuvil_edge.ir_serialize.manifest import Manifest, Region, ReleaseStatement
+from cuvil_edge.ir_serialize.package import SignedRelease, payload_regions, sign_release, write_package
 from cuvil_edge.ir_serialize.signing import (
     generate_keypair,
     key_id,
@@ -15,23 +15,14 @@ from cuvil_edge.ir_serialize.signing import (
     save_private_key,
     save_public_key,
 )
-from cuvil_edge.ir_serialize.state import AcceptedVersion, AntiRollbackState
+from cuvil_edge.ir_serialize.state import AcceptedVersion, AntiRollbackState, RollbackSnapshot
+from cuvil_edge.ir_serialize.trust import TrustRoot, apply_root_chain, load_pinned_root, make_root, sign_root, update_root
 from cuvil_edge.ir_serialize.verify import VerifiedPackage, open_package, verify_package
 
 __all__ = [
-    "AcceptedVersion",
-    "AntiRollbackState",
-    "Manifest",
-    "VerifiedPackage",
-    "decode_payload",
-    "encode_payload",
-    "generate_keypair",
-    "key_id",
-    "load_private_key",
-    "load_public_key",
-    "open_package",
-    "save_private_key",
-    "save_public_key",
-    "verify_package",
-    "write_package",
+    "AcceptedVersion", "AntiRollbackState", "Manifest", "Region", "ReleaseStatement", "RollbackSnapshot",
+    "SignedRelease", "TrustRoot", "VerifiedPackage", "apply_root_chain", "decode_payload", "encode_payload",
+    "generate_keypair", "key_id", "load_pinned_root", "load_private_key", "load_public_key", "make_root",
+    "open_package", "payload_regions", "save_private_key", "save_public_key", "sign_release", "sign_root",
+    "update_root", "verify_package", "write_package",
 ]

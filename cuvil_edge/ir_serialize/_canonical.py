@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any, Iterable, Mapping
 
-from cuvil_edge.errors import PackageFormatError
+from cuvil_edge.errors import BadNameError, DuplicateKeyError, PackageFormatError, UnsupportedFormatError
 
 #: Largest integer any schema field may hold (fits a signed 64-bit int everywhere).
 MAX_INT = 2**63 - 1
@@ -35,7 +35,7 @@ def _pairs_hook(what: str):
         result: dict[str, Any] = {}
         for key, value in pairs:
             if key in result:
-                raise PackageFormatError(f"{what} has the key {key!r} twice; duplicate JSON keys are not allowed")
+                raise DuplicateKeyError(f"{what} has the key {key!r} twice; duplicate JSON keys are not allowed")
             result[key] = value
         return result
 
@@ -87,7 +87,7 @@ def fields(obj: Any, required: Iterable[str], where: str) -> Mapping[str, Any]:
     if missing:
         raise PackageFormatError(f"{where} lacks required field(s) {missing}")
     if unknown:
-        raise PackageFormatError(f"{where} has unknown field(s) {unknown}; this reader rejects anything unknown")
+        raise UnsupportedFormatError(f"{where} has unknown field(s) {unknown}; this reader rejects anything unknown")
     return obj
 
 
@@ -149,3 +149,76 @@ def get_list(obj: Mapping[str, Any], key: str, where: str) -> list[Any]:
     if not isinstance(value, list):
         raise PackageFormatError(f"{where} field {key!r} must be a JSON array, got {type(value).__name__}")
     return value
+
+
+def check_name(value: Any, where: str, *, max_len: int = 256) -> str:
+    """An identifier-like name (site, target, package): no ``/``, ``\\``, ``..``, NUL or control
+    characters (PACKAGE_SPEC §1.3); such names are never used as file paths, but are refused anyway.
+
+    Raises:
+        BadNameError: the name holds a forbidden character or sequence.
+        PackageFormatError: not a string, empty or too long.
+    """
+    if isinstance(value, str) and ("/" in value or "\\" in value or ".." in value or "\0" in value):
+        raise BadNameError(f"{where} {value!r:.80} contains '/', '\\', '..' or NUL (PACKAGE_SPEC §1.3)")
+    if isinstance(value, str) and any(ord(c) < 0x20 or ord(c) == 0x7F for c in value):
+        raise BadNameError(f"{where} contains control characters (PACKAGE_SPEC §1.3)")
+    return check_str(value, where, max_len=max_len)
+
+
+def check_tensor_name(value: Any, where: str) -> str:
+    """A tensor name: any text without NUL or control characters, not starting with ``/`` and
+    without a ``..`` path component (PACKAGE_SPEC §1.3).
+
+    Raises:
+        BadNameError: the name holds NUL, control characters or a path-like component.
+    """
+    if isinstance(value, str):
+        if any(ord(c) < 0x20 or ord(c) == 0x7F for c in value):
+            raise BadNameError(f"{where} {value!r:.80} contains NUL or control characters (PACKAGE_SPEC §1.3)")
+        if value.startswith(("/", "\\")) or ".." in value.replace("\\", "/").split("/"):
+            raise BadNameError(f"{where} {value!r:.80} looks like a path (leading '/' or a '..' part)")
+    return check_str(value, where, max_len=4096)
+
+
+def hex_digest(value: Any, where: str) -> str:
+    """``value`` if it is 64 lowercase hex digits.
+
+    Raises:
+        PackageFormatError: anything else.
+    """
+    if not (isinstance(value, str) and len(value) == 64 and all(c in "0123456789abcdef" for c in value)):
+        raise PackageFormatError(f"{where} must be 64 lowercase hex digits")
+    return value
+
+
+def b64decode_strict(value: Any, where: str, max_bytes: int) -> bytes:
+    """Standard base64 with padding, in its one canonical spelling.
+
+    Raises:
+        DeclaredLengthError: the decoded bytes would exceed ``max_bytes`` (checked before decoding).
+        PackageFormatError: not a string or not canonical base64.
+    """
+    import base64
+    import binascii
+
+    from cuvil_edge.errors import DeclaredLengthError
+
+    if not isinstance(value, str):
+        raise PackageFormatError(f"{where} must be a base64 string")
+    if len(value) > 4 * -(-max_bytes // 3):
+        raise DeclaredLengthError(f"{where} decodes to more than {max_bytes} bytes")
+    try:
+        raw = base64.b64decode(value.encode("ascii"), validate=True)
+    except (binascii.Error, UnicodeEncodeError, ValueError) as e:
+        raise PackageFormatError(f"{where} is not valid base64 ({e})") from e
+    if base64.b64encode(raw).decode("ascii") != value:
+        raise PackageFormatError(f"{where} is not canonical base64")
+    return raw
+
+
+def b64encode(data: bytes) -> str:
+    """Standard base64 with padding."""
+    import base64
+
+    return base64.b64encode(bytes(data)).decode("ascii")

@@ -17,11 +17,16 @@ from typing import Any, Union
 
 import numpy as np
 
-from cuvil_edge.errors import PackageFormatError, PackageSizeError, PayloadDigestError
+from cuvil_edge.errors import (
+    BadShapeError, DeclaredLengthError, PackageFormatError, PayloadDigestError, RegionLayoutError, TrailingDataError,
+    TruncatedPackageError, UnsupportedFormatError,
+)
 from cuvil_edge.ir import dtypes
 from cuvil_edge.ir.graph import Graph, readonly
 from cuvil_edge.ir.infer import MAX_DIM
-from cuvil_edge.ir_serialize._canonical import canonical_json, check_int, fields, get_int, get_list, get_str, parse_json
+from cuvil_edge.ir_serialize._canonical import (
+    canonical_json, check_int, check_tensor_name, fields, get_int, get_list, get_str, parse_json,
+)
 from cuvil_edge.ir_serialize.graph_codec import MAX_RANK, graph_from_dict, graph_to_dict
 
 Buffer = Union[bytes, bytearray, memoryview, mmap.mmap]
@@ -62,19 +67,26 @@ class TensorEntry:
         t = fields(obj, TENSOR_KEYS, where)
         dtype = get_str(t, "dtype", where)
         if dtype not in dtypes.SUPPORTED:
-            raise PackageFormatError(f"{where} has unsupported dtype {dtype!r}")
+            raise UnsupportedFormatError(f"{where} has unsupported dtype {dtype!r:.40}")
         shape = get_list(t, "shape", where)
         if len(shape) > MAX_RANK:
-            raise PackageFormatError(f"{where} has rank {len(shape)}, more than {MAX_RANK}")
-        dims = tuple(check_int(d, f"{where} dim", 0, MAX_DIM) for d in shape)
-        entry = TensorEntry(get_str(t, "name", where), dtype, dims, get_int(t, "offset", where),
+            raise BadShapeError(f"{where} has rank {len(shape)}, more than {MAX_RANK}")
+        dims = tuple(_dim(d, where) for d in shape)
+        entry = TensorEntry(check_tensor_name(t["name"], f"{where} name"), dtype, dims, get_int(t, "offset", where),
                             get_int(t, "length", where), _hex_digest(t["sha256"], where))
         expected = math.prod(dims) * dtypes.itemsize(dtype)  # python ints: no overflow
         if expected != entry.length:
-            raise PackageFormatError(
+            raise BadShapeError(
                 f"{where} ({entry.name!r}): shape {list(dims)} of {dtype} needs {expected} bytes, length says {entry.length}"
             )
         return entry
+
+
+def _dim(value: Any, where: str) -> int:
+    try:
+        return check_int(value, f"{where} dim", 0, MAX_DIM)
+    except PackageFormatError as e:
+        raise BadShapeError(str(e)) from e
 
 
 def _hex_digest(value: Any, where: str) -> str:
@@ -144,11 +156,32 @@ def decode_payload(buffer: Buffer, *, max_header_bytes: int = MAX_HEADER_BYTES, 
         PayloadDigestError: a tensor's bytes do not match its sha256 (``check_digests``).
     """
     view = byte_view(buffer)
+    layout = read_layout(view, max_header_bytes=max_header_bytes)
+    arrays = {e.name: _tensor_view(view, layout.data_start, e, check_digests) for e in layout.entries}
+    return graph_from_dict(layout.header["graph"], arrays)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The checked structure of a container (PACKAGE_SPEC §6.4), before any tensor is viewed."""
+
+    header: Any
+    header_end: int
+    data_start: int
+    entries: list[TensorEntry]
+
+
+def read_layout(view: memoryview, *, max_header_bytes: int = MAX_HEADER_BYTES) -> Layout:
+    """Prelude, header schema, region layout and zero padding of a container (no digests, no graph).
+
+    Raises:
+        PackageSizeError / PackageFormatError (leaf types): see :func:`decode_payload`.
+    """
     header_len = _read_prelude(view, max_header_bytes)
     header_end = PRELUDE.size + header_len
     header = fields(parse_json(view[PRELUDE.size:header_end], "payload header"), HEADER_KEYS, "payload header")
     if get_int(header, "format", "payload header") != FORMAT_VERSION:
-        raise PackageFormatError(f"payload header format {header['format']} is not supported (this reader: {FORMAT_VERSION})")
+        raise UnsupportedFormatError(f"payload header format {header['format']} is not supported (this reader: {FORMAT_VERSION})")
     entries = [TensorEntry.from_dict(row, i) for i, row in enumerate(get_list(header, "tensors", "payload header"))]
     names = [e.name for e in entries]
     if any(a >= b for a, b in zip(names, names[1:])):
@@ -156,24 +189,23 @@ def decode_payload(buffer: Buffer, *, max_header_bytes: int = MAX_HEADER_BYTES, 
     data_start = align(header_end)
     _check_layout(entries, data_start, len(view))
     _check_padding(view, entries, header_end, data_start)
-    arrays = {e.name: _tensor_view(view, data_start, e, check_digests) for e in entries}
-    return graph_from_dict(header["graph"], arrays)
+    return Layout(header, header_end, data_start, entries)
 
 
 def _read_prelude(view: memoryview, max_header_bytes: int) -> int:
     if len(view) < PRELUDE.size:
-        raise PackageSizeError(f"the payload is {len(view)} bytes, shorter than its {PRELUDE.size}-byte prelude")
+        raise TruncatedPackageError(f"the payload is {len(view)} bytes, shorter than its {PRELUDE.size}-byte prelude")
     magic, version, reserved, header_len = PRELUDE.unpack_from(view, 0)
     if magic != MAGIC:
         raise PackageFormatError(f"the payload does not start with the container magic {MAGIC!r} (got {magic!r})")
     if version != FORMAT_VERSION:
-        raise PackageFormatError(f"container format version {version} is not supported (this reader: {FORMAT_VERSION})")
+        raise UnsupportedFormatError(f"container format version {version} is not supported (this reader: {FORMAT_VERSION})")
     if reserved != 0:
         raise PackageFormatError("the container prelude's reserved field must be 0")
     if header_len > max_header_bytes:
-        raise PackageSizeError(f"the payload header declares {header_len} bytes, over the {max_header_bytes}-byte cap")
+        raise DeclaredLengthError(f"the payload header declares {header_len} bytes, over the {max_header_bytes}-byte cap")
     if header_len > len(view) - PRELUDE.size:
-        raise PackageSizeError(f"the payload header declares {header_len} bytes but only {len(view) - PRELUDE.size} follow")
+        raise DeclaredLengthError(f"the payload header declares {header_len} bytes but only {len(view) - PRELUDE.size} follow")
     return header_len
 
 
@@ -182,19 +214,19 @@ def _check_layout(entries: list[TensorEntry], data_start: int, total: int) -> No
     end = 0
     for e in entries:
         if e.offset % ALIGN:
-            raise PackageFormatError(f"tensor {e.name!r} starts at offset {e.offset}, not a multiple of {ALIGN}")
+            raise RegionLayoutError(f"tensor {e.name!r} starts at offset {e.offset}, not a multiple of {ALIGN}")
         if e.offset < end:
-            raise PackageFormatError(f"tensor {e.name!r} at offset {e.offset} overlaps the previous region (ends at {end})")
+            raise RegionLayoutError(f"tensor {e.name!r} at offset {e.offset} overlaps the previous region (ends at {end})")
         if e.offset != align(end):
-            raise PackageFormatError(f"tensor {e.name!r} at offset {e.offset} leaves a gap; expected {align(end)}")
+            raise RegionLayoutError(f"tensor {e.name!r} at offset {e.offset} leaves a gap; expected {align(end)}")
         end = e.offset + e.length
         if data_start + end > total:
-            raise PackageSizeError(f"tensor {e.name!r} ends at byte {data_start + end}, past the payload end ({total})")
+            raise TruncatedPackageError(f"tensor {e.name!r} ends at byte {data_start + end}, past the payload end ({total})")
     expected = data_start + align(end)
     if total < expected:
-        raise PackageSizeError(f"the payload is {total} bytes, its layout needs {expected}; it is truncated")
+        raise TruncatedPackageError(f"the payload is {total} bytes, its layout needs {expected}; it is truncated")
     if total > expected:
-        raise PackageFormatError(f"the payload has {total - expected} bytes after its last region; trailing data is not allowed")
+        raise TrailingDataError(f"the payload has {total - expected} bytes after its last region; trailing data is not allowed")
 
 
 def _check_padding(view: memoryview, entries: list[TensorEntry], header_end: int, data_start: int) -> None:
@@ -204,7 +236,7 @@ def _check_padding(view: memoryview, entries: list[TensorEntry], header_end: int
         gaps.append((data_start + e.offset + e.length, stop))
     for start, stop in gaps:
         if any(view[start:stop]):
-            raise PackageFormatError(f"padding bytes {start}..{stop} are not all zero")
+            raise RegionLayoutError(f"padding bytes {start}..{stop} are not all zero")
 
 
 def _tensor_view(view: memoryview, data_start: int, e: TensorEntry, check_digest: bool) -> np.ndarray:

@@ -54,7 +54,7 @@ def verify_manifest_signature(manifest_bytes: bytes, signature: bytes, public_ke
 
 def key_id(public_key: Ed25519PublicKey) -> str:
     """sha256 hex of the raw 32-byte public key (PACKAGE_SPEC §10)."""
-    return hashlib.sha256(_raw_public(public_key)).hexdigest()
+    return hashlib.sha256(raw_public(public_key)).hexdigest()
 
 
 def generate_keypair() -> tuple[Ed25519PrivateKey, Ed25519PublicKey]:
@@ -101,7 +101,7 @@ def save_public_key(key: Ed25519PublicKey, path: PathLike) -> None:
         KeyFileError: the file cannot be written.
     """
     try:
-        atomic_write(Path(path), _raw_public(key).hex().encode("ascii") + b"\n", mode=0o644)
+        atomic_write(Path(path), raw_public(key).hex().encode("ascii") + b"\n", mode=0o644)
     except OSError as e:
         raise KeyFileError(f"cannot write public key file {path}: {e}") from e
 
@@ -118,7 +118,8 @@ def load_public_key(path: PathLike) -> Ed25519PublicKey:
     return Ed25519PublicKey.from_public_bytes(bytes.fromhex(text))
 
 
-def _raw_public(key: Ed25519PublicKey) -> bytes:
+def raw_public(key: Ed25519PublicKey) -> bytes:
+    """The raw 32-byte public key."""
     return key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
 
 

@@ -12,11 +12,11 @@ import pytest
 
 from cuvil_edge.agent.runtime import AgentRuntime
 from cuvil_edge.config import load_site
-from cuvil_edge.coordinator.keys import init_keys
+from cuvil_edge.coordinator.keys import init_keys, load_signing_keys
 from cuvil_edge.errors import RollbackError, SignatureError, WrongSiteError
 from cuvil_edge.frontend import load_model
 from cuvil_edge.frontend.demo_model import digits_cnn_onnx
-from cuvil_edge.ir_serialize import load_private_key, write_package
+from cuvil_edge.ir_serialize import write_package
 
 SITES = Path(__file__).resolve().parents[2] / "configs" / "sites"
 
@@ -30,8 +30,9 @@ def setup(tmp_path):
 
     def package(version, site_id="fleet-c", target="ascend-310", key=private):
         now = int(time.time())
-        return write_package(graph, site=site_id, target=target, version=version,
-                             signing_key=load_private_key(key), issued_at=now, expires=now + 60)
+        keys = load_signing_keys(key)
+        return write_package(graph, site=site_id, target=target, version=version, signing_key=keys.coordinator,
+                             release_key=keys.release, issued_at=now, expires=now + 60)
 
     return agent, package, tmp_path
 
@@ -46,13 +47,14 @@ def test_activated_package_matches_onnxruntime(setup):
     assert activated.model.target.name == "ascend-310"
 
 
-def test_replayed_package_is_refused_after_acceptance(setup):
+def test_redelivery_is_idempotent_and_older_is_refused(setup):
     agent, package, _ = setup
     first = package(1)
     agent.activate(first)
+    agent.activate(first)  # same version, same manifest digest: accepted again (PACKAGE_SPEC §11)
+    agent.activate(package(2))
     with pytest.raises(RollbackError):
         agent.activate(first)
-    agent.activate(package(2))
 
 
 def test_rejections_accept_nothing(setup):
@@ -75,7 +77,7 @@ def test_inference_path_imports_neither_torch_nor_onnx(setup):
         from cuvil_edge.agent.runtime import AgentRuntime
         from cuvil_edge.config import load_site
         agent = AgentRuntime(load_site({str(SITES / 'fleet-c.yaml')!r}), {str(tmp_path / 'state2')!r},
-                             {str(tmp_path / 'keys' / 'coordinator.pub')!r})
+                             {str(tmp_path / 'keys' / 'root.json')!r})
         activated = agent.activate(open({str(tmp_path / 'p.cpkg')!r}, 'rb').read())
         activated.model.run({{"image": np.zeros((2, 1, 8, 8), np.float32)}})
         heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'onnx', 'opacus', 'flwr'))

@@ -66,5 +66,31 @@ def test_site_out_of_budget_drops_out_and_the_run_goes_on(tmp_path):
     assert second["fleet-c"]["status"] == "budget exhausted"
     assert second["fleet-c"]["eps-spent"] <= 3.8
     assert second["hospital-a"]["status"] == second["factory-b"]["status"] == "ok"
+    assert rounds[1]["dropped_out"] == [] and rounds[2]["dropped_out"] == ["fleet-c"]
+    assert second["fleet-c"]["train-num-examples"] == 0  # its reply carried no update
     assert "budget exhausted" in proc.stdout
+    assert "fleet-c: privacy budget exhausted; left out of this round's average" in proc.stdout
     assert rounds[2]["global_accuracy"] > rounds[0]["global_accuracy"]
+
+
+def test_central_dp_wraps_the_strategy_and_reports_its_epsilon(tmp_path):
+    """Flower's client-side fixed clipping + RDP accountant, with local DP-SGD switched off."""
+    configs = tmp_path / "configs"
+    (configs / "sites").mkdir(parents=True)
+    text = (ROOT / "configs" / "federation.yaml").read_text()
+    text = text.replace("local_dp: true", "local_dp: false").replace("  enabled: false", "  enabled: true")
+    (configs / "federation.yaml").write_text(text)
+    for site in (ROOT / "configs" / "sites").glob("*.yaml"):
+        (configs / "sites" / site.name).write_text(site.read_text())
+    proc, run_dir = run_demo(tmp_path, 2, configs / "federation.yaml")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rounds = json.loads((run_dir / "metrics.json").read_text())["rounds"]
+    # nm = 1, all 3 of 3 sites, delta 1e-5: Flower's RDP accountant (notes/flower-1.42.md section 4)
+    assert [r["central_dp"]["epsilon"] for r in rounds[1:]] == pytest.approx([4.73, 7.08], abs=0.01)
+    assert all(r["central_dp"]["released"] for r in rounds[1:])
+    for site, stats in rounds[2]["sites"].items():
+        assert stats["status"] == "ok", (site, stats)
+        assert stats["train-num-examples"] == 1  # equal weights, as the accountant requires
+        assert stats["train-eps-round"] == 0.0  # local DP-SGD off: only evaluation releases spend
+        assert stats["eps-spent"] == pytest.approx(0.2)
+    assert "central DP (site-level" in proc.stdout

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
 import struct
 
@@ -10,9 +12,11 @@ import pytest
 
 from cuvil_edge.ir.graph import Node, TensorType, Value
 from cuvil_edge.ir.infer import build_graph
-from cuvil_edge.ir_serialize import container, generate_keypair, write_package
-from cuvil_edge.ir_serialize.package import assemble
-from cuvil_edge.ir_serialize.signing import sign_manifest
+from cuvil_edge.ir_serialize import (
+    AcceptedVersion, RollbackSnapshot, container, generate_keypair, load_pinned_root, make_root, sign_root, write_package,
+)
+from cuvil_edge.ir_serialize.dsse import sign_envelope
+from cuvil_edge.ir_serialize.manifest import MANIFEST_TYPE, RELEASE_TYPE
 
 SITE, TARGET = "site-a", "cpu-x86"
 ISSUED, EXPIRES, NOW = 1_700_000_000, 1_700_600_000, 1_700_000_100
@@ -40,21 +44,85 @@ def graph():
     return mlp_graph()
 
 
+def make_keys():
+    """One private key per role."""
+    return {role: generate_keypair()[0] for role in ("root", "release", "coordinator")}
+
+
+def make_trust(keys, version=1, expires=EXPIRES + 10**6, thresholds=None):
+    """(TrustRoot, root.json bytes) with one key per role, self-signed by the root key."""
+    root = make_root(version, expires, {r: [k.public_key()] for r, k in keys.items()}, thresholds)
+    data = sign_root(root, [keys["root"]])
+    return load_pinned_root(data), data
+
+
 @pytest.fixture(scope="session")
 def keys():
-    return generate_keypair()
+    return make_keys()
+
+
+@pytest.fixture(scope="session")
+def trust(keys):
+    return make_trust(keys)[0]
+
+
+def make_package(graph, keys, version=5, **over):
+    kw = dict(issued_at=ISSUED, expires=EXPIRES, release_key=keys["release"], release_counter=3)
+    kw.update(over)
+    site, target = kw.pop("site", SITE), kw.pop("target", TARGET)
+    return write_package(graph, site, target, version, kw.pop("signing_key", keys["coordinator"]), **kw)
 
 
 @pytest.fixture
 def package(graph, keys):
-    return write_package(graph, SITE, TARGET, 5, keys[0], issued_at=ISSUED, expires=EXPIRES)
+    return make_package(graph, keys)
 
 
-def verify_kwargs(keys, **over):
+STATE = RollbackSnapshot(time_floor=ISSUED - 10, sites={SITE: AcceptedVersion(4, "0" * 64)}, releases={"model": 2})
+
+
+def verify_kwargs(trust, **over):
     """Arguments under which the standard ``package`` fixture verifies."""
-    kw = dict(public_key=keys[1], site=SITE, target=TARGET, now=NOW, last_version=4, max_package_bytes=LIMIT)
+    kw = dict(trust_root=trust, site=SITE, target=TARGET, now=NOW, state=STATE, max_package_bytes=LIMIT)
     kw.update(over)
     return kw
+
+
+def envelope_doc(pkg: bytes):
+    """(outer envelope dict, payload bytes) of a package."""
+    _, _, n, _ = PKG_PRELUDE.unpack_from(pkg, 0)
+    s = PKG_PRELUDE.size
+    return json.loads(pkg[s:s + n]), pkg[container.align(s + n):]
+
+
+def reassemble(doc, payload: bytes) -> bytes:
+    """A package from an (edited) envelope dict and payload, laid out correctly."""
+    env = json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+    head = PKG_PRELUDE.pack(b"CUVLSPK\0", 2, len(env), 0) + env
+    return head + bytes(container.align(len(head)) - len(head)) + payload
+
+
+def resign(pkg: bytes, keys, *, manifest=None, release=None, payload=None, manifest_keys=None, release_keys=None):
+    """Edit the decoded manifest/release dicts (callables) and re-sign them with trusted (or given) keys."""
+    doc, body = envelope_doc(pkg)
+    rel_body = base64.b64decode(doc["release"]["payload"])
+    if release is not None:
+        d = json.loads(rel_body)
+        release(d)
+        rel_body = _canon(d)
+    rel = sign_envelope(RELEASE_TYPE, rel_body, release_keys or [keys["release"]])
+    man = json.loads(base64.b64decode(doc["manifest"]["payload"]))
+    man["release_sha256"] = hashlib.sha256(rel_body).hexdigest()
+    if manifest is not None:
+        manifest(man)
+    m = sign_envelope(MANIFEST_TYPE, _canon(man) if not isinstance(man, bytes) else man,
+                      manifest_keys or [keys["coordinator"]])
+    doc["manifest"], doc["release"] = m.to_dict(), rel.to_dict()
+    return reassemble(doc, body if payload is None else payload)
+
+
+def _canon(d) -> bytes:
+    return json.dumps(d, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
 
 
 def split_payload(payload: bytes) -> tuple[bytes, bytes]:
@@ -76,11 +144,6 @@ def mutate_header(payload: bytes, change) -> bytes:
     doc = json.loads(header)
     change(doc)
     return build_payload(json.dumps(doc, sort_keys=True, separators=(",", ":")).encode(), data)
-
-
-def sign_package(manifest_bytes: bytes, payload: bytes, key) -> bytes:
-    """A validly signed package around arbitrary manifest bytes and payload."""
-    return assemble(manifest_bytes, sign_manifest(manifest_bytes, key), payload)
 
 
 def flip(data: bytes, index: int) -> bytes:

@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import numpy as np
-from conftest import EXPIRES, ISSUED, NOW, SITE, TARGET, mlp_graph
+from conftest import EXPIRES, ISSUED, NOW, SITE, TARGET, make_keys, make_trust, mlp_graph
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from cuvil_edge.errors import PackageError
 from cuvil_edge.ir.graph import Node, TensorType, Value
 from cuvil_edge.ir.infer import build_graph
-from cuvil_edge.ir_serialize import decode_payload, encode_payload, generate_keypair, verify_package, write_package
+from cuvil_edge.ir_serialize import decode_payload, encode_payload, verify_package, write_package
+from cuvil_edge.ir_serialize.manifest import Manifest
 
-KEY, PUBLIC = generate_keypair()
+KEYS = make_keys()
+TRUST = make_trust(KEYS)[0]
 SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
@@ -41,12 +43,18 @@ def mlp_graphs(draw):
 
 
 @SETTINGS
-@given(graph=mlp_graphs(), version=st.integers(1, 2**40))
-def test_random_graphs_round_trip_through_signed_packages(graph, version):
-    pkg = write_package(graph, SITE, TARGET, version, KEY, issued_at=ISSUED, expires=EXPIRES)
-    verified = verify_package(pkg, public_key=PUBLIC, site=SITE, target=TARGET, now=NOW,
-                              last_version=version - 1, max_package_bytes=len(pkg))
+@given(graph=mlp_graphs(), version=st.integers(1, 2**40), counter=st.integers(0, 2**40),
+       nonce=st.one_of(st.none(), st.text(min_size=1, max_size=20).filter(lambda t: all(ord(c) >= 32 and ord(c) != 127 for c in t))),
+       lifetime=st.integers(NOW - ISSUED + 1, 2**31))
+def test_random_graphs_and_manifests_round_trip_through_signed_packages(graph, version, counter, nonce, lifetime):
+    pkg = write_package(graph, SITE, TARGET, version, KEYS["coordinator"], issued_at=ISSUED, expires=ISSUED + lifetime,
+                        release_key=KEYS["release"], release_counter=counter, nonce=nonce)
+    verified = verify_package(pkg, trust_root=TRUST, site=SITE, target=TARGET, now=NOW, max_package_bytes=len(pkg),
+                              expected_nonce=nonce)
     assert verified.graph.to_dict() == graph.to_dict()
+    m = verified.manifest
+    assert (m.version, m.nonce, m.expires, verified.release.release_counter) == (version, nonce, ISSUED + lifetime, counter)
+    assert Manifest.from_bytes(m.to_bytes()) == m
     whole = np.frombuffer(pkg, dtype=np.uint8)
     for name, array in graph.initializers.items():
         got = verified.graph.initializers[name]
@@ -54,13 +62,13 @@ def test_random_graphs_round_trip_through_signed_packages(graph, version):
         assert np.shares_memory(got, whole)
 
 
-PKG = write_package(mlp_graph(), SITE, TARGET, 5, KEY, issued_at=ISSUED, expires=EXPIRES)
+PKG = write_package(mlp_graph(), SITE, TARGET, 5, KEYS["coordinator"], issued_at=ISSUED, expires=EXPIRES,
+                    release_key=KEYS["release"])
 PAYLOAD = encode_payload(mlp_graph())
 
 
 def _verify(data: bytes):
-    return verify_package(data, public_key=PUBLIC, site=SITE, target=TARGET, now=NOW, last_version=4,
-                          max_package_bytes=1 << 20)
+    return verify_package(data, trust_root=TRUST, site=SITE, target=TARGET, now=NOW, max_package_bytes=1 << 20)
 
 
 @SETTINGS

@@ -11,7 +11,9 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
-from cuvil_edge.errors import KeyFileError, PackageFormatError, RollbackError, StateError
+from cuvil_edge.errors import (BadNameError, DigestConflictError, KeyFileError, PackageFormatError,
+                               ReleaseRollbackError, RollbackError, StateError, UnsupportedFormatError)
+from cuvil_edge.ir_serialize.manifest import Region, ReleaseStatement, Sealed
 from cuvil_edge.ir_serialize import (AntiRollbackState, Manifest, generate_keypair, key_id, load_private_key,
                                      load_public_key, save_private_key, save_public_key)
 from cuvil_edge.ir_serialize.signing import pae, sign_manifest, verify_manifest_signature
@@ -20,6 +22,13 @@ DIGEST = hashlib.sha256(b"payload").hexdigest()
 
 
 # --- state --------------------------------------------------------------------------
+def _state(**over):
+    doc = {"format": 2, "root": None, "revoked": [], "time_floor": 0, "sites": {}, "releases": {}}
+    doc.update(over)
+    return json.dumps(doc).encode()
+
+
+
 def test_state_starts_empty(tmp_path):
     assert AntiRollbackState(tmp_path / "state").last_version("site-a") is None
 
@@ -40,20 +49,49 @@ def test_state_file_is_private_and_no_temp_file_left(tmp_path):
     assert os.listdir(tmp_path / "s") == ["anti_rollback.json"]
 
 
-def test_state_refuses_older_or_same_version(tmp_path):
+def test_state_refuses_older_version_and_equal_version_with_other_digest(tmp_path):
     state = AntiRollbackState(tmp_path)
     state.accept("site-a", 3, DIGEST)
-    for version in (2, 3):
-        with pytest.raises(RollbackError):
-            state.accept("site-a", version, DIGEST)
+    with pytest.raises(RollbackError):
+        state.accept("site-a", 2, DIGEST)
+    with pytest.raises(DigestConflictError):
+        state.accept("site-a", 3, "1" * 64)
+    state.accept("site-a", 3, DIGEST)  # idempotent re-delivery
     assert state.last_version("site-a") == 3
+
+
+def test_state_keeps_release_counters_and_time_floor(tmp_path):
+    state = AntiRollbackState(tmp_path)
+    state.accept("site-a", 1, DIGEST, release=("model", 4), issued_at=100)
+    state.accept("site-a", 2, DIGEST, release=("model", 4), issued_at=50)
+    snap = state.snapshot()
+    assert snap.releases == {"model": 4} and snap.time_floor == 100
+    with pytest.raises(ReleaseRollbackError):
+        state.accept("site-a", 3, DIGEST, release=("model", 3))
+
+
+def test_state_persists_rotated_root(tmp_path):
+    import json as _json
+    from conftest import make_keys, make_trust
+    from cuvil_edge.ir_serialize import make_root, sign_root, update_root
+    keys = make_keys()
+    trust, pinned = make_trust(keys)
+    new = make_keys()["coordinator"]
+    v2 = sign_root(make_root(2, trust.expires, {"root": [keys["root"].public_key()],
+                   "release": [keys["release"].public_key()], "coordinator": [new.public_key()]}), [keys["root"]])
+    rotated = update_root(trust, v2)
+    state = AntiRollbackState(tmp_path)
+    assert state.trust_root(pinned).version == 1
+    state.accept("site-a", 1, DIGEST, root=rotated, root_envelope=_json.loads(v2))
+    again = AntiRollbackState(tmp_path).trust_root(pinned)
+    assert again.version == 2 and again.revoked == rotated.revoked and state.snapshot().root_version == 2
 
 
 @pytest.mark.parametrize(
     "content",
-    [b"", b"{not json", b'{"format":1,"sites":{"a":{"version":1}}}', b'{"format":1,"format":1,"sites":{}}',
-     b'{"format":1,"sites":{"a":{"version":true,"digest":"' + DIGEST.encode() + b'"}}}', b'{"format":2,"sites":{}}',
-     b'{"format":1,"sites":{},"extra":0}', b"\xff\xfe"],
+    [b"", b"{not json", _state(sites={"a": {"version": 1}}), _state().replace(b'"format": 2', b'"format": 2, "format": 2'),
+     _state(sites={"a": {"version": True, "digest": DIGEST}}), _state(format=3),
+     _state(extra=0), b"\xff\xfe"],
     ids=["empty", "garbage", "missing-digest", "duplicate-key", "bool-version", "future-format", "unknown-field",
          "bad-utf8"],
 )
@@ -72,40 +110,46 @@ def test_state_rejects_bad_digest(tmp_path):
         AntiRollbackState(tmp_path).accept("a", 1, "xyz")
 
 
-# --- manifest -----------------------------------------------------------------------
+# --- manifest and release statement ---------------------------------------------------
 def _manifest(**over):
-    fields = dict(site="s", target="t", version=2, issued_at=10, expires=20, payload_sha256=DIGEST, payload_length=5)
+    region = Region("header", "", 0, 64, DIGEST)
+    fields = dict(package="model", site="s", target="t", version=2, issued_at=10, expires=20, nonce=None,
+                  release_sha256=DIGEST, payload_length=64, sealed=None, regions=(region,))
     fields.update(over)
     return Manifest(**fields)
 
 
-def test_manifest_round_trips_through_dict_and_bytes():
-    m = _manifest()
-    assert Manifest.from_dict(m.to_dict()) == m
+def test_manifest_and_release_round_trip_through_bytes():
+    m = _manifest(nonce="abc", sealed=Sealed(DIGEST, 200))
     assert Manifest.from_bytes(m.to_bytes()) == m
     assert m.to_bytes() == json.dumps(m.to_dict(), sort_keys=True, separators=(",", ":")).encode()
+    r = ReleaseStatement("model", 7, ("a", "b"), m.regions)
+    assert ReleaseStatement.from_bytes(r.to_bytes()) == r
 
 
 @pytest.mark.parametrize(
-    ("change", "message"),
+    ("change", "error"),
     [
-        (lambda d: d.update(extra=1), "unknown"),
-        (lambda d: d.pop("expires"), "lacks"),
-        (lambda d: d.update(version=True), "integer"),
-        (lambda d: d.update(version=1.0), "integer"),
-        (lambda d: d.update(version=-1), "outside"),
-        (lambda d: d.update(site=""), "empty"),
-        (lambda d: d.update(payload_sha256=DIGEST.upper()), "hex"),
-        (lambda d: d.update(format=2), "not supported"),
-        (lambda d: d.update(expires=5), "not after"),
+        (lambda d: d.update(extra=1), UnsupportedFormatError),
+        (lambda d: d.pop("expires"), PackageFormatError),
+        (lambda d: d.update(version=True), PackageFormatError),
+        (lambda d: d.update(version=1.0), PackageFormatError),
+        (lambda d: d.update(version=-1), PackageFormatError),
+        (lambda d: d.update(site=""), PackageFormatError),
+        (lambda d: d.update(site="a/b"), BadNameError),
+        (lambda d: d.update(release_sha256=DIGEST.upper()), PackageFormatError),
+        (lambda d: d.update(format=1), UnsupportedFormatError),
+        (lambda d: d.update(expires=5), PackageFormatError),
+        (lambda d: d["regions"][0].update(kind="blob"), UnsupportedFormatError),
     ],
-    ids=["unknown-field", "missing-field", "bool", "float", "negative", "empty-site", "upper-hex", "format", "window"],
+    ids=["unknown-field", "missing-field", "bool", "float", "negative", "empty-site", "slash-site", "upper-hex",
+         "format", "window", "region-kind"],
 )
-def test_manifest_from_dict_rejects(change, message):
+def test_manifest_from_bytes_rejects(change, error):
     doc = _manifest().to_dict()
     change(doc)
-    with pytest.raises(PackageFormatError, match=message):
-        Manifest.from_dict(doc)
+    with pytest.raises(error):
+        Manifest.from_bytes(json.dumps(doc, sort_keys=True, separators=(",", ":")).encode())
 
 
 def test_manifest_from_bytes_rejects_non_canonical():

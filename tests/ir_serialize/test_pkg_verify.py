@@ -1,251 +1,370 @@
-"""Signed package verification: round trip and one named test per attack (PACKAGE_SPEC §7)."""
+"""verify_package: the happy paths, then one named test per attack (issue 4 item 7, PACKAGE_SPEC §12)."""
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import mmap
 
 import numpy as np
 import pytest
-from conftest import (EXPIRES, ISSUED, LIMIT, SITE, TARGET, flip, mutate_header, sign_package,
-                      verify_kwargs)
-
-from cuvil_edge.errors import (ExpiredPackageError, PackageError, PackageFormatError, PackageSizeError,
-                               PayloadDigestError, RollbackError, SignatureError, WrongSiteError, WrongTargetError)
-from cuvil_edge.ir_serialize import Manifest, generate_keypair, open_package, verify_package, write_package
-from cuvil_edge.ir_serialize.container import ALIGN, encode_payload
-from cuvil_edge.ir_serialize.package import MAX_MANIFEST_BYTES, PRELUDE
-
-
-def _manifest_span(pkg: bytes) -> tuple[int, int]:
-    _, _, m_len, _ = PRELUDE.unpack_from(pkg, 0)
-    return PRELUDE.size, PRELUDE.size + m_len
-
-
-def _manifest_for(payload: bytes, **over) -> Manifest:
-    fields = dict(site=SITE, target=TARGET, version=5, issued_at=ISSUED, expires=EXPIRES,
-                  payload_sha256=hashlib.sha256(payload).hexdigest(), payload_length=len(payload))
-    fields.update(over)
-    return Manifest(**fields)
-
-
-def _resigned(graph, keys, **over) -> bytes:
-    """A validly signed package whose manifest has fields ``over``."""
-    payload = encode_payload(graph)
-    return sign_package(_manifest_for(payload, **over).to_bytes(), payload, keys[0])
-
-
-# --- round trip -----------------------------------------------------------------
-def test_round_trip(graph, keys, package):
-    verified = verify_package(package, **verify_kwargs(keys))
-    assert verified.graph.to_dict() == graph.to_dict()
-    for name, array in graph.initializers.items():
-        np.testing.assert_array_equal(verified.graph.initializers[name], array)
-        assert np.shares_memory(verified.graph.initializers[name], np.frombuffer(package, dtype=np.uint8))
-    assert verified.manifest.site == SITE and verified.manifest.version == 5
-    assert verified.size == len(package)
-    assert len(package) % ALIGN == 0
-
-
-def test_first_package_accepted_without_previous_version(keys, package):
-    assert verify_package(package, **verify_kwargs(keys, last_version=None)).manifest.version == 5
-
-
-def test_open_package_maps_file_without_copying(tmp_path, graph, keys, package):
-    path = tmp_path / "model.cpk"
-    path.write_bytes(package)
-    verified = open_package(path, **verify_kwargs(keys))
-    array = verified.graph.initializers["w1"]
-    base = array
-    while not isinstance(base, memoryview):
-        base = base.base
-    assert isinstance(base.obj, mmap.mmap)
-    np.testing.assert_array_equal(array, graph.initializers["w1"])
-
-
-def test_open_package_rejects_oversize_file_before_mapping(tmp_path, keys, package):
-    path = tmp_path / "big.cpk"
-    path.write_bytes(package)
-    with pytest.raises(PackageSizeError, match="limit"):
-        open_package(path, **verify_kwargs(keys, max_package_bytes=len(package) - 1))
-
-
-def test_open_package_missing_file(tmp_path, keys):
-    with pytest.raises(PackageError, match="nope.cpk"):
-        open_package(tmp_path / "nope.cpk", **verify_kwargs(keys))
-
-
-# --- attacks: one named test each -------------------------------------------------
-def test_tampered_manifest_byte_rejected(keys, package):
-    start, _ = _manifest_span(package)
-    with pytest.raises(SignatureError):
-        verify_package(flip(package, start + 10), **verify_kwargs(keys))
-
-
-def test_tampered_signature_rejected(keys, package):
-    _, end = _manifest_span(package)
-    with pytest.raises(SignatureError):
-        verify_package(flip(package, end + 3), **verify_kwargs(keys))
-
-
-def test_tampered_payload_byte_rejected(keys, package):
-    with pytest.raises(PayloadDigestError, match="sha256"):
-        verify_package(flip(package, len(package) - ALIGN), **verify_kwargs(keys))
-
-
-def test_untrusted_key_rejected(keys, package):
-    _, other_public = generate_keypair()
-    with pytest.raises(SignatureError, match="pinned"):
-        verify_package(package, **verify_kwargs(keys, public_key=other_public))
-
-
-def test_package_for_other_site_rejected(keys, package):
-    with pytest.raises(WrongSiteError, match="site-a"):
-        verify_package(package, **verify_kwargs(keys, site="site-b"))
-
-
-def test_package_for_other_target_rejected(keys, package):
-    with pytest.raises(WrongTargetError, match="cpu-x86"):
-        verify_package(package, **verify_kwargs(keys, target="npu"))
-
-
-def test_expired_package_rejected(keys, package):
-    with pytest.raises(ExpiredPackageError, match="expired"):
-        verify_package(package, **verify_kwargs(keys, now=EXPIRES))
-
-
-def test_not_yet_valid_package_rejected(keys, package):
-    with pytest.raises(ExpiredPackageError, match="future"):
-        verify_package(package, **verify_kwargs(keys, now=ISSUED - 301))
-
-
-def test_small_clock_skew_tolerated(keys, package):
-    assert verify_package(package, **verify_kwargs(keys, now=ISSUED - 299)).manifest.version == 5
-
-
-def test_older_version_rejected(keys, package):
-    with pytest.raises(RollbackError, match="not newer"):
-        verify_package(package, **verify_kwargs(keys, last_version=6))
-
-
-def test_same_version_rejected(keys, package):
-    with pytest.raises(RollbackError, match="not newer"):
-        verify_package(package, **verify_kwargs(keys, last_version=5))
-
-
-def test_truncated_envelope_rejected(keys, package):
-    _, end = _manifest_span(package)
-    with pytest.raises(PackageSizeError, match="truncated"):
-        verify_package(package[:end], **verify_kwargs(keys))
-
-
-def test_truncated_prelude_rejected(keys, package):
-    with pytest.raises(PackageSizeError, match="prelude"):
-        verify_package(package[:10], **verify_kwargs(keys))
-
-
-def test_truncated_payload_rejected(keys, package):
-    with pytest.raises(PayloadDigestError, match="bytes"):
-        verify_package(package[:-ALIGN], **verify_kwargs(keys))
-
-
-def test_trailing_bytes_rejected(keys, package):
-    with pytest.raises(PayloadDigestError, match="bytes"):
-        verify_package(package + b"\0" * 64, **verify_kwargs(keys))
-
-
-def test_oversize_package_rejected(keys, package):
-    with pytest.raises(PackageSizeError, match="limit"):
-        verify_package(package, **verify_kwargs(keys, max_package_bytes=len(package) - 1))
-
-
-def test_oversize_manifest_declaration_rejected(keys, package):
-    bad = PRELUDE.pack(b"CUVLSPK\0", 1, MAX_MANIFEST_BYTES + 1, 64) + package[PRELUDE.size:]
-    with pytest.raises(PackageSizeError, match="65536-byte cap"):
-        verify_package(bad, **verify_kwargs(keys))
-
-
-def test_wrong_signature_length_rejected(keys, package):
-    magic, version, m_len, _ = PRELUDE.unpack_from(package, 0)
-    bad = PRELUDE.pack(magic, version, m_len, 65) + package[PRELUDE.size:]
-    with pytest.raises(PackageFormatError, match="Ed25519"):
-        verify_package(bad, **verify_kwargs(keys))
-
-
-def test_bad_package_magic_rejected(keys, package):
-    with pytest.raises(PackageFormatError, match="magic"):
-        verify_package(b"CUVLXXX\0" + package[8:], **verify_kwargs(keys))
-
-
-def test_unknown_manifest_field_rejected_even_when_signed(graph, keys):
-    payload = encode_payload(graph)
-    doc = {**_manifest_for(payload).to_dict(), "extra": 1}
-    body = json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
-    with pytest.raises(PackageFormatError, match="unknown field"):
-        verify_package(sign_package(body, payload, keys[0]), **verify_kwargs(keys))
-
-
-def test_duplicate_manifest_key_rejected_even_when_signed(graph, keys):
-    payload = encode_payload(graph)
-    body = _manifest_for(payload).to_bytes().replace(b'{"expires"', b'{"expires":1,"expires"', 1)
-    with pytest.raises(PackageFormatError, match="twice"):
-        verify_package(sign_package(body, payload, keys[0]), **verify_kwargs(keys))
-
-
-def test_boolean_version_rejected_even_when_signed(graph, keys):
-    payload = encode_payload(graph)
-    body = _manifest_for(payload).to_bytes().replace(b'"version":5', b'"version":true')
-    with pytest.raises(PackageFormatError, match="integer"):
-        verify_package(sign_package(body, payload, keys[0]), **verify_kwargs(keys))
-
-
-def test_signed_payload_with_misaligned_tensor_rejected(graph, keys):
-    payload = mutate_header(encode_payload(graph), lambda d: d["tensors"][1].update(offset=d["tensors"][1]["offset"] + 8))
-    pkg = sign_package(_manifest_for(payload).to_bytes(), payload, keys[0])
-    with pytest.raises(PackageFormatError, match="multiple of 64"):
-        verify_package(pkg, **verify_kwargs(keys))
-
-
-# --- the order of checks is fixed (PACKAGE_SPEC §7) ---------------------------------
-@pytest.mark.parametrize(
-    ("description", "over", "expected"),
-    [
-        ("bad signature beats wrong site", dict(site="site-b", public_key=generate_keypair()[1]), SignatureError),
-        ("wrong site beats wrong target", dict(site="site-b", target="npu"), WrongSiteError),
-        ("wrong target beats expiry", dict(target="npu", now=EXPIRES + 1), WrongTargetError),
-        ("expiry beats rollback", dict(now=EXPIRES + 1, last_version=9), ExpiredPackageError),
-    ],
+from conftest import (EXPIRES, ISSUED, LIMIT, NOW, PKG_PRELUDE, SITE, STATE, TARGET, envelope_doc, flip, make_keys,
+                      make_package, make_trust, mlp_graph, reassemble, resign, verify_kwargs)
+
+from cuvil_edge.errors import (
+    BadNameError, BadSignatureError, ClockRollbackError, DeclaredLengthError, DigestConflictError, DuplicateKeyError,
+    ExpiredPackageError, ExpiredRootError, ManifestMismatchError, NonceError, PackageError, PackageFormatError,
+    RegionDigestError, RegionLayoutError, ReleaseRollbackError, RevokedKeyError, RollbackError, RootChainTooLongError,
+    RootRotationError, SealingError, ThresholdError, TrailingDataError, TruncatedPackageError, UnsupportedFormatError,
+    UntrustedKeyError, WrongSealKeyError, WrongSiteError, WrongTargetError,
 )
-def test_check_order(keys, package, description, over, expected):
-    with pytest.raises(expected):
-        verify_package(package, **verify_kwargs(keys, **over))
+from cuvil_edge.ir_serialize import AcceptedVersion, make_root, open_package, sign_root, verify_package
+from cuvil_edge.ir_serialize.container import ALIGN
+from cuvil_edge.ir_serialize.sealing import generate_seal_keypair
+from cuvil_edge.ir_serialize.trust import MAX_ROOT_CHAIN, update_root
 
 
-def test_rollback_checked_before_payload_digest(keys, package):
+def _verify(pkg, trust, **over):
+    return verify_package(pkg, **verify_kwargs(trust, **over))
+
+
+def _regions(pkg):
+    doc, _ = envelope_doc(pkg)
+    import base64
+    return json.loads(base64.b64decode(doc["manifest"]["payload"]))["regions"], len(pkg) - len(envelope_doc(pkg)[1])
+
+
+# --- happy paths --------------------------------------------------------------------------
+def test_round_trip(graph, keys, trust, package):
+    v = _verify(package, trust)
+    assert v.manifest.site == SITE and v.manifest.version == 5 and v.release.release_counter == 3
+    assert v.graph.to_dict() == graph.to_dict()
+    for name, array in graph.initializers.items():
+        np.testing.assert_array_equal(v.graph.initializers[name], array)
+
+
+def test_first_package_accepted_with_empty_state(trust, package):
+    assert _verify(package, trust, state=None).manifest.version == 5
+
+
+def test_same_version_same_digest_is_idempotent(trust, package):
+    digest = _verify(package, trust).manifest_digest
+    state = dataclasses.replace(STATE, sites={SITE: AcceptedVersion(5, digest)})
+    assert _verify(package, trust, state=state).manifest_digest == digest
+
+
+def test_open_package_maps_file_without_copying(tmp_path, trust, package):
+    path = tmp_path / "p.cpkg"
+    path.write_bytes(package)
+    v = open_package(path, **verify_kwargs(trust))
+    w = v.graph.initializers["w1"]
+    assert not w.flags.writeable and w.ctypes.data % ALIGN == 0
+    base = w.base
+    while base is not None and not isinstance(base, mmap.mmap):
+        base = getattr(base, "obj", None) or getattr(base, "base", None)
+    assert isinstance(base, mmap.mmap)
+
+
+def test_sealed_round_trip(graph, keys, trust):
+    private, public = generate_seal_keypair()
+    pkg = make_package(graph, keys, seal_to=public)
+    v = _verify(pkg, trust, seal_key=private)
+    np.testing.assert_array_equal(v.graph.initializers["w2"], graph.initializers["w2"])
+
+
+# --- tampering: one byte in each region ------------------------------------------------------
+def test_tampered_envelope_byte_rejected(trust, package):
+    with pytest.raises(PackageFormatError):
+        _verify(flip(package, PKG_PRELUDE.size), trust)  # the envelope's opening '{'
+
+
+def test_tampered_manifest_byte_rejected(keys, trust, package):
+    doc, payload = envelope_doc(package)
+    import base64
+    body = bytearray(base64.b64decode(doc["manifest"]["payload"]))
+    body[body.index(b'"version":5')+10] = ord("6")
+    doc["manifest"]["payload"] = base64.b64encode(bytes(body)).decode()
+    with pytest.raises(BadSignatureError):
+        _verify(reassemble(doc, payload), trust)
+
+
+def test_tampered_release_byte_rejected(trust, package):
+    doc, payload = envelope_doc(package)
+    import base64
+    body = base64.b64decode(doc["release"]["payload"]).replace(b'"release_counter":3', b'"release_counter":9')
+    doc["release"]["payload"] = base64.b64encode(body).decode()
+    with pytest.raises(BadSignatureError):
+        _verify(reassemble(doc, payload), trust)
+
+
+def test_tampered_signature_rejected(trust, package):
+    doc, payload = envelope_doc(package)
+    sig = doc["manifest"]["signatures"][0]["sig"]
+    doc["manifest"]["signatures"][0]["sig"] = ("B" if sig[0] == "A" else "A") + sig[1:]
+    with pytest.raises(BadSignatureError):
+        _verify(reassemble(doc, payload), trust)
+
+
+def test_tampered_header_byte_rejected(trust, package):
+    start = len(package) - len(envelope_doc(package)[1])
+    with pytest.raises(RegionDigestError):
+        _verify(flip(package, start + 40), trust)
+
+
+@pytest.mark.parametrize("tensor", ["b1", "w1", "w2"])
+def test_tampered_tensor_byte_rejected(trust, package, tensor):
+    regions, start = _regions(package)
+    region = next(r for r in regions if r["name"] == tensor)
+    with pytest.raises(RegionDigestError):
+        _verify(flip(package, start + region["offset"] + region["length"] - 1), trust)
+
+
+# --- keys and thresholds -----------------------------------------------------------------------
+def test_untrusted_key_rejected(graph, trust):
+    with pytest.raises(UntrustedKeyError):
+        _verify(make_package(graph, make_keys()), trust)
+
+
+def test_below_threshold_rejected(graph, keys):
+    extra = make_keys()
+    role_keys = {"root": [keys["root"].public_key()], "release": [keys["release"].public_key()],
+                 "coordinator": [keys["coordinator"].public_key(), extra["coordinator"].public_key()]}
+    root = make_root(1, EXPIRES + 10, role_keys, {"coordinator": 2})
+    with pytest.raises(ThresholdError):
+        _verify(make_package(graph, keys), root)
+    both = make_package(graph, keys, signing_key=[keys["coordinator"], extra["coordinator"]])
+    assert _verify(both, root).manifest.version == 5
+
+
+def test_revoked_key_rejected(graph, keys):
+    trust, _ = make_trust(keys)
+    new_coord = make_keys()["coordinator"]
+    role_keys = {"root": [keys["root"].public_key()], "release": [keys["release"].public_key()],
+                 "coordinator": [new_coord.public_key()]}
+    v2 = sign_root(make_root(2, EXPIRES + 10, role_keys), [keys["root"]])
+    rotated = update_root(trust, v2)
+    with pytest.raises(RevokedKeyError):
+        _verify(make_package(graph, keys), rotated)
+    assert _verify(make_package(graph, keys, signing_key=new_coord), rotated).root.version == 2
+
+
+# --- addressing, freshness, versions --------------------------------------------------------------
+def test_valid_package_for_other_site_rejected(graph, keys, trust):
+    with pytest.raises(WrongSiteError):
+        _verify(make_package(graph, keys, site="site-b"), trust)
+
+
+def test_valid_package_for_other_target_kind_rejected(graph, keys, trust):
+    with pytest.raises(WrongTargetError):
+        _verify(make_package(graph, keys, target="gpu-y"), trust)
+
+
+def test_manifest_target_not_in_release_rejected(keys, trust, package):
+    bad = resign(package, keys, manifest=lambda m: m.update(target="gpu-y"))
+    with pytest.raises(WrongTargetError):
+        _verify(bad, trust, target="gpu-y")
+
+
+def test_expired_rejected(trust, package):
+    with pytest.raises(ExpiredPackageError):
+        _verify(package, trust, now=EXPIRES)
+
+
+def test_clock_set_back_rejected_by_time_floor(trust, package):
+    state = dataclasses.replace(STATE, time_floor=EXPIRES + 5)
+    with pytest.raises(ClockRollbackError):
+        _verify(package, trust, state=state)  # now (NOW) is before expires, but the floor is not
+
+
+def test_issued_in_future_rejected(trust, package):
+    with pytest.raises(ExpiredPackageError):
+        _verify(package, trust, now=ISSUED - 1000, state=None)
+
+
+def test_older_version_rejected(trust, package):
     with pytest.raises(RollbackError):
-        verify_package(flip(package, len(package) - ALIGN), **verify_kwargs(keys, last_version=5))
+        _verify(package, trust, state=dataclasses.replace(STATE, sites={SITE: AcceptedVersion(6, "0" * 64)}))
 
 
-def test_write_package_rejects_inverted_validity(graph, keys):
-    with pytest.raises(PackageFormatError, match="not after"):
-        write_package(graph, SITE, TARGET, 1, keys[0], issued_at=10, expires=10)
+def test_same_version_other_digest_rejected(trust, package):
+    with pytest.raises(DigestConflictError):
+        _verify(package, trust, state=dataclasses.replace(STATE, sites={SITE: AcceptedVersion(5, "0" * 64)}))
 
 
-def test_verified_package_is_frozen(keys, package):
-    verified = verify_package(package, **verify_kwargs(keys))
-    with pytest.raises(dataclasses.FrozenInstanceError):
-        verified.size = 0  # type: ignore[misc]
-    assert LIMIT > verified.size
+def test_release_counter_rollback_rejected(trust, package):
+    with pytest.raises(ReleaseRollbackError):
+        _verify(package, trust, state=dataclasses.replace(STATE, releases={"model": 4}))
 
 
-def test_package_layer_imports_neither_torch_nor_onnx():
-    import subprocess
-    import sys
+def test_replayed_nonce_rejected(graph, keys, trust):
+    pkg = make_package(graph, keys, nonce="n-1")
+    assert _verify(pkg, trust, expected_nonce="n-1").manifest.nonce == "n-1"
+    with pytest.raises(NonceError):
+        _verify(pkg, trust, expected_nonce="n-2")
 
-    code = ("import sys, cuvil_edge.ir_serialize; "
-            "bad = [m for m in ('torch', 'onnx', 'opacus', 'flwr') if m in sys.modules]; "
-            "sys.exit(f'imported {bad}' if bad else 0)")
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0, result.stderr
+
+# --- mix-and-match, deleted and swapped regions ---------------------------------------------------
+def test_region_from_other_package_rejected(keys, trust, package):
+    other = make_package(mlp_graph(seed=7), keys)
+    regions, start = _regions(package)
+    r = next(x for x in regions if x["name"] == "w1")
+    a, b = start + r["offset"], start + r["offset"] + r["length"]
+    with pytest.raises(RegionDigestError):
+        _verify(package[:a] + other[a:b] + package[b:], trust)
+
+
+def test_release_from_other_package_rejected(keys, trust, package):
+    other = make_package(mlp_graph(seed=7), keys)
+    doc, payload = envelope_doc(package)
+    doc["release"] = envelope_doc(other)[0]["release"]
+    with pytest.raises(ManifestMismatchError):
+        _verify(reassemble(doc, payload), trust)
+
+
+def test_region_deleted_rejected(keys, trust, package):
+    bad = resign(package, keys, manifest=lambda m: m["regions"].pop())  # a compromised coordinator key
+    with pytest.raises(ManifestMismatchError):
+        _verify(bad, trust)
+
+
+def test_regions_swapped_rejected(keys, trust, package):
+    def swap(m):
+        r = m["regions"]
+        r[1]["sha256"], r[2]["sha256"] = r[2]["sha256"], r[1]["sha256"]
+    with pytest.raises(ManifestMismatchError):
+        _verify(resign(package, keys, manifest=swap), trust)
+
+
+# --- truncation, trailing bytes, lengths, layout ----------------------------------------------------
+def test_truncated_at_every_region_boundary_rejected(trust, package):
+    regions, start = _regions(package)
+    cuts = [0, 8, PKG_PRELUDE.size - 1, PKG_PRELUDE.size + 10, start] + \
+           [start + r["offset"] + r["length"] for r in regions] + [start + r["offset"] for r in regions[1:]]
+    for cut in sorted(set(c for c in cuts if c < len(package))):
+        with pytest.raises(PackageError) as info:
+            _verify(package[:cut], trust)
+        assert isinstance(info.value, (TruncatedPackageError, PackageFormatError)), (cut, info.value)
+    with pytest.raises(TruncatedPackageError):
+        _verify(package[:-1], trust)
+
+
+def test_trailing_bytes_rejected(trust, package):
+    with pytest.raises(TrailingDataError):
+        _verify(package + b"\0" * 64, trust)
+
+
+def test_declared_envelope_length_max_rejected(trust, package):
+    bad = bytearray(package)
+    PKG_PRELUDE.pack_into(bad, 0, b"CUVLSPK\0", 2, 2**32 - 1, 0)
+    with pytest.raises(DeclaredLengthError):
+        _verify(bytes(bad), trust)
+
+
+def test_declared_payload_length_huge_rejected(keys, trust, package):
+    with pytest.raises(DeclaredLengthError):
+        _verify(resign(package, keys, manifest=lambda m: m.update(payload_length=2**63 - 1)), trust)
+
+
+@pytest.mark.parametrize("offset_delta", [-64, 64, 1], ids=["overlap", "gap", "unaligned"])
+def test_bad_manifest_region_layout_rejected(keys, trust, package, offset_delta):
+    def shift(m):
+        m["regions"][2]["offset"] += offset_delta
+    bad = resign(package, keys, manifest=shift, release=None)
+    with pytest.raises(RegionLayoutError):
+        _verify(bad, trust)
+
+
+def test_unknown_package_version_rejected(trust, package):
+    bad = bytearray(package)
+    bad[8] = 3
+    with pytest.raises(UnsupportedFormatError):
+        _verify(bytes(bad), trust)
+
+
+def test_unknown_manifest_format_rejected(keys, trust, package):
+    with pytest.raises(UnsupportedFormatError):
+        _verify(resign(package, keys, manifest=lambda m: m.update(format=3)), trust)
+
+
+def test_unknown_manifest_field_rejected(keys, trust, package):
+    with pytest.raises(UnsupportedFormatError):
+        _verify(resign(package, keys, manifest=lambda m: m.update(extra=1)), trust)
+
+
+def test_duplicate_json_keys_in_envelope_rejected(trust, package):
+    doc, payload = envelope_doc(package)
+    env = json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
+    env = env[:-1] + b',"roots":[]}'
+    head = PKG_PRELUDE.pack(b"CUVLSPK\0", 2, len(env), 0) + env
+    with pytest.raises(DuplicateKeyError):
+        _verify(head + bytes(-len(head) % 64) + payload, trust)
+
+
+@pytest.mark.parametrize("site", ["../etc", "a/b", "a\0b"], ids=["dotdot", "slash", "nul"])
+def test_path_like_site_name_rejected(keys, trust, package, site):
+    with pytest.raises(BadNameError):
+        _verify(resign(package, keys, manifest=lambda m: m.update(site=site)), trust, site=site)
+
+
+# --- trust root -------------------------------------------------------------------------------
+def _v(keys, version, root_key):
+    role_keys = {"root": [root_key.public_key()], "release": [keys["release"].public_key()],
+                 "coordinator": [keys["coordinator"].public_key()]}
+    return make_root(version, EXPIRES + 10, role_keys)
+
+
+def test_root_rotation_not_signed_by_old_keys_rejected(keys, trust):
+    attacker = make_keys()["root"]
+    with pytest.raises(RootRotationError):
+        update_root(trust, sign_root(_v(keys, 2, attacker), [attacker]))
+
+
+def test_root_rotation_not_signed_by_new_keys_rejected(keys, trust):
+    new = make_keys()["root"]
+    with pytest.raises(RootRotationError):
+        update_root(trust, sign_root(_v(keys, 2, new), [keys["root"]]))
+
+
+def test_root_rotation_skipping_a_version_rejected(keys, trust):
+    with pytest.raises(RootRotationError):
+        update_root(trust, sign_root(_v(keys, 3, keys["root"]), [keys["root"]]))
+
+
+def test_root_chain_in_package_applied(graph, keys, trust):
+    new = make_keys()["root"]
+    v2 = json.loads(sign_root(_v(keys, 2, new), [keys["root"], new]))
+    v = _verify(make_package(graph, keys, roots=[v2]), trust)
+    assert v.root.version == 2 and v.root_envelope == v2
+
+
+def test_root_chain_too_long_rejected(graph, keys, trust):
+    chain = [json.loads(sign_root(_v(keys, i, keys["root"]), [keys["root"]])) for i in range(2, MAX_ROOT_CHAIN + 3)]
+    with pytest.raises(RootChainTooLongError):
+        _verify(make_package(graph, keys, roots=chain), trust)
+
+
+def test_expired_root_rejected(keys, package):
+    root, _ = make_trust(keys, expires=NOW - 1)
+    with pytest.raises(ExpiredRootError):
+        _verify(package, root)
+
+
+# --- sealing --------------------------------------------------------------------------------------
+def test_sealed_package_opened_with_other_sites_key_rejected(graph, keys, trust):
+    _, public = generate_seal_keypair()
+    other, _ = generate_seal_keypair()
+    with pytest.raises(WrongSealKeyError):
+        _verify(make_package(graph, keys, seal_to=public), trust, seal_key=other)
+
+
+def test_sealed_chunk_tampered_rejected(graph, keys, trust):
+    private, public = generate_seal_keypair()
+    pkg = make_package(graph, keys, seal_to=public)
+    with pytest.raises(SealingError):
+        _verify(flip(pkg, len(pkg) - 20), trust, seal_key=private)
+
+
+def test_oversize_package_rejected_before_parsing(trust, package):
+    with pytest.raises(PackageError):
+        _verify(package, trust, max_package_bytes=len(package) - 1)
+    assert LIMIT > len(package) and TARGET

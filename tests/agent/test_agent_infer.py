@@ -1,0 +1,95 @@
+"""Private inference: verify -> build -> run -> clip rows (L1) -> DP release from the site's ledger."""
+
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from cuvil_edge.agent.inference import clip_rows_l1, infer_private
+from cuvil_edge.agent.runtime import AgentRuntime
+from cuvil_edge.cli.main import main
+from cuvil_edge.config import load_site
+from cuvil_edge.coordinator.keys import init_keys, load_signing_keys
+from cuvil_edge.errors import BudgetExhaustedError, SignatureError
+from cuvil_edge.frontend import load_model
+from cuvil_edge.frontend.demo_model import digits_cnn_onnx
+from cuvil_edge.ir_serialize import write_package
+
+SITES = Path(__file__).resolve().parents[2] / "configs" / "sites"
+
+
+@pytest.fixture
+def setup(tmp_path):
+    """A fleet-c site whose budget admits exactly one release at ε = 1.2 (budget 2.0)."""
+    private, public = init_keys(tmp_path / "keys")
+    text = (SITES / "fleet-c.yaml").read_text()
+    text = text.replace("epsilon_budget: 8.0", "epsilon_budget: 2.0").replace("epsilon_per_round: 3.25",
+                                                                            "epsilon_per_round: 1.0")
+    site_path = tmp_path / "fleet-c.yaml"
+    site_path.write_text(text)
+    graph = load_model(digits_cnn_onnx(3))
+    now = int(time.time())
+    keys = load_signing_keys(private)
+    package = write_package(graph, site="fleet-c", target="ascend-310", version=1, signing_key=keys.coordinator,
+                            release_key=keys.release, issued_at=now, expires=now + 600)
+    package_path = tmp_path / "model.cpkg"
+    package_path.write_bytes(package)
+    x = np.random.default_rng(0).random((6, 1, 8, 8), dtype=np.float32)
+    np.save(tmp_path / "x.npy", x)
+    return site_path, package_path, public, tmp_path
+
+
+def test_clip_rows_l1_bounds_every_row_and_keeps_small_rows():
+    y = np.array([[3.0, -1.0], [0.2, 0.1]])
+    clipped = clip_rows_l1(y, 1.0)
+    np.testing.assert_allclose(np.abs(clipped).sum(axis=1), [1.0, 0.3])
+    np.testing.assert_allclose(clipped[0], [0.75, -0.25])
+
+
+def test_each_release_spends_its_epsilon_then_refuses(setup):
+    site_path, package_path, public, tmp_path = setup
+    agent = AgentRuntime(load_site(site_path), tmp_path / "state", public)
+    x = np.load(tmp_path / "x.npy", allow_pickle=False)
+    before = agent.ledger().spent()
+    out = infer_private(agent, package_path.read_bytes(), x, 1.2, clip_l1=1.0)
+    assert out.values.shape == (6, 10)
+    assert out.sensitivity == 2.0
+    assert agent.ledger().spent() == pytest.approx(before + 1.2)
+    assert out.eps_spent == pytest.approx(1.2)
+    with pytest.raises(BudgetExhaustedError):
+        infer_private(agent, package_path.read_bytes(), x, 1.2)
+    assert agent.ledger().spent() == pytest.approx(1.2)
+    out = infer_private(agent, package_path.read_bytes(), x, 0.5)  # the same accepted package, ε still left
+    assert agent.ledger().spent() == pytest.approx(1.7)
+
+
+def test_bad_signature_spends_nothing(setup):
+    site_path, package_path, _, tmp_path = setup
+    _, other_public = init_keys(tmp_path / "other-keys")
+    agent = AgentRuntime(load_site(site_path), tmp_path / "state", other_public)
+    with pytest.raises(SignatureError):
+        infer_private(agent, package_path.read_bytes(), np.zeros((1, 1, 8, 8), np.float32), 1.0)
+    assert agent.ledger().spent() == 0.0
+
+
+def test_cli_writes_the_release_and_refuses_when_exhausted(setup, capsys):
+    site_path, package_path, public, tmp_path = setup
+    args = ["agent", "infer", str(package_path), "--site", str(site_path), "--input", str(tmp_path / "x.npy"),
+            "--epsilon", "1.2", "--state-dir", str(tmp_path / "state"), "--key", str(public)]
+    assert main(args + ["--output", str(tmp_path / "y1.npy")]) == 0
+    y = np.load(tmp_path / "y1.npy", allow_pickle=False)
+    assert y.shape == (6, 10) and np.isfinite(y).all()
+    assert "spent ε=1.200" in capsys.readouterr().out
+    assert main(args + ["--output", str(tmp_path / "y2.npy")]) == 2
+    assert "budget" in capsys.readouterr().err
+    assert not (tmp_path / "y2.npy").exists()
+
+
+def test_cli_refuses_pickled_input(setup, capsys):
+    site_path, package_path, public, tmp_path = setup
+    np.save(tmp_path / "obj.npy", np.array([{"a": 1}], dtype=object), allow_pickle=True)
+    rc = main(["agent", "infer", str(package_path), "--site", str(site_path), "--input", str(tmp_path / "obj.npy"),
+               "--epsilon", "1.0", "--state-dir", str(tmp_path / "state"), "--key", str(public)])
+    assert rc == 2
+    assert "cannot read input" in capsys.readouterr().err

@@ -1,0 +1,98 @@
+"""Central DP wiring: config, Flower's wrapper around our strategy, the agent-side mod, the report."""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MessageType, MetricRecord, RecordDict
+from flwr.serverapp.strategy import DifferentialPrivacyClientSideFixedClipping
+
+from cuvil_edge.agent.client_app import central_dp_clipping_mod
+from cuvil_edge.config import load_federation
+from cuvil_edge.coordinator.report import format_round
+from cuvil_edge.coordinator.server_app import make_strategy
+from cuvil_edge.coordinator.strategy import CentralDpFixedClipping, SitePackageFedAvg
+from cuvil_edge.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def federation(tmp_path, extra: str):
+    text = (ROOT / "configs" / "federation.yaml").read_text().replace("sites/", str(ROOT / "configs" / "sites") + "/")
+    path = tmp_path / "federation.yaml"
+    path.write_text(text.split("local_dp:")[0] + extra)
+    return load_federation(path)
+
+
+def test_shipped_federation_has_local_dp_and_central_dp_off():
+    f = load_federation(ROOT / "configs" / "federation.yaml")
+    assert f.local_dp is True and f.central_dp.enabled is False
+
+
+@pytest.mark.parametrize("extra", ["central_dp: {enabled: true, noise_multiplier: 0}\n",
+                                   "central_dp: {enabled: true, clipping_norm: -1}\n",
+                                   "central_dp: {enabled: true, sigma: 1}\n",
+                                   "local_dp: maybe\n"])
+def test_bad_dp_settings_are_config_errors(tmp_path, extra):
+    with pytest.raises(ConfigError):
+        federation(tmp_path, extra)
+
+
+def test_make_strategy_wraps_in_flowers_client_side_fixed_clipping_with_accountant(tmp_path):
+    f = federation(tmp_path, "central_dp: {enabled: true, noise_multiplier: 1.0, clipping_norm: 0.5}\n")
+    inner, outer = make_strategy(f, factory=None, n=3)
+    assert isinstance(outer, CentralDpFixedClipping)
+    assert isinstance(outer, DifferentialPrivacyClientSideFixedClipping)
+    assert outer.strategy is inner and outer.accountant is not None
+    assert (outer.noise_multiplier, outer.clipping_norm, outer.num_sampled_clients) == (1.0, 0.5, 3)
+    plain_inner, plain = make_strategy(federation(tmp_path, "local_dp: true\n"), factory=None, n=3)
+    assert plain is plain_inner and isinstance(plain, SitePackageFedAvg)
+
+
+@pytest.fixture
+def flower_identity(monkeypatch):
+    """Message() outside a Flower run needs a task identity (private API, see notes/flower-1.42.md §5)."""
+    from flwr.supercore.task_identity import TaskIdentity
+
+    for name in ("_run_id", "_node_id", "_task_id"):
+        if hasattr(TaskIdentity, name):
+            monkeypatch.setattr(TaskIdentity, name, 1)
+
+
+def _train_message(arrays: dict, clipping_norm: float | None) -> Message:
+    config = {"server-round": 1, "site": "x", "package": b"pkg"}
+    if clipping_norm is not None:
+        config["clipping_norm"] = clipping_norm
+    record = ArrayRecord({k: Array(v) for k, v in arrays.items()})
+    return Message(RecordDict({"arrays": record, "config": ConfigRecord(config)}), dst_node_id=1,
+                   message_type=MessageType.TRAIN)
+
+
+def _fake_train(update: float):
+    def call_next(msg: Message, context) -> Message:
+        sent = {k: a.numpy() for k, a in msg.content["arrays"].items()}
+        out = ArrayRecord({k: Array(v + update) for k, v in sent.items()})
+        return Message(RecordDict({"arrays": out, "metrics": MetricRecord({"num-examples": 1})}), reply_to=msg)
+    return call_next
+
+
+@pytest.mark.parametrize("clip, expected_norm", [(0.5, 0.5), (None, 2.0)])
+def test_agent_mod_clips_the_update_only_under_central_dp(flower_identity, clip, expected_norm):
+    sent = {"w": np.zeros(4, np.float32), "b": np.zeros(0, np.float32)}
+    msg = _train_message(sent, clip)
+    reply = central_dp_clipping_mod(msg, Context(run_id=1, node_id=1, node_config={}, state=RecordDict(),
+                                                 run_config={}), _fake_train(1.0))
+    assert not reply.has_error(), reply.error if reply.has_error() else None
+    update = np.concatenate([a.numpy().ravel() for a in reply.content["arrays"].values()])
+    assert np.linalg.norm(update) == pytest.approx(expected_norm, rel=1e-5)
+
+
+def test_round_table_shows_dropped_sites_and_central_epsilon():
+    entry = {"round": 2, "global_accuracy": 0.8, "dropped_out": ["fleet-c"],
+             "central_dp": {"epsilon": 7.08, "delta": 1e-5, "noise_multiplier": 1.0, "clipping_norm": 1.0,
+                            "released": True},
+             "sites": {"fleet-c": {"target": "ascend-310", "status": "budget exhausted", "eps-spent": 3.7,
+                                   "eps-remaining": 0.1}}}
+    text = format_round(entry)
+    assert "budget exhausted" in text and "fleet-c: privacy budget exhausted" in text
+    assert "central DP" in text and "ε = 7.080" in text
