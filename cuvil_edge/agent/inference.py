@@ -7,17 +7,28 @@ leaves the others unchanged: the release's L1 sensitivity is 2 * clip_l1, and
 every coordinate gets Laplace-type noise of scale 2 * clip_l1 / epsilon from
 ``privacy.release``, which reserves epsilon in the site's ledger first.
 
+With ``feature=VALUE_NAME`` the release is an intermediate feature map instead:
+the verified graph is cut to the nodes that value depends on (same inputs, that
+value as the single output), compiled for the site's target like the package
+(its own build-cache key: package digest + feature name), run, and each sample's
+flattened feature row is clipped and released the same way.
+
 Imports neither torch nor onnx (the agent's inference path must not).
 """
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 
 import numpy as np
 
 from cuvil_edge.agent.runtime import AgentRuntime
-from cuvil_edge.errors import PrivacyError
+from cuvil_edge.device_targets.build import CompiledModel, build
+from cuvil_edge.errors import ConfigError, PrivacyError
+from cuvil_edge.ir.graph import Graph, Value
+from cuvil_edge.ir.infer import build_graph
+from cuvil_edge.passes.dead_code import live_nodes
 from cuvil_edge.privacy import release
 
 
@@ -42,8 +53,45 @@ def clip_rows_l1(y: np.ndarray, bound: float) -> np.ndarray:
     return (flat * scale).reshape(np.shape(y))
 
 
+def feature_names(graph: Graph) -> list[str]:
+    """Values that can be released as a feature map: every node output, in graph order."""
+    return [o for n in graph.nodes for o in n.outputs if o]
+
+
+def feature_graph(graph: Graph, feature: str) -> Graph:
+    """``graph`` cut to the nodes ``feature`` depends on, with ``feature`` as its single output.
+
+    Raises:
+        ConfigError: ``feature`` is not produced by a node of ``graph`` (names a few that are).
+    """
+    names = feature_names(graph)
+    if feature not in names:
+        shown = ", ".join(names[:8]) + (f", ... ({len(names)} in all)" if len(names) > 8 else "")
+        what = "is a graph input or initializer" if feature in graph.types else "is not a value of the model"
+        raise ConfigError(f"feature {feature!r} {what}; releasable values (node outputs) are: {shown}")
+    cut = Graph(graph.name, graph.inputs, (Value(feature, graph.types[feature]),), graph.nodes,
+                graph.initializers, graph.types, graph.opset)
+    nodes = live_nodes(cut)
+    read = {i for n in nodes for i in n.inputs if i}
+    inits = {k: v for k, v in graph.initializers.items() if k in read}
+    return build_graph(f"{graph.name}:{feature}", graph.inputs, [feature], nodes, inits, graph.opset)
+
+
+@dataclass(frozen=True)
+class _FeatureBuild:
+    graph: Graph
+    payload_digest: str
+
+
+def _build_feature(runtime: AgentRuntime, package, feature: str) -> CompiledModel:
+    """Compile the feature graph for the site's target; cache key from package digest + feature name."""
+    digest = hashlib.sha256(f"{package.payload_digest}\0feature\0{feature}".encode()).hexdigest()
+    return build(_FeatureBuild(feature_graph(package.graph, feature), digest), runtime.target.name,
+                 cache_dir=runtime.state_dir / "build-cache", precision=runtime.site.precision)
+
+
 def infer_private(runtime: AgentRuntime, package_bytes: bytes, x: np.ndarray, epsilon: float, *,
-                  clip_l1: float = 1.0, key: str | None = None) -> PrivateOutput:
+                  clip_l1: float = 1.0, key: str | None = None, feature: str | None = None) -> PrivateOutput:
     """Verify and build ``package_bytes``, run it on ``x`` and release the output under ε-DP.
 
     ``x`` is a batch (first axis = one record per row) in the model's input
@@ -51,8 +99,14 @@ def infer_private(runtime: AgentRuntime, package_bytes: bytes, x: np.ndarray, ep
     and execution succeed. The softmax outputs of a classifier have L1 = 1, so
     ``clip_l1=1`` keeps them intact.
 
+    ``feature`` names an intermediate value (a node output) to release instead of
+    the model output: each sample's feature map, flattened, is clipped to L1 <=
+    ``clip_l1`` (sensitivity 2 * ``clip_l1`` as for outputs). Feature maps are
+    unbounded activations, so choose ``clip_l1`` for their scale.
+
     Raises:
         PackageError: the package failed verification (nothing is spent).
+        ConfigError: ``feature`` is not a node output of the model (nothing is spent).
         ExecutionError: ``x`` does not fit the model's input.
         PrivacyError: invalid ``epsilon``, ``clip_l1`` or ``x``.
         BudgetExhaustedError: the site's budget would be exceeded (nothing released).
@@ -64,7 +118,7 @@ def infer_private(runtime: AgentRuntime, package_bytes: bytes, x: np.ndarray, ep
     if x.ndim < 1 or len(x) == 0 or not np.issubdtype(x.dtype, np.number):
         raise PrivacyError(f"input must be a non-empty numeric batch, got dtype {x.dtype} shape {x.shape}")
     activated = runtime.activate(package_bytes)  # re-delivering the accepted package is idempotent
-    model = activated.model
+    model = activated.model if feature is None else _build_feature(runtime, activated.package, feature)
     feed = {model.graph.inputs[0].name: np.ascontiguousarray(x, dtype=np.float32)}
     name, y = next(iter(model.run(feed).items()))
     if y.shape[:1] != x.shape[:1]:

@@ -27,8 +27,12 @@ def infer_cmd(package: Path = typer.Argument(..., help="signed package for this 
                                                  "the site's agent.coordinator_public_key, else "
                                                  ".cuvil/keys/root.json)"),
               clip_l1: float = typer.Option(1.0, "--clip-l1", help="L1 bound of each output row "
-                                            "(sensitivity 2·C per release)")) -> None:
-    """Verify and build PACKAGE, run it on --input, and release the outputs under ε-DP."""
+                                            "(sensitivity 2·C per release)"),
+              feature: Optional[str] = typer.Option(None, "--feature", metavar="VALUE_NAME",
+                                                    help="release this intermediate value (a node output, "
+                                                    "e.g. a Conv's) instead of the model output; each "
+                                                    "sample's flattened map is clipped to L1 ≤ C")) -> None:
+    """Verify and build PACKAGE, run it on --input, and release the outputs (or --feature) under ε-DP."""
     import numpy as np
 
     from cuvil_edge.agent.inference import infer_private
@@ -44,7 +48,8 @@ def infer_cmd(package: Path = typer.Argument(..., help="signed package for this 
         raise ConfigError(f"cannot read input: {e}") from e
     state = state_dir or config.agent.state_dir or DEFAULT_STATE / "agents" / config.site
     pub = key or config.agent.coordinator_public_key or DEFAULT_STATE / "keys" / "root.json"
-    result = infer_private(AgentRuntime(config, state, pub), data, x, epsilon, clip_l1=clip_l1)
+    result = infer_private(AgentRuntime(config, state, pub), data, x, epsilon, clip_l1=clip_l1,
+                           feature=feature)
     if output is not None:
         np.save(output, result.values, allow_pickle=False)
         console.print(f"wrote {output} {result.values.shape}")

@@ -104,6 +104,10 @@ def demo(federation: Path = typer.Option(Path("configs/federation.yaml"), help="
     worst = max(s.get("eps-spent", 0.0) for s in final["sites"].values())
     console.print(f"[bold]final global test accuracy {final['global_accuracy']:.4f}[/bold], "
                   f"largest site ε spent {worst:.3f}")
+    if metrics.get("stopped_early"):
+        from cuvil_edge.coordinator.report import format_stop
+
+        console.print(f"[bold]{format_stop(metrics['stopped_early'])}[/bold]")
     console.print(f"metrics: {spec.run_dir}/metrics.json  plot: {spec.run_dir}/metrics.png")
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
@@ -50,6 +50,10 @@ class CentralDpSection(_Strict):
     noise_multiplier: float = Field(gt=0, le=1000, default=1.0)
     clipping_norm: float = Field(gt=0, default=1.0)
     delta: float = Field(gt=0, lt=1e-2, default=1e-5)
+    #: Optional site-level ε cap (at ``delta``): Flower's accountant refuses, before any
+    #: site is asked to train, a round whose release would take the central ε above it;
+    #: the run then stops cleanly after the last affordable round. None: reported only.
+    max_epsilon: Optional[float] = Field(gt=0, allow_inf_nan=False, default=None)
 
 
 class FederationConfig(_Strict):

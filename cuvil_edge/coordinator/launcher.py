@@ -10,6 +10,7 @@ from pathlib import Path
 from cuvil_edge.config import load_federation
 from cuvil_edge.config.run_spec import ENV_VAR, RunSpec
 from cuvil_edge.coordinator.keys import init_keys
+from cuvil_edge.coordinator.report import STOPPED_CENTRAL_BUDGET
 from cuvil_edge.errors import CuvilError
 
 #: Flower settings for offline, quiet, reproducible runs (a caller's own values win).
@@ -51,7 +52,9 @@ def run_in_simulation(spec: RunSpec, server_app, client_app) -> dict:
     """Run all rounds in Flower simulation and return the metrics written by the ServerApp.
 
     Raises:
-        RunFailedError: fewer rounds were reported than requested.
+        RunFailedError: fewer rounds were reported than requested, unless metrics.json
+            says the run stopped early on the central ε budget (``stopped_early.reason``
+            is :data:`~cuvil_edge.coordinator.report.STOPPED_CENTRAL_BUDGET`).
     """
     from flwr.simulation import run_simulation
 
@@ -67,6 +70,9 @@ def run_in_simulation(spec: RunSpec, server_app, client_app) -> dict:
                                                  "log_to_driver": True}})
     metrics_path = Path(spec.run_dir) / "metrics.json"
     metrics = json.loads(metrics_path.read_text()) if metrics_path.exists() else {"rounds": []}
+    stopped = metrics.get("stopped_early") or {}
+    if stopped.get("reason") == STOPPED_CENTRAL_BUDGET and 1 <= len(metrics["rounds"]) <= spec.rounds + 1:
+        return metrics  # a clean stop: the next round would have exceeded central_dp.max_epsilon
     if len(metrics["rounds"]) != spec.rounds + 1:
         raise RunFailedError(f"the federation stopped after {max(0, len(metrics['rounds']) - 1)} of {spec.rounds} "
                              f"rounds; see the log above and {spec.run_dir}")

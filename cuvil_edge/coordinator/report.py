@@ -14,6 +14,10 @@ log = logging.getLogger(__name__)
 #: Status of a site whose ledger refused the round (set by coordinator.strategy).
 EXHAUSTED_STATUS = "budget exhausted"
 
+#: metrics.json ``stopped_early.reason`` when central DP's ``max_epsilon`` ended the run
+#: before the requested rounds (the launcher accepts such a run as complete).
+STOPPED_CENTRAL_BUDGET = "stopped early: central ε budget"
+
 
 class RunReport:
     """Collects global accuracy and per-site statistics round by round."""
@@ -22,6 +26,7 @@ class RunReport:
         self.run_dir = run_dir
         self.sites = list(sites)
         self.rounds: list[dict] = []
+        self.stopped_early: dict | None = None
 
     def add_round(self, server_round: int, accuracy: float, site_stats: dict[str, dict],
                   central: dict | None = None) -> dict:
@@ -36,10 +41,22 @@ class RunReport:
         self.write_json()
         return entry
 
+    def stop_early(self, reason: str, detail: str, *, requested_rounds: int) -> dict:
+        """Record that the run ended cleanly before ``requested_rounds`` (e.g. :data:`STOPPED_CENTRAL_BUDGET`)."""
+        completed = max((r["round"] for r in self.rounds), default=0)
+        self.stopped_early = {"reason": reason, "detail": detail, "completed_rounds": completed,
+                              "requested_rounds": requested_rounds}
+        log.warning("%s", format_stop(self.stopped_early))
+        self.write_json()
+        return self.stopped_early
+
     def write_json(self) -> Path:
         path = self.run_dir / "metrics.json"
         tmp = path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps({"rounds": self.rounds}, indent=2, sort_keys=True), encoding="utf-8")
+        data: dict = {"rounds": self.rounds}
+        if self.stopped_early is not None:
+            data["stopped_early"] = self.stopped_early
+        tmp.write_text(json.dumps(data, indent=2, sort_keys=True), encoding="utf-8")
         tmp.replace(path)
         return path
 
@@ -65,11 +82,20 @@ class RunReport:
         ax_eps.axhline(budget, color="grey", linestyle="--", label="budget")
         ax_eps.set(title="ε spent per site", xlabel="round", ylabel="ε (δ per site config)")
         ax_eps.legend(fontsize=8)
+        if self.stopped_early is not None:
+            fig.suptitle(f"{self.stopped_early['reason']} (after round {self.stopped_early['completed_rounds']} "
+                         f"of {self.stopped_early['requested_rounds']})", fontsize=9)
         fig.tight_layout()
         path = self.run_dir / "metrics.png"
         fig.savefig(path, dpi=100)
         plt.close(fig)
         return path
+
+
+def format_stop(stopped: dict) -> str:
+    """One line saying why and when a run ended before its requested rounds."""
+    return (f"{stopped['reason']}: the run ends after round {stopped['completed_rounds']} of "
+            f"{stopped['requested_rounds']} ({stopped['detail']})")
 
 
 def format_round(entry: dict) -> str:

@@ -13,7 +13,7 @@ from cuvil_edge.config import load_federation
 from cuvil_edge.config.run_spec import RunSpec
 from cuvil_edge.coordinator.model import load_federation_model
 from cuvil_edge.coordinator.packaging import PackageFactory, VersionCounter
-from cuvil_edge.coordinator.report import RunReport
+from cuvil_edge.coordinator.report import STOPPED_CENTRAL_BUDGET, RunReport
 from cuvil_edge.config.federation import FederationConfig
 from cuvil_edge.coordinator.strategy import (CentralDpFixedClipping, SitePackageFedAvg, SitePackages,
                                              arrays_to_numpy)
@@ -53,17 +53,36 @@ def run_federation(grid: Grid, spec: RunSpec) -> RunReport:
                          central=sites_strategy.central.get(server_round))
         return MetricRecord({"accuracy": accuracy})
 
-    strategy.start(grid, ArrayRecord({k: Array(np.array(v)) for k, v in trainable.items()}),
-                   num_rounds=spec.rounds, timeout=federation.round_timeout, evaluate_fn=evaluate)
+    start_rounds(strategy, report, grid, ArrayRecord({k: Array(np.array(v)) for k, v in trainable.items()}),
+                 num_rounds=spec.rounds, timeout=federation.round_timeout, evaluate_fn=evaluate)
     report.plot()
     return report
+
+
+def start_rounds(strategy, report: RunReport, grid, arrays: ArrayRecord, *, num_rounds: int, timeout: float,
+                 evaluate_fn) -> None:
+    """``strategy.start(...)``; a central-DP budget stop ends the run cleanly instead of failing it.
+
+    Flower's accountant raises ``PrivacyBudgetExhausted`` in ``configure_train``,
+    before any site is asked to train, when the next round's release would take
+    the central ε above ``central_dp.max_epsilon``. The rounds reported so far
+    stand; the report records why the run stopped (metrics.json ``stopped_early``).
+    """
+    from flwr.serverapp.exception import PrivacyBudgetExhausted
+
+    try:
+        strategy.start(grid, arrays, num_rounds=num_rounds, timeout=timeout, evaluate_fn=evaluate_fn)
+    except PrivacyBudgetExhausted as e:
+        report.stop_early(STOPPED_CENTRAL_BUDGET, str(e), requested_rounds=num_rounds)
 
 
 def make_strategy(federation: FederationConfig, factory: PackageFactory, n: int):
     """(the per-site FedAvg, the strategy to run): the same object unless central DP wraps it.
 
     Central DP accounts with Flower's RDP accountant (needs ``dp-accounting``) for
-    sampling every site every round (NO_AMPLIFICATION), add-or-remove-one site.
+    sampling every site every round (NO_AMPLIFICATION), add-or-remove-one site;
+    ``central_dp.max_epsilon`` (if set) becomes the accountant's ``max_epsilon``,
+    so Flower refuses a round that would exceed it (see :func:`start_rounds`).
     """
     kwargs = dict(fraction_train=1.0, fraction_evaluate=1.0, min_train_nodes=n, min_evaluate_nodes=n,
                   min_available_nodes=n)
@@ -77,7 +96,8 @@ def make_strategy(federation: FederationConfig, factory: PackageFactory, n: int)
     inner = SitePackages(factory, **kwargs)
     accountant = RdpAccountant(PrivacyConfig(target_delta=dp.delta, population_size=n,
                                              neighboring_relation=NeighboringRelation.ADD_OR_REMOVE_ONE,
-                                             sampling_method=SamplingMethod.NO_AMPLIFICATION))
+                                             sampling_method=SamplingMethod.NO_AMPLIFICATION,
+                                             max_epsilon=dp.max_epsilon))
     return inner, CentralDpFixedClipping(inner, noise_multiplier=dp.noise_multiplier,
                                          clipping_norm=dp.clipping_norm, num_sampled_clients=n,
                                          accountant=accountant)

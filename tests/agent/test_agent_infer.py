@@ -93,3 +93,64 @@ def test_cli_refuses_pickled_input(setup, capsys):
                "--epsilon", "1.0", "--state-dir", str(tmp_path / "state"), "--key", str(public)])
     assert rc == 2
     assert "cannot read input" in capsys.readouterr().err
+
+
+def test_releases_a_conv_feature_map(setup):
+    """--feature conv: the graph is cut at the Conv, compiled under its own cache key, clipped per sample."""
+    site_path, package_path, public, tmp_path = setup
+    agent = AgentRuntime(load_site(site_path), tmp_path / "state", public)
+    x = np.load(tmp_path / "x.npy", allow_pickle=False)
+    data = package_path.read_bytes()
+    out = infer_private(agent, data, x, 1.2, clip_l1=5.0, feature="conv")
+    assert out.output_name == "conv"
+    assert out.values.shape == (6, 32, 8, 8) and np.isfinite(out.values).all()
+    assert out.sensitivity == 10.0
+    assert agent.ledger().spent() == pytest.approx(1.2)
+    # the feature build is its own cache entry, next to the full model's
+    assert len(list((tmp_path / "state" / "build-cache").iterdir())) == 2
+
+
+def test_feature_graph_is_cut_at_the_value():
+    from cuvil_edge.agent.inference import feature_graph
+    from cuvil_edge.ir import interpreter
+
+    graph = load_model(digits_cnn_onnx(3))
+    cut = feature_graph(graph, "conv")
+    assert [n.op_type for n in cut.nodes] == ["Mul", "Add", "Conv"]
+    assert [v.name for v in cut.outputs] == ["conv"] and set(cut.initializers) == {
+        "input.scale", "input.shift", "conv.weight", "conv.bias"}
+    assert graph.nodes[-1].op_type == "Softmax"  # the original is untouched
+    # the pooled feature map, pushed through the head by hand, gives the full model's output
+    x = np.random.default_rng(1).random((2, 1, 8, 8), dtype=np.float32)
+    pool = interpreter.run(feature_graph(graph, "pool"), {"image": x})["pool"]
+    assert pool.shape == (2, 32, 4, 4)
+    w = graph.initializers
+    logits = pool.reshape(2, -1) @ w["fc.weight"].T + w["fc.bias"]
+    probs = np.exp(logits - logits.max(1, keepdims=True))
+    probs /= probs.sum(1, keepdims=True)
+    np.testing.assert_allclose(probs, interpreter.run(graph, {"image": x})["probs"], rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", ["no-such-value", "conv.weight", "image"])
+def test_unknown_feature_is_refused_and_nothing_spent(setup, name):
+    from cuvil_edge.errors import ConfigError
+
+    site_path, package_path, public, tmp_path = setup
+    agent = AgentRuntime(load_site(site_path), tmp_path / "state", public)
+    x = np.load(tmp_path / "x.npy", allow_pickle=False)
+    with pytest.raises(ConfigError, match="conv, relu"):
+        infer_private(agent, package_path.read_bytes(), x, 1.2, feature=name)
+    assert agent.ledger().spent() == 0.0
+
+
+def test_cli_feature_option(setup, capsys):
+    site_path, package_path, public, tmp_path = setup
+    args = ["agent", "infer", str(package_path), "--site", str(site_path), "--input", str(tmp_path / "x.npy"),
+            "--epsilon", "0.5", "--state-dir", str(tmp_path / "state"), "--key", str(public)]
+    assert main(args + ["--feature", "pool", "--clip-l1", "3", "--output", str(tmp_path / "f.npy")]) == 0
+    assert np.load(tmp_path / "f.npy", allow_pickle=False).shape == (6, 32, 4, 4)
+    assert "released pool" in capsys.readouterr().out
+    assert main(args + ["--feature", "nope", "--output", str(tmp_path / "g.npy")]) == 2
+    assert "nope" in capsys.readouterr().err
+    assert not (tmp_path / "g.npy").exists()
+    assert AgentRuntime(load_site(site_path), tmp_path / "state", public).ledger().spent() == pytest.approx(0.5)

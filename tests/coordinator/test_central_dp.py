@@ -96,3 +96,98 @@ def test_round_table_shows_dropped_sites_and_central_epsilon():
     text = format_round(entry)
     assert "budget exhausted" in text and "fleet-c: privacy budget exhausted" in text
     assert "central DP" in text and "ε = 7.080" in text
+
+
+def _one_release_epsilon(noise_multiplier: float, n: int, delta: float, releases: int) -> float:
+    from flwr.serverapp import NeighboringRelation, PrivacyConfig, SamplingMethod
+    from flwr.supercore.privacy_accounting import GaussianPrivacyEvent
+    from flwr.supercore.privacy_accounting.rdp_accountant import RdpAccountant
+
+    acc = RdpAccountant(PrivacyConfig(target_delta=delta, population_size=n,
+                                      neighboring_relation=NeighboringRelation.ADD_OR_REMOVE_ONE,
+                                      sampling_method=SamplingMethod.NO_AMPLIFICATION))
+    for _ in range(releases):
+        acc.compose(GaussianPrivacyEvent(noise_multiplier=noise_multiplier, sample_size=n, population_size=n))
+    return acc.get_privacy_spent().epsilon
+
+
+def test_max_epsilon_is_optional_positive_and_reaches_flowers_accountant(tmp_path):
+    assert federation(tmp_path, "central_dp: {enabled: true}\n").central_dp.max_epsilon is None
+    for bad in ("0", "-1", ".inf", "nan"):
+        with pytest.raises(ConfigError):
+            federation(tmp_path, f"central_dp: {{enabled: true, max_epsilon: {bad}}}\n")
+    _, outer = make_strategy(federation(tmp_path, "central_dp: {enabled: true, max_epsilon: 9.5}\n"), None, 3)
+    assert outer.accountant.config.max_epsilon == 9.5
+
+
+def test_max_epsilon_stops_the_run_cleanly_after_the_last_affordable_round(tmp_path):
+    """A cap between the ε of one and two releases: round 1 runs, round 2 is refused before any site trains."""
+    from cuvil_edge.coordinator.report import STOPPED_CENTRAL_BUDGET, RunReport
+    from cuvil_edge.coordinator.server_app import start_rounds
+
+    one, two = (_one_release_epsilon(2.0, 3, 1e-5, k) for k in (1, 2))
+    cap = (one + two) / 2
+    f = federation(tmp_path, f"central_dp: {{enabled: true, noise_multiplier: 2.0, max_epsilon: {cap}}}\n")
+    inner, outer = make_strategy(f, factory=None, n=3)
+    asked: list[int] = []
+
+    def configure_train(server_round, arrays, config, grid):  # the sites' messages (only their number counts)
+        asked.append(server_round)
+        return [object()] * 3
+
+    inner.configure_train = configure_train
+    # round 1: Flower admits it; a released aggregate composes one Gaussian event
+    assert len(list(outer.configure_train(1, ArrayRecord(), ConfigRecord(), None))) == 3
+    outer._compose_release(outer._pop_pending_event(1))
+    assert outer.privacy_spent().epsilon == pytest.approx(one) and one <= cap
+
+    # round 2 via start_rounds: the strategy's own start() reaches configure_train and Flower refuses
+    sites = f.load_sites()
+    (tmp_path / "run").mkdir()
+    report = RunReport(tmp_path / "run", sites)
+    report.add_round(0, 0.1, {})
+    report.add_round(1, 0.5, {}, central={"released": True, "epsilon": one, "delta": 1e-5,
+                                          "noise_multiplier": 2.0, "clipping_norm": 1.0})
+
+    def start(grid, arrays, num_rounds, timeout, evaluate_fn):
+        outer.configure_train(2, arrays, ConfigRecord(), grid)
+        raise AssertionError("round 2 should have been refused")
+
+    outer.start = start
+    start_rounds(outer, report, None, ArrayRecord(), num_rounds=3, timeout=1.0, evaluate_fn=None)
+    assert asked == [1, 2] and outer.privacy_spent().epsilon == pytest.approx(one)  # nothing more spent
+    metrics = __import__("json").loads((tmp_path / "run" / "metrics.json").read_text())
+    assert metrics["stopped_early"]["reason"] == STOPPED_CENTRAL_BUDGET
+    assert metrics["stopped_early"]["completed_rounds"] == 1 and metrics["stopped_early"]["requested_rounds"] == 3
+    assert "max_epsilon" in metrics["stopped_early"]["detail"]
+    assert report.plot().exists()
+
+
+def test_launcher_accepts_a_central_budget_stop_and_nothing_else(tmp_path, monkeypatch):
+    import json
+    import os
+
+    import flwr.simulation
+
+    from cuvil_edge.config.run_spec import RunSpec
+    from cuvil_edge.coordinator.launcher import RunFailedError, run_in_simulation
+    from cuvil_edge.coordinator.report import STOPPED_CENTRAL_BUDGET
+
+    fed = tmp_path / "federation.yaml"
+    fed.write_text((ROOT / "configs" / "federation.yaml").read_text().replace(
+        "sites/", str(ROOT / "configs" / "sites") + "/"))
+    spec = RunSpec(federation=str(fed), run_dir=str(tmp_path), coordinator_key="k", coordinator_public_key="p",
+                   agents_dir=str(tmp_path / "agents"), rounds=3)
+    monkeypatch.setattr(flwr.simulation, "run_simulation", lambda **kw: None)
+    monkeypatch.setattr(os, "environ", dict(os.environ))  # run_in_simulation sets Flower's variables
+    rounds = [{"round": r, "global_accuracy": 0.5, "sites": {}} for r in range(2)]
+    (tmp_path / "metrics.json").write_text(json.dumps({"rounds": rounds}))
+    with pytest.raises(RunFailedError):
+        run_in_simulation(spec, None, None)
+    stopped = {"reason": STOPPED_CENTRAL_BUDGET, "detail": "x", "completed_rounds": 1, "requested_rounds": 3}
+    (tmp_path / "metrics.json").write_text(json.dumps({"rounds": rounds, "stopped_early": stopped}))
+    assert run_in_simulation(spec, None, None)["stopped_early"]["completed_rounds"] == 1
+    stopped["reason"] = "something else"
+    (tmp_path / "metrics.json").write_text(json.dumps({"rounds": rounds, "stopped_early": stopped}))
+    with pytest.raises(RunFailedError):
+        run_in_simulation(spec, None, None)

@@ -94,3 +94,25 @@ def test_central_dp_wraps_the_strategy_and_reports_its_epsilon(tmp_path):
         assert stats["train-eps-round"] == 0.0  # local DP-SGD off: only evaluation releases spend
         assert stats["eps-spent"] == pytest.approx(0.2)
     assert "central DP (site-level" in proc.stdout
+
+
+def test_central_max_epsilon_stops_the_run_cleanly(tmp_path):
+    """max_epsilon 6 admits one central release (ε 4.73) but not two (7.08): 3 requested rounds, 1 run."""
+    configs = tmp_path / "configs"
+    (configs / "sites").mkdir(parents=True)
+    text = (ROOT / "configs" / "federation.yaml").read_text()
+    text = text.replace("local_dp: true", "local_dp: false").replace("  enabled: false", "  enabled: true")
+    text = text.replace("  # max_epsilon: 10.0", "  max_epsilon: 6.0")
+    assert "  max_epsilon: 6.0" in text
+    (configs / "federation.yaml").write_text(text)
+    for site in (ROOT / "configs" / "sites").glob("*.yaml"):
+        (configs / "sites" / site.name).write_text(site.read_text())
+    proc, run_dir = run_demo(tmp_path, 3, configs / "federation.yaml")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    assert [r["round"] for r in metrics["rounds"]] == [0, 1]
+    assert metrics["rounds"][1]["central_dp"]["epsilon"] == pytest.approx(4.73, abs=0.01)
+    assert metrics["stopped_early"]["reason"] == "stopped early: central ε budget"
+    assert metrics["stopped_early"]["completed_rounds"] == 1
+    assert (run_dir / "metrics.png").stat().st_size > 1000
+    assert "stopped early: central ε budget" in proc.stdout
