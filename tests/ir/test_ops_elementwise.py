@@ -146,6 +146,8 @@ CASES = [
     case("dropout_mask_opset12", "Dropout", In((B, 3)), f(0.5), f(False, BOOL), opset=12),
     case("dropout_mask_opset13_f16", "Dropout", In((B, 3), F16)),
     case("dropout_opset22_f64", "Dropout", In((B, 3), F64), f(0.1, F64), opset=22),
+    case("dropout_training_zero_ratio", "Dropout", In((B, 3)), f(0.0), f(True, BOOL), opset=13),
+    case("dropout_training_zero_ratio_mask_opset22", "Dropout", In((B, 3)), f(0.0), f(True, BOOL), opset=22),
     # --- Where: 9, 16
     case("where_bcast", "Where", In((B, 1, 4), BOOL), const(3, 4), In((B, 3, 1)), opset=9),
     case("where_int64", "Where", In((B, 3), BOOL), In((B, 3), I64), f(-1, I64), opset=16),
@@ -199,7 +201,8 @@ CASES = [
 ]
 
 #: Cases whose node writes a second output ("mask").
-TWO_OUTPUTS = {"dropout_mask_opset7", "dropout_mask_opset10", "dropout_mask_opset12", "dropout_mask_opset13_f16"}
+TWO_OUTPUTS = {"dropout_mask_opset7", "dropout_mask_opset10", "dropout_mask_opset12", "dropout_mask_opset13_f16",
+               "dropout_training_zero_ratio_mask_opset22"}
 CAPABILITIES = [{"TARGET_LARGE_SCRATCH": True}, {"TARGET_LARGE_SCRATCH": False}]
 
 
@@ -400,6 +403,8 @@ BAD = [
     ("gelu_int", "Gelu", 20, [("int32", (B, 3))], [], {}, 1, UnsupportedAttributeError, "int32"),
     ("dropout_training_true", "Dropout", 13, [("float32", (B, 3))], [f(0.5), f(True, BOOL)], {}, 1,
      UnsupportedAttributeError, "training"),
+    ("dropout_training_ratio_not_constant", "Dropout", 13, [("float32", (B, 3)), ("float32", ())], [f(True, BOOL)], {}, 1,
+     ShapeInferenceError, "ratio that is not a constant"),
     ("dropout_training_not_constant", "Dropout", 13, [("float32", (B, 3)), ("float32", ()), ("bool", ())], [], {}, 1,
      UnsupportedAttributeError, "not a constant"),
     ("dropout_int", "Dropout", 13, [("int32", (B, 3))], [], {}, 1, UnsupportedAttributeError, "int32"),

@@ -1,4 +1,7 @@
-"""ReduceMax: max (bool inputs from opset 20) over ``axes``; axes is an input from opset 18 (see _reduce.py)."""
+"""ReduceMax: max (bool inputs from opset 20) over ``axes``; axes is an input from opset 18 (see _reduce.py).
+
+Reducing an empty set gives max's identity, as ONNX defines it: -inf for floats, the dtype's
+minimum for integers, False for bool."""
 
 from __future__ import annotations
 
@@ -23,6 +26,9 @@ def k_reduce_max(x, axes, keepdims, noop):
     axes = _reduce_axes(x, axes, noop)
     if axes is None:
         return x.copy()
+    if x.size == 0:
+        low = -np.inf if x.dtype.kind == "f" else False if x.dtype.kind == "b" else np.iinfo(x.dtype).min
+        return np.asarray(np.max(x, axis=axes, keepdims=bool(keepdims), initial=low)).astype(x.dtype)
     return np.asarray(x.max(axis=axes, keepdims=bool(keepdims)))
 '''
 

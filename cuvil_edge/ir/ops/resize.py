@@ -1,11 +1,15 @@
-"""Resize: nearest or (multi)linear resampling to ``scales`` or ``sizes``.
+"""Resize: nearest, (multi)linear or (multi)cubic resampling to ``scales`` or ``sizes``.
 
 Opset 10 takes (X, scales) with asymmetric coordinates and onnxruntime's "simple" nearest
-rounding; from 11 (X, roi, scales, sizes) with coordinate_transformation_mode half_pixel,
-half_pixel_symmetric (19), pytorch_half_pixel, align_corners, asymmetric, tf_half_pixel_for_nn
-and nearest_mode round_prefer_floor/ceil, floor, ceil; from 18 ``axes`` and
-``keep_aspect_ratio_policy``.  Cubic mode, tf_crop_and_resize and antialias are rejected.
-Axes are resampled one at a time (exact for nearest and multilinear).
+rounding (nearest and linear only); from 11 (X, roi, scales, sizes) with
+coordinate_transformation_mode half_pixel, half_pixel_symmetric (19), pytorch_half_pixel,
+align_corners, asymmetric, tf_half_pixel_for_nn, tf_crop_and_resize (roi input,
+extrapolation_value), nearest_mode round_prefer_floor/ceil, floor, ceil, mode cubic
+(cubic_coeff_a, exclude_outside); from 18 ``axes``, ``keep_aspect_ratio_policy`` and
+``antialias`` (linear and cubic: the kernel is widened by 1/scale when downsampling and its
+weights renormalised).  Axes are resampled one at a time (the ONNX definition is separable).
+Cubic, antialiased and cropped resampling weigh taps in float64 (as ONNX's reference does)
+and cast back to X's dtype.
 """
 
 from __future__ import annotations
@@ -21,7 +25,8 @@ from cuvil_edge.ir.ops._util import ints, need, template_function, text, want_dt
 OP_TYPE = "Resize"
 VERSIONS = (10, 11, 13, 18, 19)
 CONST_INPUTS = (1, 2, 3)
-_COORDS = ("half_pixel", "pytorch_half_pixel", "align_corners", "asymmetric", "tf_half_pixel_for_nn")
+_COORDS = ("half_pixel", "pytorch_half_pixel", "align_corners", "asymmetric", "tf_half_pixel_for_nn",
+           "tf_crop_and_resize")
 
 
 def options(node) -> tuple:
@@ -32,21 +37,31 @@ def options(node) -> tuple:
     nearest = "simple" if legacy else text(node, "nearest_mode", "round_prefer_floor")
     policy = text(node, "keep_aspect_ratio_policy", "stretch") if node.version >= 18 else "stretch"
     coords = _COORDS + (("half_pixel_symmetric",) if node.version >= 19 else ())
+    modes = ("nearest", "linear") if legacy else ("nearest", "linear", "cubic")
     problems = []
-    if mode not in ("nearest", "linear"):
-        problems.append(f"mode={mode!r} (supported: nearest, linear)")
+    if mode not in modes:
+        problems.append(f"mode={mode!r} (supported: {', '.join(modes)})")
     if coord not in coords + ("asymmetric",):
         problems.append(f"coordinate_transformation_mode={coord!r} (supported: {', '.join(coords)})")
     if nearest not in ("simple", "round_prefer_floor", "round_prefer_ceil", "floor", "ceil"):
         problems.append(f"nearest_mode={nearest!r}")
     if policy not in ("stretch", "not_larger", "not_smaller"):
         problems.append(f"keep_aspect_ratio_policy={policy!r}")
-    if int(node.attr("antialias", 0)):
-        problems.append("antialias=1")
+    antialias = int(node.attr("antialias", 0)) if node.version >= 18 else 0
+    if antialias and mode == "nearest":
+        problems.append("antialias=1 with mode='nearest' (antialias needs linear or cubic)")
     if problems:
         raise UnsupportedAttributeError(f"{node.describe()}: unsupported {'; '.join(problems)}")
     axes = tuple(ints(node, "axes")) if node.version >= 18 else ()
     return mode, coord, nearest, axes, policy, int(legacy)
+
+
+def extras(node) -> tuple:
+    """(cubic_coeff_a, exclude_outside, extrapolation_value, antialias); ONNX's defaults before opset 11."""
+    if node.version < 11:
+        return -0.75, 0, 0.0, 0
+    return (float(node.attr("cubic_coeff_a", -0.75)), int(node.attr("exclude_outside", 0)),
+            float(node.attr("extrapolation_value", 0.0)), int(node.attr("antialias", 0)) if node.version >= 18 else 0)
 
 
 TEMPLATE = '''
@@ -103,26 +118,86 @@ def _resize_nearest(coords, nearest, scale):
     return index.astype(np.int64)
 
 
-def k_resize(x, scales, sizes, mode, coord, nearest, axes, policy):
+def _resize_roi(roi, rank, axes):
+    """Per axis (start, end) of tf_crop_and_resize's roi (normalised coordinates)."""
+    pairs = [(0.0, 1.0)] * rank
+    if roi is None or not np.size(roi):
+        return pairs
+    roi = [float(v) for v in np.asarray(roi).reshape(-1)]
+    axes = [int(a) + rank if int(a) < 0 else int(a) for a in axes] or list(range(rank))
+    n = len(axes)
+    for i, a in enumerate(axes):
+        pairs[a] = (roi[i], roi[n + i])
+    return pairs
+
+
+def _resize_crop_coords(size_in, size_out, pair):
+    x = np.arange(size_out, dtype=np.float64)
+    start, end = pair
+    if size_out > 1:
+        coords = start * (size_in - 1) + x * (end - start) * (size_in - 1) / (size_out - 1)
+    else:
+        coords = np.full(size_out, 0.5 * (start + end) * (size_in - 1))
+    return coords, (coords < 0) | (coords > size_in - 1)
+
+
+def _resize_weights(coords, size_in, mode, scale, a, exclude, antialias):
+    """Taps (out, k) and their weights for linear / cubic resampling at ``coords``."""
+    s = min(float(scale), 1.0) if antialias else 1.0
+    radius = (2.0 if mode == "cubic" else 1.0) / s
+    start = int(np.floor(-radius)) + 1
+    index = np.floor(coords).astype(np.int64)[:, None] + np.arange(start, 2 - start)[None, :]
+    t = np.abs((index - coords[:, None]) * s)
+    if mode == "cubic":
+        w = np.where(t <= 1, ((a + 2) * t - (a + 3)) * t * t + 1,
+                     np.where(t < 2, ((a * t - 5 * a) * t + 8 * a) * t - 4 * a, 0.0))
+    else:
+        w = np.maximum(1 - t, 0.0)
+    if antialias:
+        w = w / w.sum(axis=1, keepdims=True)
+    if exclude:
+        w = np.where((index < 0) | (index >= size_in), 0.0, w)
+        total = w.sum(axis=1, keepdims=True)
+        w = w / np.where(total == 0, 1.0, total)
+    return np.clip(index, 0, size_in - 1), w
+
+
+def k_resize(x, roi, scales, sizes, mode, coord, nearest, axes, policy, a=-0.75, exclude=0, extrapolation=0.0,
+             antialias=0):
     out, scale = _resize_plan(x.shape, scales, sizes, axes, policy)
-    y = x
+    crop = coord == "tf_crop_and_resize"
+    pairs = _resize_roi(roi, x.ndim, axes) if crop else None
+    weighted = mode == "cubic" or antialias or crop
+    y = x.astype(np.float64) if weighted and mode != "nearest" else x
     for axis in range(x.ndim):
         size_in = x.shape[axis]
-        if out[axis] == size_in and scale[axis] == 1:
+        if out[axis] == size_in and scale[axis] == 1 and (not crop or pairs[axis] == (0.0, 1.0)):
             continue
-        coords = _resize_coords(size_in, out[axis], scale[axis], coord)
+        shape = [1] * x.ndim
+        shape[axis] = out[axis]
+        outside = None
+        if crop:
+            coords, outside = _resize_crop_coords(size_in, out[axis], pairs[axis])
+        else:
+            coords = _resize_coords(size_in, out[axis], scale[axis], coord)
         if mode == "nearest":
             index = np.clip(_resize_nearest(coords, nearest, scale[axis]), 0, size_in - 1)
             y = np.take(y, index, axis=axis)
-            continue
-        coords = np.clip(coords, 0, size_in - 1)
-        low = np.minimum(np.floor(coords).astype(np.int64), size_in - 1)
-        high = np.minimum(low + 1, size_in - 1)
-        frac = (coords - low).astype(x.dtype)
-        shape = [1] * x.ndim
-        shape[axis] = out[axis]
-        frac = frac.reshape(shape)
-        y = np.take(y, low, axis=axis) * (1 - frac) + np.take(y, high, axis=axis) * frac
+        elif weighted:
+            index, w = _resize_weights(coords.astype(np.float64), size_in, mode, scale[axis], a, exclude, antialias)
+            acc = None
+            for k in range(index.shape[1]):
+                term = np.take(y, index[:, k], axis=axis) * w[:, k].reshape(shape)
+                acc = term if acc is None else acc + term
+            y = acc
+        else:
+            coords = np.clip(coords, 0, size_in - 1)
+            low = np.minimum(np.floor(coords).astype(np.int64), size_in - 1)
+            high = np.minimum(low + 1, size_in - 1)
+            frac = (coords - low).astype(x.dtype).reshape(shape)
+            y = np.take(y, low, axis=axis) * (1 - frac) + np.take(y, high, axis=axis) * frac
+        if outside is not None and outside.any():
+            y = np.where(outside.reshape(shape), np.asarray(extrapolation).astype(y.dtype), y)
     return np.ascontiguousarray(y.astype(x.dtype, copy=False))
 '''
 
@@ -168,20 +243,21 @@ def infer(node, inputs, consts=None):
 
 
 def flops(node, inputs, outputs):
-    per = 4 if text(node, "mode", "nearest") == "linear" else 0
+    per = {"linear": 4, "cubic": 8}.get(text(node, "mode", "nearest"), 0)
     return per * outputs[0].numel() * max(1, inputs[0].rank - 2)
 
 
 def kernel(node, x, *rest):
     mode, coord, nearest, axes, policy, legacy = options(node)
-    scales, sizes = (rest[0], None) if legacy else ((list(rest) + [None] * 3)[1:3])
+    roi, scales, sizes = (None, rest[0], None) if legacy else (list(rest) + [None] * 3)[:3]
     scales = None if scales is None or not np.size(scales) else scales
-    return [k_resize(x, scales, sizes, mode, coord, nearest, axes, policy)]
+    return [k_resize(x, roi, scales, sizes, mode, coord, nearest, axes, policy, *extras(node))]
 
 
 def emit(node, args, outs):
     mode, coord, nearest, axes, policy, legacy = options(node)
-    scales, sizes = (args[1], "None") if legacy else (arg(args, 2), arg(args, 3))
+    roi, scales, sizes = ("None", args[1], "None") if legacy else (arg(args, 1), arg(args, 2), arg(args, 3))
     scales = f"(None if {scales} is None or not np.size({scales}) else {scales})"
-    return (f"{outs[0]} = k_resize({args[0]}, {scales}, {sizes}, {mode!r}, {coord!r}, {nearest!r}, "
-            f"{axes!r}, {policy!r})")
+    a, exclude, extrapolation, antialias = extras(node)
+    return (f"{outs[0]} = k_resize({args[0]}, {roi}, {scales}, {sizes}, {mode!r}, {coord!r}, {nearest!r}, "
+            f"{axes!r}, {policy!r}, {a!r}, {exclude!r}, {extrapolation!r}, {antialias!r})")
