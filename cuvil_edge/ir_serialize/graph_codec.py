@@ -100,7 +100,7 @@ def _node(obj: Any, index: int) -> Node:
 
 def _attr(value: Any, where: str) -> Any:
     """JSON scalars and flat lists of scalars (lists become tuples), or a small inline
-    tensor ``{"tensor": {"dtype", "shape", "values"}}`` (PACKAGE_SPEC §4)."""
+    tensor ``{"tensor": {"dtype", "shape", "values"}}`` (PACKAGE_SPEC §6.2)."""
     if isinstance(value, _SCALARS):
         return value
     if isinstance(value, list) and all(isinstance(x, _SCALARS) for x in value):
