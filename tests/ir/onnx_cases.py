@@ -103,3 +103,19 @@ def assert_matches(actual: np.ndarray, expected: np.ndarray) -> None:
     assert isinstance(actual, np.ndarray)
     assert actual.dtype == expected.dtype and actual.shape == expected.shape
     np.testing.assert_allclose(actual, expected, rtol=1e-5, atol=1e-6)
+
+
+def run_template(module, node, env: dict, capabilities: dict) -> list:
+    """Execute ``module``'s TEMPLATE with ``capabilities`` and call it the way ``emit`` writes it
+    for ``node``; returns the node's outputs in order (absent optional inputs are ``None``)."""
+    from cuvil_edge.ir.ops._util import DEFAULT_CAPABILITIES
+
+    namespace = {"np": np, **DEFAULT_CAPABILITIES, **capabilities}
+    exec(compile(module.TEMPLATE, f"<template {module.OP_TYPE}>", "exec"), namespace)
+    args = []
+    for i, name in enumerate(node.inputs):
+        namespace[f"a{i}"] = env[name] if name else None
+        args.append(f"a{i}" if name else "")
+    outs = [f"out{i}" for i in range(len(node.outputs))]
+    exec(compile(module.emit(node, args, outs), "<emit>", "exec"), namespace)
+    return [namespace[o] for o in outs]

@@ -10,9 +10,8 @@ from onnx import numpy_helper
 from cuvil_edge.frontend import load_model
 from cuvil_edge.frontend.onnx_import import _nodes
 from cuvil_edge.ir import interpreter, ops
-from cuvil_edge.ir.ops._util import DEFAULT_CAPABILITIES
 
-from onnx_cases import In, assert_matches, batches, build_model, case, const, feeds_for, run_ort
+from onnx_cases import In, assert_matches, batches, build_model, case, const, feeds_for, run_ort, run_template
 
 B = "batch"
 X4 = In((B, 2, 5, 5))
@@ -157,17 +156,6 @@ def test_interpreter_matches_onnxruntime(c):
         assert graph.types["y"].bind({"batch": batch or 0}).shape == expected.shape
 
 
-def _run_template(module, node, env, capabilities):
-    namespace = {"np": np, **DEFAULT_CAPABILITIES, **capabilities}
-    exec(compile(module.TEMPLATE, f"<template {module.OP_TYPE}>", "exec"), namespace)
-    args = []
-    for i, name in enumerate(node.inputs):
-        namespace[f"a{i}"] = env[name]
-        args.append(f"a{i}" if name else "")
-    exec(compile(module.emit(node, args, ["out0"]), "<emit>", "exec"), namespace)
-    return namespace["out0"]
-
-
 @pytest.mark.parametrize("capabilities", CAPABILITIES, ids=lambda caps: "large_scratch" if caps["TARGET_LARGE_SCRATCH"] else "low_memory")
 @pytest.mark.parametrize("c", CASES, ids=lambda c: c.id)
 def test_template_matches_onnxruntime(c, capabilities):
@@ -181,7 +169,7 @@ def test_template_matches_onnxruntime(c, capabilities):
         feeds = feeds_for(c, batch)
         expected = run_ort(model, feeds)
         # act
-        actual = _run_template(module, node, {**graph.initializers, **feeds}, capabilities)
+        actual = run_template(module, node, {**graph.initializers, **feeds}, capabilities)[0]
         # assert
         assert_matches(actual, expected)
 

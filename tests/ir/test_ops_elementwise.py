@@ -15,9 +15,8 @@ from cuvil_edge.frontend import load_model
 from cuvil_edge.ir import interpreter, ops
 from cuvil_edge.ir.graph import Node, TensorType, Value
 from cuvil_edge.ir.infer import build_graph
-from cuvil_edge.ir.ops._util import DEFAULT_CAPABILITIES
 
-from onnx_cases import Case, In, assert_matches, batches, case, const, feeds_for, ort, run_ort
+from onnx_cases import Case, In, assert_matches, batches, case, const, feeds_for, ort, run_template
 
 B = "batch"
 F16, F64, I8, I32, I64, U8, U16, U32, BOOL = (np.float16, np.float64, np.int8, np.int32, np.int64,
@@ -310,18 +309,6 @@ def _run_all(graph, feeds):
     return interpreter.run(replace(graph, outputs=outs), feeds)
 
 
-def _run_template(module, node, env, capabilities):
-    namespace = {"np": np, **DEFAULT_CAPABILITIES, **capabilities}
-    exec(compile(module.TEMPLATE, f"<template {module.OP_TYPE}>", "exec"), namespace)
-    args = []
-    for i, name in enumerate(node.inputs):
-        namespace[f"a{i}"] = env[name] if name else None
-        args.append(f"a{i}" if name else "")
-    outs = [f"out{i}" for i in range(len(node.outputs))]
-    exec(compile(module.emit(node, args, outs), "<emit>", "exec"), namespace)
-    return [namespace[o] for o in outs]
-
-
 @pytest.mark.parametrize("capabilities", CAPABILITIES, ids=lambda caps: "large_scratch" if caps["TARGET_LARGE_SCRATCH"] else "low_memory")
 @pytest.mark.parametrize("c", CASES, ids=lambda c: c.id)
 def test_template_matches_onnxruntime(c, capabilities):
@@ -333,7 +320,7 @@ def test_template_matches_onnxruntime(c, capabilities):
         feeds = feeds_for(c, batch)
         expected = expected_outputs(c, feeds)
         # act
-        actual = _run_template(module, node, {**graph.initializers, **feeds}, capabilities)
+        actual = run_template(module, node, {**graph.initializers, **feeds}, capabilities)
         # assert
         for got, want in zip(actual, expected):
             check(got, want)
@@ -359,7 +346,7 @@ def test_where_bool_matches_onnxruntime_on_uint8():
     feeds = feeds_for(c, 4)
     expected = _ort_all(build(as_u8), {"in0": feeds["in0"], "in1": feeds["in1"].astype(U8)}, ["y"])[0].astype(BOOL)
     check(interpreter.run(graph, feeds)["y"], expected)
-    check(_run_template(ops.get("Where"), graph.nodes[0], {**graph.initializers, **feeds}, {})[0], expected)
+    check(run_template(ops.get("Where"), graph.nodes[0], {**graph.initializers, **feeds}, {})[0], expected)
 
 
 # --- Erf accuracy, and integer Erf (opset 9), which onnxruntime has no kernel for -------------

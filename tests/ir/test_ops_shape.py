@@ -13,9 +13,8 @@ from cuvil_edge.frontend import load_model
 from cuvil_edge.ir import interpreter, ops
 from cuvil_edge.ir.graph import Node, TensorType, Value
 from cuvil_edge.ir.infer import build_graph
-from cuvil_edge.ir.ops._util import DEFAULT_CAPABILITIES
 
-from onnx_cases import In, Case, batches, const, feeds_for, ort
+from onnx_cases import In, Case, batches, const, feeds_for, ort, run_template
 
 B = "batch"
 X4 = In((B, 2, 5, 5))
@@ -293,18 +292,6 @@ def test_interpreter_matches_onnxruntime(c):
             assert graph.types[name].bind({B: batch or 0}).shape == want.shape
 
 
-def _run_template(module, node, env, capabilities):
-    namespace = {"np": np, **DEFAULT_CAPABILITIES, **capabilities}
-    exec(compile(module.TEMPLATE, f"<template {module.OP_TYPE}>", "exec"), namespace)
-    args = []
-    for i, name in enumerate(node.inputs):
-        namespace[f"a{i}"] = env[name]
-        args.append(f"a{i}" if name else "")
-    outs = [f"out{i}" for i in range(len(node.outputs))]
-    exec(compile(module.emit(node, args, outs), "<emit>", "exec"), namespace)
-    return [namespace[o] for o in outs]
-
-
 @pytest.mark.parametrize("capabilities", CAPABILITIES, ids=["large_scratch", "low_memory"])
 @pytest.mark.parametrize("c", CASES, ids=lambda c: c.id)
 def test_template_matches_onnxruntime(c, capabilities):
@@ -317,7 +304,7 @@ def test_template_matches_onnxruntime(c, capabilities):
         feeds = feeds_for(c, batch)
         expected = run_ort(model, feeds, _outs(c))
         # act
-        actual = _run_template(module, node, {**graph.initializers, **feeds}, capabilities)
+        actual = run_template(module, node, {**graph.initializers, **feeds}, capabilities)
         # assert
         for got, want in zip(actual, expected):
             assert_matches(got, want)

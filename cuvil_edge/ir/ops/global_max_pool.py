@@ -2,22 +2,13 @@
 
 from __future__ import annotations
 
-from cuvil_edge.errors import ShapeInferenceError
-from cuvil_edge.ir import dtypes
-from cuvil_edge.ir.graph import TensorType
-from cuvil_edge.ir.ops._util import need, template_function, want_dtype
+from cuvil_edge.ir.ops._util import template_function
+from cuvil_edge.ir.ops import global_average_pool as _average
 
 OP_TYPE = "GlobalMaxPool"
 VERSIONS = (1, 22)
 
-
-def infer(node, inputs):
-    need(node, inputs, 1)
-    x = inputs[0]
-    want_dtype(node, x, dtypes.FLOATS)
-    if x.rank < 3:
-        raise ShapeInferenceError(f"{node.describe()} needs (N, C, *spatial), got {x}")
-    return [TensorType(x.dtype, (*x.shape[:2], *([1] * (x.rank - 2))))]
+infer = _average.infer  # same output type as GlobalAveragePool
 
 
 def flops(node, inputs, outputs):

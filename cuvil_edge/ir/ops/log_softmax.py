@@ -3,22 +3,15 @@ opset >= 13 along ``axis`` alone (default -1).  x - max - log(sum(exp(x - max)))
 
 from __future__ import annotations
 
-from cuvil_edge.ir import dtypes
-from cuvil_edge.ir.ops._util import axis_index, need, template_function, want_dtype
+from cuvil_edge.ir.ops._util import template_function
+from cuvil_edge.ir.ops import softmax as _softmax
 
 OP_TYPE = "LogSoftmax"
 VERSIONS = (1, 11, 13)
 
-
-def _axis(node):
-    return int(node.attr("axis", -1 if node.version >= 13 else 1))
-
-
-def infer(node, inputs):
-    need(node, inputs, 1)
-    want_dtype(node, inputs[0], dtypes.FLOATS)
-    axis_index(node, _axis(node), inputs[0].rank)
-    return [inputs[0]]
+# Same axis rules and type inference as Softmax.
+_axis = _softmax._axis
+infer = _softmax.infer
 
 
 def flops(node, inputs, outputs):
