@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import platform
-import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -24,8 +23,8 @@ from cuvil_edge.device_targets import build, list_targets
 from cuvil_edge.frontend import load_model
 from cuvil_edge.frontend.demo_model import digits_cnn_onnx
 from cuvil_edge.ir import interpreter
-from cuvil_edge.coordinator.keys import current_root, init_keys, load_signing_keys
-from cuvil_edge.ir_serialize import verify_package, write_package
+from cuvil_edge.coordinator.keys import init_keys, load_signing_keys
+from cuvil_edge.ir_serialize import AntiRollbackState, verify_and_accept, write_package
 
 REPEATS = 7
 BATCH = 256
@@ -44,7 +43,7 @@ def main() -> dict:
     graph = load_model(digits_cnn_onnx(0))
     keys_dir = Path(tempfile.mkdtemp())
     private_path, _ = init_keys(keys_dir)
-    keys, root = load_signing_keys(private_path), current_root(keys_dir)
+    keys, root_json = load_signing_keys(private_path), (keys_dir / "root.json").read_bytes()
     now = int(time.time())
     x = np.random.default_rng(0).random((BATCH, 1, 8, 8), dtype=np.float32)
     results: dict = {"batch": BATCH, "repeats": REPEATS, "python": platform.python_version(),
@@ -55,8 +54,10 @@ def main() -> dict:
     for target in list_targets():
         data = write_package(graph, site="bench", target=target, version=1, signing_key=keys.coordinator,
                              release_key=keys.release, issued_at=now, expires=now + 600)
-        verify = lambda: verify_package(data, trust_root=root, site="bench", target=target, now=now,  # noqa: E731
-                                        max_package_bytes=1 << 30)
+        state = AntiRollbackState(Path(tempfile.mkdtemp()))
+        state.initialise(root_json)
+        verify = lambda: verify_and_accept(data, state, site="bench", target=target, now=now,  # noqa: E731
+                                           max_package_bytes=1 << 30)  # re-delivery: verify + idempotent record
         package = verify()
         with tempfile.TemporaryDirectory() as cache:
             cold = time.perf_counter()

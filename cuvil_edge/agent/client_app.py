@@ -22,7 +22,7 @@ from cuvil_edge.config import load_federation, load_site
 from cuvil_edge.config.run_spec import RunSpec
 from cuvil_edge.config.site import SiteConfig
 from cuvil_edge.datasets import digits
-from cuvil_edge.errors import BudgetExhaustedError, ConfigError, CuvilError
+from cuvil_edge.errors import BudgetExhaustedError, ConfigError, CuvilError, PackageFormatError, PackageSizeError
 
 log = logging.getLogger(__name__)
 
@@ -121,7 +121,13 @@ def _package(msg: Message, agent: AgentRuntime) -> bytes:
     config = msg.content["config"]
     if config.get("site") != agent.site.site:
         raise ConfigError(f"message for site {config.get('site')!r} reached site {agent.site.site!r}")
-    return bytes(config["package"])
+    package = config.get("package")
+    if not isinstance(package, bytes):
+        raise PackageFormatError("the message carries no package bytes under config['package']")
+    if len(package) > agent.max_package_bytes:  # before anything else looks at it
+        raise PackageSizeError(f"the message carries a {len(package)}-byte package, over this site's limit of "
+                               f"{agent.max_package_bytes} (agent.max_package_bytes)")
+    return package
 
 
 @app.query()

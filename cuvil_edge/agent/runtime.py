@@ -6,13 +6,13 @@ compile and run packages.  All IO of the agent's state directory happens here:
     <state_dir>/anti_rollback.json  trusted root + anti-rollback state (PACKAGE_SPEC §11)
     <state_dir>/keys/seal.key     the site's sealing key (`cuvil-edge agent keys init`), optional
     <state_dir>/ledger.sqlite     privacy ledger
-    <state_dir>/packages/         received packages, by payload digest
+    <state_dir>/packages/         verified packages only, v<version>-<manifest sha256>.cpkg, the newest N kept
     <state_dir>/build-cache/      compiled modules (pruned source kept for people)
 """
 
 from __future__ import annotations
 
-import hashlib
+import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,12 +22,12 @@ import numpy as np
 from cuvil_edge.atomic import atomic_write
 from cuvil_edge.config.site import SiteConfig
 from cuvil_edge.device_targets import CompiledModel, build, load_target
-from cuvil_edge.errors import KeyFileError
-from cuvil_edge.ir_serialize import AntiRollbackState, VerifiedPackage, open_package
+from cuvil_edge.errors import KeyFileError, PackageSizeError, StateError
+from cuvil_edge.ir_serialize import AntiRollbackState, VerifiedPackage, verify_and_accept
 from cuvil_edge.privacy import PrivacyLedger
 
-#: Largest package an agent accepts (PACKAGE_SPEC limits); big enough for ResNet-class models.
-MAX_PACKAGE_BYTES = 512 * 1024 * 1024
+log = logging.getLogger(__name__)
+PACKAGES_DIR = "packages"
 
 
 @dataclass(frozen=True)
@@ -60,8 +60,9 @@ class AgentRuntime:
         except OSError as e:
             raise KeyFileError(f"cannot read the pinned trust root {trust_root}: {e}") from e
         self.target = load_target(site.target)
-        self.rollback = AntiRollbackState(self.state_dir)
         self.clock = clock
+        self.rollback = AntiRollbackState(self.state_dir)
+        self.rollback.initialise(self.pinned_root)  # once; afterwards the state's own root is authoritative
         seal_path = Path(seal_key) if seal_key else self.state_dir / "keys" / "seal.key"
         self.seal_key = None
         if seal_key or seal_path.exists():
@@ -74,38 +75,54 @@ class AgentRuntime:
         return PrivacyLedger(self.state_dir / "ledger.sqlite", site=self.site.site,
                              epsilon_budget=p.epsilon_budget, delta=p.delta)
 
-    def _store(self, data: bytes) -> Path:
-        """Write received bytes durably under their digest (names never come from the package)."""
-        folder = self.state_dir / "packages"
-        folder.mkdir(exist_ok=True)
-        path = folder / f"{hashlib.sha256(data).hexdigest()}.cpkg"
-        atomic_write(path, data)
-        return path
+    @property
+    def max_package_bytes(self) -> int:
+        return self.site.agent.max_package_bytes
 
     def activate(self, data: bytes) -> Activated:
-        """Verify a package, record it as accepted, and build it for this site's target.
+        """Verify a package from memory, record it as accepted, keep it, and build it for this target.
+
+        Nothing touches the disk before the package is verified and accepted: the size cap is
+        checked first, verification runs on ``data`` in memory, and only then is the package
+        kept (the newest ``agent.keep_packages`` per site).
 
         Raises:
-            PackageError: any verification failure (nothing is accepted or built).
-            StateError: the anti-rollback state is unreadable.
+            PackageError: any verification failure (nothing is accepted, kept or built).
+            StateError: the anti-rollback state is unreadable or cannot be written.
             TargetError: the build failed.
         """
-        path = self._store(data)
+        if len(data) > self.max_package_bytes:
+            raise PackageSizeError(f"the package is {len(data)} bytes, over this site's limit of "
+                                   f"{self.max_package_bytes} (agent.max_package_bytes in the site YAML)")
         start = time.perf_counter()
-        now = int(self.clock())
-        root = self.rollback.trust_root(self.pinned_root)
-        package = open_package(path, trust_root=root, site=self.site.site, target=self.target.name, now=now,
-                               state=self.rollback.snapshot(), max_package_bytes=MAX_PACKAGE_BYTES,
-                               seal_key=self.seal_key)
+        package = verify_and_accept(data, self.rollback, site=self.site.site, target=self.target.name,
+                                    now=int(self.clock()), max_package_bytes=self.max_package_bytes,
+                                    seal_key=self.seal_key)
         verify_seconds = time.perf_counter() - start
-        # Durable before use (PACKAGE_SPEC §11.3): a crash after this point never re-opens an older package.
-        m = package.manifest
-        self.rollback.accept(m.site, m.version, package.manifest_digest,
-                             release=(package.release.package, package.release.release_counter),
-                             issued_at=m.issued_at, root=package.root, root_envelope=package.root_envelope)
+        self._keep(data, package)
         model = build(package, self.target.name, cache_dir=self.state_dir / "build-cache",
                       precision=self.site.precision)
         return Activated(package, model, len(data), verify_seconds)
+
+    def kept_packages(self) -> list[Path]:
+        """The verified packages kept on disk, oldest version first."""
+        return sorted((self.state_dir / PACKAGES_DIR).glob("v*-*.cpkg"))
+
+    def _keep(self, data: bytes, package: VerifiedPackage) -> None:
+        """Store a verified package durably, then prune to the newest ``agent.keep_packages``.
+
+        Names come from the verified manifest (version, digest), never from the sender.
+        """
+        folder = self.state_dir / PACKAGES_DIR
+        path = folder / f"v{package.manifest.version:020d}-{package.manifest_digest}.cpkg"
+        try:
+            folder.mkdir(mode=0o700, exist_ok=True)
+            if not path.exists():
+                atomic_write(path, bytes(data), mode=0o600)
+            for old in self.kept_packages()[:-self.site.agent.keep_packages]:
+                old.unlink(missing_ok=True)
+        except OSError as e:
+            raise StateError(f"cannot keep the verified package in {folder}: {e}; fix the state directory") from e
 
     @staticmethod
     def accuracy(model: CompiledModel, x: np.ndarray, y: np.ndarray) -> float:

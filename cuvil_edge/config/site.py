@@ -58,10 +58,13 @@ class DataSection(_Strict):
 
 
 class AgentSection(_Strict):
-    """Agent-side paths; both default to what the launcher provisions."""
+    """Agent-side settings; the paths default to what the launcher provisions."""
 
     state_dir: Optional[Path] = None
     coordinator_public_key: Optional[Path] = None
+    keep_packages: int = Field(ge=1, le=1000, default=3, description="verified packages kept on disk, newest first")
+    max_package_bytes: int = Field(ge=4096, le=2**40, default=512 * 2**20,
+                                   description="largest package accepted; checked before anything else")
 
     @field_validator("state_dir", "coordinator_public_key", mode="before")
     @classmethod

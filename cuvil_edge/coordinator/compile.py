@@ -16,12 +16,9 @@ from cuvil_edge.ir.graph import Graph
 from cuvil_edge.passes import OptimizeReport, optimize
 from cuvil_edge.coordinator.keys import load_signing_keys
 from cuvil_edge.ir_serialize import (
-    Manifest, ReleaseStatement, decode_payload, encode_payload, key_id, load_pinned_root, load_public_key, sign_release,
-    write_package,
+    describe_package, encode_payload, load_pinned_root, load_public_key, sign_release, write_package,
 )
 from cuvil_edge.atomic import atomic_write
-from cuvil_edge.ir_serialize.dsse import verify_threshold
-from cuvil_edge.ir_serialize.package import split_package
 
 #: `inspect` reads files up to this size (the agent applies its own, configured limit).
 INSPECT_MAX_BYTES = 4 * 1024**3
@@ -114,23 +111,15 @@ def inspect_package(path: Path, public_key: Path | None = None) -> PackageInfo:
         data = path.read_bytes()
     except OSError as e:
         raise ConfigError(f"{path}: cannot read package ({e.strerror})") from e
-    parts = split_package(memoryview(data), INSPECT_MAX_BYTES)
-    signature = "not checked (pass --key coordinator.pub or root.json to verify)"
-    if public_key is not None:
-        if public_key.suffix == ".json":  # a trust root: both signatures, by role
-            root = load_pinned_root(_read(public_key))
-            root.verify(parts.release, "release")
-            root.verify(parts.manifest, "coordinator")
-            signature = f"valid (release and coordinator roles of root v{root.version})"
-        else:
-            pub = load_public_key(public_key)
-            verify_threshold(parts.manifest, {key_id(pub): pub}, [key_id(pub)], 1, "coordinator")
-            signature = "valid (manifest, coordinator key)"
-    manifest = Manifest.from_bytes(parts.manifest.body)
-    release = ReleaseStatement.from_bytes(parts.release.body)
-    if manifest.sealed is not None:
+    trust_root = coordinator_key = None
+    if public_key is not None and public_key.suffix == ".json":  # a trust root: both signatures, by role
+        trust_root = load_pinned_root(_read(public_key))
+    elif public_key is not None:
+        coordinator_key = load_public_key(public_key)
+    info = describe_package(data, max_bytes=INSPECT_MAX_BYTES, trust_root=trust_root, coordinator_key=coordinator_key)
+    manifest, release, graph, signature = info.manifest, info.release, info.graph, info.signature
+    if graph is None:
         raise ConfigError(f"{path}: the payload is sealed for site {manifest.site!r}; only that site can inspect it")
-    graph = decode_payload(parts.payload)
     flops = node_flops(graph)
     per_op: dict[str, tuple[int, int]] = {}
     for node in graph.nodes:

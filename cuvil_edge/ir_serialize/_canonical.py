@@ -9,7 +9,10 @@ the canonical encoding of what they decode to.
 from __future__ import annotations
 
 import json
+import re
 from typing import Any, Iterable, Mapping
+
+import numpy as np
 
 from cuvil_edge.errors import BadNameError, DuplicateKeyError, PackageFormatError, UnsupportedFormatError
 
@@ -46,6 +49,30 @@ def _reject_constant(name: str) -> Any:
     raise PackageFormatError(f"JSON constant {name} is not allowed (PACKAGE_SPEC §1.2)")
 
 
+#: Deepest nesting of arrays/objects any document may have (PACKAGE_SPEC §1.2).  Ours need 8;
+#: the cap keeps every recursive reader and writer (json, canonical re-encoding) far from
+#: Python's recursion limit.
+MAX_JSON_DEPTH = 32
+_JSON_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
+_NOT_BRACKET = re.compile(r"[^\[\]{}]+")
+
+
+def _check_depth(text: str, what: str) -> None:
+    """Refuse nesting deeper than :data:`MAX_JSON_DEPTH` before any recursive parser sees it.
+
+    Raises:
+        PackageFormatError: the document nests too deeply.
+    """
+    brackets = _NOT_BRACKET.sub("", _JSON_STRING.sub("", text))
+    if len(brackets) <= MAX_JSON_DEPTH:
+        return
+    steps = np.frombuffer(brackets.encode("ascii"), dtype=np.uint8)
+    depth = np.cumsum(np.where((steps == ord("[")) | (steps == ord("{")), 1, -1), dtype=np.int64)
+    if int(depth.max()) > MAX_JSON_DEPTH:
+        raise PackageFormatError(f"{what} nests arrays/objects {int(depth.max())} deep, more than "
+                                 f"{MAX_JSON_DEPTH} (PACKAGE_SPEC §1.2)")
+
+
 def parse_json(data: bytes, what: str, *, canonical: bool = True) -> Any:
     """Strictly parse JSON bytes (PACKAGE_SPEC §1.2).
 
@@ -57,6 +84,7 @@ def parse_json(data: bytes, what: str, *, canonical: bool = True) -> Any:
         text = bytes(data).decode("utf-8")
     except UnicodeDecodeError as e:
         raise PackageFormatError(f"{what} is not valid UTF-8 ({e})") from e
+    _check_depth(text, what)
     try:
         obj = json.loads(text, object_pairs_hook=_pairs_hook(what), parse_constant=_reject_constant)
     except json.JSONDecodeError as e:
@@ -151,33 +179,63 @@ def get_list(obj: Mapping[str, Any], key: str, where: str) -> list[Any]:
     return value
 
 
+#: Characters no name may hold (PACKAGE_SPEC §1.3): C0 and C1 controls and DEL; bidi embeddings,
+#: overrides and isolates (they make a name display differently from what it is); the line and
+#: paragraph separators; the byte-order mark; and the backslash (a Windows path separator).
+_FORBIDDEN_IN_NAMES = re.compile("[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069\u2028\u2029\ufeff\\\\]")
+#: A leading drive letter (``C:``) turns a name into an absolute Windows path.
+_DRIVE_LETTER = re.compile("[A-Za-z]:")
+
+
+def _name_chars(value: Any, where: str) -> None:
+    if isinstance(value, str):
+        bad = _FORBIDDEN_IN_NAMES.search(value)
+        if bad:
+            raise BadNameError(f"{where} {value!r:.80} holds the forbidden character U+{ord(bad.group()):04X} "
+                               "(control, bidi, line separator, BOM or backslash; PACKAGE_SPEC §1.3)")
+        if _DRIVE_LETTER.match(value):
+            raise BadNameError(f"{where} {value!r:.80} starts with a drive letter (PACKAGE_SPEC §1.3); rename it")
+
+
 def check_name(value: Any, where: str, *, max_len: int = 256) -> str:
-    """An identifier-like name (site, target, package): no ``/``, ``\\``, ``..``, NUL or control
-    characters (PACKAGE_SPEC §1.3); such names are never used as file paths, but are refused anyway.
+    """An identifier-like name (site, target, package): the characters of :func:`check_graph_name`
+    and no ``/`` or ``..`` (PACKAGE_SPEC §1.3); such names are never used as file paths, but are
+    refused anyway.
 
     Raises:
         BadNameError: the name holds a forbidden character or sequence.
         PackageFormatError: not a string, empty or too long.
     """
-    if isinstance(value, str) and ("/" in value or "\\" in value or ".." in value or "\0" in value):
-        raise BadNameError(f"{where} {value!r:.80} contains '/', '\\', '..' or NUL (PACKAGE_SPEC §1.3)")
-    if isinstance(value, str) and any(ord(c) < 0x20 or ord(c) == 0x7F for c in value):
-        raise BadNameError(f"{where} contains control characters (PACKAGE_SPEC §1.3)")
+    _name_chars(value, where)
+    if isinstance(value, str) and ("/" in value or ".." in value):
+        raise BadNameError(f"{where} {value!r:.80} contains '/' or '..' (PACKAGE_SPEC §1.3)")
     return check_str(value, where, max_len=max_len)
 
 
-def check_tensor_name(value: Any, where: str) -> str:
-    """A tensor name: any text without NUL or control characters, not starting with ``/`` and
-    without a ``..`` path component (PACKAGE_SPEC §1.3).
+def check_graph_name(value: Any, where: str, *, empty: bool = False) -> str:
+    """A graph value, node or attribute name: no control (C0, C1), bidi, line-separator or BOM
+    characters, no backslash, no leading drive letter (PACKAGE_SPEC §1.3).  Exporters name values
+    like paths (``/fc1/Gemm_output_0``), so ``/`` is allowed here.
 
     Raises:
-        BadNameError: the name holds NUL, control characters or a path-like component.
+        BadNameError: the name holds a forbidden character.
+        PackageFormatError: not a string, empty (unless ``empty``) or too long.
     """
-    if isinstance(value, str):
-        if any(ord(c) < 0x20 or ord(c) == 0x7F for c in value):
-            raise BadNameError(f"{where} {value!r:.80} contains NUL or control characters (PACKAGE_SPEC §1.3)")
-        if value.startswith(("/", "\\")) or ".." in value.replace("\\", "/").split("/"):
-            raise BadNameError(f"{where} {value!r:.80} looks like a path (leading '/' or a '..' part)")
+    _name_chars(value, where)
+    return check_str(value, where, max_len=4096, empty=empty)
+
+
+def check_tensor_name(value: Any, where: str) -> str:
+    """A tensor (initializer) name: a graph name without a leading ``/`` or a ``..`` path
+    component (PACKAGE_SPEC §1.3).
+
+    Raises:
+        BadNameError: the name holds a forbidden character or looks like a path.
+        PackageFormatError: not a string, empty or too long.
+    """
+    _name_chars(value, where)
+    if isinstance(value, str) and (value.startswith("/") or ".." in value.split("/")):
+        raise BadNameError(f"{where} {value!r:.80} looks like a path (leading '/' or a '..' part)")
     return check_str(value, where, max_len=4096)
 
 

@@ -1,6 +1,6 @@
 """The IR container (the payload): PACKAGE_SPEC §5 layout, §6 header.
 
-``encode_payload`` writes a graph; ``decode_payload`` reads one back with every
+``encode_payload`` writes a graph; ``_decode_payload`` (verification's last step) reads one back with every
 offset, length and digest checked before tensor data is viewed, and returns
 initializers that are read-only views into the given buffer (no copies).
 """
@@ -117,10 +117,13 @@ def encode_payload(graph: Graph) -> bytes:
                                    cursor, len(blob), hashlib.sha256(blob).hexdigest()))
         blobs.append(blob)
         cursor = align(cursor + len(blob))
+    graph_dict = graph_to_dict(graph)
+    # The writer applies the reader's checks (names, attributes, types), so a graph agents would
+    # refuse fails here, on the coordinator, with the reader's message.
+    graph_from_dict(parse_json(canonical_json(graph_dict, "payload graph"), "payload graph"),
+                    {name: graph.initializers[name] for name in sorted(graph.initializers)})
     header = canonical_json(
-        {"format": FORMAT_VERSION, "graph": graph_to_dict(graph), "tensors": [e.to_dict() for e in entries]},
-        "payload header",
-    )
+        {"format": FORMAT_VERSION, "graph": graph_dict, "tensors": [e.to_dict() for e in entries]}, "payload header")
     data_start = align(PRELUDE.size + len(header))
     out = bytearray(data_start + cursor)
     PRELUDE.pack_into(out, 0, MAGIC, FORMAT_VERSION, 0, len(header))
@@ -145,7 +148,7 @@ def byte_view(buffer: Buffer) -> memoryview:
     return view
 
 
-def decode_payload(buffer: Buffer, *, max_header_bytes: int = MAX_HEADER_BYTES, check_digests: bool = True) -> Graph:
+def _decode_payload(buffer: Buffer, *, max_header_bytes: int = MAX_HEADER_BYTES, check_digests: bool = True) -> Graph:
     """Read a container; initializers are read-only views into ``buffer``.
 
     Every structural check (PACKAGE_SPEC §6.4) runs before tensor data is viewed.
@@ -175,7 +178,7 @@ def read_layout(view: memoryview, *, max_header_bytes: int = MAX_HEADER_BYTES) -
     """Prelude, header schema, region layout and zero padding of a container (no digests, no graph).
 
     Raises:
-        PackageSizeError / PackageFormatError (leaf types): see :func:`decode_payload`.
+        PackageSizeError / PackageFormatError (leaf types): see :func:`_decode_payload`.
     """
     header_len = _read_prelude(view, max_header_bytes)
     header_end = PRELUDE.size + header_len

@@ -87,7 +87,7 @@ def verify_threshold(env: Envelope, keys: Mapping[str, Ed25519PublicKey], keyids
         UntrustedKeyError: no key of the role signed.
         ThresholdError: some, but fewer than ``threshold``, keys of the role signed.
     """
-    allowed = set(keyids)
+    allowed = set(keyids) - set(revoked)  # a revoked key never counts, even if a root lists it again
     message = pae(env.payload_type, env.body)
     good, bad = 0, 0
     for kid, sig in env.signatures:

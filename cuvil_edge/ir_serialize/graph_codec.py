@@ -16,7 +16,9 @@ from cuvil_edge.errors import ModelError, PackageFormatError
 from cuvil_edge.ir import dtypes
 from cuvil_edge.ir.graph import MAX_INLINE_TENSOR, Graph, Node, TensorType, Value
 from cuvil_edge.ir.infer import build_graph
-from cuvil_edge.ir_serialize._canonical import check_int, check_str, fields, get_int, get_list, get_str
+from cuvil_edge.ir_serialize._canonical import (
+    check_graph_name, check_int, check_tensor_name, fields, get_int, get_list, get_str,
+)
 
 GRAPH_KEYS = ("name", "opset", "inputs", "outputs", "nodes", "initializers")
 VALUE_KEYS = ("name", "dtype", "shape")
@@ -46,12 +48,12 @@ def graph_from_dict(obj: Any, arrays: Mapping[str, np.ndarray]) -> Graph:
             the IR's checks, or the declared structure differs from the rebuilt one.
     """
     g = fields(obj, GRAPH_KEYS, "header graph")
-    name = get_str(g, "name", "header graph", empty=True)
+    name = check_graph_name(g["name"], "header graph name", empty=True)
     opset = get_int(g, "opset", "header graph", 1, MAX_OPSET)
     inputs = [_value(v, f"graph input #{i}") for i, v in enumerate(get_list(g, "inputs", "header graph"))]
     outputs = [_value(v, f"graph output #{i}") for i, v in enumerate(get_list(g, "outputs", "header graph"))]
     nodes = [_node(n, i) for i, n in enumerate(get_list(g, "nodes", "header graph"))]
-    inits = [check_str(s, "initializer name") for s in get_list(g, "initializers", "header graph")]
+    inits = [check_tensor_name(s, "initializer name") for s in get_list(g, "initializers", "header graph")]
     if inits != list(arrays):
         raise PackageFormatError("header graph 'initializers' must list exactly the tensor table's names, in its order")
     try:
@@ -76,24 +78,25 @@ def _value(obj: Any, where: str) -> Value:
     shape = get_list(v, "shape", where)
     if len(shape) > MAX_RANK:
         raise PackageFormatError(f"{where} has rank {len(shape)}, more than {MAX_RANK}")
-    dims = tuple(d if isinstance(d, str) else check_int(d, f"{where} dim") for d in shape)
-    return Value(get_str(v, "name", where), TensorType(get_str(v, "dtype", where), dims))
+    dims = tuple(check_graph_name(d, f"{where} symbolic dim") if isinstance(d, str) else check_int(d, f"{where} dim")
+                 for d in shape)
+    return Value(check_graph_name(v["name"], f"{where} name"), TensorType(get_str(v, "dtype", where), dims))
 
 
 def _node(obj: Any, index: int) -> Node:
     where = f"header node #{index}"
     n = fields(obj, NODE_KEYS, where)
-    ins = tuple(check_str(s, f"{where} input", empty=True) for s in get_list(n, "inputs", where))
-    outs = tuple(check_str(s, f"{where} output", empty=True) for s in get_list(n, "outputs", where))
+    ins = tuple(check_graph_name(s, f"{where} input", empty=True) for s in get_list(n, "inputs", where))
+    outs = tuple(check_graph_name(s, f"{where} output", empty=True) for s in get_list(n, "outputs", where))
     attrs = n["attrs"]
     if not isinstance(attrs, dict):
         raise PackageFormatError(f"{where} field 'attrs' must be a JSON object")
     return Node(
-        name=get_str(n, "name", where),
+        name=check_graph_name(n["name"], f"{where} name"),
         op_type=get_str(n, "op", where),
         inputs=ins,
         outputs=outs,
-        attrs={check_str(k, f"{where} attribute name"): _attr(v, f"{where} attribute {k!r}") for k, v in attrs.items()},
+        attrs={check_graph_name(k, f"{where} attribute name"): _attr(v, f"{where} attribute {k!r}") for k, v in attrs.items()},
         version=get_int(n, "version", where, 1, MAX_OPSET),
     )
 

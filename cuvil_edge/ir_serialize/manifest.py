@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from cuvil_edge.errors import PackageFormatError, UnsupportedFormatError
+from cuvil_edge.errors import BadNameError, PackageFormatError, UnsupportedFormatError
 from cuvil_edge.ir_serialize._canonical import (
     canonical_json, check_int, check_name, check_str, check_tensor_name, fields, get_int, get_list, hex_digest, parse_json,
 )
@@ -46,7 +46,9 @@ class Region:
         kind = check_str(r["kind"], f"{where} kind")
         if kind not in REGION_KINDS:
             raise UnsupportedFormatError(f"{where} has unknown region kind {kind!r:.40}")
-        name = check_tensor_name(r["name"], f"{where} name") if kind == "tensor" else check_str(r["name"], where, empty=True)
+        if kind == "header" and r["name"] != "":
+            raise BadNameError(f"{where}: the header region's name must be empty (PACKAGE_SPEC §3.3)")
+        name = check_tensor_name(r["name"], f"{where} name") if kind == "tensor" else ""
         return Region(kind, name, get_int(r, "offset", where) if with_offset else 0, get_int(r, "length", where),
                       hex_digest(r["sha256"], f"{where} sha256"))
 

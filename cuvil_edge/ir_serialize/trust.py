@@ -48,6 +48,10 @@ class Role:
     keyids: tuple[str, ...]
     threshold: int
 
+    def same_as(self, other: "Role") -> bool:
+        """Same key ids (in any order) and threshold."""
+        return set(self.keyids) == set(other.keyids) and self.threshold == other.threshold
+
 
 @dataclass(frozen=True)
 class TrustRoot:
@@ -128,30 +132,34 @@ def sign_root(root: TrustRoot, keys: Iterable[Ed25519PrivateKey]) -> bytes:
     return canonical_json(sign_envelope(ROOT_TYPE, root.to_bytes(), keys).to_dict(), "root envelope")
 
 
-def parse_root_envelope(data: bytes | Any) -> tuple[Envelope, TrustRoot]:
-    """Envelope and (unverified) root of root.json bytes or an already-decoded envelope object.
+def root_envelope(data: bytes | Any) -> Envelope:
+    """The DSSE structure of root.json bytes or of an already-decoded envelope object; the body
+    is neither verified nor parsed here.
 
     Raises:
         DeclaredLengthError: over 64 KiB.
-        PackageFormatError: malformed envelope or root.
+        PackageFormatError: malformed envelope.
     """
     if isinstance(data, (bytes, bytearray, memoryview)):
         if len(data) > MAX_ROOT_BYTES:
             raise DeclaredLengthError(f"root.json is {len(data)} bytes, over the {MAX_ROOT_BYTES}-byte cap")
-        data = parse_json(bytes(data), "root envelope")
-    env = parse_envelope(data, ROOT_TYPE, MAX_ROOT_BYTES, "root envelope")
-    return env, TrustRoot.from_bytes(env.body)
+        data = parse_json(bytes(data), "root envelope", canonical=False)
+    return parse_envelope(data, ROOT_TYPE, MAX_ROOT_BYTES, "root envelope")
 
 
-def load_pinned_root(data: bytes, now: int | None = None) -> TrustRoot:
+def load_pinned_root(data: bytes | Any, now: int | None = None) -> TrustRoot:
     """Bootstrap trust from a pinned root.json: it must meet its own root threshold (§10.2).
+
+    The pinned file comes from the operator, not the network, so its body is parsed to learn
+    the keys that then check it.
 
     Raises:
         RootRotationError: it is not signed by a threshold of its own root keys.
         ExpiredRootError: ``now`` is given and the root has expired.
         PackageFormatError: malformed.
     """
-    env, root = parse_root_envelope(data)
+    env = root_envelope(data)
+    root = TrustRoot.from_bytes(env.body)
     try:
         root.verify(env, "root")
     except PackageError as e:
@@ -162,49 +170,84 @@ def load_pinned_root(data: bytes, now: int | None = None) -> TrustRoot:
 
 
 def update_root(current: TrustRoot, data: bytes | Any) -> TrustRoot:
-    """Apply one rotation N -> N+1 (§10.3): version exactly N+1, signed by a threshold of N's
-    root keys and of N+1's own root keys.  Expiry is not checked here (only on the final root).
+    """Apply one rotation N -> N+1 (§10.3).  In this order: the link's signatures are checked
+    against a threshold of N's root keys over its exact bytes, and only then is its body parsed;
+    its version must be exactly N+1; it must meet a threshold of its own root keys; it must not
+    list a key id that an earlier rotation revoked.  Expiry is not checked here (only on the
+    final root).  Revoked key ids accumulate: a key dropped once is never trusted again.
 
     Raises:
-        RootRotationError: wrong version or a threshold is not met (the cause is chained).
-        PackageFormatError: malformed.
+        RootRotationError: not signed by N's root keys, wrong version, not self-signed, or it
+            re-lists a revoked key (the cause is chained).
+        PackageFormatError: malformed (after the signature by N's keys verified).
     """
-    env, new = parse_root_envelope(data)
+    env = root_envelope(data)
+    try:
+        current.verify(env, "root")
+    except PackageError as e:
+        raise RootRotationError(f"a root update is not signed by a threshold of the trusted root "
+                                f"v{current.version} keys: {e}") from e
+    new = TrustRoot.from_bytes(env.body)
     if new.version != current.version + 1:
         raise RootRotationError(f"root update has version {new.version}; only {current.version + 1} can follow "
                                 f"{current.version} (roots are applied one version at a time)")
-    for trusted, which in ((current, f"old root v{current.version}"), (new, f"new root v{new.version}")):
-        try:
-            trusted.verify(env, "root")
-        except PackageError as e:
-            raise RootRotationError(f"root v{new.version} is not signed by a threshold of the {which} keys: {e}") from e
-    dropped = (set(current.keys) - set(new.keys)) | current.revoked
-    return TrustRoot(new.version, new.expires, new.keys, new.roles, frozenset(dropped - set(new.keys)))
+    try:
+        new.verify(env, "root")
+    except PackageError as e:
+        raise RootRotationError(f"root v{new.version} is not signed by a threshold of its own root keys: {e}") from e
+    relisted = sorted(set(new.keys) & current.revoked)
+    if relisted:
+        raise RootRotationError(f"root v{new.version} lists key(s) {[k[:16] for k in relisted]} that an earlier "
+                                "rotation revoked; a revoked key is never trusted again, publish a fresh key")
+    dropped = frozenset(set(current.keys) - set(new.keys)) | current.revoked
+    return TrustRoot(new.version, new.expires, new.keys, new.roles, dropped)
 
 
-def apply_root_chain(current: TrustRoot, chain: Sequence[bytes | Any], now: int,
-                     max_chain: int = MAX_ROOT_CHAIN) -> TrustRoot:
-    """Apply ``chain`` (roots N+1, N+2, ...) in order, then require the final root unexpired.
+@dataclass(frozen=True)
+class RootUpdate:
+    """The outcome of :func:`apply_root_chain`: the root now trusted, its envelope (exactly the
+    link that was applied, or the trusted one when none was), and the roles whose keys or
+    threshold changed on the way (their floors are reset, PACKAGE_SPEC §11.2)."""
+
+    root: TrustRoot
+    envelope: Any
+    rotated_roles: frozenset[str]
+
+
+def apply_root_chain(trusted: TrustRoot, trusted_envelope: Any, chain: Sequence[Any], now: int,
+                     max_chain: int = MAX_ROOT_CHAIN) -> RootUpdate:
+    """Bring ``trusted`` up to date with the root chain a package carries (§10.3).
+
+    Links are located by bytes, never by what they claim: the links up to and including the
+    one byte-identical to the trusted root are skipped unread; every later link is checked
+    against its predecessor (:func:`update_root`) before anything in it is used.  When the
+    trusted root is not in the chain, the first link must be its successor; a link claiming a
+    version at or below the trusted one is refused (it would differ from the trusted root).
 
     Raises:
-        RootChainTooLongError: more than ``max_chain`` updates.
-        RootRotationError: a link is out of order or not signed by old and new root keys.
+        RootChainTooLongError: more than ``max_chain`` links.
+        RootRotationError: a duplicated link, a link out of order or not signed by the old and
+            new root keys, a re-listed revoked key.
         ExpiredRootError: the final root has expired.
     """
     if len(chain) > max_chain:
         raise RootChainTooLongError(f"{len(chain)} root updates offered; at most {max_chain} are applied at once")
-    root = current
-    for link in chain:
-        if parse_root_envelope(link)[1].version <= root.version:
-            continue  # already trusted (the coordinator ships its whole recent chain)
-        root = update_root(root, link)
+    encoded = [canonical_json(link, "root chain link") for link in chain]
+    if len(set(encoded)) != len(encoded):
+        raise RootRotationError("the package's root chain lists the same root twice")
+    mine = canonical_json(trusted_envelope, "trusted root")
+    start = encoded.index(mine) + 1 if mine in encoded else 0
+    root, envelope, rotated = trusted, trusted_envelope, set()
+    for link in chain[start:]:
+        new = update_root(root, link)
+        rotated |= {name for name in ROLES if not new.roles[name].same_as(root.roles[name])}
+        root, envelope = new, link
     if now >= root.expires:
         raise ExpiredRootError(f"trust root v{root.version} expired at {root.expires} (now {now}); "
                                "the federation must publish a new root")
-    return root
+    return RootUpdate(root, envelope, frozenset(rotated))
 
 
 def root_envelope_object(data: bytes) -> Any:
     """root.json bytes as a JSON object (to embed in a package envelope)."""
     return json.loads(data)
-

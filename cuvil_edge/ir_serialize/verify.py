@@ -1,8 +1,9 @@
-"""Package verification without IO, in the fixed order of PACKAGE_SPEC §7.
+"""Package verification and acceptance, in the fixed order of PACKAGE_SPEC §7.
 
-``verify_package`` is a pure function of the bytes, the trusted root, the site's
-identity and keys, the time and a snapshot of the anti-rollback state.  Recording
-the acceptance is the caller's job (:meth:`AntiRollbackState.accept`), before use.
+:func:`verify_and_accept` is the one entry point: it takes the trust root and the floors from the
+agent's durable state, verifies the package against them without other IO, and records the
+acceptance (version, digest, release counter, time floor, the root it actually applied) in the
+same locked transaction before it returns.  The steps below it are private.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import logging
 import mmap
 import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Optional
 
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
@@ -24,12 +26,12 @@ from cuvil_edge.errors import (
 )
 from cuvil_edge.ir.graph import Graph
 from cuvil_edge.ir_serialize._canonical import canonical_json
-from cuvil_edge.ir_serialize.container import Buffer, align, byte_view, decode_payload, read_layout
+from cuvil_edge.ir_serialize.container import Buffer, _decode_payload, align, byte_view, read_layout
 from cuvil_edge.ir_serialize.manifest import Manifest, Region, ReleaseStatement
 from cuvil_edge.ir_serialize.package import split_package
 from cuvil_edge.ir_serialize.sealing import hpke_info, seal_key_id, unseal
-from cuvil_edge.ir_serialize.state import RollbackSnapshot
-from cuvil_edge.ir_serialize.trust import TrustRoot, apply_root_chain
+from cuvil_edge.ir_serialize.state import AcceptedVersion, AntiRollbackState, RollbackSnapshot, TrustState
+from cuvil_edge.ir_serialize.trust import apply_root_chain
 
 log = logging.getLogger(__name__)
 
@@ -39,49 +41,102 @@ DEFAULT_CLOCK_SKEW_S = 300
 
 @dataclass(frozen=True)
 class VerifiedPackage:
-    """A package that passed every check; plaintext ``graph`` initializers view the package buffer."""
+    """A package that passed every check and was recorded as accepted.
+
+    Plaintext ``graph`` initializers view the verified buffer.  ``root_version`` and ``state``
+    say which trust root and which state file it was checked against and recorded in.
+    """
 
     manifest: Manifest
     release: ReleaseStatement
     graph: Graph
     payload_digest: str  # sha256 of the canonical region list: identifies the plaintext payload
     manifest_digest: str
-    root: TrustRoot
-    root_envelope: Any  # the newest root envelope applied from the package, or None
+    root_version: int
+    state: Path
     size: int
 
 
-def verify_package(data: Buffer, *, trust_root: TrustRoot, site: str, target: str, now: int,
-                   max_package_bytes: int, state: Optional[RollbackSnapshot] = None,
-                   clock_skew_s: int = DEFAULT_CLOCK_SKEW_S, seal_key: Optional[X25519PrivateKey] = None,
-                   expected_nonce: Optional[str] = None) -> VerifiedPackage:
-    """Check a package in the order of PACKAGE_SPEC §7 and decode its graph.
+def verify_and_accept(data: Buffer, state: AntiRollbackState, *, site: str, target: str, now: int,
+                      max_package_bytes: int, seal_key: Optional[X25519PrivateKey] = None,
+                      expected_nonce: Optional[str] = None,
+                      clock_skew_s: int = DEFAULT_CLOCK_SKEW_S) -> VerifiedPackage:
+    """Verify ``data`` against ``state`` (PACKAGE_SPEC §7) and durably record its acceptance (§11)
+    before returning; on any failure nothing is recorded.
+
+    Concurrent calls on one state directory are serialised by the state's lock, so two
+    deliveries can never both pass the version check against the same old floor.
+
+    Raises:
+        PackageSizeError: ``data`` is over ``max_package_bytes`` (checked before anything else).
+        PackageError: the first failing step's leaf type (table in PACKAGE_SPEC §7).
+        StateError: the state is not initialised, corrupt, or cannot be written.
+    """
+    if not isinstance(state, AntiRollbackState):
+        raise TypeError("verify_and_accept needs the agent's AntiRollbackState")
+    size = len(data)
+    if size > max_package_bytes:
+        raise PackageSizeError(f"the package is {size} bytes, over this agent's limit of {max_package_bytes}")
+    with state.transaction() as txn:
+        checked, accepted = _check_package(data, txn.current, site=site, target=target, now=now,
+                                           max_package_bytes=max_package_bytes, seal_key=seal_key,
+                                           expected_nonce=expected_nonce, clock_skew_s=clock_skew_s,
+                                           where=state.path)
+        txn.commit(accepted)  # durable before use (§11.3)
+    m = checked.manifest
+    log.info("site %s accepted package version %d (%s) under root v%d", m.site, m.version,
+             checked.manifest_digest[:16], accepted.snapshot.root_version)
+    return VerifiedPackage(m, checked.release, checked.graph, checked.payload_digest, checked.manifest_digest,
+                           accepted.snapshot.root_version, state.path, size)
+
+
+@dataclass(frozen=True)
+class _Checked:
+    manifest: Manifest
+    release: ReleaseStatement
+    graph: Graph
+    payload_digest: str
+    manifest_digest: str
+
+
+def _check_package(data: Buffer, trusted: TrustState, *, site: str, target: str, now: int, max_package_bytes: int,
+                   seal_key: Optional[X25519PrivateKey] = None, expected_nonce: Optional[str] = None,
+                   clock_skew_s: int = DEFAULT_CLOCK_SKEW_S, where: Any = "the state") -> tuple[_Checked, TrustState]:
+    """The pure verification (no IO): the package checked against ``trusted``, and the state that
+    accepting it yields.
 
     Raises:
         PackageError: the first failing step's leaf type (table in PACKAGE_SPEC §7).
+        StateError: ``trusted`` holds no root.
     """
-    state = state or RollbackSnapshot()
+    trusted_root = trusted.require_root(where)
     parts = split_package(byte_view(data), max_package_bytes)                       # 1-2
-    root = apply_root_chain(trust_root, parts.roots, now) if parts.roots else trust_root  # 3
-    if not parts.roots and now >= root.expires:
-        from cuvil_edge.errors import ExpiredRootError
-
-        raise ExpiredRootError(f"trust root v{root.version} expired at {root.expires}; the federation must publish a new one")
+    update = apply_root_chain(trusted_root, trusted.root_envelope, parts.roots, now)  # 3
+    root = update.root
     root.verify(parts.release, "release")                                          # 4
     root.verify(parts.manifest, "coordinator")
     release = ReleaseStatement.from_bytes(parts.release.body)                      # 5
     manifest = Manifest.from_bytes(parts.manifest.body)
     _check_agreement(manifest, release, parts.release.body)                        # 6
     _check_addressing(manifest, site, target, expected_nonce)                      # 7
-    _check_time(manifest, now, state.time_floor, clock_skew_s)
+    old = trusted.snapshot
+    _check_time(manifest, now, old.time_floor, clock_skew_s)
     manifest_digest = hashlib.sha256(parts.manifest.body).hexdigest()
-    _check_versions(manifest, release, manifest_digest, state)                     # 8
+    # A rotation of the key that signs versions (or releases) resets the floors it set (§11.2):
+    # a stolen key's inflated version cannot lock the site out once the root replaces the key.
+    sites = {} if "coordinator" in update.rotated_roles else old.sites
+    releases = {} if "release" in update.rotated_roles else old.releases
+    _check_versions(manifest, release, manifest_digest, sites, releases)            # 8
     plain = _open_payload(parts.payload, manifest, parts.manifest.body, seal_key, max_package_bytes)  # 9
     _check_regions(plain, manifest)                                                # 10
-    graph = decode_payload(plain, check_digests=False)                             # 11 (digests checked in 10)
-    newest = parts.roots[-1] if parts.roots and root.version > trust_root.version else None
-    return VerifiedPackage(manifest, release, graph, _content_digest(manifest), manifest_digest, root, newest,
-                           parts.size)
+    graph = _decode_payload(plain, check_digests=False)                            # 11 (digests checked in 10)
+    accepted = TrustState(root, update.envelope, RollbackSnapshot(
+        root.version,
+        max(old.time_floor, min(manifest.issued_at, now)),  # never past the agent's own clock (§11.2)
+        {**sites, manifest.site: AcceptedVersion(manifest.version, manifest_digest)},
+        {**releases, release.package: release.release_counter}))
+    checked = _Checked(manifest, release, graph, _content_digest(manifest), manifest_digest)
+    return checked, accepted
 
 
 def _content_digest(manifest: Manifest) -> str:
@@ -123,15 +178,15 @@ def _check_time(m: Manifest, now: int, time_floor: int, clock_skew_s: int) -> No
                                   f"{clock_skew_s} s skew; check this device's clock")
 
 
-def _check_versions(m: Manifest, r: ReleaseStatement, digest: str, state: RollbackSnapshot) -> None:
-    prev = state.sites.get(m.site)
+def _check_versions(m: Manifest, r: ReleaseStatement, digest: str, sites: dict, releases: dict) -> None:
+    prev = sites.get(m.site)
     if prev is not None and m.version < prev.version:
         raise RollbackError(f"package version {m.version} is older than the accepted {prev.version}")
     if prev is not None and m.version == prev.version and not hmac.compare_digest(digest, prev.digest):
         raise DigestConflictError(f"package version {m.version} was already accepted with another manifest")
-    if r.release_counter < state.releases.get(r.package, 0):
+    if r.release_counter < releases.get(r.package, 0):
         raise ReleaseRollbackError(f"release {r.package!r} counter {r.release_counter} is below the accepted "
-                                   f"{state.releases[r.package]}")
+                                   f"{releases[r.package]}")
 
 
 def _open_payload(payload: memoryview, m: Manifest, manifest_body: bytes, seal_key: Optional[X25519PrivateKey],
@@ -171,12 +226,13 @@ def _check_regions(plain: memoryview, m: Manifest) -> None:
         raise ManifestMismatchError("the payload's tensor table disagrees with the signed regions")
 
 
-def open_package(path: str | os.PathLike, *, max_package_bytes: int, **kwargs: Any) -> VerifiedPackage:
-    """Map ``path`` read-only and :func:`verify_package` it; plaintext tensors view the map.
+def open_package(path: str | os.PathLike, state: AntiRollbackState, *, max_package_bytes: int,
+                 **kwargs: Any) -> VerifiedPackage:
+    """Map ``path`` read-only and :func:`verify_and_accept` it; plaintext tensors view the map.
 
     Raises:
         PackageError: the file cannot be opened or mapped.
-        PackageSizeError, ...: everything :func:`verify_package` raises.
+        PackageSizeError, ...: everything :func:`verify_and_accept` raises.
     """
     try:
         with open(path, "rb") as f:
@@ -189,10 +245,11 @@ def open_package(path: str | os.PathLike, *, max_package_bytes: int, **kwargs: A
     except OSError as e:
         raise PackageError(f"cannot map package file {path}: {e}") from e
     try:
-        return verify_package(mapped, max_package_bytes=max_package_bytes, **kwargs)
+        return verify_and_accept(mapped, state, max_package_bytes=max_package_bytes, **kwargs)
     except BaseException:
         try:
             mapped.close()
         except BufferError:
             log.debug("package map still referenced after a failed verification; left to the garbage collector")
         raise
+

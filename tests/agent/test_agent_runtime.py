@@ -13,7 +13,7 @@ import pytest
 from cuvil_edge.agent.runtime import AgentRuntime
 from cuvil_edge.config import load_site
 from cuvil_edge.coordinator.keys import init_keys, load_signing_keys
-from cuvil_edge.errors import RollbackError, SignatureError, WrongSiteError
+from cuvil_edge.errors import PackageError, PackageSizeError, RollbackError, SignatureError, WrongSiteError
 from cuvil_edge.frontend import load_model
 from cuvil_edge.frontend.demo_model import digits_cnn_onnx
 from cuvil_edge.ir_serialize import write_package
@@ -64,8 +64,34 @@ def test_rejections_accept_nothing(setup):
         agent.activate(package(5, key=other_private))
     with pytest.raises(WrongSiteError):
         agent.activate(package(5, site_id="hospital-a"))
-    assert agent.rollback.last_version("fleet-c") is None
+    assert agent.rollback.last_accepted("fleet-c") is None
+    assert agent.kept_packages() == []  # rejected bytes never touch the disk
     agent.activate(package(1))  # nothing above was accepted, so version 1 is still new
+
+
+def _files(root: Path) -> dict[str, int]:
+    return {str(p.relative_to(root)): p.stat().st_size for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_oversize_blob_refused_before_anything_touches_the_disk(setup):
+    agent, package, tmp_path = setup
+    before = _files(tmp_path / "state")
+    with pytest.raises(PackageSizeError):
+        agent.activate(bytes(agent.max_package_bytes + 1))
+    garbage = b"CUVLSPK\0" + bytes(10_000)
+    with pytest.raises(PackageError):
+        agent.activate(garbage)
+    assert _files(tmp_path / "state") == before  # no package file, no state change
+
+
+def test_only_the_newest_verified_packages_are_kept(setup):
+    agent, package, _ = setup
+    keep = agent.site.agent.keep_packages
+    for version in range(1, keep + 3):
+        agent.activate(package(version))
+    kept = agent.kept_packages()
+    assert [int(p.name[1:21]) for p in kept] == list(range(3, keep + 3))
+    assert kept[-1].read_bytes()[:8] == b"CUVLSPK\0"
 
 
 def test_inference_path_imports_neither_torch_nor_onnx(setup):

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import base64
+import dataclasses
 import hashlib
 import json
 import struct
+import tempfile
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -13,7 +16,8 @@ import pytest
 from cuvil_edge.ir.graph import Node, TensorType, Value
 from cuvil_edge.ir.infer import build_graph
 from cuvil_edge.ir_serialize import (
-    AcceptedVersion, RollbackSnapshot, container, generate_keypair, load_pinned_root, make_root, sign_root, write_package,
+    AcceptedVersion, AntiRollbackState, RollbackSnapshot, container, generate_keypair, load_pinned_root, make_root,
+    sign_root, verify_and_accept, write_package,
 )
 from cuvil_edge.ir_serialize.dsse import sign_envelope
 from cuvil_edge.ir_serialize.manifest import MANIFEST_TYPE, RELEASE_TYPE
@@ -63,7 +67,8 @@ def keys():
 
 @pytest.fixture(scope="session")
 def trust(keys):
-    return make_trust(keys)[0]
+    """The pinned root.json bytes agents start from."""
+    return make_trust(keys)[1]
 
 
 def make_package(graph, keys, version=5, **over):
@@ -81,11 +86,31 @@ def package(graph, keys):
 STATE = RollbackSnapshot(time_floor=ISSUED - 10, sites={SITE: AcceptedVersion(4, "0" * 64)}, releases={"model": 2})
 
 
-def verify_kwargs(trust, **over):
+def accept_kwargs(**over):
     """Arguments under which the standard ``package`` fixture verifies."""
-    kw = dict(trust_root=trust, site=SITE, target=TARGET, now=NOW, state=STATE, max_package_bytes=LIMIT)
+    kw = dict(site=SITE, target=TARGET, now=NOW, max_package_bytes=LIMIT)
     kw.update(over)
     return kw
+
+
+def open_state(directory: Path, root_json: bytes, snapshot: RollbackSnapshot | None = STATE) -> AntiRollbackState:
+    """A state directory initialised from ``root_json`` and seeded with ``snapshot``'s floors."""
+    state = AntiRollbackState(directory)
+    root = state.initialise(root_json)
+    if snapshot is not None:
+        with state.transaction() as txn:
+            txn.commit(dataclasses.replace(txn.current, snapshot=dataclasses.replace(snapshot, root_version=root.version)))
+    return state
+
+
+def verify(pkg, root_json: bytes, *, state: RollbackSnapshot | None = STATE, **over):
+    """``verify_and_accept`` of ``pkg`` against a fresh state pinned to ``root_json`` with ``state``'s floors."""
+    with tempfile.TemporaryDirectory() as d:
+        return verify_and_accept(pkg, open_state(Path(d), root_json, state), **accept_kwargs(**over))
+
+
+def state_bytes(state: AntiRollbackState) -> bytes:
+    return state.path.read_bytes()
 
 
 def envelope_doc(pkg: bytes):
@@ -143,7 +168,7 @@ def mutate_header(payload: bytes, change) -> bytes:
     header, data = split_payload(payload)
     doc = json.loads(header)
     change(doc)
-    return build_payload(json.dumps(doc, sort_keys=True, separators=(",", ":")).encode(), data)
+    return build_payload(json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode(), data)
 
 
 def flip(data: bytes, index: int) -> bytes:
@@ -153,3 +178,25 @@ def flip(data: bytes, index: int) -> bytes:
 
 
 PKG_PRELUDE = struct.Struct("<8sIII")
+
+
+def sign_raw_payload(payload: bytes, tensors, keys, version=5) -> bytes:
+    """A package signing ``payload`` as is (its header may be unparseable): ``tensors`` are the
+    (name, offset in the data section, length, sha256) rows the regions should list."""
+    from cuvil_edge.ir_serialize.manifest import Manifest, Region, ReleaseStatement
+    from cuvil_edge.ir_serialize.package import assemble
+
+    _, _, _, n = container.PRELUDE.unpack_from(payload, 0)
+    start = container.align(container.PRELUDE.size + n)
+    regions = (Region("header", "", 0, start, hashlib.sha256(payload[:start]).hexdigest()),) + tuple(
+        Region("tensor", name, start + offset, length, digest) for name, offset, length, digest in tensors)
+    rel_body = ReleaseStatement("model", 3, (TARGET,), regions).to_bytes()
+    release = sign_envelope(RELEASE_TYPE, rel_body, [keys["release"]])
+    manifest = Manifest("model", SITE, TARGET, version, ISSUED, EXPIRES, None, hashlib.sha256(rel_body).hexdigest(),
+                        len(payload), None, regions)
+    return assemble(sign_envelope(MANIFEST_TYPE, manifest.to_bytes(), [keys["coordinator"]]), release, payload)
+
+
+def tensor_rows(payload: bytes):
+    """The (name, offset, length, sha256) rows of a well-formed container."""
+    return [(e.name, e.offset, e.length, e.sha256) for e in container.read_layout(memoryview(payload)).entries]

@@ -19,6 +19,7 @@ import random
 import signal
 import struct
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,10 +27,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from conftest import EXPIRES, ISSUED, NOW, SITE, TARGET, make_keys, make_trust, mlp_graph  # noqa: E402
+from conftest import EXPIRES, ISSUED, NOW, SITE, TARGET, make_keys, make_trust, mlp_graph, open_state  # noqa: E402
 
 from cuvil_edge.errors import PackageError  # noqa: E402
-from cuvil_edge.ir_serialize import decode_payload, encode_payload, sign_root, verify_package, write_package  # noqa: E402
+from cuvil_edge.ir_serialize import encode_payload, sign_root, verify_and_accept, write_package  # noqa: E402
+from cuvil_edge.ir_serialize.container import _decode_payload  # noqa: E402
 from cuvil_edge.ir_serialize.sealing import generate_seal_keypair  # noqa: E402
 from cuvil_edge.ir_serialize.trust import make_root  # noqa: E402
 
@@ -54,7 +56,7 @@ class Report:
 def corpus(seed: int = 0):
     """(name, bytes, verify-callable) for each seed input."""
     keys = make_keys()
-    trust, _ = make_trust(keys)
+    _, pinned = make_trust(keys)
     seal_priv, seal_pub = generate_seal_keypair()
     graph = mlp_graph(seed)
     common = dict(issued_at=ISSUED, expires=EXPIRES, release_key=keys["release"], release_counter=3)
@@ -64,12 +66,15 @@ def corpus(seed: int = 0):
     sealed = write_package(graph, SITE, TARGET, 5, keys["coordinator"], seal_to=seal_pub, **common)
     rooted = write_package(graph, SITE, TARGET, 5, keys["coordinator"], roots=chain, nonce="n", **common)
     other = write_package(mlp_graph(seed + 1), SITE, TARGET, 6, keys["coordinator"], **common)
-    kw = dict(trust_root=trust, site=SITE, target=TARGET, now=NOW, max_package_bytes=1 << 20)
+    kw = dict(site=SITE, target=TARGET, now=NOW, max_package_bytes=1 << 20)
+    # One durable state per kind (the three share a site and version): the real entry point, state included.
+    states = {kind: open_state(Path(tempfile.mkdtemp(prefix=f"fuzz-{kind}-")), pinned, None)
+              for kind in ("plain", "sealed", "rooted")}
     return [
-        ("plain", plain, lambda b: verify_package(b, **kw)),
-        ("sealed", sealed, lambda b: verify_package(b, seal_key=seal_priv, **kw)),
-        ("rooted", rooted, lambda b: verify_package(b, expected_nonce="n", **kw)),
-        ("container", encode_payload(graph), lambda b: decode_payload(b)),
+        ("plain", plain, lambda b: verify_and_accept(b, states["plain"], **kw)),
+        ("sealed", sealed, lambda b: verify_and_accept(b, states["sealed"], seal_key=seal_priv, **kw)),
+        ("rooted", rooted, lambda b: verify_and_accept(b, states["rooted"], expected_nonce="n", **kw)),
+        ("container", encode_payload(graph), lambda b: _decode_payload(b)),
     ], other
 
 

@@ -12,7 +12,7 @@ from cuvil_edge.errors import PackageFormatError, PackageSizeError, PayloadDiges
 from cuvil_edge.ir.graph import Node, TensorType, Value
 from cuvil_edge.ir.infer import build_graph
 from cuvil_edge.ir_serialize import container
-from cuvil_edge.ir_serialize.container import ALIGN, decode_payload, encode_payload
+from cuvil_edge.ir_serialize.container import ALIGN, _decode_payload, encode_payload
 
 
 @pytest.fixture
@@ -22,7 +22,7 @@ def payload(graph):
 
 # --- round trip -----------------------------------------------------------------
 def test_round_trip_same_structure_and_initializers(graph, payload):
-    decoded = decode_payload(payload)
+    decoded = _decode_payload(payload)
     assert decoded.to_dict() == graph.to_dict()
     for name, array in graph.initializers.items():
         assert decoded.initializers[name].dtype == array.dtype
@@ -31,14 +31,14 @@ def test_round_trip_same_structure_and_initializers(graph, payload):
 
 def test_initializers_are_read_only_views_into_the_buffer(payload):
     whole = np.frombuffer(payload, dtype=np.uint8)
-    for array in decode_payload(payload).initializers.values():
+    for array in _decode_payload(payload).initializers.values():
         assert np.shares_memory(array, whole)
         assert not array.flags.writeable
 
 
 def test_writable_buffer_still_gives_read_only_views(payload):
     buf = bytearray(payload)
-    decoded = decode_payload(buf)
+    decoded = _decode_payload(buf)
     assert all(not a.flags.writeable for a in decoded.initializers.values())
     assert np.shares_memory(decoded.initializers["w1"], np.frombuffer(buf, dtype=np.uint8))
 
@@ -69,7 +69,7 @@ def test_scalar_empty_and_big_endian_tensors_round_trip():
     }
     g = build_graph("g", [Value("x", TensorType("float64", (1, 2)))], ["y"],
                     [Node("n", "Gemm", ("x", "w"), ("y",))], inits, 13)
-    decoded = decode_payload(encode_payload(g))
+    decoded = _decode_payload(encode_payload(g))
     np.testing.assert_array_equal(decoded.initializers["w"], inits["w"])
     assert decoded.initializers["c"].shape == (0,) and decoded.initializers["s"].shape == ()
     assert decoded.initializers["s"] == 2.5
@@ -82,112 +82,112 @@ def _second_row(doc):
 
 def test_bad_magic_rejected(payload):
     with pytest.raises(PackageFormatError, match="magic"):
-        decode_payload(b"NOTCUVL\0" + payload[8:])
+        _decode_payload(b"NOTCUVL\0" + payload[8:])
 
 
 def test_unknown_container_version_rejected(payload):
     with pytest.raises(PackageFormatError, match="version 2"):
-        decode_payload(payload[:8] + (2).to_bytes(4, "little") + payload[12:])
+        _decode_payload(payload[:8] + (2).to_bytes(4, "little") + payload[12:])
 
 
 def test_header_length_past_buffer_rejected(payload):
     with pytest.raises(PackageSizeError, match="only"):
-        decode_payload(payload[:16] + (len(payload)).to_bytes(8, "little") + payload[24:])
+        _decode_payload(payload[:16] + (len(payload)).to_bytes(8, "little") + payload[24:])
 
 
 def test_header_length_over_cap_rejected(payload):
     with pytest.raises(PackageSizeError, match="cap"):
-        decode_payload(payload[:16] + (2**64 - 1).to_bytes(8, "little") + payload[24:])
+        _decode_payload(payload[:16] + (2**64 - 1).to_bytes(8, "little") + payload[24:])
 
 
 def test_truncated_payload_rejected(payload):
     with pytest.raises(PackageSizeError):
-        decode_payload(payload[:-70])
+        _decode_payload(payload[:-70])
 
 
 def test_trailing_bytes_after_last_region_rejected(payload):
     with pytest.raises(PackageFormatError, match="trailing"):
-        decode_payload(payload + bytes(64))
+        _decode_payload(payload + bytes(64))
 
 
 def test_trailing_garbage_in_header_json_rejected(payload):
     header, data = split_payload(payload)
     with pytest.raises(PackageFormatError, match="not valid JSON"):
-        decode_payload(build_payload(header + b"xx", data))
+        _decode_payload(build_payload(header + b"xx", data))
 
 
 def test_duplicate_json_keys_in_header_rejected(payload):
     header, data = split_payload(payload)
     dup = header.replace(b'{"format":1,', b'{"format":1,"format":1,', 1)
     with pytest.raises(PackageFormatError, match="twice"):
-        decode_payload(build_payload(dup, data))
+        _decode_payload(build_payload(dup, data))
 
 
 def test_nan_in_header_rejected(payload):
     header, data = split_payload(payload)
     with pytest.raises(PackageFormatError, match="NaN"):
-        decode_payload(build_payload(header.replace(b'"alpha":1.0', b'"alpha":NaN'), data))
+        _decode_payload(build_payload(header.replace(b'"alpha":1.0', b'"alpha":NaN'), data))
 
 
 def test_non_canonical_header_rejected(payload):
     header, data = split_payload(payload)
     with pytest.raises(PackageFormatError, match="canonical"):
-        decode_payload(build_payload(b" " + header, data))
+        _decode_payload(build_payload(b" " + header, data))
 
 
 def test_unknown_header_field_rejected(payload):
     with pytest.raises(PackageFormatError, match="unknown field"):
-        decode_payload(mutate_header(payload, lambda d: d.update(extra=1)))
+        _decode_payload(mutate_header(payload, lambda d: d.update(extra=1)))
 
 
 def test_unknown_tensor_field_rejected(payload):
     with pytest.raises(PackageFormatError, match="unknown field"):
-        decode_payload(mutate_header(payload, lambda d: _second_row(d).update(align=64)))
+        _decode_payload(mutate_header(payload, lambda d: _second_row(d).update(align=64)))
 
 
 def test_missing_tensor_field_rejected(payload):
     with pytest.raises(PackageFormatError, match="lacks"):
-        decode_payload(mutate_header(payload, lambda d: _second_row(d).pop("sha256")))
+        _decode_payload(mutate_header(payload, lambda d: _second_row(d).pop("sha256")))
 
 
 def test_misaligned_tensor_offset_rejected(payload):
     with pytest.raises(PackageFormatError, match="not a multiple of 64"):
-        decode_payload(mutate_header(payload, lambda d: _second_row(d).update(offset=_second_row(d)["offset"] + 8)))
+        _decode_payload(mutate_header(payload, lambda d: _second_row(d).update(offset=_second_row(d)["offset"] + 8)))
 
 
 def test_overlapping_regions_rejected(payload):
     with pytest.raises(PackageFormatError, match="overlaps"):
-        decode_payload(mutate_header(payload, lambda d: _second_row(d).update(offset=0)))
+        _decode_payload(mutate_header(payload, lambda d: _second_row(d).update(offset=0)))
 
 
 def test_gap_between_regions_rejected(payload):
     with pytest.raises(PackageFormatError, match="gap"):
-        decode_payload(mutate_header(payload, lambda d: _second_row(d).update(offset=_second_row(d)["offset"] + 64)))
+        _decode_payload(mutate_header(payload, lambda d: _second_row(d).update(offset=_second_row(d)["offset"] + 64)))
 
 
 def test_shape_length_mismatch_rejected(payload):
     with pytest.raises(PackageFormatError, match="needs"):
-        decode_payload(mutate_header(payload, lambda d: _second_row(d).update(shape=[4, 4])))
+        _decode_payload(mutate_header(payload, lambda d: _second_row(d).update(shape=[4, 4])))
 
 
 def test_huge_shape_rejected_without_overflow(payload):
     with pytest.raises(PackageFormatError):
-        decode_payload(mutate_header(payload, lambda d: _second_row(d).update(shape=[2**31 - 1] * 8)))
+        _decode_payload(mutate_header(payload, lambda d: _second_row(d).update(shape=[2**31 - 1] * 8)))
 
 
 def test_negative_dim_rejected(payload):
     with pytest.raises(PackageFormatError, match="outside"):
-        decode_payload(mutate_header(payload, lambda d: _second_row(d).update(shape=[-3, -4])))
+        _decode_payload(mutate_header(payload, lambda d: _second_row(d).update(shape=[-3, -4])))
 
 
 def test_unknown_dtype_rejected(payload):
     with pytest.raises(PackageFormatError, match="dtype"):
-        decode_payload(mutate_header(payload, lambda d: _second_row(d).update(dtype="object")))
+        _decode_payload(mutate_header(payload, lambda d: _second_row(d).update(dtype="object")))
 
 
 def test_tensor_byte_flip_rejected_by_region_digest(payload):
     with pytest.raises(PayloadDigestError, match="sha256"):
-        decode_payload(flip(payload, len(payload) - ALIGN))
+        _decode_payload(flip(payload, len(payload) - ALIGN))
 
 
 def test_nonzero_padding_rejected(payload):
@@ -196,33 +196,33 @@ def test_nonzero_padding_rejected(payload):
     if container.align(start) == start:
         pytest.skip("header happens to end aligned")
     with pytest.raises(PackageFormatError, match="padding"):
-        decode_payload(flip(payload, start))
+        _decode_payload(flip(payload, start))
 
 
 def test_graph_declaring_wrong_output_type_rejected(payload):
     def lie(doc):
         doc["graph"]["outputs"][0]["dtype"] = "float64"
     with pytest.raises(PackageFormatError, match="differs"):
-        decode_payload(mutate_header(payload, lie))
+        _decode_payload(mutate_header(payload, lie))
 
 
 def test_graph_with_unknown_op_rejected(payload):
     def unknown(doc):
         doc["graph"]["nodes"][1]["op"] = "Exec"
     with pytest.raises(PackageFormatError, match="IR checks"):
-        decode_payload(mutate_header(payload, unknown))
+        _decode_payload(mutate_header(payload, unknown))
 
 
 def test_initializer_list_disagreeing_with_table_rejected(payload):
     with pytest.raises(PackageFormatError, match="initializers"):
-        decode_payload(mutate_header(payload, lambda d: d["graph"]["initializers"].pop()))
+        _decode_payload(mutate_header(payload, lambda d: d["graph"]["initializers"].pop()))
 
 
 def test_nested_attribute_rejected(payload):
     def nested(doc):
         doc["graph"]["nodes"][0]["attrs"]["alpha"] = [[1.0]]
     with pytest.raises(PackageFormatError, match="flat list"):
-        decode_payload(mutate_header(payload, nested))
+        _decode_payload(mutate_header(payload, nested))
 
 
 def test_invalid_bool_tensor_bytes_rejected():
@@ -236,14 +236,14 @@ def test_invalid_bool_tensor_bytes_rejected():
     doc["tensors"][0]["sha256"] = hashlib.sha256(bytes(bad[:2])).hexdigest()
     new_header = __import__("json").dumps(doc, sort_keys=True, separators=(",", ":")).encode()
     with pytest.raises(PackageFormatError, match="bool"):
-        decode_payload(build_payload(new_header, bytes(bad)))
+        _decode_payload(build_payload(new_header, bytes(bad)))
 
 
 def test_duplicate_tensor_name_rejected(payload):
     def dup(doc):
         doc["tensors"][1]["name"] = doc["tensors"][0]["name"]
     with pytest.raises(PackageFormatError, match="without duplicates"):
-        decode_payload(mutate_header(payload, dup))
+        _decode_payload(mutate_header(payload, dup))
 
 
 def test_unsorted_tensor_table_rejected(payload):
@@ -251,4 +251,4 @@ def test_unsorted_tensor_table_rejected(payload):
         t = doc["tensors"]
         t[0]["name"], t[1]["name"] = t[1]["name"], t[0]["name"]
     with pytest.raises(PackageFormatError, match="sorted"):
-        decode_payload(mutate_header(payload, swap))
+        _decode_payload(mutate_header(payload, swap))

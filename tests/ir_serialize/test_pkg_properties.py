@@ -3,18 +3,19 @@
 from __future__ import annotations
 
 import numpy as np
-from conftest import EXPIRES, ISSUED, NOW, SITE, TARGET, make_keys, make_trust, mlp_graph
+from conftest import EXPIRES, ISSUED, NOW, SITE, TARGET, make_keys, make_trust, mlp_graph, verify
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from cuvil_edge.errors import PackageError
 from cuvil_edge.ir.graph import Node, TensorType, Value
 from cuvil_edge.ir.infer import build_graph
-from cuvil_edge.ir_serialize import decode_payload, encode_payload, verify_package, write_package
+from cuvil_edge.ir_serialize import encode_payload, write_package
+from cuvil_edge.ir_serialize.container import _decode_payload
 from cuvil_edge.ir_serialize.manifest import Manifest
 
 KEYS = make_keys()
-TRUST = make_trust(KEYS)[0]
+TRUST = make_trust(KEYS)[1]
 SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
@@ -49,8 +50,7 @@ def mlp_graphs(draw):
 def test_random_graphs_and_manifests_round_trip_through_signed_packages(graph, version, counter, nonce, lifetime):
     pkg = write_package(graph, SITE, TARGET, version, KEYS["coordinator"], issued_at=ISSUED, expires=ISSUED + lifetime,
                         release_key=KEYS["release"], release_counter=counter, nonce=nonce)
-    verified = verify_package(pkg, trust_root=TRUST, site=SITE, target=TARGET, now=NOW, max_package_bytes=len(pkg),
-                              expected_nonce=nonce)
+    verified = verify(pkg, TRUST, state=None, max_package_bytes=len(pkg), expected_nonce=nonce)
     assert verified.graph.to_dict() == graph.to_dict()
     m = verified.manifest
     assert (m.version, m.nonce, m.expires, verified.release.release_counter) == (version, nonce, ISSUED + lifetime, counter)
@@ -68,7 +68,7 @@ PAYLOAD = encode_payload(mlp_graph())
 
 
 def _verify(data: bytes):
-    return verify_package(data, trust_root=TRUST, site=SITE, target=TARGET, now=NOW, max_package_bytes=1 << 20)
+    return verify(data, TRUST, state=None)
 
 
 @SETTINGS
@@ -103,7 +103,7 @@ def test_any_payload_byte_flip_decodes_or_fails_with_a_typed_error(index, mask):
     bad = bytearray(PAYLOAD)
     bad[index] ^= mask
     try:
-        decoded = decode_payload(bytes(bad))
+        decoded = _decode_payload(bytes(bad))
     except PackageError:
         return
     assert {k: a.tobytes() for k, a in decoded.initializers.items()} == {

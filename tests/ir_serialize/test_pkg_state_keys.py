@@ -1,4 +1,4 @@
-"""Anti-rollback state (PACKAGE_SPEC §9), manifest schema (§3), signing and key files (§4, §10)."""
+"""Manifest schema (§3), signing and key files (§4, §10, §13); the state is in test_pkg_state.py."""
 
 from __future__ import annotations
 
@@ -11,103 +11,29 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
-from cuvil_edge.errors import (BadNameError, DigestConflictError, KeyFileError, PackageFormatError,
-                               ReleaseRollbackError, RollbackError, StateError, UnsupportedFormatError)
+from cuvil_edge.errors import (
+    BadNameError,
+    KeyFileError,
+    PackageFormatError,
+    UnsupportedFormatError,
+)
+from cuvil_edge.ir_serialize import (
+    Manifest,
+    generate_keypair,
+    key_id,
+    load_private_key,
+    load_public_key,
+    save_private_key,
+    save_public_key,
+)
 from cuvil_edge.ir_serialize.manifest import Region, ReleaseStatement, Sealed
-from cuvil_edge.ir_serialize import (AntiRollbackState, Manifest, generate_keypair, key_id, load_private_key,
-                                     load_public_key, save_private_key, save_public_key)
-from cuvil_edge.ir_serialize.signing import pae, sign_manifest, verify_manifest_signature
+from cuvil_edge.ir_serialize.signing import (
+    pae,
+    sign_manifest,
+    verify_manifest_signature,
+)
 
 DIGEST = hashlib.sha256(b"payload").hexdigest()
-
-
-# --- state --------------------------------------------------------------------------
-def _state(**over):
-    doc = {"format": 2, "root": None, "revoked": [], "time_floor": 0, "sites": {}, "releases": {}}
-    doc.update(over)
-    return json.dumps(doc).encode()
-
-
-
-def test_state_starts_empty(tmp_path):
-    assert AntiRollbackState(tmp_path / "state").last_version("site-a") is None
-
-
-def test_state_survives_reopen(tmp_path):
-    AntiRollbackState(tmp_path).accept("site-a", 3, DIGEST)
-    reopened = AntiRollbackState(tmp_path)
-    assert reopened.last_version("site-a") == 3
-    assert reopened.last_accepted("site-a").digest == DIGEST
-    assert reopened.last_version("site-b") is None
-
-
-def test_state_file_is_private_and_no_temp_file_left(tmp_path):
-    state = AntiRollbackState(tmp_path / "s")
-    state.accept("site-a", 1, DIGEST)
-    state.accept("site-a", 2, DIGEST)
-    assert stat.S_IMODE(os.stat(state.path).st_mode) == 0o600
-    assert os.listdir(tmp_path / "s") == ["anti_rollback.json"]
-
-
-def test_state_refuses_older_version_and_equal_version_with_other_digest(tmp_path):
-    state = AntiRollbackState(tmp_path)
-    state.accept("site-a", 3, DIGEST)
-    with pytest.raises(RollbackError):
-        state.accept("site-a", 2, DIGEST)
-    with pytest.raises(DigestConflictError):
-        state.accept("site-a", 3, "1" * 64)
-    state.accept("site-a", 3, DIGEST)  # idempotent re-delivery
-    assert state.last_version("site-a") == 3
-
-
-def test_state_keeps_release_counters_and_time_floor(tmp_path):
-    state = AntiRollbackState(tmp_path)
-    state.accept("site-a", 1, DIGEST, release=("model", 4), issued_at=100)
-    state.accept("site-a", 2, DIGEST, release=("model", 4), issued_at=50)
-    snap = state.snapshot()
-    assert snap.releases == {"model": 4} and snap.time_floor == 100
-    with pytest.raises(ReleaseRollbackError):
-        state.accept("site-a", 3, DIGEST, release=("model", 3))
-
-
-def test_state_persists_rotated_root(tmp_path):
-    import json as _json
-    from conftest import make_keys, make_trust
-    from cuvil_edge.ir_serialize import make_root, sign_root, update_root
-    keys = make_keys()
-    trust, pinned = make_trust(keys)
-    new = make_keys()["coordinator"]
-    v2 = sign_root(make_root(2, trust.expires, {"root": [keys["root"].public_key()],
-                   "release": [keys["release"].public_key()], "coordinator": [new.public_key()]}), [keys["root"]])
-    rotated = update_root(trust, v2)
-    state = AntiRollbackState(tmp_path)
-    assert state.trust_root(pinned).version == 1
-    state.accept("site-a", 1, DIGEST, root=rotated, root_envelope=_json.loads(v2))
-    again = AntiRollbackState(tmp_path).trust_root(pinned)
-    assert again.version == 2 and again.revoked == rotated.revoked and state.snapshot().root_version == 2
-
-
-@pytest.mark.parametrize(
-    "content",
-    [b"", b"{not json", _state(sites={"a": {"version": 1}}), _state().replace(b'"format": 2', b'"format": 2, "format": 2'),
-     _state(sites={"a": {"version": True, "digest": DIGEST}}), _state(format=3),
-     _state(extra=0), b"\xff\xfe"],
-    ids=["empty", "garbage", "missing-digest", "duplicate-key", "bool-version", "future-format", "unknown-field",
-         "bad-utf8"],
-)
-def test_corrupt_state_file_raises_state_error(tmp_path, content):
-    (tmp_path / "anti_rollback.json").write_bytes(content)
-    state = AntiRollbackState(tmp_path)
-    with pytest.raises(StateError, match="never reset"):
-        state.last_version("a")
-    with pytest.raises(StateError):
-        state.accept("a", 9, DIGEST)
-    assert (tmp_path / "anti_rollback.json").read_bytes() == content  # not silently reset
-
-
-def test_state_rejects_bad_digest(tmp_path):
-    with pytest.raises(StateError, match="hex"):
-        AntiRollbackState(tmp_path).accept("a", 1, "xyz")
 
 
 # --- manifest and release statement ---------------------------------------------------
