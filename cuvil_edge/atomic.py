@@ -1,4 +1,4 @@
-"""Crash-safe file replacement (PACKAGE_SPEC §9.2): temp file, fsync, rename, fsync directory.
+"""Crash-safe file replacement (PACKAGE_SPEC §11.3): temp file, fsync, rename, fsync directory.
 
 Layer 0: every durable file cuvil-edge writes (state, caches, packages, keys) goes through here.
 """

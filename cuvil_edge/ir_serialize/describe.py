@@ -15,7 +15,7 @@ from cuvil_edge.ir.graph import Graph
 from cuvil_edge.ir_serialize.container import Buffer, _decode_payload, byte_view
 from cuvil_edge.ir_serialize.dsse import verify_threshold
 from cuvil_edge.ir_serialize.manifest import Manifest, ReleaseStatement
-from cuvil_edge.ir_serialize.package import split_package
+from cuvil_edge.ir_serialize.package import _split_package
 from cuvil_edge.ir_serialize.signing import key_id
 from cuvil_edge.ir_serialize.trust import TrustRoot
 
@@ -38,7 +38,7 @@ def describe_package(data: Buffer, *, max_bytes: int, trust_root: Optional[Trust
     Raises:
         PackageError: malformed, or a signature check that was asked for failed.
     """
-    parts = split_package(byte_view(data), max_bytes)
+    parts = _split_package(byte_view(data), max_bytes)
     signature = "not checked (pass --key coordinator.pub or root.json to verify)"
     if trust_root is not None:
         trust_root.verify(parts.release, "release")

@@ -43,7 +43,7 @@ Keys = Union[Ed25519PrivateKey, Sequence[Ed25519PrivateKey]]
 
 @dataclass(frozen=True)
 class PackageParts:
-    """The pieces located by :func:`split_package`; nothing in them is verified yet."""
+    """The pieces located by :func:`_split_package`; nothing in them is verified yet."""
 
     manifest: Envelope
     release: Envelope
@@ -142,7 +142,7 @@ def assemble(manifest: Envelope, release: Envelope, payload: bytes, roots: Seque
     return head + bytes(align(len(head)) - len(head)) + bytes(payload)
 
 
-def split_package(view: memoryview, max_package_bytes: int) -> PackageParts:
+def _split_package(view: memoryview, max_package_bytes: int) -> PackageParts:
     """Steps 1-2 of verification (PACKAGE_SPEC §7): sizes, the fixed layout, envelope structure.
 
     Raises:

@@ -205,7 +205,7 @@ def update_root(current: TrustRoot, data: bytes | Any) -> TrustRoot:
 
 @dataclass(frozen=True)
 class RootUpdate:
-    """The outcome of :func:`apply_root_chain`: the root now trusted, its envelope (exactly the
+    """The outcome of :func:`_apply_root_chain`: the root now trusted, its envelope (exactly the
     link that was applied, or the trusted one when none was), and the roles whose keys or
     threshold changed on the way (their floors are reset, PACKAGE_SPEC §11.2)."""
 
@@ -214,7 +214,7 @@ class RootUpdate:
     rotated_roles: frozenset[str]
 
 
-def apply_root_chain(trusted: TrustRoot, trusted_envelope: Any, chain: Sequence[Any], now: int,
+def _apply_root_chain(trusted: TrustRoot, trusted_envelope: Any, chain: Sequence[Any], now: int,
                      max_chain: int = MAX_ROOT_CHAIN) -> RootUpdate:
     """Bring ``trusted`` up to date with the root chain a package carries (§10.3).
 

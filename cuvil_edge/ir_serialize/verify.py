@@ -28,10 +28,10 @@ from cuvil_edge.ir.graph import Graph
 from cuvil_edge.ir_serialize._canonical import canonical_json
 from cuvil_edge.ir_serialize.container import Buffer, _decode_payload, align, byte_view, read_layout
 from cuvil_edge.ir_serialize.manifest import Manifest, Region, ReleaseStatement
-from cuvil_edge.ir_serialize.package import split_package
+from cuvil_edge.ir_serialize.package import _split_package
 from cuvil_edge.ir_serialize.sealing import hpke_info, seal_key_id, unseal
 from cuvil_edge.ir_serialize.state import AcceptedVersion, AntiRollbackState, RollbackSnapshot, TrustState
-from cuvil_edge.ir_serialize.trust import apply_root_chain
+from cuvil_edge.ir_serialize.trust import _apply_root_chain
 
 log = logging.getLogger(__name__)
 
@@ -110,8 +110,8 @@ def _check_package(data: Buffer, trusted: TrustState, *, site: str, target: str,
         StateError: ``trusted`` holds no root.
     """
     trusted_root = trusted.require_root(where)
-    parts = split_package(byte_view(data), max_package_bytes)                       # 1-2
-    update = apply_root_chain(trusted_root, trusted.root_envelope, parts.roots, now)  # 3
+    parts = _split_package(byte_view(data), max_package_bytes)                       # 1-2
+    update = _apply_root_chain(trusted_root, trusted.root_envelope, parts.roots, now)  # 3
     root = update.root
     root.verify(parts.release, "release")                                          # 4
     root.verify(parts.manifest, "coordinator")

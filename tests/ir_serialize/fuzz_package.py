@@ -36,6 +36,7 @@ from cuvil_edge.ir_serialize.sealing import generate_seal_keypair  # noqa: E402
 from cuvil_edge.ir_serialize.trust import make_root  # noqa: E402
 
 CASE_TIME_CAP_S = 2.0
+_TEMP_DIRS: list[tempfile.TemporaryDirectory] = []
 
 
 class CaseTimeout(Exception):
@@ -68,8 +69,10 @@ def corpus(seed: int = 0):
     other = write_package(mlp_graph(seed + 1), SITE, TARGET, 6, keys["coordinator"], **common)
     kw = dict(site=SITE, target=TARGET, now=NOW, max_package_bytes=1 << 20)
     # One durable state per kind (the three share a site and version): the real entry point, state included.
-    states = {kind: open_state(Path(tempfile.mkdtemp(prefix=f"fuzz-{kind}-")), pinned, None)
-              for kind in ("plain", "sealed", "rooted")}
+    states = {}
+    for kind in ("plain", "sealed", "rooted"):
+        _TEMP_DIRS.append(tempfile.TemporaryDirectory(prefix=f"fuzz-{kind}-"))  # removed at exit
+        states[kind] = open_state(Path(_TEMP_DIRS[-1].name), pinned, None)
     return [
         ("plain", plain, lambda b: verify_and_accept(b, states["plain"], **kw)),
         ("sealed", sealed, lambda b: verify_and_accept(b, states["sealed"], seal_key=seal_priv, **kw)),
