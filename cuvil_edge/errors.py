@@ -215,5 +215,15 @@ class BudgetExhaustedError(PrivacyError):
     """The site's privacy budget would be exceeded; nothing was released."""
 
 
+class BatchMixingError(PrivacyError):
+    """A training graph combines different samples (across the batch axis), so DP-SGD's per-sample
+    clipping would not bound one record's influence; training is refused."""
+
+
 class LedgerError(PrivacyError):
     """The privacy ledger is unreadable or corrupt; releases are refused until fixed."""
+
+
+class ReplayError(PrivacyError):
+    """A request's idempotency key was already claimed: a replayed or duplicated message is
+    never trained, evaluated or released again."""

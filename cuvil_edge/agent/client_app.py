@@ -8,10 +8,10 @@ through the federation file named by the run spec.
 from __future__ import annotations
 
 import logging
-import time
 from functools import lru_cache
 from pathlib import Path
 
+import numpy as np
 from flwr.app import (Array, ArrayRecord, ConfigRecord, Context, Error, Message, MessageType, MetricRecord,
                       RecordDict)
 from flwr.clientapp import ClientApp
@@ -19,6 +19,7 @@ from flwr.clientapp.mod import fixedclipping_mod
 
 from cuvil_edge.agent.runtime import AgentRuntime
 from cuvil_edge.config import load_federation, load_site
+from cuvil_edge.config.home import site_state_dir
 from cuvil_edge.config.run_spec import RunSpec
 from cuvil_edge.config.site import SiteConfig
 from cuvil_edge.datasets import digits
@@ -77,8 +78,7 @@ def _agent(context: Context) -> tuple[AgentRuntime, int, int]:
                                      None if site_config is None else str(site_config))
     spec = RunSpec.from_env()
     key = site.agent.coordinator_public_key or Path(spec.coordinator_public_key)
-    state_dir = site.agent.state_dir or spec.agent_state_dir(site.site)
-    return AgentRuntime(site, state_dir, key), index, count
+    return AgentRuntime(site, site_state_dir(site, Path(spec.home)), key), index, count
 
 
 def _local_dp() -> bool:
@@ -140,12 +140,20 @@ def query(msg: Message, context: Context) -> Message:
     return Message(RecordDict({"config": ConfigRecord({"site": agent.site.site})}), reply_to=msg)
 
 
+#: Reply fields measured on public inputs only (the package and this hardware, before any data
+#: is touched): they are the same for neighbouring datasets up to timing noise.
+DATA_INDEPENDENT_MEASUREMENTS = ("build-seconds", "verify-seconds")
+
+
 @app.train(mods=[central_dp_clipping_mod])
 def train(msg: Message, context: Context) -> Message:
     """Verify and build the package, then train locally (DP-SGD unless ``local_dp: false``).
 
-    Under central DP the reply's ``num-examples`` is 1 for every site: Flower's
-    accountant needs equal weights, so FedAvg then averages sites equally.
+    Everything in the reply is noised and charged (the weights) or a function of public
+    configuration (the FedAvg weight from the site YAML, ε from the planned σ, q and steps,
+    the ledger's totals of such events) or measured on the package before any data is used:
+    nothing reveals how many records the site holds. Under central DP the FedAvg weight is 1
+    for every site (Flower's accountant needs equal weights).
     """
     from cuvil_edge.agent.training import train_round
 
@@ -154,48 +162,66 @@ def train(msg: Message, context: Context) -> Message:
         activated = agent.activate(_package(msg, agent))
         train_data, _ = _local_data(agent, index, count)
         ledger = agent.ledger()
-        start = time.perf_counter()
         outcome = train_round(activated.package.graph, agent.site, train_data, ledger,
                               int(msg.content["config"]["server-round"]), activated.package.manifest.version,
                               local_dp=_local_dp())
-        train_seconds = time.perf_counter() - start
     except BudgetExhaustedError as e:
         return _budget_reply(msg, agent, e)
     except CuvilError as e:
         return _error(msg, e)
-    metrics = MetricRecord({
-        "num-examples": 1 if central_dp(msg) else len(train_data.y), "eps-round": outcome.epsilon_round,
-        "eps-spent": ledger.spent(), "eps-remaining": ledger.remaining(),
-        "noise-multiplier": outcome.noise_multiplier, "local-dp": int(outcome.noise_multiplier > 0),
-        "build-seconds": activated.model.build_seconds, "verify-seconds": activated.verify_seconds,
-        "train-seconds": train_seconds, "package-bytes": activated.package_bytes, "budget-exhausted": 0,
-    })
+    metrics = MetricRecord(train_metrics(agent.site, outcome, ledger, activated, central=central_dp(msg)))
     # Same keys in the same order as received (fixedclipping_mod checks this).
     sent = list(msg.content["arrays"].keys()) or list(outcome.weights)
     arrays = ArrayRecord({k: Array(outcome.weights[k]) for k in sent})
     return Message(RecordDict({"arrays": arrays, "metrics": metrics}), reply_to=msg)
 
 
+def train_metrics(site: SiteConfig, outcome, ledger, activated, *, central: bool) -> dict:
+    """The metrics of a train reply; every value is public configuration, a ledger total of
+    events planned from it, or measured on the package (:data:`DATA_INDEPENDENT_MEASUREMENTS`)."""
+    return {
+        "num-examples": 1 if central else site.training.weight, "eps-round": outcome.epsilon_round,
+        "eps-spent": ledger.spent(), "eps-remaining": ledger.remaining(),
+        "noise-multiplier": outcome.noise_multiplier, "local-dp": int(outcome.noise_multiplier > 0),
+        "build-seconds": activated.model.build_seconds, "verify-seconds": activated.verify_seconds,
+        "package-bytes": activated.package_bytes, "budget-exhausted": 0,
+    }
+
+
 @app.evaluate()
 def evaluate(msg: Message, context: Context) -> Message:
-    """Verify and build the package, evaluate locally, release the accuracy with DP noise."""
-    from cuvil_edge.privacy import release
+    """Verify and build the package, then release noisy counts (correct, total) of the local
+    evaluation: the spend is claimed under ``eval-r<round>-v<version>`` before the data is read,
+    so a replayed message is refused; the coordinator pools every site's counts into one accuracy."""
+    from cuvil_edge.privacy.release import reserve_release
 
     try:
         agent, index, count = _agent(context)
         activated = agent.activate(_package(msg, agent))
-        _, eval_data = _local_data(agent, index, count)
         ledger = agent.ledger()
-        n = len(eval_data.y)
-        accuracy = agent.accuracy(activated.model, eval_data.x, eval_data.y)
-        # Accuracy is a mean of n indicators: replacing one example moves it by at most 1/n.
-        noisy = release([accuracy], sensitivity=1.0 / n, epsilon=agent.site.privacy.eval_epsilon, ledger=ledger,
-                        lower=0.0, upper=1.0, key=f"eval-v{activated.package.manifest.version}",
-                        round=int(msg.content["config"]["server-round"]))
+        server_round = int(msg.content["config"]["server-round"])
+        pending = reserve_release(eval_mechanism(agent.site), 2, ledger, round=server_round,
+                                  key=f"eval-r{server_round}-v{activated.package.manifest.version}")
+        try:
+            _, eval_data = _local_data(agent, index, count)
+            correct = agent.correct(activated.model, eval_data.x, eval_data.y)
+        except CuvilError:
+            pending.abort()  # nothing computed from the data left the process
+            raise
+        noisy_correct, noisy_total = (int(v) for v in pending.publish(np.array([correct, len(eval_data.y)])))
     except BudgetExhaustedError as e:
         return _budget_reply(msg, agent, e)
     except CuvilError as e:
         return _error(msg, e)
-    metrics = MetricRecord({"num-examples": n, "accuracy": float(noisy[0]), "eps-spent": ledger.spent(),
-                            "eps-remaining": ledger.remaining(), "budget-exhausted": 0})
+    metrics = MetricRecord({"noisy-correct": noisy_correct, "noisy-total": noisy_total,
+                            "count-noise-scale": float(2 / agent.site.privacy.eval_epsilon),
+                            "eps-spent": ledger.spent(), "eps-remaining": ledger.remaining(), "budget-exhausted": 0})
     return Message(RecordDict({"metrics": metrics}), reply_to=msg)
+
+
+def eval_mechanism(site: SiteConfig):
+    """(correct, total) under add/remove-one record: one record moves each count by at most 1, so
+    the pair's L1 sensitivity is 2; ``eval_epsilon`` per release."""
+    from cuvil_edge.privacy.release import CountsMechanism
+
+    return CountsMechanism(2, site.privacy.eval_epsilon)

@@ -25,11 +25,11 @@ import numpy as np
 
 from cuvil_edge.agent.runtime import AgentRuntime
 from cuvil_edge.device_targets.build import CompiledModel, build
-from cuvil_edge.errors import ConfigError, PrivacyError
-from cuvil_edge.ir.graph import Graph, Value
+from cuvil_edge.errors import ConfigError, CuvilError, PrivacyError
+from cuvil_edge.ir.graph import Graph, TensorType, Value
 from cuvil_edge.ir.infer import build_graph
 from cuvil_edge.passes.dead_code import live_nodes
-from cuvil_edge.privacy import release
+from cuvil_edge.privacy.release import LaplaceMechanism, reserve_release
 
 
 @dataclass(frozen=True)
@@ -90,14 +90,55 @@ def _build_feature(runtime: AgentRuntime, package, feature: str) -> CompiledMode
                  cache_dir=runtime.state_dir / "build-cache", precision=runtime.site.precision)
 
 
+def request_key(package_digest: str, x: np.ndarray, epsilon: float, clip_l1: float, feature: str | None) -> str:
+    """The default ledger key of an inference request: its package, input bytes and release
+    parameters. An identical request replayed is refused instead of released again with fresh
+    noise (averaging replays would erode the guarantee); a deliberate second release of the same
+    batch passes its own ``key``."""
+    h = hashlib.sha256()
+    for part in (package_digest, str(x.dtype), repr(x.shape), repr(float(epsilon)), repr(float(clip_l1)),
+                 feature or ""):
+        h.update(part.encode() + b"\0")
+    h.update(np.ascontiguousarray(x).tobytes())
+    return f"infer-{h.hexdigest()[:40]}"
+
+
+def planned_output_size(graph: Graph, x: np.ndarray) -> int:
+    """Elements of the graph's first output for the batch ``x``, by shape inference alone (no data).
+
+    Raises:
+        ExecutionError / ModelError: ``x`` does not fit the model's input.
+        PrivacyError: the output shape is not determined by the input shape.
+    """
+    inp = graph.inputs[0]
+    typed = build_graph(graph.name, [Value(inp.name, TensorType(inp.type.dtype, tuple(int(d) for d in x.shape)))],
+                        [graph.outputs[0].name], graph.nodes, graph.initializers, graph.opset)
+    shape = typed.outputs[0].type.shape
+    if not all(isinstance(d, int) for d in shape) or not shape or shape[0] != len(x):
+        raise PrivacyError(f"output {typed.outputs[0].name} has shape {list(shape)} for a batch of {len(x)}; a "
+                           "release needs one output row per input row and a shape known before running")
+    return int(np.prod(shape))
+
+
+def zero_nonfinite_rows(y: np.ndarray) -> np.ndarray:
+    """Rows holding NaN or infinity become zero rows, so a non-finite output never makes the
+    release fail (a refusal that depends on the data would itself leak)."""
+    flat = np.asarray(y, dtype=np.float64).reshape(len(y), -1)
+    bad = ~np.isfinite(flat).all(axis=1)
+    return np.where(bad[:, None], 0.0, flat).reshape(np.shape(y))
+
+
 def infer_private(runtime: AgentRuntime, package_bytes: bytes, x: np.ndarray, epsilon: float, *,
                   clip_l1: float = 1.0, key: str | None = None, feature: str | None = None) -> PrivateOutput:
-    """Verify and build ``package_bytes``, run it on ``x`` and release the output under ε-DP.
+    """Verify and build ``package_bytes``, claim the release, run it on ``x`` and release the output under ε-DP.
 
-    ``x`` is a batch (first axis = one record per row) in the model's input
-    shape. Nothing is released, and nothing spent, unless verification, build
-    and execution succeed. The softmax outputs of a classifier have L1 = 1, so
-    ``clip_l1=1`` keeps them intact.
+    ``x`` is a batch (first axis = one record per row) in the model's input shape. The spend
+    is reserved in the site's ledger under ``key`` (default :func:`request_key`) *before* the
+    model touches ``x``; the claim is exclusive, so a replayed request is refused. If the run
+    fails, the reservation is given back (nothing left the device). Non-finite output rows are
+    zeroed, every row is scaled to L1 <= ``clip_l1``, and the whole output is released with
+    L1 sensitivity 2 * ``clip_l1`` (replace-one: one row changes). The softmax outputs of a
+    classifier have L1 = 1, so ``clip_l1=1`` keeps them intact.
 
     ``feature`` names an intermediate value (a node output) to release instead of
     the model output: each sample's feature map, flattened, is clipped to L1 <=
@@ -107,8 +148,9 @@ def infer_private(runtime: AgentRuntime, package_bytes: bytes, x: np.ndarray, ep
     Raises:
         PackageError: the package failed verification (nothing is spent).
         ConfigError: ``feature`` is not a node output of the model (nothing is spent).
-        ExecutionError: ``x`` does not fit the model's input.
+        ExecutionError: ``x`` does not fit the model's input (nothing is spent).
         PrivacyError: invalid ``epsilon``, ``clip_l1`` or ``x``.
+        ReplayError: this request (``key``) was already released.
         BudgetExhaustedError: the site's budget would be exceeded (nothing released).
         LedgerError: the ledger is unreadable or cannot be written.
     """
@@ -120,13 +162,16 @@ def infer_private(runtime: AgentRuntime, package_bytes: bytes, x: np.ndarray, ep
     activated = runtime.activate(package_bytes)  # re-delivering the accepted package is idempotent
     model = activated.model if feature is None else _build_feature(runtime, activated.package, feature)
     feed = {model.graph.inputs[0].name: np.ascontiguousarray(x, dtype=np.float32)}
-    name, y = next(iter(model.run(feed).items()))
-    if y.shape[:1] != x.shape[:1]:
-        raise PrivacyError(f"output {name} has shape {y.shape}; row-wise clipping needs one output row per "
-                           f"input row ({len(x)})")
+    size = planned_output_size(model.graph, feed[model.graph.inputs[0].name])
     sensitivity = 2.0 * float(clip_l1)
     ledger = runtime.ledger()
-    noisy = release(clip_rows_l1(y, float(clip_l1)), sensitivity=sensitivity, epsilon=epsilon, ledger=ledger,
-                    key=key)
-    return PrivateOutput(np.asarray(noisy), name, float(epsilon), sensitivity,
+    key = key or request_key(activated.package.manifest_digest, x, epsilon, clip_l1, feature)
+    pending = reserve_release(LaplaceMechanism(sensitivity, epsilon), size, ledger, key=key)
+    try:
+        name, y = next(iter(model.run(feed).items()))
+    except CuvilError:
+        pending.abort()  # nothing computed from x left the device
+        raise
+    noisy = pending.publish(clip_rows_l1(zero_nonfinite_rows(y), float(clip_l1)))
+    return PrivateOutput(np.asarray(noisy).reshape(y.shape), name, float(epsilon), sensitivity,
                          activated.package.manifest.version, ledger.spent(), ledger.remaining())

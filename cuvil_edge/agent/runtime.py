@@ -125,8 +125,8 @@ class AgentRuntime:
             raise StateError(f"cannot keep the verified package in {folder}: {e}; fix the state directory") from e
 
     @staticmethod
-    def accuracy(model: CompiledModel, x: np.ndarray, y: np.ndarray) -> float:
-        """Fraction of ``x`` whose argmax output equals ``y``."""
+    def correct(model: CompiledModel, x: np.ndarray, y: np.ndarray) -> int:
+        """How many rows of ``x`` have their argmax output equal to ``y``."""
         name = model.graph.inputs[0].name
         out = next(iter(model.run({name: x}).values()))
-        return float((out.argmax(axis=1) == y).mean())
+        return int((out.argmax(axis=1) == y).sum())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -16,7 +17,7 @@ from cuvil_edge.privacy import PrivacyLedger
 @dataclass(frozen=True)
 class TrainOutcome:
     weights: dict[str, np.ndarray]  # every float32 initializer, trained ones updated
-    epsilon_round: float
+    epsilon_round: float  # infinite without local DP: the update carries no record-level guarantee
     noise_multiplier: float
     sample_rate: float
     steps: int
@@ -26,54 +27,59 @@ class TrainOutcome:
 def train_round(graph: Graph, site: SiteConfig, data: Split, ledger: PrivacyLedger,
                 server_round: int, package_version: int, seed: int | None = None,
                 local_dp: bool = True) -> TrainOutcome:
-    """Reserve this round's DP-SGD spend, then train the graph's weights on ``data``.
+    """Check the model keeps samples apart, claim this round's DP-SGD spend, then train.
 
-    Before anything is reserved or trained, the σ for the per-round target ε is
-    planned and the ledger asked whether (σ, q, steps) composed with everything
-    spent so far stays within the site's budget. With ``local_dp=False``
-    (federation ``local_dp: false``, e.g. central DP only) the round trains with
-    plain SGD, spends nothing and returns ``epsilon_round`` 0: the update itself
-    then carries no record-level guarantee.
+    The plan (σ, sample rate, steps) comes from the site YAML only, never from the data, and
+    is reserved in the ledger under the key ``train-r<round>-v<package version>`` *before*
+    anything touches the data: the claim is exclusive, so a replayed or duplicated train
+    message is refused (:class:`ReplayError`) instead of training again with fresh noise.
+    With ``local_dp=False`` (federation ``local_dp: false``, e.g. central DP only) the round
+    trains with plain SGD and spends nothing: its update carries no record-level guarantee
+    (``epsilon_round`` is infinite).
 
     Raises:
-        BudgetExhaustedError: the round would take the site over its budget
-            (nothing was reserved or trained).
-        PrivacyError: the data or hyperparameters cannot give the target ε.
+        BatchMixingError: the training graph mixes samples across the batch (refused before
+            anything is reserved).
+        ReplayError: this round's key was already claimed.
+        BudgetExhaustedError: the round would take the site over its budget (nothing reserved).
+        PrivacyError: the hyperparameters cannot give the target ε, or the data is unusable.
     """
     from cuvil_edge.agent.torch_model import IRTorchModule
+    from cuvil_edge.privacy.accounting import DpSgd
+    from cuvil_edge.privacy.batch_independence import check_batch_independent
     from cuvil_edge.privacy.dpsgd import plan_dp_sgd, train_dp_sgd
 
     p, t = site.privacy, site.training
-    n = len(data.y)
-    if n < t.batch_size:
-        raise PrivacyError(f"site {site.site} has {n} examples, fewer than batch_size {t.batch_size}; lower it")
     if not local_dp:
         return _train_plain(graph, site, data, seed)
-    plan = plan_dp_sgd(n, target_epsilon=p.epsilon_per_round, delta=p.delta, epochs=t.local_epochs,
-                       batch_size=t.batch_size)
-    sigma, sample_rate, steps = plan.noise_multiplier, plan.sample_rate, plan.steps
-    exceeds, total = ledger.would_exceed_dpsgd(sigma, sample_rate, steps)
+    check_batch_independent(graph)  # per-sample clipping is meaningless if rows mix
+    plan = plan_dp_sgd(target_epsilon=p.epsilon_per_round, delta=p.delta, sample_rate=t.sample_rate,
+                       epochs=t.local_epochs, expected_batch_size=t.batch_size)
+    event = DpSgd(plan.noise_multiplier, plan.sample_rate, plan.steps)
+    exceeds, total = ledger.would_exceed(event)
     if exceeds:
         raise BudgetExhaustedError(
             f"site {site.site}: round {server_round} would bring ε to {total:.3f}, over the budget "
-            f"{p.epsilon_budget}; the site sits this round out"
+            f"{ledger.epsilon_budget}; the site sits this round out"
         )
-    reservation = ledger.reserve_dpsgd(sigma, sample_rate, steps, key=f"train-v{package_version}",
-                                       round=server_round)
-    model = IRTorchModule(graph)
-    result = train_dp_sgd(model, data.x, data.y, target_epsilon=p.epsilon_per_round, delta=p.delta,
-                          epochs=t.local_epochs, batch_size=t.batch_size, lr=t.learning_rate,
-                          momentum=t.momentum, max_grad_norm=t.max_grad_norm, seed=seed)
-    if abs(result.noise_multiplier - sigma) > 1e-9 * max(1.0, sigma) or result.steps > steps:
-        # Never release a model trained with less noise than the ledger paid for.
-        raise PrivacyError(
-            f"Opacus chose σ={result.noise_multiplier}, steps={result.steps}; the ledger reserved σ={sigma}, "
-            f"steps={steps}. Refusing to release the update."
-        )
+    reservation = ledger.reserve(event, key=train_key(server_round, package_version), round=server_round)
+    try:
+        model = IRTorchModule(graph)
+        result = train_dp_sgd(model, data.x, data.y, plan, lr=t.learning_rate, momentum=t.momentum,
+                              max_grad_norm=t.max_grad_norm, seed=seed)
+    except PrivacyError:
+        ledger.abort(reservation)  # nothing computed from the data left the process
+        raise
     ledger.commit(reservation)
     weights = {k: np.array(v) for k, v in graph.initializers.items() if v.dtype == np.float32}
     weights.update(model.ir_weights())
-    return TrainOutcome(weights, result.epsilon, sigma, sample_rate, steps, result.final_loss)
+    return TrainOutcome(weights, result.epsilon, plan.noise_multiplier, plan.sample_rate, plan.steps,
+                        result.final_loss)
+
+
+def train_key(server_round: int, package_version: int) -> str:
+    """The ledger key of one round's training: one claim per (round, package)."""
+    return f"train-r{server_round}-v{package_version}"
 
 
 def _train_plain(graph: Graph, site: SiteConfig, data: Split, seed: int | None) -> TrainOutcome:
@@ -104,4 +110,4 @@ def _train_plain(graph: Graph, site: SiteConfig, data: Split, seed: int | None) 
                 steps, loss = steps + 1, float(batch_loss.detach())
     weights = {k: np.array(v) for k, v in graph.initializers.items() if v.dtype == np.float32}
     weights.update(model.ir_weights())
-    return TrainOutcome(weights, 0.0, 0.0, t.batch_size / len(y), steps, loss)
+    return TrainOutcome(weights, math.inf, 0.0, t.sample_rate, steps, loss)

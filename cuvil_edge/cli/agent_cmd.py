@@ -8,11 +8,10 @@ from typing import Optional
 import typer
 from rich.console import Console
 
+from cuvil_edge.config.home import DEFAULT_HOME, keys_dir, site_state_dir
+
 agent_app = typer.Typer(no_args_is_help=True, help="Agent-side commands (run on the site's device).")
 console = Console()
-
-DEFAULT_STATE = Path(".cuvil")
-
 
 @agent_app.command("infer")
 def infer_cmd(package: Path = typer.Argument(..., help="signed package for this site"),
@@ -22,12 +21,17 @@ def infer_cmd(package: Path = typer.Argument(..., help="signed package for this 
               output: Optional[Path] = typer.Option(None, "--output", help=".npy file for the noisy outputs"),
               state_dir: Optional[Path] = typer.Option(None, "--state-dir",
                                                        help="agent state directory (default: the site's "
-                                                            "agent.state_dir, else .cuvil/agents/<site>)"),
+                                                            "agent.state_dir, else HOME/agents/<site>)"),
+              home: Path = typer.Option(DEFAULT_HOME, "--home", help="federation home (config/home.py)"),
               key: Optional[Path] = typer.Option(None, "--key", help="pinned trust root root.json (default: "
                                                  "the site's agent.coordinator_public_key, else "
-                                                 ".cuvil/keys/root.json)"),
+                                                 "HOME/keys/root.json)"),
               clip_l1: float = typer.Option(1.0, "--clip-l1", help="L1 bound of each output row "
                                             "(sensitivity 2·C per release)"),
+              request_id: Optional[str] = typer.Option(None, "--request-id",
+                                                       help="ledger key of this release (default: a digest of "
+                                                       "the package, input and parameters, so an identical "
+                                                       "request is refused instead of released twice)"),
               feature: Optional[str] = typer.Option(None, "--feature", metavar="VALUE_NAME",
                                                     help="release this intermediate value (a node output, "
                                                     "e.g. a Conv's) instead of the model output; each "
@@ -46,10 +50,10 @@ def infer_cmd(package: Path = typer.Argument(..., help="signed package for this 
         data = package.read_bytes()
     except (OSError, ValueError) as e:
         raise ConfigError(f"cannot read input: {e}") from e
-    state = state_dir or config.agent.state_dir or DEFAULT_STATE / "agents" / config.site
-    pub = key or config.agent.coordinator_public_key or DEFAULT_STATE / "keys" / "root.json"
+    state = state_dir or site_state_dir(config, home)
+    pub = key or config.agent.coordinator_public_key or keys_dir(home) / "root.json"
     result = infer_private(AgentRuntime(config, state, pub), data, x, epsilon, clip_l1=clip_l1,
-                           feature=feature)
+                           feature=feature, key=request_id)
     if output is not None:
         np.save(output, result.values, allow_pickle=False)
         console.print(f"wrote {output} {result.values.shape}")

@@ -87,8 +87,13 @@ def inspect_cmd(package: Path = typer.Argument(..., help="package file"),
 def demo(federation: Path = typer.Option(Path("configs/federation.yaml"), help="federation YAML"),
          rounds: Optional[int] = typer.Option(None, help="override the number of rounds"),
          run_dir: Optional[Path] = typer.Option(None, help="run directory (default runs/<name>-<time>)"),
+         home: Path = typer.Option(DEFAULT_STATE, "--home", help="durable home: keys, version counters, each "
+                                   "site's state and privacy ledger (kept across runs)"),
          verbose: bool = typer.Option(False, "--verbose", "-v", help="also show Flower's and Ray's logs")) -> None:
-    """Run the demo federation in Flower simulation and report each round."""
+    """Run the demo federation in Flower simulation and report each round.
+
+    Sites spend from their durable ledgers in the home across runs; once their budgets are
+    spent they sit rounds out. The demo's data is public, so a new home starts afresh."""
     from cuvil_edge.agent.client_app import app as client_app
     from cuvil_edge.coordinator.launcher import prepare_run, run_in_simulation
     from cuvil_edge.coordinator.server_app import app as server_app
@@ -97,8 +102,10 @@ def demo(federation: Path = typer.Option(Path("configs/federation.yaml"), help="
         os.environ.setdefault("FLWR_LOG_LEVEL", "WARNING")
         logging.getLogger("flwr").setLevel(logging.WARNING)
     _show_reports()
-    spec = prepare_run(federation, run_dir, rounds)
+    spec = prepare_run(federation, run_dir, rounds, home=home)
     console.print(f"run directory: {spec.run_dir}")
+    console.print(f"federation home: {spec.home} (keys, version counters, each site's state and privacy ledger; "
+                  "they persist across runs)")
     metrics = run_in_simulation(spec, server_app, client_app)
     final = metrics["rounds"][-1]
     worst = max(s.get("eps-spent", 0.0) for s in final["sites"].values())
@@ -109,6 +116,9 @@ def demo(federation: Path = typer.Option(Path("configs/federation.yaml"), help="
 
         console.print(f"[bold]{format_stop(metrics['stopped_early'])}[/bold]")
     console.print(f"metrics: {spec.run_dir}/metrics.json  plot: {spec.run_dir}/metrics.png")
+    if final["sites"] and all(s.get("status") == "budget exhausted" for s in final["sites"].values()):
+        console.print(f"[bold]every site's privacy budget in {spec.home} is spent[/bold]; the demo's data is public, "
+                      "so `cuvil-edge demo --home NEW_DIR` starts a new demo federation with fresh ledgers")
 
 
 def _mount_subcommands() -> None:

@@ -20,14 +20,11 @@ ENV_VAR = "CUVIL_EDGE_RUN_SPEC"
 @dataclass(frozen=True)
 class RunSpec:
     federation: str  # path of the federation YAML
-    run_dir: str
+    run_dir: str  # this run's reports (metrics.json, metrics.png)
+    home: str  # the durable home: keys, version counters, site state (config/home.py)
     coordinator_key: str  # private key (coordinator side only)
-    coordinator_public_key: str  # pinned by every agent
-    agents_dir: str  # <agents_dir>/<site>/ is each agent's state directory
+    coordinator_public_key: str  # root.json, pinned by every agent
     rounds: int
-
-    def agent_state_dir(self, site: str) -> Path:
-        return Path(self.agents_dir) / site
 
     def save(self, path: Path) -> None:
         path.write_text(json.dumps(asdict(self), indent=2, sort_keys=True), encoding="utf-8")

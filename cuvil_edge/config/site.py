@@ -41,13 +41,19 @@ class PrivacySection(_Strict):
 
 
 class TrainingSection(_Strict):
-    """Local DP-SGD hyperparameters."""
+    """Local DP-SGD hyperparameters: public configuration, so nothing derived from them (the noise,
+    the steps, the ε a round costs) depends on how many records the site holds."""
 
-    local_epochs: int = Field(ge=1, le=100, default=2)
-    batch_size: int = Field(ge=1, le=65536, default=32)
+    local_epochs: int = Field(ge=1, le=100, default=2, description="steps per round = ceil(local_epochs / sample_rate)")
+    batch_size: int = Field(ge=1, le=65536, default=32,
+                            description="expected batch size: normalises the noisy gradient sum")
+    sample_rate: float = Field(gt=0, le=1, default=0.08,
+                               description="Poisson sampling rate of DP-SGD; pick about batch_size / records")
     learning_rate: float = Field(gt=0, le=10, default=0.1)
     momentum: float = Field(ge=0, lt=1, default=0.0)
     max_grad_norm: float = Field(gt=0, default=1.0)
+    weight: int = Field(ge=1, le=10**9, default=1,
+                        description="public FedAvg weight of this site's updates (never its record count)")
 
 
 class DataSection(_Strict):

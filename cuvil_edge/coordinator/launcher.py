@@ -9,7 +9,8 @@ from pathlib import Path
 
 from cuvil_edge.config import load_federation
 from cuvil_edge.config.run_spec import ENV_VAR, RunSpec
-from cuvil_edge.coordinator.keys import init_keys
+from cuvil_edge.config.home import DEFAULT_HOME, keys_dir
+from cuvil_edge.coordinator.keys import current_root, init_keys
 from cuvil_edge.coordinator.report import STOPPED_CENTRAL_BUDGET
 from cuvil_edge.errors import CuvilError
 
@@ -27,11 +28,16 @@ class RunFailedError(CuvilError):
     """The federation did not complete all its rounds."""
 
 
-def prepare_run(federation_path: Path, run_dir: Path | None = None, rounds: int | None = None) -> RunSpec:
-    """Validate the configs, create the run directory with fresh keys, and write the run spec.
+def prepare_run(federation_path: Path, run_dir: Path | None = None, rounds: int | None = None,
+                home: Path | None = None) -> RunSpec:
+    """Validate the configs, create the run directory, and write the run spec.
+
+    Keys, version counters and every site's state (ledger included) live in ``home`` (default
+    ``.cuvil``) and persist across runs; keys are created there on first use only.
 
     Raises:
         ConfigError: the federation or a site file is invalid.
+        KeyFileError: the home's keys are unusable.
     """
     federation_path = Path(federation_path).resolve()
     federation = load_federation(federation_path)
@@ -40,9 +46,15 @@ def prepare_run(federation_path: Path, run_dir: Path | None = None, rounds: int 
         run_dir = Path("runs") / f"{federation.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     run_dir = run_dir.resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
-    private, public = init_keys(run_dir / "keys", force=True)
-    spec = RunSpec(federation=str(federation_path), run_dir=str(run_dir), coordinator_key=str(private),
-                   coordinator_public_key=str(public), agents_dir=str(run_dir / "agents"),
+    home = (home or DEFAULT_HOME).resolve()
+    keys = keys_dir(home)
+    if (keys / "root.json").exists():
+        current_root(keys)  # refuse a broken home now, not inside the simulation
+        private, public = keys / "coordinator.key", keys / "root.json"
+    else:
+        private, public = init_keys(keys)
+    spec = RunSpec(federation=str(federation_path), run_dir=str(run_dir), home=str(home),
+                   coordinator_key=str(private), coordinator_public_key=str(public),
                    rounds=rounds or federation.rounds)
     spec.save(run_dir / "run_spec.json")
     return spec

@@ -29,11 +29,14 @@ class RunReport:
         self.stopped_early: dict | None = None
 
     def add_round(self, server_round: int, accuracy: float, site_stats: dict[str, dict],
-                  central: dict | None = None) -> dict:
-        """Record one round; ``central`` is the central-DP accounting (None without central DP)."""
+                  central: dict | None = None, federated: dict | None = None) -> dict:
+        """Record one round; ``central`` is the central-DP accounting (None without central DP),
+        ``federated`` the accuracy pooled from the sites' noisy counts with its 95 % interval."""
         sites = {s.site: {"target": s.target, **site_stats.get(s.site, {})} for s in self.sites}
         entry = {"round": server_round, "global_accuracy": accuracy, "sites": sites,
                  "dropped_out": sorted(k for k, v in sites.items() if v.get("status") == EXHAUSTED_STATUS)}
+        if federated is not None:
+            entry["federated_accuracy"] = federated
         if central is not None:
             entry["central_dp"] = central
         self.rounds.append(entry)
@@ -101,6 +104,10 @@ def format_stop(stopped: dict) -> str:
 def format_round(entry: dict) -> str:
     """A fixed-width text table of one round."""
     head = f"round {entry['round']}: global test accuracy {entry['global_accuracy']:.4f}"
+    fed = entry.get("federated_accuracy")
+    if fed is not None:
+        head += (f"; sites' pooled accuracy {fed['accuracy']:.3f} (95 % interval {fed['low']:.3f}–{fed['high']:.3f}, "
+                 f"noisy n={fed['noisy_total']})")
     if not entry["sites"] or entry["round"] == 0:
         return head
     cols = f"  {'site':<14}{'target':<18}{'status':<18}{'ε spent':>9}{'ε left':>9}{'pkg KiB':>9}{'build ms':>10}{'local acc*':>11}"
@@ -121,5 +128,6 @@ def format_round(entry: dict) -> str:
         shown = "no accountant" if eps is None else f"ε = {eps:.3f} at δ = {central['delta']:g}"
         lines.append(f"  central DP (site-level, σ={central['noise_multiplier']:g}, clip {central['clipping_norm']:g}): "
                      f"{shown}" + ("" if central.get("released") else " (no aggregate released this round)"))
-    lines.append("  * local accuracy is released with Laplace noise (ε per site config)")
+    lines.append("  * local accuracy = the site's noisy correct / noisy total (discrete Laplace, eval_epsilon), "
+                 "clipped to [0, 1]")
     return "\n".join(lines)

@@ -12,6 +12,7 @@ from flwr.serverapp import Grid, ServerApp
 from cuvil_edge.config import load_federation
 from cuvil_edge.config.run_spec import RunSpec
 from cuvil_edge.coordinator.model import load_federation_model
+from cuvil_edge.config.home import versions_file
 from cuvil_edge.coordinator.packaging import PackageFactory, VersionCounter
 from cuvil_edge.coordinator.report import STOPPED_CENTRAL_BUDGET, RunReport
 from cuvil_edge.config.federation import FederationConfig
@@ -38,7 +39,7 @@ def run_federation(grid: Grid, spec: RunSpec) -> RunReport:
     graph = load_federation_model(federation.model, federation.seed)
     run_dir = Path(spec.run_dir)
     factory = PackageFactory(graph, sites, load_signing_keys(Path(spec.coordinator_key)),
-                             VersionCounter(run_dir / "coordinator" / "versions.json"),
+                             VersionCounter(versions_file(Path(spec.home))),
                              federation.package.validity_seconds)
     sites_strategy, strategy = make_strategy(federation, factory, len(sites))
     test = digits.global_test(federation.dataset.test_fraction)
@@ -50,7 +51,8 @@ def run_federation(grid: Grid, spec: RunSpec) -> RunReport:
         probs = interpreter.run(model, {model.inputs[0].name: test.x})[model.outputs[0].name]
         accuracy = float((probs.argmax(axis=1) == test.y).mean())
         report.add_round(server_round, accuracy, sites_strategy.rounds.get(server_round, {}),
-                         central=sites_strategy.central.get(server_round))
+                         central=sites_strategy.central.get(server_round),
+                         federated=sites_strategy.evaluations.get(server_round))
         return MetricRecord({"accuracy": accuracy})
 
     start_rounds(strategy, report, grid, ArrayRecord({k: Array(np.array(v)) for k, v in trainable.items()}),

@@ -22,6 +22,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricReco
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import DifferentialPrivacyClientSideFixedClipping, FedAvg
 
+from cuvil_edge.coordinator.evaluation import SiteCounts, clip01, pool
 from cuvil_edge.coordinator.packaging import PackageFactory
 from cuvil_edge.coordinator.report import EXHAUSTED_STATUS
 
@@ -50,6 +51,7 @@ class SitePackages(FedAvg):
         self.node_to_site: dict[int, str] = {}
         self.rounds: dict[int, dict] = {}  # round -> site -> statistics
         self.central: dict[int, dict] = {}  # round -> central-DP accounting (CentralDpFixedClipping)
+        self.evaluations: dict[int, dict] = {}  # round -> pooled federated accuracy (aggregate_evaluate)
 
     # -- node -> site ---------------------------------------------------------
     def _resolve_sites(self, grid: Grid, node_ids: Iterable[int]) -> None:
@@ -132,7 +134,24 @@ class SitePackages(FedAvg):
         return kept
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
-        return super().aggregate_evaluate(server_round, self._record(server_round, replies, "eval"))
+        """Pool the sites' noisy (correct, total) counts into one accuracy with a 95 % interval
+        (:mod:`.evaluation`); no per-site accuracy is averaged, and nothing shown leaves [0, 1]."""
+        counts = []
+        for reply in self._record(server_round, replies, "eval"):
+            if reply.has_error():
+                continue
+            m = reply.content["metrics"]
+            site = self.node_to_site.get(reply.metadata.src_node_id)
+            c = SiteCounts(int(m["noisy-correct"]), int(m["noisy-total"]), float(m["count-noise-scale"]))
+            counts.append(c)
+            if site is not None:
+                self._site_stats(server_round, site)["eval-accuracy"] = (
+                    clip01(c.correct / c.total) if c.total > 0 else float("nan"))
+        pooled = pool(counts)
+        if pooled is None:
+            return None
+        self.evaluations[server_round] = pooled.to_dict()
+        return MetricRecord({"accuracy": pooled.accuracy, "accuracy-low": pooled.low, "accuracy-high": pooled.high})
 
 
 class SitePackageFedAvg(SitePackages):

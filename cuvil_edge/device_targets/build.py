@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -94,6 +95,12 @@ def cache_key(payload_digest: str, target: TargetSpec, precision: str) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
 
 
+#: CPython 3.11's AST constructors are not safe to run from two threads at once (concurrent
+#: ``ast.parse``/``compile`` of AST objects raise "SystemError: AST constructor recursion depth
+#: mismatch"); an agent handling two deliveries at once builds one module at a time.
+_AST_LOCK = threading.Lock()
+
+
 def build(
     package: BuildInput,
     target: TargetSpec | str,
@@ -116,7 +123,8 @@ def build(
     graph, digest = package.graph, package.payload_digest
     if not isinstance(digest, str) or len(digest) < 16 or any(c not in "0123456789abcdef" for c in digest):
         raise BuildError(f"payload digest {digest!r} is not a lowercase hex string; pass the verified package")
-    key = cache_key(digest, spec, precision)
+    with _AST_LOCK:  # the key digests the templates' parsed source
+        key = cache_key(digest, spec, precision)
     entry = Path(cache_dir) / key
     source = _read_cached(entry)
     hit = source is not None
@@ -124,7 +132,8 @@ def build(
         try:
             if spec.static_shapes:
                 codegen.batch_plan(graph)
-            pruned = prune(codegen.generate_source(graph), constants)
+            with _AST_LOCK:
+                pruned = prune(codegen.generate_source(graph), constants)
         except BuildError as e:
             raise BuildError(f"cannot build graph {graph.name!r} for target {spec.name!r}: {e}") from e
         source = f"# target {spec.name}, precision {precision}, {COMPILER_VERSION}, cache key {key}\n" + pruned
@@ -139,7 +148,9 @@ def build(
 def _compile(source: str, path: Path, spec: TargetSpec, key: str) -> Callable[..., dict]:
     namespace: dict[str, Any] = {"__name__": f"cuvil_edge_built_{key[:16]}"}
     try:
-        exec(compile(source, str(path), "exec"), namespace)  # noqa: S102 - our own generated, pruned source
+        with _AST_LOCK:
+            code = compile(source, str(path), "exec")
+        exec(code, namespace)  # noqa: S102 - our own generated, pruned source
     except Exception as e:
         raise BuildError(f"compiling the module for target {spec.name!r} failed: {type(e).__name__}: {e} "
                          f"(source: {path})") from e

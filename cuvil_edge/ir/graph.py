@@ -16,6 +16,13 @@ import numpy as np
 from cuvil_edge.ir import dtypes
 
 Dim = Union[int, str]
+#: Larger dims are treated as malformed: no edge model has 2^31 elements on one axis.
+MAX_DIM = 2**31 - 1
+#: Larger element counts (of the static dims; a symbol counts 1) are treated as malformed, so that
+#: sizes stay far from int64 limits wherever they are multiplied (itemsize, batch, planning).
+MAX_ELEMENTS = 2**32
+#: Higher ranks are treated as malformed (numpy's own limit).
+MAX_RANK = 64
 #: Attribute values the IR allows: JSON scalars and flat lists, plus numpy
 #: arrays (only for Constant, and folded into initializers by the frontend).
 AttrValue = Union[int, float, str, list, tuple, np.ndarray]

@@ -9,20 +9,21 @@ import numpy as np
 
 from cuvil_edge.errors import CuvilError, MalformedModelError, ShapeInferenceError
 from cuvil_edge.ir import dtypes, ops, shape_values
-from cuvil_edge.ir.graph import Graph, Node, TensorType, Value, readonly
-
-#: Larger dims are treated as malformed: no edge model has 2^31 elements on one axis.
-MAX_DIM = 2**31 - 1
+from cuvil_edge.ir.graph import MAX_DIM, MAX_ELEMENTS, MAX_RANK, Graph, Node, TensorType, Value, readonly
+from cuvil_edge.ir.ops._util import check_attrs
 
 
 def check_type(t: TensorType, where: str) -> TensorType:
-    """Reject unknown dtypes and negative, absurd or non-integer dims.
+    """Reject unknown dtypes, negative, absurd or non-integer dims, and absurd element counts.
 
     Raises:
-        MalformedModelError: a dim is negative, too large, or not an int/symbol.
+        MalformedModelError: a dim is negative, too large, or not an int/symbol; the rank is
+            over :data:`MAX_RANK`; or the static dims hold more than :data:`MAX_ELEMENTS` elements.
         UnsupportedAttributeError: the dtype is not supported.
     """
     dtypes.check(t.dtype, where)
+    if t.rank > MAX_RANK:
+        raise MalformedModelError(f"{where} has rank {t.rank}, more than {MAX_RANK}; fix the model's shapes")
     for d in t.shape:
         if isinstance(d, bool) or not isinstance(d, (int, str)):
             raise MalformedModelError(f"{where} has a dim {d!r} that is neither an int nor a symbol")
@@ -30,6 +31,9 @@ def check_type(t: TensorType, where: str) -> TensorType:
             raise MalformedModelError(f"{where} has dim {d}, outside 0..{MAX_DIM}; fix the model's shapes")
         if isinstance(d, str) and not d:
             raise MalformedModelError(f"{where} has an empty symbolic dim name")
+    if t.numel() > MAX_ELEMENTS:
+        raise MalformedModelError(f"{where} has shape {list(t.shape)}: more than {MAX_ELEMENTS} elements; "
+                                  "fix the model's shapes")
     return t
 
 
@@ -82,33 +86,49 @@ def const_inputs(module, node: Node, values: Mapping[str, np.ndarray],
     return shape_values.consts_for(module, node, values, in_types)
 
 
+#: Exceptions that an op's inference raises only by mistake, on input it failed to validate.
+#: :func:`_infer_nodes` turns them into a ShapeInferenceError naming the node: a last-resort
+#: net, so that a caller always gets a ModelError; each one caught is a bug to fix in the op.
+UNEXPECTED = (ArithmeticError, ValueError, TypeError, IndexError, KeyError, MemoryError, RecursionError)
+
+
 def _infer_nodes(order: Sequence[Node], types: dict[str, TensorType], values: dict[str, np.ndarray]) -> None:
     """Infer the output types of ``order`` into ``types``, tracking known values in ``values``
     (see :mod:`cuvil_edge.ir.shape_values`).
 
     Raises:
         UnsupportedOpError: a node's op has no module.
-        ShapeInferenceError: a node's input types do not fit its op.
+        UnsupportedAttributeError: a node's attribute has the wrong kind or an unsupported value.
+        ShapeInferenceError: a node's input types do not fit its op (or its inference failed unexpectedly).
+        MalformedModelError: an inferred output type has an absurd dim.
     """
     for node in order:
         module = ops.get(node.op_type, node.describe(), node.version)
-        in_types = [types[i] if i else None for i in node.inputs]
         try:
-            out_types = module.infer(node, in_types, **shape_values.consts_for(module, node, values, in_types))
+            _infer_node(node, module, types, values)
         except CuvilError:
             raise
-        except (ValueError, TypeError, IndexError, KeyError, ZeroDivisionError) as e:
-            raise ShapeInferenceError(f"{node.describe()}: cannot infer output types ({e})") from e
-        if len(out_types) < len([o for o in node.outputs if o]):
-            raise ShapeInferenceError(f"{node.describe()} declares {len(node.outputs)} outputs, the op gives {len(out_types)}")
-        for out, t in zip(node.outputs, out_types):
-            if out:
-                types[out] = check_type(t, f"output {out!r} of {node.describe()}")
-        known = shape_values.evaluate(node, module, [values.get(i) if i else None for i in node.inputs],
-                                      in_types, [types[o] for o in node.outputs if o])
-        for out, value in zip(node.outputs, known):
-            if out and value is not None:
-                values[out] = value
+        except UNEXPECTED as e:
+            raise ShapeInferenceError(
+                f"{node.describe()}: cannot infer output types ({type(e).__name__}: {e}); the model is malformed "
+                "or uses the op in a way the IR does not support") from e
+
+
+def _infer_node(node: Node, module, types: dict[str, TensorType], values: dict[str, np.ndarray]) -> None:
+    """Check ``node``'s attribute kinds, infer and check its output types, fold its known values."""
+    check_attrs(node, module)
+    in_types = [types[i] if i else None for i in node.inputs]
+    out_types = module.infer(node, in_types, **shape_values.consts_for(module, node, values, in_types))
+    if len(out_types) < len([o for o in node.outputs if o]):
+        raise ShapeInferenceError(f"{node.describe()} declares {len(node.outputs)} outputs, the op gives {len(out_types)}")
+    for out, t in zip(node.outputs, out_types):
+        if out:
+            types[out] = check_type(t, f"output {out!r} of {node.describe()}")
+    known = shape_values.evaluate(node, module, [values.get(i) if i else None for i in node.inputs],
+                                  in_types, out_types)
+    for out, value in zip(node.outputs, known):
+        if out and value is not None:
+            values[out] = value
 
 
 def known_values(graph: Graph) -> dict[str, np.ndarray]:

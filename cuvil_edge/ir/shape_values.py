@@ -28,8 +28,12 @@ from cuvil_edge.ir.graph import Node, TensorType
 
 log = logging.getLogger(__name__)
 
-#: Largest value (elements) evaluated or kept at build time.
+#: Largest value (elements) evaluated or kept at build time; also the largest dim of a
+#: folded node's inputs and outputs (an empty tensor may still declare a huge dim).
 SMALL = 4096
+#: Nodes whose cost (``module.flops``) is above this are not folded at build time: a kernel's
+#: work and temporaries can be large even when its inputs and outputs are small (a huge window).
+FOLD_MAX_FLOPS = 2**26
 
 #: ONNX TensorProto codes of the integer types a shape vector may be cast to.
 _INT_CODES = {6: "int32", 7: "int64"}
@@ -141,14 +145,19 @@ SYMBOLIC: dict[str, Callable] = {
 
 
 def _small(value: Optional[np.ndarray]) -> bool:
-    return value is not None and value.size <= SMALL
+    return value is not None and value.size <= SMALL and all(d <= SMALL for d in value.shape)
+
+
+def _small_type(t: Optional[TensorType]) -> bool:
+    return t is not None and t.is_static and t.numel() <= SMALL and all(d <= SMALL for d in t.shape)
 
 
 def evaluate(node: Node, module, values: Sequence[Optional[np.ndarray]],
              in_types: Sequence[Optional[TensorType]], out_types: Sequence[TensorType]) -> list[Optional[np.ndarray]]:
     """Known values of ``node``'s outputs (``None`` where unknown); never raises.
 
-    ``values`` are the known values of its inputs (``None``: unknown or absent).
+    ``values`` are the known values of its inputs (``None``: unknown or absent); ``out_types``
+    are all the types the op infers (the kernel computes every one, declared or not).
     """
     unknown: list[Optional[np.ndarray]] = [None] * len(node.outputs)
     if node.op_type == "Shape" and in_types and in_types[0] is not None:
@@ -166,14 +175,16 @@ def evaluate(node: Node, module, values: Sequence[Optional[np.ndarray]],
             return unknown
         try:
             return [rule(node, list(values), in_types)] + unknown[1:]
-        except (ValueError, TypeError, IndexError) as e:
+        except (ValueError, TypeError, IndexError, ArithmeticError) as e:
             log.debug("%s: symbolic value unknown (%s)", node.describe(), e)
             return unknown
     if not all(_small(v) for v in present):
         return unknown
-    if not all(t is not None and t.is_static and t.numel() <= SMALL for t in out_types):
+    if not out_types or not all(_small_type(t) for t in out_types):
         return unknown
     try:
+        if module.flops(node, list(in_types), list(out_types)) > FOLD_MAX_FLOPS:
+            return unknown
         results = module.kernel(node, *values)
     except Exception as e:  # a kernel that fails on constants fails at run time too; leave it to then
         log.debug("%s: cannot evaluate at build time (%s)", node.describe(), e)

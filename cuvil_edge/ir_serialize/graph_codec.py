@@ -103,31 +103,61 @@ def _node(obj: Any, index: int) -> Node:
 
 def _attr(value: Any, where: str) -> Any:
     """JSON scalars and flat lists of scalars (lists become tuples), or a small inline
-    tensor ``{"tensor": {"dtype", "shape", "values"}}`` (PACKAGE_SPEC §6.2)."""
+    tensor ``{"tensor": {"dtype", "shape", "values"}}`` (PACKAGE_SPEC §6.2).
+
+    Raises:
+        PackageFormatError: another JSON type, an int outside int64, or a bad inline tensor.
+    """
     if isinstance(value, _SCALARS):
-        return value
+        return _scalar(value, where)
     if isinstance(value, list) and all(isinstance(x, _SCALARS) for x in value):
-        return tuple(value)
+        return tuple(_scalar(x, where) for x in value)
     if isinstance(value, dict) and set(value) == {"tensor"}:
         return _inline_tensor(value["tensor"], where)
     raise PackageFormatError(f"{where} must be a number, string or flat list of them, got {value!r:.80}")
 
 
+_INT64 = np.iinfo(np.int64)
+
+
+def _scalar(value: Any, where: str) -> Any:
+    if isinstance(value, int) and not isinstance(value, bool) and not _INT64.min <= value <= _INT64.max:
+        raise PackageFormatError(f"{where} holds the integer {value}, outside int64")
+    return value
+
+
 def _inline_tensor(obj: Any, where: str) -> np.ndarray:
+    """A read-only array from ``{"dtype", "shape", "values"}``; every value must fit the dtype.
+
+    Raises:
+        PackageFormatError: unknown keys or dtype, a bad shape, a count that differs from the
+            shape, or a value that is not a number of the dtype's range (ints for integer dtypes).
+    """
     t = fields(obj, ("dtype", "shape", "values"), where)
     dtype = get_str(t, "dtype", where)
     if dtype not in dtypes.SUPPORTED or dtype == "bool":  # bool fills are rare; keep the codec small
         raise PackageFormatError(f"{where}: inline tensor dtype {dtype!r} is not supported")
-    shape = [check_int(d, f"{where} shape", 0, MAX_INLINE_TENSOR) for d in get_list(t, "shape", where)]
+    dims = get_list(t, "shape", where)
+    if len(dims) > MAX_RANK:
+        raise PackageFormatError(f"{where}: inline tensor has rank {len(dims)}, more than {MAX_RANK}")
+    shape = [check_int(d, f"{where} shape", 0, MAX_INLINE_TENSOR) for d in dims]
     values = get_list(t, "values", where)
-    if int(np.prod(shape, dtype=np.int64)) != len(values) or len(values) > MAX_INLINE_TENSOR:
-        raise PackageFormatError(f"{where}: inline tensor of shape {shape} must have {int(np.prod(shape))} values, "
-                                 f"got {len(values)}")
-    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
-        raise PackageFormatError(f"{where}: inline tensor values must be numbers")
-    try:
-        array = np.array(values, dtype=dtype).reshape(shape)
-    except (OverflowError, ValueError) as e:
-        raise PackageFormatError(f"{where}: inline tensor values do not fit {dtype} ({e})") from e
+    count = int(np.prod(shape, dtype=object))  # python ints: no overflow
+    if len(values) > MAX_INLINE_TENSOR or count != len(values):
+        raise PackageFormatError(f"{where}: inline tensor of shape {shape} must have {count} values "
+                                 f"(at most {MAX_INLINE_TENSOR}), got {len(values)}")
+    if not all(_fits(v, np.dtype(dtype)) for v in values):
+        raise PackageFormatError(f"{where}: inline tensor values must be numbers that fit {dtype} "
+                                 "(integers in its range, or finite floats)")
+    array = np.array(values, dtype=dtype).reshape(shape)
     array.flags.writeable = False
     return array
+
+
+def _fits(value: Any, dtype: np.dtype) -> bool:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    if dtype.kind == "f":
+        return abs(value) <= float(np.finfo(dtype).max)  # exact int/float comparison: never overflows
+    info = np.iinfo(dtype)
+    return isinstance(value, int) and info.min <= value <= info.max

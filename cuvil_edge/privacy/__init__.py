@@ -11,20 +11,19 @@ import importlib
 from typing import Any
 
 from cuvil_edge.privacy.ledger import PrivacyLedger, Reservation
-from cuvil_edge.privacy.release import release
+from cuvil_edge.privacy.release import GaussianMechanism, LaplaceMechanism, release, release_counts
 
 _LAZY_DPSGD = (
     "DpSgdPlan",
     "DpSgdResult",
-    "batches_per_epoch",
     "noise_multiplier_for",
     "plan_dp_sgd",
-    "sample_rate_for",
     "steps_for",
     "train_dp_sgd",
 )
 
-__all__ = ["PrivacyLedger", "Reservation", "release", *_LAZY_DPSGD]
+__all__ = ["GaussianMechanism", "LaplaceMechanism", "PrivacyLedger", "Reservation", "release", "release_counts",
+           *_LAZY_DPSGD]
 
 
 def __getattr__(name: str) -> Any:

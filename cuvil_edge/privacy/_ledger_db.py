@@ -16,7 +16,7 @@ from cuvil_edge.errors import LedgerError
 
 logger = logging.getLogger("cuvil_edge.privacy.ledger")
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 _EVENTS_TABLE = """
 CREATE TABLE {name} (
@@ -44,7 +44,18 @@ CREATE TABLE {name} (
     CHECK (mechanism = 'gaussian' OR (noise_std IS NULL AND sensitivity IS NULL))
 );
 """
-_SCHEMA = "CREATE TABLE meta (name TEXT PRIMARY KEY, value TEXT NOT NULL);\n" + _EVENTS_TABLE.format(name="events")
+_BUDGET_TABLE = """
+CREATE TABLE budget (
+    id             INTEGER PRIMARY KEY AUTOINCREMENT,
+    epsilon_budget REAL NOT NULL CHECK (epsilon_budget > 0),
+    reason         TEXT NOT NULL,
+    created_at     TEXT NOT NULL
+);
+"""
+_SCHEMA = ("CREATE TABLE meta (name TEXT PRIMARY KEY, value TEXT NOT NULL);\n" + _EVENTS_TABLE.format(name="events")
+           + _BUDGET_TABLE)
+#: The event parameter columns; pure events store their ε in ``epsilon`` instead.
+PARAMETER_COLUMNS = ("noise_multiplier", "sample_rate", "steps", "noise_std", "sensitivity")
 
 _COLUMNS = (
     "id, idempotency_key, site, mechanism, epsilon, delta, noise_multiplier, sample_rate, steps, "
@@ -73,6 +84,9 @@ class _LedgerFile:
         """Create a fresh ledger atomically: build it aside, then hard-link it in."""
         if self.path.exists():
             return
+        if self.epsilon_budget is None:
+            raise LedgerError(f"there is no privacy ledger at {self.path} yet; the first use needs the site's "
+                              "epsilon_budget (from its YAML) to create it")
         wal = Path(str(self.path) + "-wal")
         if wal.exists():
             raise LedgerError(
@@ -96,6 +110,8 @@ class _LedgerFile:
                         ("created_at", _now()),
                     ],
                 )
+                conn.execute("INSERT INTO budget (epsilon_budget, reason, created_at) VALUES (?, ?, ?)",
+                             (self.epsilon_budget, "initial budget (site YAML) when the ledger was created", _now()))
             finally:
                 conn.close()
             with open(tmp, "rb") as f:
@@ -136,7 +152,10 @@ class _LedgerFile:
             meta = dict(conn.execute("SELECT name, value FROM meta").fetchall())
             if meta.get("schema_version") == "1":
                 meta = self._migrate_v1(conn)
+            if meta.get("schema_version") == "2":
+                meta = self._migrate_v2(conn)
             conn.execute(f"SELECT {_COLUMNS} FROM events LIMIT 0")
+            conn.execute("SELECT epsilon_budget, reason, created_at FROM budget LIMIT 0")
         except sqlite3.Error as e:
             conn.close()
             raise LedgerError(
@@ -158,8 +177,21 @@ class _LedgerFile:
                 conn.execute(f"INSERT INTO events_v2 ({_COLUMNS}) SELECT {_V1_COLUMNS} FROM events")
                 conn.execute("DROP TABLE events")
                 conn.execute("ALTER TABLE events_v2 RENAME TO events")
+                conn.execute("UPDATE meta SET value = '2' WHERE name = 'schema_version'")
+                logger.warning("privacy ledger %s upgraded from schema 1 to 2", self.path)
+            return dict(conn.execute("SELECT name, value FROM meta").fetchall())
+
+    def _migrate_v2(self, conn: sqlite3.Connection) -> dict[str, str]:
+        """Schema 3 adds the recorded budget, seeded with the budget the ledger was created with."""
+        with _Transaction(conn, self.path):
+            meta = dict(conn.execute("SELECT name, value FROM meta").fetchall())
+            if meta.get("schema_version") == "2":
+                conn.execute(_BUDGET_TABLE)
+                conn.execute("INSERT INTO budget (epsilon_budget, reason, created_at) VALUES (?, ?, ?)",
+                             (float(meta["epsilon_budget"]), "budget recorded at creation (upgrade to schema 3)",
+                              _now()))
                 conn.execute("UPDATE meta SET value = ? WHERE name = 'schema_version'", (str(SCHEMA_VERSION),))
-                logger.warning("privacy ledger %s upgraded from schema 1 to %d", self.path, SCHEMA_VERSION)
+                logger.warning("privacy ledger %s upgraded from schema 2 to %d", self.path, SCHEMA_VERSION)
             return dict(conn.execute("SELECT name, value FROM meta").fetchall())
 
     def _check_meta(self, meta: dict[str, str], conn: sqlite3.Connection) -> None:
@@ -173,11 +205,6 @@ class _LedgerFile:
         if problem:
             conn.close()
             raise LedgerError(f"privacy ledger {self.path}: {problem}; releases are refused.")
-        if meta.get("epsilon_budget") != repr(self.epsilon_budget):
-            logger.warning(
-                "privacy ledger %s: budget changed from %s to %r by configuration",
-                self.path, meta.get("epsilon_budget"), self.epsilon_budget,
-            )
 
 
 class _Transaction:

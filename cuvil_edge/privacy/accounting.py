@@ -45,11 +45,12 @@ This module does not import torch unless a DP-SGD event is composed.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Any, Iterable, Sequence, Union
+from typing import Any, ClassVar, Iterable, Sequence, Union
 
 import numpy as np
 
@@ -68,6 +69,7 @@ STATE_VERSION = 1
 class DpSgd:
     """A DP-SGD run: Poisson sample rate q, noise multiplier σ, ``steps`` steps."""
 
+    mechanism: ClassVar[str] = "dpsgd"
     noise_multiplier: float
     sample_rate: float
     steps: int
@@ -90,8 +92,10 @@ class DpSgd:
 
 @dataclass(frozen=True)
 class Laplace:
-    """A pure ε-DP Laplace release."""
+    """A pure ε-DP Laplace release (continuous, or discrete on a fine grid: integer sensitivity
+    of at least 2^10 steps)."""
 
+    mechanism: ClassVar[str] = "laplace"
     epsilon: float
 
     def __post_init__(self) -> None:
@@ -115,6 +119,7 @@ class PureDp:
     integer sensitivity 1 *is* randomized response in its privacy loss.
     """
 
+    mechanism: ClassVar[str] = "pure"
     epsilon: float
 
     def __post_init__(self) -> None:
@@ -131,6 +136,7 @@ class PureDp:
 class Gaussian:
     """A Gaussian release with noise std ``noise_std`` and L2 ``sensitivity``."""
 
+    mechanism: ClassVar[str] = "gaussian"
     noise_std: float
     sensitivity: float
 
@@ -145,8 +151,38 @@ class Gaussian:
 
 Event = Union[DpSgd, Laplace, PureDp, Gaussian]
 _PURE = (Laplace, PureDp)  # (ε, 0)-DP events: basic composition sums their ε
-_KINDS: dict[str, type] = {"dpsgd": DpSgd, "laplace": Laplace, "pure": PureDp, "gaussian": Gaussian}
+_KINDS: dict[str, type] = {cls.mechanism: cls for cls in (DpSgd, Laplace, PureDp, Gaussian)}
 _NAMES = {cls: name for name, cls in _KINDS.items()}
+
+
+def is_event(obj: object) -> bool:
+    """Whether ``obj`` is one of the accounting events."""
+    return type(obj) in _NAMES
+
+
+def is_pure(event: Event) -> bool:
+    """Whether ``event`` is (ε, 0)-DP (it spends no δ)."""
+    return isinstance(event, _PURE)
+
+
+def event_parameters(event: Event) -> dict[str, Any]:
+    """The event's fields by name (what a ledger row stores besides its mechanism)."""
+    return {f.name: getattr(event, f.name) for f in dataclasses.fields(event)}
+
+
+def event_from(mechanism: str, parameters: dict[str, Any]) -> Event:
+    """Rebuild an event from its mechanism name and :func:`event_parameters`.
+
+    Raises:
+        PrivacyError: an unknown mechanism (never guessed) or invalid parameters.
+    """
+    kind = _KINDS.get(mechanism)
+    if kind is None:
+        raise PrivacyError(f"unknown privacy mechanism {mechanism!r}; known: {sorted(_KINDS)}")
+    try:
+        return kind(**parameters)
+    except TypeError as e:
+        raise PrivacyError(f"bad {mechanism} event parameters {parameters!r}: {e}") from e
 
 
 def laplace_rdp(epsilon: float, orders: Sequence[float]) -> np.ndarray:
@@ -243,7 +279,7 @@ class Accountant:
             "schema": STATE_SCHEMA,
             "version": STATE_VERSION,
             "orders": list(self.orders),
-            "events": [{"mechanism": _NAMES[type(e)], **e.__dict__} for e in self.events],
+            "events": [{"mechanism": e.mechanism, **event_parameters(e)} for e in self.events],
         }
 
     @classmethod
@@ -263,14 +299,9 @@ class Accountant:
             raise PrivacyError("accountant state: orders must be a non-empty list of numbers > 1")
         events: list[Event] = []
         for raw in state["events"] if isinstance(state["events"], list) else [None]:
-            if not isinstance(raw, dict) or raw.get("mechanism") not in _KINDS:
+            if not isinstance(raw, dict):
                 raise PrivacyError(f"accountant state: bad event {raw!r}")
-            kind = _KINDS[raw["mechanism"]]
-            fields = {k: v for k, v in raw.items() if k != "mechanism"}
-            try:
-                events.append(kind(**fields))
-            except TypeError as e:
-                raise PrivacyError(f"accountant state: bad {raw['mechanism']} event {raw!r}: {e}") from e
+            events.append(event_from(raw.get("mechanism"), {k: v for k, v in raw.items() if k != "mechanism"}))
         return cls(events, orders)
 
     def to_json(self) -> str:

@@ -1,10 +1,14 @@
 """DP-SGD local training with Opacus (the only module that trains with opacus).
 
-Plan first, then train: :func:`plan_dp_sgd` (or :func:`steps_for`,
-:func:`sample_rate_for` and :func:`noise_multiplier_for`) gives the exact
-``(noise_multiplier, sample_rate, steps)`` that :func:`train_dp_sgd` will use,
-so the agent can ask the ledger (``would_exceed_dpsgd`` / ``reserve_dpsgd``)
-before any training happens.
+Plan first, then train: :func:`plan_dp_sgd` gives the exact ``(noise_multiplier, sample_rate,
+steps)`` of a run from public configuration only (the site YAML's sample rate, epochs, expected
+batch size and per-round ε): the private dataset's size never enters the plan, so the ε a site
+reports and the noise it adds say nothing about how many records it holds. The agent asks the
+ledger (``would_exceed`` / ``reserve``) with that plan before any training happens, and
+:func:`train_dp_sgd` runs exactly that plan.
+
+Unit of privacy: one record; neighbouring datasets differ by adding or removing one record
+(Opacus' relation for Poisson-sampled DP-SGD).
 
 torch and opacus are imported inside the functions that need them.
 """
@@ -12,6 +16,7 @@ torch and opacus are imported inside the functions that need them.
 from __future__ import annotations
 
 import logging
+import math
 import secrets
 import warnings
 from contextlib import contextmanager
@@ -41,11 +46,17 @@ _HARMLESS_WARNINGS = (
 
 @dataclass(frozen=True)
 class DpSgdPlan:
-    """The privacy parameters of one DP-SGD run, known before training."""
+    """The privacy parameters of one DP-SGD run, known before training and independent of the data.
+
+    ``expected_batch_size`` only normalises the noisy gradient sum (a public constant, so the
+    update's scale does not reveal the dataset size).
+    """
 
     noise_multiplier: float
     sample_rate: float
     steps: int
+    expected_batch_size: int
+    delta: float
 
 
 @dataclass(frozen=True)
@@ -57,43 +68,35 @@ class DpSgdResult:
     steps: int
     epsilon: float
     final_loss: float
+    empty_batches: int
 
 
 @contextmanager
 def _quiet_opacus() -> Iterator[None]:
-    with warnings.catch_warnings():
-        for message in _HARMLESS_WARNINGS:
-            warnings.filterwarnings("ignore", message=message)
-        yield
+    # Opacus logs a warning for every empty Poisson batch; with a small sample rate that is
+    # expected, and the step still adds noise (see _train).
+    loader_log = logging.getLogger("opacus.data_loader")
+    level = loader_log.level
+    loader_log.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            for message in _HARMLESS_WARNINGS:
+                warnings.filterwarnings("ignore", message=message)
+            yield
+    finally:
+        loader_log.setLevel(level)
 
 
-def batches_per_epoch(n: int, batch_size: int) -> int:
-    """Batches per epoch: ``ceil(n / batch_size)``, the length of the loader Opacus wraps.
-
-    Raises:
-        PrivacyError: ``n`` or ``batch_size`` is not a positive int.
-    """
-    int_at_least("n", n)
-    int_at_least("batch_size", batch_size)
-    return -(-n // batch_size)
-
-
-def sample_rate_for(n: int, batch_size: int) -> float:
-    """Poisson sampling rate Opacus uses: ``1 / batches_per_epoch``.
+def steps_for(sample_rate: float, epochs: int) -> int:
+    """Steps of a run: ``ceil(epochs / sample_rate)`` (one epoch = 1/q expected batches).
 
     Raises:
-        PrivacyError: ``n`` or ``batch_size`` is not a positive int.
+        PrivacyError: bad arguments.
     """
-    return 1.0 / batches_per_epoch(n, batch_size)
-
-
-def steps_for(n: int, batch_size: int, epochs: int) -> int:
-    """Optimizer steps of a run: Opacus' Poisson loader yields ``batches_per_epoch`` per epoch.
-
-    Raises:
-        PrivacyError: an argument is not a positive int.
-    """
-    return int_at_least("epochs", epochs) * batches_per_epoch(n, batch_size)
+    q = positive_finite("sample_rate", sample_rate)
+    if q > 1:
+        raise PrivacyError(f"sample_rate must be in (0, 1], got {sample_rate!r}")
+    return math.ceil(int_at_least("epochs", epochs) / q)
 
 
 def noise_multiplier_for(target_epsilon: float, delta: float, sample_rate: float,
@@ -121,28 +124,17 @@ def noise_multiplier_for(target_epsilon: float, delta: float, sample_rate: float
         ) from e
 
 
-def plan_dp_sgd(n: int, *, target_epsilon: float, delta: float, epochs: int,
-                batch_size: int) -> DpSgdPlan:
-    """The (noise_multiplier, sample_rate, steps) :func:`train_dp_sgd` will use.
+def plan_dp_sgd(*, target_epsilon: float, delta: float, sample_rate: float, epochs: int,
+                expected_batch_size: int) -> DpSgdPlan:
+    """The (noise_multiplier, sample_rate, steps) :func:`train_dp_sgd` will use, from public
+    configuration only.
 
     Raises:
-        PrivacyError: invalid arguments, fewer samples than a batch, or an
-            unreachable target.
+        PrivacyError: invalid arguments or an unreachable target.
     """
-    int_at_least("n", n)
-    int_at_least("batch_size", batch_size)
-    if n < batch_size:
-        raise PrivacyError(
-            f"only {n} samples for batch_size {batch_size}; DP-SGD needs at least one full "
-            "batch. Lower batch_size or collect more data."
-        )
-    q = sample_rate_for(n, batch_size)
-    steps = steps_for(n, batch_size, epochs)
-    # Opacus' make_private_with_epsilon calibrates σ for int(epochs / q) steps (a float
-    # division that can land one below the steps the loader really takes). Use the
-    # same σ so training and ledger agree exactly, but charge the steps that run.
-    calibration_steps = int(int_at_least("epochs", epochs) / q)
-    return DpSgdPlan(noise_multiplier_for(target_epsilon, delta, q, calibration_steps), q, steps)
+    steps = steps_for(sample_rate, epochs)
+    return DpSgdPlan(noise_multiplier_for(target_epsilon, delta, sample_rate, steps), float(sample_rate), steps,
+                     int_at_least("expected_batch_size", expected_batch_size), float(delta))
 
 
 def _tensors(x: np.ndarray, y: np.ndarray, loss: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -169,33 +161,28 @@ def train_dp_sgd(
     model: Any,
     x: np.ndarray,
     y: np.ndarray,
+    plan: DpSgdPlan,
     *,
-    target_epsilon: float,
-    delta: float,
-    epochs: int,
-    batch_size: int,
     lr: float,
     momentum: float,
     max_grad_norm: float,
     seed: int | None,
     loss: str = "cross_entropy",
 ) -> DpSgdResult:
-    """Train ``model`` (a ``torch.nn.Module``) in place with DP-SGD (Opacus, RDP accountant).
+    """Train ``model`` (a ``torch.nn.Module``) in place with DP-SGD, exactly as ``plan`` says.
 
-    Poisson sampling with rate ``1/ceil(n/batch_size)`` for ``epochs`` epochs,
-    made private with Opacus' ``make_private_with_epsilon``; training is refused
-    unless the σ Opacus picks is :func:`plan_dp_sgd`'s, the one the ledger was
-    asked about. ``epsilon`` in the result is the RDP epsilon of
-    the planned run at ``delta`` (empty Poisson batches are skipped, which only
-    over-counts). ``seed`` makes sampling and noise reproducible (tests); a
-    seed known to an adversary voids the guarantee, so pass ``None`` in
-    production to draw it from ``secrets``. The global torch RNG state is
-    restored afterwards.
+    Opacus' parts, assembled so that nothing depends on the dataset size: a Poisson loader with
+    the plan's sample rate (``DPDataLoader``), per-sample gradients (``GradSampleModule``), and a
+    ``DPOptimizer`` that clips each sample's gradient to ``max_grad_norm``, adds Gaussian noise of
+    std ``noise_multiplier * max_grad_norm`` to the sum and divides by the plan's public expected
+    batch size. Exactly ``plan.steps`` steps run; an empty Poisson batch still takes a noisy step.
+    ``seed`` makes sampling and noise reproducible (tests); a seed known to an adversary voids
+    the guarantee, so pass ``None`` in production to draw it from ``secrets``. The global torch
+    RNG state is restored afterwards.
 
     Raises:
-        PrivacyError: invalid arguments or data, a model Opacus cannot train
-            (e.g. BatchNorm: fix it with ``opacus.validators.ModuleValidator.fix``
-            first), or an unreachable target.
+        PrivacyError: invalid arguments or data, or a model Opacus cannot train (e.g.
+            BatchNorm: fix it with ``opacus.validators.ModuleValidator.fix`` first).
     """
     import torch
 
@@ -203,21 +190,23 @@ def train_dp_sgd(
         raise PrivacyError(f"loss must be one of {_LOSSES}, got {loss!r}")
     if not isinstance(model, torch.nn.Module):
         raise PrivacyError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    if not isinstance(plan, DpSgdPlan):
+        raise PrivacyError("train_dp_sgd needs the DpSgdPlan the ledger was charged for")
     for name, v in (("lr", lr), ("max_grad_norm", max_grad_norm)):
         positive_finite(name, v)
     positive_finite("momentum", momentum, allow_zero=True)
     tx, ty = _tensors(x, y, loss)
-    plan = plan_dp_sgd(len(tx), target_epsilon=target_epsilon, delta=delta,
-                       epochs=epochs, batch_size=batch_size)
     _validate_module(model)
     if seed is None:
         seed = secrets.randbits(63)
     with _quiet_opacus(), torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        final_loss, epsilon = _train(model, tx, ty, plan, epochs=epochs, batch_size=batch_size,
-                                     lr=lr, momentum=momentum, max_grad_norm=max_grad_norm,
-                                     target_epsilon=target_epsilon, delta=delta, loss=loss)
-    return DpSgdResult(plan.noise_multiplier, plan.sample_rate, plan.steps, epsilon, final_loss)
+        final_loss, empty = _train(model, tx, ty, plan, lr=lr, momentum=momentum, max_grad_norm=max_grad_norm,
+                                   loss=loss)
+    from cuvil_edge.privacy.ledger import dpsgd_epsilon
+
+    epsilon = dpsgd_epsilon([(plan.noise_multiplier, plan.sample_rate, plan.steps)], plan.delta)
+    return DpSgdResult(plan.noise_multiplier, plan.sample_rate, plan.steps, epsilon, final_loss, empty)
 
 
 def _validate_module(model: Any) -> None:
@@ -231,52 +220,43 @@ def _validate_module(model: Any) -> None:
         )
 
 
-def _train(model: Any, tx: Any, ty: Any, plan: DpSgdPlan, *, epochs: int, batch_size: int,
-           lr: float, momentum: float, max_grad_norm: float, target_epsilon: float,
-           delta: float, loss: str) -> tuple[float, float]:
+def _train(model: Any, tx: Any, ty: Any, plan: DpSgdPlan, *, lr: float, momentum: float,
+           max_grad_norm: float, loss: str) -> tuple[float, int]:
     import torch
-    from opacus import PrivacyEngine
+    from opacus import GradSampleModule
+    from opacus.data_loader import DPDataLoader
+    from opacus.optimizers import DPOptimizer
 
-    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(tx, ty),
-                                         batch_size=batch_size)
-    criterion = torch.nn.CrossEntropyLoss() if loss == "cross_entropy" else torch.nn.MSELoss()
-    optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
-    engine = PrivacyEngine(accountant="rdp")
-    dp_model, dp_optimizer, dp_loader = engine.make_private_with_epsilon(
-        module=model, optimizer=optimizer, data_loader=loader, target_epsilon=target_epsilon,
-        target_delta=delta, epochs=epochs, max_grad_norm=max_grad_norm, poisson_sampling=True,
-    )
-    sigma = float(dp_optimizer.noise_multiplier)
-    if len(dp_loader) * epochs != plan.steps or abs(sigma - plan.noise_multiplier) > 1e-9 * plan.noise_multiplier:
-        dp_model.to_standard_module()
-        # Never train with less noise, or more steps, than the ledger was asked about.
-        raise PrivacyError(
-            f"Opacus chose σ={sigma} for {len(dp_loader) * epochs} steps; the plan (checked against the "
-            f"ledger) says σ={plan.noise_multiplier} for {plan.steps} steps. Refusing to train."
-        )
+    loader = DPDataLoader(torch.utils.data.TensorDataset(tx, ty), sample_rate=plan.sample_rate)
+    # Per-sample losses are summed: each sample's gradient is its own, whatever the batch size,
+    # and an empty batch gives a zero sum (a mean would be NaN); the optimizer divides the noisy
+    # sum by the public expected batch size.
+    criterion = torch.nn.CrossEntropyLoss(reduction="sum") if loss == "cross_entropy" else \
+        torch.nn.MSELoss(reduction="sum")
+    dp_model = GradSampleModule(model, loss_reduction="sum")
+    dp_optimizer = DPOptimizer(torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum),
+                               noise_multiplier=plan.noise_multiplier, max_grad_norm=max_grad_norm,
+                               expected_batch_size=plan.expected_batch_size, loss_reduction="mean")
     model.train()
-    last, taken = float("nan"), 0
+    last, taken, empty = float("nan"), 0, 0
     try:
-        for _ in range(epochs):
-            for bx, by in dp_loader:
-                if len(bx) == 0:  # Poisson sampling can draw an empty batch
-                    continue
+        while taken < plan.steps:
+            for bx, by in loader:
+                if taken == plan.steps:
+                    break
                 dp_optimizer.zero_grad(set_to_none=True)
                 out = dp_model(bx)
-                batch_loss = criterion(out, by)
+                batch_loss = criterion(out, by) if len(bx) else out.sum() * 0.0
                 batch_loss.backward()
-                dp_optimizer.step()
-                last, taken = float(batch_loss.detach()), taken + 1
+                dp_optimizer.step()  # clip, sum, add noise (also for an empty batch), average, step
+                taken, empty = taken + 1, empty + (len(bx) == 0)
+                if len(bx):
+                    last = float(batch_loss.detach()) / len(bx)
     finally:
         dp_optimizer.zero_grad(set_to_none=True)
         trained = dp_model.to_standard_module()  # removes hooks and per-sample grad attrs
     if trained is not model:  # GradSampleModule shares parameters; copy if it ever stops
         model.load_state_dict(trained.state_dict())
-    # Charge the planned run (an upper bound on the steps actually taken).
-    from cuvil_edge.privacy.ledger import dpsgd_epsilon
-
-    epsilon = dpsgd_epsilon([(plan.noise_multiplier, plan.sample_rate, plan.steps)], delta)
-    logger.info("DP-SGD: %d steps planned (%d taken), sigma=%.4g, q=%.4g, eps=%.4g",
-                plan.steps, taken,
-                plan.noise_multiplier, plan.sample_rate, epsilon)
-    return last, epsilon
+    logger.info("DP-SGD: %d steps (%d empty batches), sigma=%.4g, q=%.4g", taken, empty,
+                plan.noise_multiplier, plan.sample_rate)
+    return last, empty

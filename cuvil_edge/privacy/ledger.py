@@ -3,19 +3,26 @@
 One SQLite database per site, in WAL mode with ``synchronous=FULL`` so every
 commit is fsynced. A spend goes through two steps:
 
-1. ``reserve_*``: ``BEGIN IMMEDIATE`` (one writer at a time, across
-   processes), recompute the total over every non-aborted row plus the new
-   event, refuse with :class:`BudgetExhaustedError` if it would exceed the
-   budget, else insert a ``reserved`` row (mechanism, parameters, standalone
-   (ε, δ), round, idempotency key, UTC time, config hash) and ``COMMIT``.
-   Only then may the caller compute a noisy value.
+1. ``reserve(event, key=...)``: ``BEGIN IMMEDIATE`` (one writer at a time,
+   across processes), refuse with :class:`ReplayError` if the idempotency key
+   was ever claimed before, recompute the total over every non-aborted row
+   plus the new event, refuse with :class:`BudgetExhaustedError` if it would
+   exceed the budget, else insert a ``reserved`` row (mechanism, parameters,
+   standalone (ε, δ), round, key, UTC time, config hash) and ``COMMIT``. The
+   claim is exclusive: exactly one caller per key ever gets a reservation, and
+   only then may it compute anything from the data.
 2. ``commit``: mark the row ``committed`` once the value has been released,
    or ``abort`` it when it is certain nothing left the process.
 
-A row left ``reserved`` by a crash still counts (fail closed). A retry with
-the same idempotency key returns the existing row and does not count twice.
-A file that is unreadable, truncated or not a ledger raises
+A row left ``reserved`` by a crash still counts (fail closed), and its key
+stays claimed: a replayed or duplicated message never computes or releases
+again. A file that is unreadable, truncated or not a ledger raises
 :class:`LedgerError`; the ledger is never silently reset.
+
+The budget is recorded in the ledger when it is created; raising it takes
+:meth:`PrivacyLedger.record_budget` (``cuvil-edge privacy raise-budget``),
+which records the change and its reason. A larger budget in the site YAML
+alone is refused; a smaller one is enforced as given.
 
 Accounting (:mod:`cuvil_edge.privacy.accounting`): DP-SGD events are stored
 as ``(noise_multiplier, sample_rate, steps)``, Gaussian releases as
@@ -39,11 +46,11 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
-from cuvil_edge.errors import BudgetExhaustedError, LedgerError, PrivacyError
+from cuvil_edge.errors import BudgetExhaustedError, LedgerError, PrivacyError, ReplayError
 from cuvil_edge.privacy._checks import positive_finite
-from cuvil_edge.privacy._ledger_db import _COLUMNS, SCHEMA_VERSION, _LedgerFile, _Transaction
+from cuvil_edge.privacy._ledger_db import _COLUMNS, PARAMETER_COLUMNS, SCHEMA_VERSION, _LedgerFile, _Transaction
 from cuvil_edge.privacy.accounting import (
-    Accountant, DpSgd, Event, Gaussian, Laplace, PureDp, cumulative_epsilons,
+    Accountant, DpSgd, Event, cumulative_epsilons, event_from, event_parameters, is_event, is_pure,
 )
 
 __all__ = ["LEDGER_FILENAME", "SCHEMA_VERSION", "PrivacyLedger", "Reservation", "budget_config_hash",
@@ -80,18 +87,13 @@ class Reservation:
         return asdict(self)
 
     def event(self) -> Event:
-        """The accounting event this row records.
+        """The accounting event this row records (pure events keep their ε in ``epsilon``).
 
         Raises:
-            PrivacyError: the stored parameters are invalid.
+            PrivacyError: an unknown mechanism or invalid stored parameters.
         """
-        if self.mechanism == "dpsgd":
-            return DpSgd(self.noise_multiplier, self.sample_rate, self.steps)  # type: ignore[arg-type]
-        if self.mechanism == "gaussian":
-            return Gaussian(self.noise_std, self.sensitivity)  # type: ignore[arg-type]
-        if self.mechanism == "pure":
-            return PureDp(self.epsilon)
-        return Laplace(self.epsilon)
+        params = {c: getattr(self, c) for c in PARAMETER_COLUMNS if getattr(self, c) is not None}
+        return event_from(self.mechanism, params or {"epsilon": self.epsilon})
 
 
 def _now() -> str:
@@ -145,23 +147,93 @@ class PrivacyLedger(_LedgerFile):
     """
 
     def __init__(
-        self, path: str | os.PathLike[str], *, site: str, epsilon_budget: float, delta: float,
+        self, path: str | os.PathLike[str], *, site: str, epsilon_budget: float | None, delta: float,
         config_hash: str | None = None,
     ) -> None:
+        """``epsilon_budget`` is the site YAML's budget (None: the one recorded in the ledger).
+
+        Raises:
+            PrivacyError: bad arguments.
+            LedgerError: the file is corrupt or another site's, or ``epsilon_budget`` is above
+                the recorded budget (raise it with :meth:`record_budget` first).
+        """
         if not isinstance(site, str) or not site:
             raise PrivacyError(f"site must be a non-empty string, got {site!r}")
         self.path = Path(path)
         self.site = site
-        self.epsilon_budget = positive_finite("epsilon_budget", epsilon_budget)
+        configured = None if epsilon_budget is None else positive_finite("epsilon_budget", epsilon_budget)
         self.delta = positive_finite("delta", delta)
         if self.delta >= 1:
             raise PrivacyError(f"delta must be in (0, 1), got {delta!r}")
         if config_hash is not None and (not isinstance(config_hash, str) or not config_hash):
             raise PrivacyError(f"config_hash must be a non-empty string, got {config_hash!r}")
-        self.config_hash = config_hash or budget_config_hash(site, self.epsilon_budget, self.delta)
         self._lock = threading.Lock()
+        self.epsilon_budget = configured  # the initial budget of a new ledger
         self._create_if_missing()
         self._conn = self._open()
+        self.epsilon_budget = self._effective_budget(configured)
+        self.config_hash = config_hash or budget_config_hash(site, self.epsilon_budget, self.delta)
+
+    def _effective_budget(self, configured: float | None) -> float:
+        recorded = self.recorded_budget()
+        if configured is None:
+            return recorded
+        if configured > recorded:
+            self._conn.close()
+            raise LedgerError(
+                f"site {self.site!r}: the site YAML sets epsilon_budget {configured:g} but the ledger {self.path} "
+                f"records {recorded:g}. Editing the YAML cannot raise a budget; record the change with "
+                f"`cuvil-edge privacy raise-budget --site SITE.yaml --reason TEXT` (it is kept in the ledger).")
+        if configured < recorded:
+            logger.warning("site %r: the site YAML lowers the budget to %g (ledger records %g); enforcing %g",
+                           self.site, configured, recorded, configured)
+        return configured
+
+    def recorded_budget(self) -> float:
+        """The latest budget recorded in the ledger.
+
+        Raises:
+            LedgerError: the ledger cannot be read.
+        """
+        history = self.budget_history()
+        latest = history[-1]["epsilon_budget"] if history else None
+        if not isinstance(latest, float) or not math.isfinite(latest) or latest <= 0:
+            raise LedgerError(f"privacy ledger {self.path} records no valid budget; restore it from backup")
+        return latest
+
+    def budget_history(self) -> list[dict[str, Any]]:
+        """Every recorded budget, oldest first: ``{"epsilon_budget", "reason", "created_at"}``.
+
+        Raises:
+            LedgerError: the ledger cannot be read.
+        """
+        with self._lock:
+            try:
+                rows = self._conn.execute("SELECT epsilon_budget, reason, created_at FROM budget ORDER BY id").fetchall()
+            except sqlite3.Error as e:
+                raise LedgerError(f"cannot read privacy ledger {self.path}: {e}") from e
+        return [{"epsilon_budget": b, "reason": r, "created_at": t} for b, r, t in rows]
+
+    def record_budget(self, epsilon_budget: float, reason: str) -> None:
+        """Record a new total budget for the site (raising or lowering), with its reason.
+
+        Raises:
+            PrivacyError: a non-positive budget, one below what is already spent, or no reason.
+            LedgerError: the ledger cannot be written.
+        """
+        budget = positive_finite("epsilon_budget", epsilon_budget)
+        if not isinstance(reason, str) or not reason.strip():
+            raise PrivacyError("a budget change needs a reason (who approved it and why); it is kept in the ledger")
+        with self._lock, self._transaction() as conn:
+            spent = float(self._total(self._rows(conn)))
+            if budget < spent:
+                raise PrivacyError(f"site {self.site!r} has already spent ε={spent:.4g}; a budget of {budget:g} "
+                                   "would be exceeded already")
+            conn.execute("INSERT INTO budget (epsilon_budget, reason, created_at) VALUES (?, ?, ?)",
+                         (budget, reason.strip(), _now()))
+        self.epsilon_budget = budget
+        self.config_hash = budget_config_hash(self.site, budget, self.delta)
+        logger.warning("site %r: privacy budget set to %g (%s)", self.site, budget, reason.strip())
 
     def close(self) -> None:
         """Close the database connection."""
@@ -229,15 +301,6 @@ class PrivacyLedger(_LedgerFile):
             total = self._total(self._rows(self._conn), extra=event)
         return total > Fraction(self.epsilon_budget), float(total)
 
-    def would_exceed_dpsgd(self, sigma: float, q: float, steps: int) -> tuple[bool, float]:
-        """Whether a DP-SGD run (sigma, q, steps) would exceed the budget, and the new total.
-
-        Raises:
-            PrivacyError: bad parameters.
-            LedgerError: the ledger cannot be read.
-        """
-        return self.would_exceed(DpSgd(sigma, q, steps))
-
     def history(self) -> list[dict[str, Any]]:
         """Every row, oldest first, as dicts.
 
@@ -271,83 +334,42 @@ class PrivacyLedger(_LedgerFile):
         return list(out.values())
 
     # ---- writing -------------------------------------------------------------
-    def reserve_laplace(self, epsilon: float, key: str | None = None,
-                        round: int | None = None) -> Reservation:
-        """Reserve a Laplace release (pure epsilon-DP) before computing it.
+    def reserve(self, event: Event, *, key: str | None = None, round: int | None = None) -> Reservation:
+        """Claim ``key`` exclusively and reserve ``event``'s spend, before anything is computed.
 
-        Composed by the continuous Laplace RDP curve: use it for continuous
-        Laplace or a discrete Laplace on a fine grid (integer sensitivity of
-        at least ~2^10 grid steps); otherwise use :meth:`reserve_pure`.
-
-        Raises:
-            PrivacyError: bad parameters, or the key was used for a different event.
-            BudgetExhaustedError: the budget would be exceeded; nothing was reserved.
-            LedgerError: the ledger cannot be read or written.
-        """
-        event = Laplace(epsilon)
-        fields = dict(mechanism="laplace", epsilon=event.epsilon, delta=0.0)
-        return self._reserve(event, fields, _check_key(key), _check_round(round))
-
-    def reserve_pure(self, epsilon: float, key: str | None = None,
-                     round: int | None = None) -> Reservation:
-        """Reserve any pure epsilon-DP release (e.g. a discrete Laplace on integer counts).
-
-        Composed by the randomized-response RDP curve, which bounds every
-        ε-DP mechanism; use it where the continuous Laplace curve of
-        :meth:`reserve_laplace` may under-count (small integer sensitivity).
+        Every mechanism is one accounting event (:mod:`.accounting`); the row stores its
+        parameters, its standalone ε at the ledger's δ, and 0 as δ for pure events. A key is
+        claimed once for ever: a second reservation with it (a replayed or duplicated message,
+        a concurrent delivery, a retry after a crash) is refused, whatever the first one's status.
 
         Raises:
-            PrivacyError: bad parameters, or the key was used for a different event.
+            ReplayError: ``key`` was already claimed; nothing may be computed again.
             BudgetExhaustedError: the budget would be exceeded; nothing was reserved.
+            PrivacyError: not an event, or a bad key or round.
             LedgerError: the ledger cannot be read or written.
         """
-        event = PureDp(epsilon)
-        fields = dict(mechanism="pure", epsilon=event.epsilon, delta=0.0)
-        return self._reserve(event, fields, _check_key(key), _check_round(round))
-
-    def reserve_gaussian(self, sigma: float, sensitivity: float, key: str | None = None,
-                         round: int | None = None) -> Reservation:
-        """Reserve a Gaussian release (noise std ``sigma``, L2 ``sensitivity``) before computing it.
-
-        Raises:
-            PrivacyError: bad parameters, or the key was used for a different event.
-            BudgetExhaustedError: the budget would be exceeded; nothing was reserved.
-            LedgerError: the ledger cannot be read or written.
-        """
-        event = Gaussian(sigma, sensitivity)
-        fields = dict(mechanism="gaussian", epsilon=Accountant([event]).rdp_epsilon(self.delta),
-                      delta=self.delta, noise_std=event.noise_std, sensitivity=event.sensitivity)
-        return self._reserve(event, fields, _check_key(key), _check_round(round))
-
-    def reserve_dpsgd(self, sigma: float, q: float, steps: int, key: str | None = None,
-                      round: int | None = None) -> Reservation:
-        """Reserve a whole planned DP-SGD run (sigma, q, steps) before training.
-
-        Raises:
-            PrivacyError: bad parameters, or the key was used for a different event.
-            BudgetExhaustedError: the budget would be exceeded; nothing was reserved.
-            LedgerError: the ledger cannot be read or written.
-        """
-        event = DpSgd(sigma, q, steps)
-        fields = dict(mechanism="dpsgd", epsilon=Accountant([event]).rdp_epsilon(self.delta),
-                      delta=self.delta, noise_multiplier=event.noise_multiplier,
-                      sample_rate=event.sample_rate, steps=event.steps)
-        return self._reserve(event, fields, _check_key(key), _check_round(round))
-
-    def _reserve(self, event: Event, fields: dict[str, Any], key: str, round_: int | None) -> Reservation:
-        params = ("noise_multiplier", "sample_rate", "steps", "noise_std", "sensitivity")
-        fields = {p: None for p in params} | fields
+        if not is_event(event):
+            raise PrivacyError(f"not a privacy event: {event!r}")
+        key, round_ = _check_key(key), _check_round(round)
+        pure = is_pure(event)
+        params = event_parameters(event)
+        fields = {c: params.get(c) for c in PARAMETER_COLUMNS}
+        fields.update(mechanism=event.mechanism, delta=0.0 if pure else self.delta,
+                      epsilon=params["epsilon"] if pure else Accountant([event]).rdp_epsilon(self.delta))
         with self._lock, self._transaction() as conn:
             existing = self._rows(conn, "WHERE idempotency_key = ?", (key,))
             if existing:
-                return self._same_event(existing[0], fields, round_)
+                raise ReplayError(
+                    f"site {self.site!r}: key {key!r} was already claimed (round {existing[0].round}, "
+                    f"{existing[0].status}); a replayed or duplicated request is never computed or released "
+                    "again. Use the reply already sent.")
             rows = self._rows(conn)
             before = self._total(rows)
             after = self._total(rows, extra=event)
             if after > Fraction(self.epsilon_budget):
                 raise BudgetExhaustedError(
                     f"site {self.site!r}: privacy budget exhausted: spent {float(before):.6g}, "
-                    f"requested {float(after - before):.6g} ({fields['mechanism']}) would make "
+                    f"requested {float(after - before):.6g} ({event.mechanism}) would make "
                     f"{float(after):.6g} > budget {self.epsilon_budget:.6g}; nothing was "
                     "released. Wait for a new budget period or lower the request."
                 )
@@ -355,34 +377,19 @@ class PrivacyLedger(_LedgerFile):
                 f"INSERT INTO events ({_COLUMNS.replace('id, ', '', 1)}) "
                 "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, NULL, 'reserved')",
                 (key, self.site, fields["mechanism"], fields["epsilon"], fields["delta"],
-                 *(fields[p] for p in params), round_, self.config_hash, _now()),
+                 *(fields[p] for p in PARAMETER_COLUMNS), round_, self.config_hash, _now()),
             )
             row = self._rows(conn, "WHERE idempotency_key = ?", (key,))[0]
         logger.info("site %r reserved %s eps=%.6g key=%s", self.site, row.mechanism, row.epsilon, key)
         return row
 
-    @staticmethod
-    def _same_event(row: Reservation, fields: dict[str, Any], round_: int | None) -> Reservation:
-        mine = {k: getattr(row, k) for k in fields} | {"round": row.round}
-        if mine != fields | {"round": round_}:
-            raise PrivacyError(
-                f"idempotency key {row.key!r} was already used for a different event "
-                f"({mine}); use a fresh key for a new release."
-            )
-        if row.status == "aborted":
-            raise PrivacyError(f"idempotency key {row.key!r} was aborted; use a fresh key for a new release.")
-        return row
-
-    def commit(self, reservation: Reservation, *, exclusive: bool = False) -> Reservation:
-        """Mark a reserved spend committed (its value was released).
-
-        Idempotent unless ``exclusive``: then only the caller that moves the row
-        from ``reserved`` to ``committed`` succeeds (a release uses this so two
-        concurrent retries with one key cannot both publish a value).
+    def commit(self, reservation: Reservation) -> Reservation:
+        """Mark a reserved spend committed (its value was released); only the holder of the
+        reservation moves it from ``reserved`` to ``committed``, once.
 
         Raises:
-            LedgerError: the row is missing or aborted, ``exclusive`` and it was
-                already committed, or the ledger cannot be written.
+            LedgerError: the row is missing, aborted or already committed, or the ledger
+                cannot be written.
         """
         with self._lock, self._transaction() as conn:
             changed = conn.execute(
@@ -391,7 +398,7 @@ class PrivacyLedger(_LedgerFile):
                 (_now(), reservation.key),
             ).rowcount
             rows = self._rows(conn, "WHERE idempotency_key = ?", (reservation.key,))
-            if exclusive and changed != 1:
+            if changed != 1:
                 raise LedgerError(
                     f"privacy ledger {self.path}: reservation {reservation.key!r} was "
                     "already committed by another caller; this value is discarded."

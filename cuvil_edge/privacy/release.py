@@ -19,6 +19,9 @@ The grid mechanism (OpenDP's "discretize" construction, CKS20 samplers):
    where eps is the stated epsilon rounded *down* to a dyadic rational if its
    exact value has too many bits (so the mechanism is eps'-DP with eps' <= eps
    and charging eps is safe); Gaussian with variance parameter (sigma 2^k)^2.
+   The ledger is charged with the plan's event: Laplace's continuous curve only
+   on a fine grid (integer sensitivity >= 2^10 steps), the generic pure-DP curve
+   below that; the Gaussian with its widened sensitivity.
 5. Output ``(x_i + Z_i) * 2^-k`` as float64: every output is a multiple of
    2^-k, and every grid point has positive probability under every input, so
    no output rules an input out (the Mironov 2012 attack has nothing to use).
@@ -33,16 +36,17 @@ import math
 import random
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Union
 
 import numpy as np
 
 from cuvil_edge.errors import PrivacyError
 from cuvil_edge.privacy import samplers
 from cuvil_edge.privacy._checks import positive_finite
+from cuvil_edge.privacy.accounting import Event, Gaussian, Laplace, PureDp
 
 if TYPE_CHECKING:
-    from cuvil_edge.privacy.ledger import PrivacyLedger
+    from cuvil_edge.privacy.ledger import PrivacyLedger, Reservation
 
 logger = logging.getLogger(__name__)
 
@@ -52,26 +56,114 @@ _MAX_GRID_INT = 1 << 62
 _MAX_SCALE_NUMERATOR = 1 << 62
 
 
+#: Below this integer sensitivity (in grid steps) a discrete Laplace release is charged as a
+#: generic ε-DP event (randomized response's RDP curve), not by the continuous Laplace curve.
+FINE_GRID_STEPS = 1 << GRID_MARGIN_BITS
+
+
 @dataclass(frozen=True)
-class GridPlan:
-    """What a grid release does: grid ``2^-k``, integer sensitivity, noise law.
+class LaplacePlan:
+    """An ε-DP discrete-Laplace release on the grid ``2^-k``: integer L1 sensitivity
+    ``sensitivity_int``, noise scale ``scale`` (grid units), ``epsilon`` the ε the noise really
+    gives (<= the stated ``charged``, which the ledger is charged)."""
 
-    ``epsilon`` is the epsilon the Laplace noise really gives (<= the stated
-    one); ``scale`` is the discrete Laplace scale in grid units. For the
-    Gaussian, ``sigma2`` is the variance parameter in grid units and
-    ``sensitivity`` the widened L2 sensitivity in value units (for the ledger).
-    """
-
-    mechanism: Literal["laplace", "gaussian"]
     k: int
     dimension: int
     sensitivity_int: Fraction
     sensitivity: float
-    epsilon: Fraction | None = None
-    scale: Fraction | None = None
-    sigma: float | None = None
-    sigma2: Fraction | None = None
+    epsilon: Fraction
+    charged: float
+    scale: Fraction
     clip_int: int | None = None
+
+    def event(self) -> Event:
+        """The accounting event: the continuous Laplace curve holds only on a fine grid."""
+        return Laplace(self.charged) if self.sensitivity_int >= FINE_GRID_STEPS else PureDp(self.charged)
+
+    def prepare(self, values: object, lower: float | None, upper: float | None) -> np.ndarray:
+        return _prepare(self, values, lower, upper)
+
+    def apply(self, values: np.ndarray, rng: random.Random | None) -> np.ndarray:
+        return apply_plan(self, values, rng)
+
+    def noise(self, size: int, rng: random.Random | None) -> np.ndarray:
+        return samplers.discrete_laplace(self.scale, size, rng)
+
+    def norm(self, magnitudes: list[int]) -> int:
+        return sum(magnitudes)  # L1
+
+
+@dataclass(frozen=True)
+class GaussianPlan:
+    """A discrete-Gaussian release on the grid ``2^-k``: L2 sensitivity ``sensitivity`` (widened by
+    the rounding slack), noise ``sigma`` (value units), variance parameter ``sigma2`` (grid units)."""
+
+    k: int
+    dimension: int
+    sensitivity_int: Fraction
+    sensitivity: float
+    sigma: float
+    sigma2: Fraction
+    clip_int: int | None = None
+
+    def event(self) -> Event:
+        return Gaussian(self.sigma, self.sensitivity)
+
+    def prepare(self, values: object, lower: float | None, upper: float | None) -> np.ndarray:
+        return _prepare(self, values, lower, upper)
+
+    def apply(self, values: np.ndarray, rng: random.Random | None) -> np.ndarray:
+        return apply_plan(self, values, rng)
+
+    def noise(self, size: int, rng: random.Random | None) -> np.ndarray:
+        return samplers.discrete_gaussian(self.sigma2, size, rng)
+
+    def norm(self, magnitudes: list[int]) -> int:
+        sq = sum(v * v for v in magnitudes)
+        return math.isqrt(sq) + (0 if math.isqrt(sq) ** 2 == sq else 1)  # >= the L2 norm
+
+
+GridPlan = Union[LaplacePlan, GaussianPlan]
+
+
+@dataclass(frozen=True)
+class LaplaceMechanism:
+    """ε-DP: L1 ``sensitivity`` of the whole (clipped) vector; ``k`` fixes the grid (default:
+    step <= sensitivity / (1024 d)); with ``clip_norm`` C the vector is L1-clipped and
+    ``sensitivity`` must be >= 2C."""
+
+    sensitivity: float
+    epsilon: float
+    k: int | None = None
+    clip_norm: float | None = None
+
+    def plan(self, dimension: int, delta: float) -> LaplacePlan:
+        """Raises: PrivacyError: bad parameters or an unrepresentable grid."""
+        return plan_laplace(self.sensitivity, self.epsilon, dimension, k=self.k, clip_norm=self.clip_norm)
+
+
+@dataclass(frozen=True)
+class GaussianMechanism:
+    """(ε, δ)-DP: L2 ``sensitivity``; noise ``sigma`` given, or calibrated from ``epsilon`` and
+    the ledger's δ by zCDP; ``k`` and ``clip_norm`` as for :class:`LaplaceMechanism` (L2)."""
+
+    sensitivity: float
+    epsilon: float | None = None
+    sigma: float | None = None
+    k: int | None = None
+    clip_norm: float | None = None
+
+    def plan(self, dimension: int, delta: float) -> GaussianPlan:
+        """Raises: PrivacyError: bad parameters, neither ``sigma`` nor ``epsilon``, a coarse grid."""
+        sigma = self.sigma
+        if sigma is None:
+            if self.epsilon is None:
+                raise PrivacyError("a Gaussian release needs sigma or epsilon")
+            sigma = gaussian_sigma_for(self.epsilon, delta, positive_finite("sensitivity", self.sensitivity))
+        return plan_gaussian(self.sensitivity, sigma, dimension, k=self.k, clip_norm=self.clip_norm)
+
+
+Mechanism = Union[LaplaceMechanism, GaussianMechanism]
 
 
 def _default_k(sensitivity: float, dimension: int) -> int:
@@ -101,7 +193,7 @@ def _clip_int(clip_norm: float | None, sensitivity: float, k: int) -> int | None
 
 
 def plan_laplace(sensitivity: float, epsilon: float, dimension: int, *, k: int | None = None,
-                 clip_norm: float | None = None) -> GridPlan:
+                 clip_norm: float | None = None) -> LaplacePlan:
     """Plan an eps-DP discrete-Laplace grid release of ``dimension`` values.
 
     Raises:
@@ -129,8 +221,7 @@ def plan_laplace(sensitivity: float, epsilon: float, dimension: int, *, k: int |
     if scale.numerator >= _MAX_SCALE_NUMERATOR:  # cannot happen given m; never sample inexactly
         raise PrivacyError(f"noise scale {scale} is not exactly representable")
     widened = float(Fraction(s_int) / Fraction(2) ** k)
-    return GridPlan("laplace", k, dimension, Fraction(s_int), widened, epsilon=eff, scale=scale,
-                    clip_int=clip)
+    return LaplacePlan(k, dimension, Fraction(s_int), widened, eff, float(epsilon), scale, clip)
 
 
 def gaussian_sigma_for(epsilon: float, delta: float, sensitivity: float) -> float:
@@ -145,7 +236,7 @@ def gaussian_sigma_for(epsilon: float, delta: float, sensitivity: float) -> floa
 
 
 def plan_gaussian(sensitivity: float, sigma: float, dimension: int, *, k: int | None = None,
-                  clip_norm: float | None = None) -> GridPlan:
+                  clip_norm: float | None = None) -> GaussianPlan:
     """Plan a discrete-Gaussian grid release (L2 ``sensitivity``, noise ``sigma``).
 
     The ledger must be charged with ``plan.sensitivity`` (widened by the
@@ -168,8 +259,7 @@ def plan_gaussian(sensitivity: float, sigma: float, dimension: int, *, k: int | 
     if sigma2 < 16:
         raise PrivacyError(f"sigma {sig} is under 4 grid steps of 2^-{k}; use a larger k")
     widened = math.nextafter(float(s_int / grid), math.inf)  # round the sensitivity up
-    return GridPlan("gaussian", k, dimension, s_int, widened, sigma=sig, sigma2=sigma2,
-                    clip_int=clip)
+    return GaussianPlan(k, dimension, s_int, widened, sig, sigma2, clip)
 
 
 def to_grid(values: np.ndarray, k: int) -> np.ndarray:
@@ -184,14 +274,10 @@ def to_grid(values: np.ndarray, k: int) -> np.ndarray:
     return scaled.astype(np.int64)
 
 
-def _clip_norm_int(x: np.ndarray, c: int, mechanism: str) -> np.ndarray:
-    """Scale integer vector ``x`` down (toward zero, exactly) to norm <= c."""
+def _clip_norm_int(x: np.ndarray, c: int, plan: GridPlan) -> np.ndarray:
+    """Scale integer vector ``x`` down (toward zero, exactly) to the plan's norm <= c."""
     mags = [abs(int(v)) for v in x.ravel().tolist()]
-    if mechanism == "laplace":
-        norm = sum(mags)
-    else:
-        sq = sum(v * v for v in mags)
-        norm = math.isqrt(sq) + (0 if math.isqrt(sq) ** 2 == sq else 1)  # >= the L2 norm
+    norm = plan.norm(mags)
     if norm <= c:
         return x
     scaled = np.array([v * c // norm for v in mags], dtype=np.int64).reshape(x.shape)
@@ -206,12 +292,8 @@ def apply_plan(plan: GridPlan, values: np.ndarray, rng: random.Random | None = N
     """
     x = to_grid(np.asarray(values, dtype=np.float64), plan.k)
     if plan.clip_int is not None:
-        x = _clip_norm_int(x, plan.clip_int, plan.mechanism)
-    if plan.mechanism == "laplace":
-        z = samplers.discrete_laplace(plan.scale, x.size, rng)
-    else:
-        z = samplers.discrete_gaussian(plan.sigma2, x.size, rng)
-    noisy = x + z.reshape(x.shape)
+        x = _clip_norm_int(x, plan.clip_int, plan)
+    noisy = x + plan.noise(x.size, rng).reshape(x.shape)
     return np.ldexp(noisy.astype(np.float64), -plan.k)
 
 
@@ -240,123 +322,165 @@ def _clip(arr: np.ndarray, lower: float | None, upper: float | None) -> np.ndarr
     return np.clip(arr, lo, hi)
 
 
-def _draw(plan: GridPlan, values: np.ndarray, rng: random.Random | None) -> np.ndarray:
+def _prepare(plan: GridPlan, values: object, lower: float | None, upper: float | None) -> np.ndarray:
+    """Clamp ``values`` and check they fit the plan (dimension, grid) before anything is spent."""
+    clipped = _clip(_as_values(values), lower, upper)
+    if clipped.size != plan.dimension:
+        raise PrivacyError(f"the release was planned for {plan.dimension} values, got {clipped.size}")
+    to_grid(clipped, plan.k)
+    return clipped
+
+
+def _draw(plan: Union[GridPlan, "CountsPlan"], values: np.ndarray, rng: random.Random | None) -> np.ndarray:
     """The noise step (a seam for tests: they check it runs after the reservation)."""
-    return apply_plan(plan, values, rng)
+    return plan.apply(values, rng)
 
 
-def _publish(ledger: PrivacyLedger, reservation, plan: GridPlan, values: np.ndarray,
-             rng: random.Random | None) -> np.ndarray:
-    if reservation.status != "reserved":
-        # A committed row means a value was already published under this key;
-        # drawing fresh noise would spend the budget twice while counting once.
-        raise PrivacyError(
-            f"a release with key {reservation.key!r} was already published "
-            f"({reservation.status}); reuse that value or release under a new key"
-        )
-    noisy = _draw(plan, values, rng)
-    # exclusive: if a concurrent retry with the same key committed first, this
-    # value is discarded (LedgerError) so only one noisy value ever leaves.
-    ledger.commit(reservation, exclusive=True)
-    return noisy
+class PendingRelease:
+    """A release whose spend is reserved (its key claimed exclusively) and whose values may now be
+    computed: :meth:`publish` draws the noise and commits; :meth:`abort` gives the spend back
+    when nothing computed under it left the process."""
+
+    def __init__(self, plan: Union[GridPlan, "CountsPlan"], ledger: PrivacyLedger, reservation: Reservation) -> None:
+        self.plan, self.ledger, self.reservation = plan, ledger, reservation
+
+    def publish(self, values: object, *, lower: float | None = None, upper: float | None = None,
+                rng: random.Random | None = None) -> np.ndarray:
+        """Noise ``values`` (clamped into ``[lower, upper]``) as planned and commit the spend.
+
+        Raises:
+            PrivacyError: the values do not match the planned dimension or grid (the spend is
+                aborted: nothing was released).
+            LedgerError: the ledger cannot be written (the value is discarded).
+        """
+        try:
+            clipped = self.plan.prepare(values, lower, upper)
+        except PrivacyError:
+            self.abort()
+            raise
+        noisy = _draw(self.plan, clipped, rng)
+        self.ledger.commit(self.reservation)
+        logger.debug("released %d values (%s, key %s)", clipped.size, type(self.plan).__name__, self.reservation.key)
+        return noisy
+
+    def abort(self) -> None:
+        """Give the reserved spend back (call only when nothing computed under it was released).
+
+        Raises:
+            LedgerError: the row is already committed or the ledger cannot be written.
+        """
+        self.ledger.abort(self.reservation)
+
+
+def reserve_release(mechanism: Union[Mechanism, "CountsMechanism"], dimension: int, ledger: PrivacyLedger, *,
+                    key: str | None = None, round: int | None = None) -> PendingRelease:
+    """Plan ``mechanism`` for ``dimension`` values and claim its spend before anything is computed.
+
+    Raises:
+        PrivacyError: bad mechanism parameters.
+        ReplayError: ``key`` was already claimed; nothing may be computed or released again.
+        BudgetExhaustedError: the site's budget would be exceeded; nothing reserved.
+        LedgerError: the ledger is unreadable or cannot be written.
+    """
+    if isinstance(dimension, bool) or not isinstance(dimension, int) or dimension < 1:
+        raise PrivacyError(f"a release needs at least one value, got dimension {dimension!r}")
+    plan = mechanism.plan(dimension, ledger.delta)
+    return PendingRelease(plan, ledger, ledger.reserve(plan.event(), key=key, round=round))
 
 
 def release(
     values: object,
-    sensitivity: float,
-    epsilon: float,
+    mechanism: Mechanism,
     ledger: PrivacyLedger,
     *,
     lower: float | None = None,
     upper: float | None = None,
     key: str | None = None,
     round: int | None = None,
-    mechanism: Literal["laplace", "gaussian"] = "laplace",
-    k: int | None = None,
-    clip_norm: float | None = None,
-    sigma: float | None = None,
     rng: random.Random | None = None,
 ) -> np.ndarray:
-    """Release ``values`` under DP with exact discrete noise on a 2^-k grid.
+    """Release ``values`` (already computed) under DP with exact discrete noise on a 2^-k grid.
 
-    ``mechanism="laplace"`` (default): epsilon-DP; ``sensitivity`` is the L1
-    sensitivity of the whole (clipped) vector; ``epsilon`` is reserved in the
-    ledger. ``mechanism="gaussian"``: ``sensitivity`` is L2; noise ``sigma``
-    (value units) is given or calibrated from ``epsilon`` and the ledger's
-    delta by zCDP; the ledger is charged by ``reserve_gaussian`` with the
-    sensitivity widened by the rounding slack. Values are clamped into
-    ``[lower, upper]`` and, with ``clip_norm``, norm-clipped (then
-    ``sensitivity`` must be >= 2 * clip_norm). ``k`` fixes the grid (default:
-    step <= sensitivity / (1024 d)); ``rng`` is for tests only (default: OS CSPRNG).
+    The values are checked first, then the mechanism's accounting event is reserved under
+    ``key`` (claimed exclusively: a key already used is refused, so one request never releases
+    twice), and only then is noise drawn. Code that computes values from private data should
+    call :func:`reserve_release` *before* computing them. ``rng`` is for tests only.
 
     Returns:
         The noisy values, float64 multiples of 2^-k, with the shape of ``values``.
 
     Raises:
-        PrivacyError: invalid values, bounds, sensitivity, epsilon or grid, or
-            ``key`` names a release that was already published.
+        PrivacyError: invalid values, bounds or mechanism parameters.
+        ReplayError: ``key`` was already claimed; nothing is released again.
         BudgetExhaustedError: the site's budget would be exceeded; nothing released.
         LedgerError: the ledger is unreadable or cannot be written.
     """
-    eps = positive_finite("epsilon", epsilon)
-    sens = positive_finite("sensitivity", sensitivity)
-    clipped = _clip(_as_values(values), lower, upper)
-    if mechanism == "laplace":
-        plan = plan_laplace(sens, eps, clipped.size, k=k, clip_norm=clip_norm)
-        to_grid(clipped, plan.k)  # refuse unrepresentable values before spending
-        reservation = ledger.reserve_laplace(eps, key=key, round=round)
-    elif mechanism == "gaussian":
-        reserve = getattr(ledger, "reserve_gaussian", None)
-        if reserve is None:
-            raise PrivacyError("this ledger cannot account Gaussian releases; use mechanism='laplace'")
-        sig = sigma if sigma is not None else gaussian_sigma_for(eps, ledger.delta, sens)
-        plan = plan_gaussian(sens, sig, clipped.size, k=k, clip_norm=clip_norm)
-        to_grid(clipped, plan.k)
-        reservation = reserve(plan.sigma, plan.sensitivity, key=key, round=round)
-    else:
-        raise PrivacyError(f"mechanism must be 'laplace' or 'gaussian', got {mechanism!r}")
-    noisy = _publish(ledger, reservation, plan, clipped, rng)
-    logger.debug("released %d values (%s, grid 2^-%d, key %s)", clipped.size, mechanism,
-                 plan.k, reservation.key)
-    return noisy
+    arr = _as_values(values)
+    plan = mechanism.plan(arr.size, ledger.delta)
+    plan.prepare(arr, lower, upper)  # refuse bad values and bounds before spending
+    pending = PendingRelease(plan, ledger, ledger.reserve(plan.event(), key=key, round=round))
+    return pending.publish(arr, lower=lower, upper=upper, rng=rng)
 
 
-def release_counts(
-    counts: object,
-    sensitivity: int,
-    epsilon: float,
-    ledger: PrivacyLedger,
-    *,
-    key: str | None = None,
-    round: int | None = None,
-    rng: random.Random | None = None,
-) -> np.ndarray:
-    """Release integer counts with discrete Laplace noise of scale sensitivity/epsilon.
+@dataclass(frozen=True)
+class CountsPlan:
+    """Integer counts plus exact discrete Laplace noise of scale ``sensitivity / epsilon``;
+    charged as a generic ε-DP event (at a small integer sensitivity a discrete Laplace has
+    randomized response's RDP curve, not the continuous Laplace one)."""
 
-    ``sensitivity`` is the integer L1 sensitivity of the count vector. No grid
-    or rounding is involved: the output is the int64 counts plus exact noise.
+    dimension: int
+    sensitivity: int
+    epsilon: float
+    scale: Fraction
+    k: int = 0
+
+    def event(self) -> Event:
+        return PureDp(self.epsilon)
+
+    def prepare(self, values: object, lower: float | None, upper: float | None) -> np.ndarray:
+        arr = np.asarray(values)
+        if arr.size != self.dimension or arr.dtype.kind not in "iu" or np.any(np.abs(arr) >= _MAX_GRID_INT):
+            raise PrivacyError(f"expected {self.dimension} integer counts, got {arr.dtype} shape {arr.shape}")
+        if lower is not None or upper is not None:
+            raise PrivacyError("counts are not clamped; their sensitivity bounds them")
+        return arr.astype(np.int64)
+
+    def apply(self, x: np.ndarray, rng: random.Random | None) -> np.ndarray:
+        return x + samplers.discrete_laplace(self.scale, x.size, rng).reshape(x.shape)
+
+
+@dataclass(frozen=True)
+class CountsMechanism:
+    """ε-DP noisy integer counts with integer L1 ``sensitivity``."""
+
+    sensitivity: int
+    epsilon: float
+
+    def plan(self, dimension: int, delta: float) -> CountsPlan:
+        """Raises: PrivacyError: bad sensitivity or epsilon."""
+        eps = positive_finite("epsilon", self.epsilon)
+        if isinstance(self.sensitivity, bool) or not isinstance(self.sensitivity, (int, np.integer)) \
+                or self.sensitivity < 1:
+            raise PrivacyError(f"count sensitivity must be an int >= 1, got {self.sensitivity!r}")
+        scale = Fraction(int(self.sensitivity)) / Fraction(eps)
+        if scale.numerator >= _MAX_SCALE_NUMERATOR:
+            raise PrivacyError(f"sensitivity {self.sensitivity} too large for exact sampling")
+        return CountsPlan(dimension, int(self.sensitivity), eps, scale)
+
+
+def release_counts(counts: object, sensitivity: int, epsilon: float, ledger: PrivacyLedger, *,
+                   key: str | None = None, round: int | None = None,
+                   rng: random.Random | None = None) -> np.ndarray:
+    """Release integer counts (already computed) with :class:`CountsMechanism`.
 
     Raises:
         PrivacyError: counts are not integers, or bad sensitivity/epsilon/key.
+        ReplayError: ``key`` was already claimed.
         BudgetExhaustedError: the site's budget would be exceeded; nothing released.
         LedgerError: the ledger is unreadable or cannot be written.
     """
-    eps = positive_finite("epsilon", epsilon)
-    if isinstance(sensitivity, bool) or not isinstance(sensitivity, (int, np.integer)) \
-            or sensitivity < 1:
-        raise PrivacyError(f"count sensitivity must be an int >= 1, got {sensitivity!r}")
     arr = np.asarray(counts)
-    if arr.size == 0 or arr.dtype.kind not in "iu" or np.any(np.abs(arr) >= _MAX_GRID_INT):
-        raise PrivacyError(f"counts must be a non-empty array of integers, got {arr.dtype}")
-    plan = GridPlan("laplace", 0, arr.size, Fraction(int(sensitivity)), float(sensitivity),
-                    epsilon=Fraction(eps), scale=Fraction(int(sensitivity)) / Fraction(eps))
-    if plan.scale.numerator >= _MAX_SCALE_NUMERATOR:
-        raise PrivacyError(f"sensitivity {sensitivity} too large for exact sampling")
-    reservation = ledger.reserve_pure(eps, key=key, round=round)  # discrete noise at a coarse
-    # integer sensitivity has randomized response's RDP curve, not continuous Laplace's
-    if reservation.status != "reserved":
-        raise PrivacyError(f"a release with key {reservation.key!r} was already published "
-                           f"({reservation.status}); reuse that value or release under a new key")
-    noisy = arr.astype(np.int64) + samplers.discrete_laplace(plan.scale, arr.size, rng).reshape(arr.shape)
-    ledger.commit(reservation, exclusive=True)
-    return noisy
+    plan = CountsMechanism(sensitivity, epsilon).plan(max(arr.size, 1), ledger.delta)
+    plan.prepare(arr, None, None)
+    pending = PendingRelease(plan, ledger, ledger.reserve(plan.event(), key=key, round=round))
+    return pending.publish(arr, rng=rng)

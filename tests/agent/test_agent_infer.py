@@ -1,5 +1,7 @@
 """Private inference: verify -> build -> run -> clip rows (L1) -> DP release from the site's ledger."""
 
+import re
+import threading
 import time
 from pathlib import Path
 
@@ -11,7 +13,7 @@ from cuvil_edge.agent.runtime import AgentRuntime
 from cuvil_edge.cli.main import main
 from cuvil_edge.config import load_site
 from cuvil_edge.coordinator.keys import init_keys, load_signing_keys
-from cuvil_edge.errors import BudgetExhaustedError, SignatureError
+from cuvil_edge.errors import BudgetExhaustedError, ReplayError, SignatureError
 from cuvil_edge.frontend import load_model
 from cuvil_edge.frontend.demo_model import digits_cnn_onnx
 from cuvil_edge.ir_serialize import write_package
@@ -24,8 +26,8 @@ def setup(tmp_path):
     """A fleet-c site whose budget admits exactly one release at ε = 1.2 (budget 2.0)."""
     private, public = init_keys(tmp_path / "keys")
     text = (SITES / "fleet-c.yaml").read_text()
-    text = text.replace("epsilon_budget: 8.0", "epsilon_budget: 2.0").replace("epsilon_per_round: 3.25",
-                                                                            "epsilon_per_round: 1.0")
+    text = re.sub(r"epsilon_per_round: [0-9.]+", "epsilon_per_round: 1.0",
+                  text.replace("epsilon_budget: 8.0", "epsilon_budget: 2.0"))
     site_path = tmp_path / "fleet-c.yaml"
     site_path.write_text(text)
     graph = load_model(digits_cnn_onnx(3))
@@ -58,7 +60,7 @@ def test_each_release_spends_its_epsilon_then_refuses(setup):
     assert agent.ledger().spent() == pytest.approx(before + 1.2)
     assert out.eps_spent == pytest.approx(1.2)
     with pytest.raises(BudgetExhaustedError):
-        infer_private(agent, package_path.read_bytes(), x, 1.2)
+        infer_private(agent, package_path.read_bytes(), x[:5], 1.2)
     assert agent.ledger().spent() == pytest.approx(1.2)
     out = infer_private(agent, package_path.read_bytes(), x, 0.5)  # the same accepted package, ε still left
     assert agent.ledger().spent() == pytest.approx(1.7)
@@ -81,7 +83,9 @@ def test_cli_writes_the_release_and_refuses_when_exhausted(setup, capsys):
     y = np.load(tmp_path / "y1.npy", allow_pickle=False)
     assert y.shape == (6, 10) and np.isfinite(y).all()
     assert "spent ε=1.200" in capsys.readouterr().out
-    assert main(args + ["--output", str(tmp_path / "y2.npy")]) == 2
+    assert main(args + ["--output", str(tmp_path / "y2.npy")]) == 2  # the same request again
+    assert "already claimed" in capsys.readouterr().err
+    assert main(args + ["--output", str(tmp_path / "y2.npy"), "--request-id", "second-release"]) == 2
     assert "budget" in capsys.readouterr().err
     assert not (tmp_path / "y2.npy").exists()
 
@@ -154,3 +158,47 @@ def test_cli_feature_option(setup, capsys):
     assert "nope" in capsys.readouterr().err
     assert not (tmp_path / "g.npy").exists()
     assert AgentRuntime(load_site(site_path), tmp_path / "state", public).ledger().spent() == pytest.approx(0.5)
+
+
+def test_replayed_request_is_refused_not_released_again(setup):
+    """Three identical requests: one release, one charge; the replays get a typed refusal, never
+    a fresh noisy output that could be averaged with the first."""
+    site_path, package_path, public, tmp_path = setup
+    agent = AgentRuntime(load_site(site_path), tmp_path / "state", public)
+    x = np.load(tmp_path / "x.npy", allow_pickle=False)
+    first = infer_private(agent, package_path.read_bytes(), x, 0.5)
+    for _ in range(2):
+        with pytest.raises(ReplayError):
+            infer_private(agent, package_path.read_bytes(), x, 0.5)
+    assert agent.ledger().spent() == pytest.approx(0.5) and len(agent.ledger().history()) == 1
+    assert first.values.shape == (6, 10)
+
+
+def test_two_concurrent_identical_requests_release_once(setup):
+    site_path, package_path, public, tmp_path = setup
+    agents = [AgentRuntime(load_site(site_path), tmp_path / "state", public) for _ in range(2)]
+    x = np.load(tmp_path / "x.npy", allow_pickle=False)
+    data = package_path.read_bytes()
+    barrier, outcomes = threading.Barrier(2), []
+
+    def deliver(agent):
+        barrier.wait()
+        try:
+            outcomes.append(infer_private(agent, data, x, 0.5))
+        except ReplayError as e:
+            outcomes.append(e)
+
+    threads = [threading.Thread(target=deliver, args=(a,)) for a in agents]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(type(o).__name__ for o in outcomes) == ["PrivateOutput", "ReplayError"]
+    assert agents[0].ledger().spent() == pytest.approx(0.5)
+
+
+def test_nonfinite_output_rows_are_zeroed_not_refused():
+    from cuvil_edge.agent.inference import zero_nonfinite_rows
+
+    y = np.array([[0.5, np.nan], [0.2, 0.8], [np.inf, 0.0]])
+    np.testing.assert_array_equal(zero_nonfinite_rows(y), [[0.0, 0.0], [0.2, 0.8], [0.0, 0.0]])

@@ -9,6 +9,7 @@ import pytest
 from cuvil_edge.cli.main import main
 from cuvil_edge.config.site import load_site
 from cuvil_edge.privacy import PrivacyLedger
+from cuvil_edge.privacy.accounting import DpSgd, Gaussian, Laplace
 
 SITE = Path(__file__).resolve().parents[2] / "configs" / "sites" / "factory-b.yaml"
 
@@ -25,9 +26,9 @@ def _ledger(state: Path) -> PrivacyLedger:
 
 def test_status_prints_spent_remaining_and_rounds(tmp_path, capsys, wide):
     with _ledger(tmp_path) as led:
-        led.commit(led.reserve_dpsgd(1.5, 0.04, 500, key="train-v1", round=1))
-        led.commit(led.reserve_laplace(0.1, key="eval-v1", round=1))
-        led.reserve_gaussian(20.0, 1.0, key="infer-7", round=2)  # reserved, never committed
+        led.commit(led.reserve(DpSgd(1.5, 0.04, 500), key="train-v1", round=1))
+        led.commit(led.reserve(Laplace(0.1), key="eval-v1", round=1))
+        led.reserve(Gaussian(20.0, 1.0), key="infer-7", round=2)  # reserved, never committed
         spent, remaining, rounds = led.spent(), led.remaining(), led.rounds()
 
     code = main(["privacy", "status", "--site", str(SITE), "--state-dir", str(tmp_path)])
@@ -48,10 +49,12 @@ def test_status_without_a_ledger_says_nothing_was_spent(tmp_path, capsys, wide):
     assert not (tmp_path / "ledger.sqlite").exists()  # status never creates a ledger
 
 
-def test_status_needs_a_state_dir(capsys):
-    assert main(["privacy", "status", "--site", str(SITE)]) == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "--state-dir" in err
+def test_status_defaults_to_the_sites_directory_in_the_home(tmp_path, capsys, wide):
+    config = load_site(SITE)
+    with _ledger(tmp_path / "home" / "agents" / config.site) as led:
+        led.commit(led.reserve(Laplace(0.25), key="only", round=4))
+    assert main(["privacy", "status", "--site", str(SITE), "--home", str(tmp_path / "home")]) == 0
+    assert "ε spent 0.2500" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("damage", [
@@ -62,7 +65,7 @@ def test_status_needs_a_state_dir(capsys):
 def test_damaged_ledger_is_one_line_error_exit_2(tmp_path, capsys, damage):
     with _ledger(tmp_path) as led:
         for i in range(50):
-            led.reserve_laplace(0.01, key=f"k{i}", round=i)
+            led.reserve(Laplace(0.01), key=f"k{i}", round=i)
     path = tmp_path / "ledger.sqlite"
     damage(path)
     before = path.read_bytes()
@@ -80,8 +83,55 @@ def test_state_dir_defaults_to_the_sites_agent_state_dir(tmp_path, capsys, wide)
     site.write_text(SITE.read_text() + "agent:\n  state_dir: state\n")
     (tmp_path / "state").mkdir()
     with _ledger(tmp_path / "state") as led:
-        led.commit(led.reserve_laplace(0.25, key="only", round=4))
+        led.commit(led.reserve(Laplace(0.25), key="only", round=4))
 
     assert main(["privacy", "status", "--site", str(site)]) == 0
     out = capsys.readouterr().out
     assert "ε spent 0.2500 of 8" in out and "only" in out
+
+
+def _site_with_budget(tmp_path: Path, budget: float) -> Path:
+    text = SITE.read_text().replace("epsilon_budget: 8.0", f"epsilon_budget: {budget}")
+    path = tmp_path / "factory-b.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_editing_the_yaml_alone_cannot_raise_a_budget(tmp_path, capsys):
+    with _ledger(tmp_path / "state") as led:
+        led.commit(led.reserve(Laplace(7.5), key="big", round=1))
+    raised = _site_with_budget(tmp_path, 20.0)
+    config = load_site(raised)
+    from cuvil_edge.errors import LedgerError
+
+    with pytest.raises(LedgerError, match="raise-budget"):
+        PrivacyLedger(tmp_path / "state" / "ledger.sqlite", site="factory-b", epsilon_budget=20.0,
+                      delta=config.privacy.delta)
+    assert main(["privacy", "status", "--site", str(raised), "--state-dir", str(tmp_path / "state")]) == 2
+    assert "raise-budget" in capsys.readouterr().err
+
+
+def test_raise_budget_records_the_change_and_its_reason(tmp_path, capsys, wide):
+    with _ledger(tmp_path / "state") as led:
+        led.commit(led.reserve(Laplace(7.5), key="big", round=1))
+    raised = _site_with_budget(tmp_path, 20.0)
+    args = ["privacy", "raise-budget", "--site", str(raised), "--state-dir", str(tmp_path / "state")]
+    assert main(args + ["--reason", " "]) == 2  # a reason is required
+    assert main(args + ["--reason", "DPO approval 2026-11-30 (ticket 42)"]) == 0
+    p = load_site(raised).privacy
+    with PrivacyLedger(tmp_path / "state" / "ledger.sqlite", site="factory-b", epsilon_budget=20.0,
+                       delta=p.delta) as led:
+        assert led.remaining() == pytest.approx(12.5)
+        history = led.budget_history()
+    assert [h["epsilon_budget"] for h in history] == [8.0, 20.0]
+    assert "ticket 42" in history[-1]["reason"]
+    assert main(["privacy", "raise-budget", "--site", str(raised), "--state-dir", str(tmp_path / "state"),
+                 "--to", "5", "--reason", "lower than spent"]) == 2  # 7.5 already spent
+
+
+def test_a_lower_yaml_budget_is_enforced_without_a_command(tmp_path):
+    with _ledger(tmp_path / "state") as led:
+        led.commit(led.reserve(Laplace(2.0), key="a", round=1))
+    with PrivacyLedger(tmp_path / "state" / "ledger.sqlite", site="factory-b", epsilon_budget=2.5,
+                       delta=1e-5) as led:
+        assert led.remaining() == pytest.approx(0.5)

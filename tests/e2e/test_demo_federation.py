@@ -45,8 +45,21 @@ def test_demo_federation_learns_and_accounts_privacy(tmp_path):
     assert spent[1] > spent[0]  # every round spends
     assert (run_dir / "metrics.png").stat().st_size > 1000
     assert "global test accuracy" in proc.stdout
-    pruned = list((run_dir / "agents").glob("*/build-cache/*/module.py"))
+    home = tmp_path / ".cuvil"  # the default home, in the working directory
+    pruned = list((home / "agents").glob("*/build-cache/*/module.py"))
     assert len({p.parts[-4] for p in pruned}) == 3  # every site built locally
+    for entry in rounds[1:]:  # the sites' noisy counts, pooled: never outside [0, 1]
+        fed = entry["federated_accuracy"]
+        assert 0.0 <= fed["low"] <= fed["accuracy"] <= fed["high"] <= 1.0 and fed["sites"] == 3
+        for stats in entry["sites"].values():
+            assert 0.0 <= stats["eval-accuracy"] <= 1.0
+            assert set(stats) >= {"eval-noisy-correct", "eval-noisy-total"} and "train-train-seconds" not in stats
+    assert "pooled accuracy" in proc.stdout and str(home) in proc.stdout.replace("\n", "")
+    # the site's ledger is the one in the home: `privacy status` reads what the run spent
+    status = subprocess.run([sys.executable, "-m", "cuvil_edge", "privacy", "status", "--site",
+                             str(ROOT / "configs" / "sites" / "hospital-a.yaml")],
+                            cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert f"ε spent {rounds[-1]['sites']['hospital-a']['eps-spent']:.4f}" in status.stdout, status.stdout
 
 
 def test_site_out_of_budget_drops_out_and_the_run_goes_on(tmp_path):
@@ -91,8 +104,8 @@ def test_central_dp_wraps_the_strategy_and_reports_its_epsilon(tmp_path):
     for site, stats in rounds[2]["sites"].items():
         assert stats["status"] == "ok", (site, stats)
         assert stats["train-num-examples"] == 1  # equal weights, as the accountant requires
-        assert stats["train-eps-round"] == 0.0  # local DP-SGD off: only evaluation releases spend
-        assert stats["eps-spent"] == pytest.approx(0.2)
+        assert stats["train-eps-round"] == float("inf")  # local DP-SGD off: no record-level guarantee
+        assert stats["eps-spent"] == pytest.approx(0.6)  # only the two evaluation releases spend
     assert "central DP (site-level" in proc.stdout
 
 

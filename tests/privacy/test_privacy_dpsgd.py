@@ -12,7 +12,6 @@ from cuvil_edge.errors import PrivacyError  # noqa: E402
 from cuvil_edge.privacy import (  # noqa: E402
     noise_multiplier_for,
     plan_dp_sgd,
-    sample_rate_for,
     steps_for,
     train_dp_sgd,
 )
@@ -36,11 +35,16 @@ def _separable(n: int = 512, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     return x, y
 
 
-def _train(model, x, y, **over):
-    kw = dict(target_epsilon=4.0, delta=1e-5, epochs=4, batch_size=64, lr=0.1, momentum=0.9,
-              max_grad_norm=1.0, seed=7)
+def _plan(**over):
+    kw = dict(target_epsilon=4.0, delta=1e-5, sample_rate=0.125, epochs=4, expected_batch_size=64)
     kw.update(over)
-    return train_dp_sgd(model, x, y, **kw)
+    return plan_dp_sgd(**kw)
+
+
+def _train(model, x, y, plan=None, **over):
+    kw = dict(lr=0.1, momentum=0.9, max_grad_norm=1.0, seed=7)
+    kw.update(over)
+    return train_dp_sgd(model, x, y, plan or _plan(), **kw)
 
 
 def test_trains_in_place_within_target() -> None:
@@ -53,8 +57,7 @@ def test_trains_in_place_within_target() -> None:
     result = _train(model, x, y)
 
     assert result.epsilon <= 4.0 + 1e-6
-    assert result.steps == steps_for(512, 64, 4) == 32
-    assert result.sample_rate == sample_rate_for(512, 64) == 1 / 8
+    assert result.steps == steps_for(0.125, 4) == 32
     assert all(a is b for a, b in zip(model.parameters(), params_before))
     assert any(not torch.equal(a, b) for a, b in zip(model.parameters(), weights_before))
     assert not any(hasattr(p, "grad_sample") for p in model.parameters())
@@ -65,21 +68,44 @@ def test_trains_in_place_within_target() -> None:
     assert np.isfinite(result.final_loss)
 
 
-def test_plan_matches_training_and_opacus() -> None:
+def test_plan_matches_opacus_accounting() -> None:
     from opacus.accountants import RDPAccountant
 
     x, y = _separable(300)
-    plan = plan_dp_sgd(300, target_epsilon=4.0, delta=1e-5, epochs=3, batch_size=64)
+    plan = _plan(epochs=3, sample_rate=0.2)
 
-    result = _train(TinyNet(), x, y, epochs=3)
+    result = _train(TinyNet(), x, y, plan)
 
     assert (result.noise_multiplier, result.sample_rate, result.steps) == (
         plan.noise_multiplier, plan.sample_rate, plan.steps)
-    assert plan.steps == 3 * 5 and plan.sample_rate == 1 / 5
+    assert plan.steps == 15
     acc = RDPAccountant()
     acc.history = [(plan.noise_multiplier, plan.sample_rate, plan.steps)]
     assert result.epsilon == pytest.approx(acc.get_epsilon(delta=1e-5))
     assert noise_multiplier_for(4.0, 1e-5, plan.sample_rate, plan.steps) == plan.noise_multiplier
+
+
+def test_plan_does_not_depend_on_the_dataset_size() -> None:
+    """Neighbouring datasets (one record more) get the same σ, q, steps and ε: nothing reported
+    about a run reveals how many records the site holds."""
+    x, y = _separable(417)
+    a = _train(TinyNet(), x[:416], y[:416])
+    b = _train(TinyNet(), x, y)
+    assert (a.noise_multiplier, a.sample_rate, a.steps, a.epsilon) == (b.noise_multiplier, b.sample_rate, b.steps,
+                                                                        b.epsilon)
+
+
+def test_empty_poisson_batches_still_take_a_noisy_step() -> None:
+    x, y = _separable(4)
+    plan = _plan(sample_rate=0.01, epochs=1, expected_batch_size=1)
+    torch.manual_seed(0)
+    model = TinyNet()
+    before = [p.detach().clone() for p in model.parameters()]
+
+    result = _train(model, x, y, plan, momentum=0.0)
+
+    assert result.steps == 100 and result.empty_batches > 80
+    assert all(not torch.equal(a, b) for a, b in zip(model.parameters(), before))  # noise moved every weight
 
 
 def test_same_seed_same_weights() -> None:
@@ -88,7 +114,7 @@ def test_same_seed_same_weights() -> None:
     for _ in range(2):
         torch.manual_seed(1)
         m = TinyNet()
-        _train(m, x, y, epochs=1, batch_size=32)
+        _train(m, x, y, _plan(epochs=1, sample_rate=0.25, expected_batch_size=32))
         models.append(m)
 
     for a, b in zip(models[0].parameters(), models[1].parameters()):
@@ -98,11 +124,9 @@ def test_same_seed_same_weights() -> None:
 @pytest.mark.parametrize(
     "data, over, match",
     [
-        pytest.param(_separable(16), {}, "full\\s+batch", id="fewer-samples-than-a-batch"),
         pytest.param((np.zeros((10, 4), np.float32), np.zeros(9, np.int64)), {}, "first",
                      id="length-mismatch"),
         pytest.param(_separable(), {"loss": "hinge"}, "loss", id="unknown-loss"),
-        pytest.param(_separable(), {"target_epsilon": 0.0}, "target_epsilon", id="zero-epsilon"),
         pytest.param(_separable(), {"lr": -1.0}, "lr", id="negative-lr"),
         pytest.param((np.zeros((128, 4), np.float32), np.zeros(128, np.float32)), {},
                      "class ids", id="float-labels-for-cross-entropy"),
@@ -111,6 +135,13 @@ def test_same_seed_same_weights() -> None:
 def test_bad_inputs(data, over, match) -> None:
     with pytest.raises(PrivacyError, match=match):
         _train(TinyNet(), *data, **over)
+
+
+@pytest.mark.parametrize("over, match", [({"target_epsilon": 0.0}, "target_epsilon"),
+                                         ({"sample_rate": 1.5}, "sample_rate"), ({"epochs": 0}, "epochs")])
+def test_bad_plans(over, match) -> None:
+    with pytest.raises(PrivacyError, match=match):
+        _plan(**over)
 
 
 def test_batchnorm_model_is_refused_with_advice() -> None:

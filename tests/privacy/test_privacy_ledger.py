@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from cuvil_edge.errors import BudgetExhaustedError, LedgerError, PrivacyError
+from cuvil_edge.errors import BudgetExhaustedError, LedgerError, PrivacyError, ReplayError
 from cuvil_edge.privacy import PrivacyLedger
 from cuvil_edge.privacy.accounting import Accountant, DpSgd, Gaussian, Laplace, PureDp
 from cuvil_edge.privacy.ledger import budget_config_hash
@@ -26,7 +26,7 @@ def _ledger(path: Path, budget: float = 3.0, site: str = "site-a") -> PrivacyLed
 def test_reserve_then_commit(tmp_path: Path) -> None:
     led = _ledger(tmp_path / "l.db")
 
-    res = led.reserve_laplace(1.2, key="r1-q1", round=1)
+    res = led.reserve(Laplace(1.2), key="r1-q1", round=1)
     done = led.commit(res)
 
     assert res.status == "reserved" and done.status == "committed"
@@ -39,10 +39,10 @@ def test_reserve_then_commit(tmp_path: Path) -> None:
 
 def test_refuses_over_budget_and_reserves_nothing(tmp_path: Path) -> None:
     led = _ledger(tmp_path / "l.db", budget=2.0)
-    led.commit(led.reserve_laplace(1.2, key="a"))
+    led.commit(led.reserve(Laplace(1.2), key="a"))
 
     with pytest.raises(BudgetExhaustedError) as info:
-        led.reserve_laplace(1.2, key="b")
+        led.reserve(Laplace(1.2), key="b")
 
     msg = str(info.value)
     assert "site-a" in msg and "1.2" in msg and "2" in msg
@@ -52,19 +52,20 @@ def test_refuses_over_budget_and_reserves_nothing(tmp_path: Path) -> None:
 
 def test_exact_laplace_sum_at_the_boundary(tmp_path: Path) -> None:
     led = _ledger(tmp_path / "l.db", budget=1.0)
-    led.reserve_laplace(0.5, key="a")
-    led.reserve_laplace(0.5, key="b")  # exactly 1.0 fits
+    led.reserve(Laplace(0.5), key="a")
+    led.reserve(Laplace(0.5), key="b")  # exactly 1.0 fits
 
     with pytest.raises(BudgetExhaustedError):
-        led.reserve_laplace(1e-12, key="c")
+        led.reserve(Laplace(1e-12), key="c")
 
 
 _CRASH_CHILD = textwrap.dedent(
     """
     import os, signal, sys
     from cuvil_edge.privacy import PrivacyLedger
+    from cuvil_edge.privacy.accounting import Laplace
     led = PrivacyLedger(sys.argv[1], site="site-a", epsilon_budget=3.0, delta=1e-5)
-    led.reserve_laplace(1.2, key="r1-q1", round=1)
+    led.reserve(Laplace(1.2), key="r1-q1", round=1)
     os.kill(os.getpid(), signal.SIGKILL)  # crash between reserve and release
     """
 )
@@ -85,8 +86,9 @@ _RESERVE_AND_HANG = textwrap.dedent(
     """
     import sys, time
     from cuvil_edge.privacy import PrivacyLedger
+    from cuvil_edge.privacy.accounting import DpSgd
     led = PrivacyLedger(sys.argv[1], site="site-a", epsilon_budget=10.0, delta=1e-5)
-    led.reserve_dpsgd(1.5, 0.04, 2250, key="train-v1", round=1)
+    led.reserve(DpSgd(1.5, 0.04, 2250), key="train-v1", round=1)
     print("reserved", flush=True)
     time.sleep(120)  # "training": killed from outside before commit
     """
@@ -106,38 +108,44 @@ def test_sigkill_from_outside_between_reserve_and_commit_fails_closed(tmp_path: 
     led = _ledger(path, budget=10.0)
     assert [r["status"] for r in led.history()] == ["reserved"]
     assert led.spent() == pytest.approx(7.32911117143, abs=1e-4)  # the reserved run still counts
-    again = led.reserve_dpsgd(1.5, 0.04, 2250, key="train-v1", round=1)  # the retry
-    assert again.status == "reserved" and len(led.history()) == 1
+    with pytest.raises(ReplayError):  # the retry after the crash never trains again
+        led.reserve(DpSgd(1.5, 0.04, 2250), key="train-v1", round=1)
+    assert len(led.history()) == 1
     assert led.spent() == pytest.approx(7.32911117143, abs=1e-4)
     with pytest.raises(BudgetExhaustedError):
-        led.reserve_laplace(50.0, key="eval")
+        led.reserve(Laplace(50.0), key="eval")
 
 
-def test_idempotent_retry_does_not_double_count(tmp_path: Path) -> None:
+def test_replayed_key_is_refused_whatever_its_status(tmp_path: Path) -> None:
+    """A second claim of a key never returns a reservation: not while it is reserved (a
+    concurrent or crashed delivery), nor once committed or aborted."""
     led = _ledger(tmp_path / "l.db")
-    first = led.reserve_laplace(1.2, key="r1-q1", round=1)
+    reserved = led.reserve(Laplace(1.2), key="reserved", round=1)
+    led.commit(led.reserve(Laplace(0.2), key="committed", round=1))
+    led.abort(led.reserve(Laplace(0.2), key="aborted", round=1))
     led.close()
     led = _ledger(tmp_path / "l.db")
 
-    again = led.reserve_laplace(1.2, key="r1-q1", round=1)
+    for key in ("reserved", "committed", "aborted"):
+        with pytest.raises(ReplayError, match="already claimed"):
+            led.reserve(Laplace(1.2), key=key, round=1)
 
-    assert again.id == first.id
-    assert led.spent() == pytest.approx(1.2)
-    assert len(led.history()) == 1
+    assert reserved.status == "reserved" and len(led.history()) == 3
+    assert led.spent() == pytest.approx(1.4)
 
 
 def test_key_reuse_for_a_different_event_is_refused(tmp_path: Path) -> None:
     led = _ledger(tmp_path / "l.db")
-    led.reserve_laplace(1.2, key="k")
+    led.reserve(Laplace(1.2), key="k")
 
-    with pytest.raises(PrivacyError, match="already used"):
-        led.reserve_laplace(0.5, key="k")
+    with pytest.raises(ReplayError, match="already claimed"):
+        led.reserve(Laplace(0.5), key="k")
 
 
 def test_rdp_composition_matches_opacus_golden_value(tmp_path: Path) -> None:
     led = _ledger(tmp_path / "l.db", budget=10.0)
 
-    led.commit(led.reserve_dpsgd(1.5, 0.04, 2250, key="train-1", round=1))
+    led.commit(led.reserve(DpSgd(1.5, 0.04, 2250), key="train-1", round=1))
 
     # Opacus' own test value for sigma=1.5, q=0.04, 2250 steps, delta=1e-5.
     assert led.spent() == pytest.approx(7.32911117143, abs=1e-4)
@@ -148,10 +156,10 @@ def test_rdp_composition_matches_opacus_golden_value(tmp_path: Path) -> None:
 
 def test_dpsgd_and_laplace_compose_by_min_of_rdp_and_basic(tmp_path: Path) -> None:
     led = _ledger(tmp_path / "l.db", budget=10.0)
-    led.reserve_dpsgd(1.5, 0.04, 2250, key="t")
+    led.reserve(DpSgd(1.5, 0.04, 2250), key="t")
 
-    exceed, total = led.would_exceed_dpsgd(1.5, 0.04, 2250)
-    led.reserve_laplace(1.0, key="q")
+    exceed, total = led.would_exceed(DpSgd(1.5, 0.04, 2250))
+    led.reserve(Laplace(1.0), key="q")
 
     # Two identical DP-SGD runs compose under RDP to less than twice one run.
     assert exceed and 7.33 < total < 2 * 7.33
@@ -159,7 +167,7 @@ def test_dpsgd_and_laplace_compose_by_min_of_rdp_and_basic(tmp_path: Path) -> No
     assert led.spent() == expected.epsilon(DELTA) == min(expected.rdp_epsilon(DELTA), 7.32911117143 + 1.0)
     assert 7.33 < led.spent() < 7.32911117143 + 1.0  # RDP beats the plain sum here
     with pytest.raises(BudgetExhaustedError):
-        led.reserve_dpsgd(1.5, 0.04, 2250, key="t2")
+        led.reserve(DpSgd(1.5, 0.04, 2250), key="t2")
 
 
 @pytest.mark.parametrize(
@@ -175,7 +183,7 @@ def test_damaged_file_raises_ledger_error_and_is_not_reset(tmp_path: Path, damag
     path = tmp_path / "l.db"
     led = _ledger(path)
     for i in range(20):
-        led.reserve_laplace(0.1, key=f"k{i}")
+        led.reserve(Laplace(0.1), key=f"k{i}")
     led.close()
     damage(path)
     before = path.read_bytes()
@@ -190,7 +198,7 @@ def test_truncated_at_page_boundaries_refuses_and_is_not_reset(tmp_path: Path) -
     path = tmp_path / "l.db"
     led = _ledger(path, budget=1000.0)
     for i in range(400):
-        led.reserve_laplace(0.1, key=f"release-{i:04d}-" + "x" * 100, round=i // 10)
+        led.reserve(Laplace(0.1), key=f"release-{i:04d}-" + "x" * 100, round=i // 10)
     led.close()
     full = path.read_bytes()
     page = int.from_bytes(full[16:18], "big")
@@ -206,7 +214,7 @@ def test_truncated_at_page_boundaries_refuses_and_is_not_reset(tmp_path: Path) -
 def test_gaussian_release_is_reserved_with_its_parameters(tmp_path: Path) -> None:
     led = _ledger(tmp_path / "l.db", budget=10.0)
 
-    res = led.reserve_gaussian(4.0, 2.0, key="infer-1", round=3)
+    res = led.reserve(Gaussian(4.0, 2.0), key="infer-1", round=3)
     led.commit(res)
 
     row = led.history()[0]
@@ -214,17 +222,18 @@ def test_gaussian_release_is_reserved_with_its_parameters(tmp_path: Path) -> Non
     assert row["noise_multiplier"] is None and row["delta"] == DELTA
     assert led.spent() == pytest.approx(Accountant([Gaussian(4.0, 2.0)]).epsilon(DELTA))
     assert led.spent() == pytest.approx(row["epsilon"])
-    assert led.reserve_gaussian(4.0, 2.0, key="infer-1", round=3).id == res.id  # idempotent
-    with pytest.raises(PrivacyError, match="already used"):
-        led.reserve_gaussian(4.0, 1.0, key="infer-1", round=3)
+    with pytest.raises(ReplayError):
+        led.reserve(Gaussian(4.0, 2.0), key="infer-1", round=3)
+    with pytest.raises(ReplayError, match="already claimed"):
+        led.reserve(Gaussian(4.0, 1.0), key="infer-1", round=3)
     with pytest.raises(PrivacyError):
-        led.reserve_gaussian(0.0, 1.0)
+        led.reserve(Gaussian(0.0, 1.0))
 
 
 def test_pure_release_uses_the_curve_that_bounds_every_pure_mechanism(tmp_path: Path) -> None:
     led = _ledger(tmp_path / "l.db", budget=200.0)
     for i in range(100):
-        led.reserve_pure(1.2, key=f"count-{i}", round=i)
+        led.reserve(PureDp(1.2), key=f"count-{i}", round=i)
 
     assert led.history()[0]["mechanism"] == "pure"
     assert led.spent() == pytest.approx(Accountant([PureDp(1.2)] * 100).epsilon(DELTA))
@@ -233,8 +242,8 @@ def test_pure_release_uses_the_curve_that_bounds_every_pure_mechanism(tmp_path: 
 
 def test_abort_gives_back_only_reserved_spends(tmp_path: Path) -> None:
     led = _ledger(tmp_path / "l.db", budget=3.0)
-    kept = led.commit(led.reserve_laplace(1.0, key="a"))
-    dropped = led.reserve_laplace(1.5, key="b")
+    kept = led.commit(led.reserve(Laplace(1.0), key="a"))
+    dropped = led.reserve(Laplace(1.5), key="b")
 
     led.abort(dropped)
     led.abort(dropped)  # idempotent
@@ -244,17 +253,17 @@ def test_abort_gives_back_only_reserved_spends(tmp_path: Path) -> None:
     with pytest.raises(LedgerError, match="committed"):
         led.abort(kept)
     with pytest.raises(PrivacyError, match="aborted"):
-        led.reserve_laplace(1.5, key="b")  # an aborted key is not silently revived
+        led.reserve(Laplace(1.5), key="b")  # an aborted key is not silently revived
     with pytest.raises(LedgerError):
         led.commit(dropped)
 
 
 def test_rows_carry_config_hash_and_utc_time(tmp_path: Path) -> None:
     led = _ledger(tmp_path / "l.db")
-    led.reserve_laplace(0.1, key="a")
+    led.reserve(Laplace(0.1), key="a")
     led.close()
     led = PrivacyLedger(tmp_path / "l.db", site="site-a", epsilon_budget=3.0, delta=DELTA, config_hash="abc")
-    led.reserve_laplace(0.1, key="b")
+    led.reserve(Laplace(0.1), key="b")
 
     first, second = led.history()
     assert first["config_hash"] == budget_config_hash("site-a", 3.0, DELTA) != second["config_hash"] == "abc"
@@ -263,10 +272,10 @@ def test_rows_carry_config_hash_and_utc_time(tmp_path: Path) -> None:
 
 def test_rounds_show_the_total_after_each_round(tmp_path: Path) -> None:
     led = _ledger(tmp_path / "l.db", budget=20.0)
-    led.commit(led.reserve_dpsgd(1.5, 0.04, 2250, key="t1", round=1))
-    led.commit(led.reserve_laplace(0.1, key="e1", round=1))
-    led.abort(led.reserve_laplace(0.5, key="e1b", round=1))
-    led.reserve_laplace(0.1, key="e2", round=2)
+    led.commit(led.reserve(DpSgd(1.5, 0.04, 2250), key="t1", round=1))
+    led.commit(led.reserve(Laplace(0.1), key="e1", round=1))
+    led.abort(led.reserve(Laplace(0.5), key="e1b", round=1))
+    led.reserve(Laplace(0.1), key="e2", round=2)
 
     rounds = led.rounds()
 
@@ -302,7 +311,7 @@ def test_schema_1_ledger_is_upgraded_keeping_its_spends(tmp_path: Path) -> None:
     assert led.spent() == pytest.approx(1.2)
     (row,) = led.history()
     assert row["key"] == "old" and row["status"] == "committed" and "schema 1" in row["config_hash"]
-    led.reserve_gaussian(3.0, 1.0, key="new")
+    led.reserve(Gaussian(3.0, 1.0), key="new")
     assert len(_ledger(path).history()) == 2
 
 
@@ -316,13 +325,13 @@ def test_ledger_of_another_site_is_refused(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     "call",
     [
-        pytest.param(lambda led: led.reserve_laplace(0.0), id="zero-eps"),
-        pytest.param(lambda led: led.reserve_laplace(float("inf")), id="inf-eps"),
-        pytest.param(lambda led: led.reserve_laplace(float("nan")), id="nan-eps"),
-        pytest.param(lambda led: led.reserve_laplace(1.0, round=True), id="bool-round"),
-        pytest.param(lambda led: led.reserve_dpsgd(1.0, 1.5, 10), id="q-above-1"),
-        pytest.param(lambda led: led.reserve_dpsgd(1.0, 0.1, 0), id="zero-steps"),
-        pytest.param(lambda led: led.reserve_dpsgd(0.0, 0.1, 10), id="zero-sigma"),
+        pytest.param(lambda led: led.reserve(Laplace(0.0)), id="zero-eps"),
+        pytest.param(lambda led: led.reserve(Laplace(float("inf"))), id="inf-eps"),
+        pytest.param(lambda led: led.reserve(Laplace(float("nan"))), id="nan-eps"),
+        pytest.param(lambda led: led.reserve(Laplace(1.0), round=True), id="bool-round"),
+        pytest.param(lambda led: led.reserve(DpSgd(1.0, 1.5, 10)), id="q-above-1"),
+        pytest.param(lambda led: led.reserve(DpSgd(1.0, 0.1, 0)), id="zero-steps"),
+        pytest.param(lambda led: led.reserve(DpSgd(0.0, 0.1, 10)), id="zero-sigma"),
     ],
 )
 def test_bad_arguments_are_refused(tmp_path: Path, call) -> None:
@@ -339,13 +348,14 @@ _RACER = textwrap.dedent(
     import os, sys, time
     from cuvil_edge.errors import BudgetExhaustedError
     from cuvil_edge.privacy import PrivacyLedger
+    from cuvil_edge.privacy.accounting import Laplace
     led = PrivacyLedger(sys.argv[1], site="site-a", epsilon_budget=2.4, delta=1e-5)
     print("ready", flush=True)
     deadline = time.monotonic() + 60
     while not os.path.exists(sys.argv[3]) and time.monotonic() < deadline:
         time.sleep(0.001)
     try:
-        led.commit(led.reserve_laplace(1.2, key=sys.argv[2]))
+        led.commit(led.reserve(Laplace(1.2), key=sys.argv[2]))
         print("ok")
     except BudgetExhaustedError:
         print("refused")

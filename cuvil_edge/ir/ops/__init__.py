@@ -9,6 +9,10 @@ Each op module defines (see ``relu.py`` for the smallest example):
 ``infer(node, inputs) -> list[TensorType]``
               output types from input types (``None`` for absent optional inputs);
               raises :class:`~cuvil_edge.errors.ShapeInferenceError`.
+``ATTRS``     (optional) attribute name -> kind (``INT``, ``INTS``, ``FLOAT``, ``FLOATS``,
+              ``STR``, ``TENSOR`` from ``_util``) for every attribute the module reads;
+              :func:`cuvil_edge.ir.infer.build_graph` checks the kinds (``_util.check_attrs``)
+              before calling ``infer``, so ``int(node.attr(...))`` never meets a list or a string.
 ``CONST_INPUTS`` (optional) indices of inputs whose *values* ``infer`` needs
               (Reshape's shape).  When present and non-empty, ``infer`` is
               called as ``infer(node, inputs, consts={index: array})`` with the

@@ -11,8 +11,9 @@ from cuvil_edge.errors import ShapeInferenceError
 from cuvil_edge.ir import dtypes
 from cuvil_edge.ir.graph import TensorType
 from cuvil_edge.ir.ops._shape import attr_or_input, axes as norm_axes
-from cuvil_edge.ir.ops._util import need, want_dtype
+from cuvil_edge.ir.ops._util import INT, INTS, need, want_dtype
 
+ATTRS = {"axes": INTS, "keepdims": INT, "noop_with_empty_axes": INT}
 NUMBERS = dtypes.FLOATS | {"int32", "int64", "uint32", "uint64", "int8", "uint8"}
 
 TEMPLATE = '''

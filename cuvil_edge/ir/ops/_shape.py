@@ -32,7 +32,7 @@ def vector(node: Node, consts, index: int, what: str, *, required: bool = True,
             f"{node.describe()}: the {what} input (#{index}) must be a constant (initializer, Constant or "
             "shape computation of static dims); its value decides the output shape")
     value = np.asarray(value)
-    if value.ndim > 1 or (value.dtype.kind not in "iuO"):
+    if value.ndim != 1 or (value.dtype.kind not in "iuO"):
         raise ShapeInferenceError(f"{node.describe()}: the {what} input must be a 1-D integer vector, got {value.dtype}{list(value.shape)}")
     out: list[Dim] = []
     for v in value.reshape(-1).tolist():
@@ -58,8 +58,9 @@ def floats(node: Node, consts, index: int, what: str) -> list[float] | None:
     if value is None:
         raise ShapeInferenceError(f"{node.describe()}: the {what} input (#{index}) must be a constant")
     value = np.asarray(value)
-    if value.dtype.kind != "f":
-        raise ShapeInferenceError(f"{node.describe()}: the {what} input must be float, got {value.dtype}")
+    if value.dtype.kind != "f" or value.ndim != 1:
+        raise ShapeInferenceError(f"{node.describe()}: the {what} input must be a 1-D float vector, "
+                                  f"got {value.dtype}{list(value.shape)}")
     return [float(v) for v in value.reshape(-1)] or None
 
 

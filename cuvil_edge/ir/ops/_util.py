@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Sequence
+
+import numpy as np
 
 from cuvil_edge.errors import ShapeInferenceError, UnsupportedAttributeError
 from cuvil_edge.ir.graph import Dim, Node, TensorType
@@ -30,6 +32,52 @@ def want_dtype(node: Node, t: TensorType, allowed: frozenset[str] | set[str]) ->
         raise UnsupportedAttributeError(
             f"{node.describe()} does not support dtype {t.dtype}; supported: {', '.join(sorted(allowed))}"
         )
+
+
+#: Attribute kinds an op module's ``ATTRS`` table (attribute name -> kind) may name;
+#: :func:`check_attrs` checks them before the op's ``infer`` reads any attribute.
+INT, INTS, FLOAT, FLOATS, STR, TENSOR = "int", "ints", "float", "floats", "str", "tensor"
+INT64_MIN, INT64_MAX = -2**63, 2**63 - 1
+#: The window attributes of Conv, ConvTranspose and the pooling ops.
+WINDOW_ATTRS = {"auto_pad": STR, "dilations": INTS, "kernel_shape": INTS, "pads": INTS, "strides": INTS}
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_)) and INT64_MIN <= v <= INT64_MAX
+
+
+def _is_float(v: Any) -> bool:
+    return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, (bool, np.bool_))
+
+
+def _is_list(v: Any, item) -> bool:
+    return isinstance(v, (list, tuple)) and all(item(x) for x in v)
+
+
+_KIND_CHECKS = {
+    INT: (_is_int, "an int64"),
+    INTS: (lambda v: _is_list(v, _is_int), "a list of int64"),
+    FLOAT: (_is_float, "a number"),
+    FLOATS: (lambda v: _is_list(v, _is_float), "a list of numbers"),
+    STR: (lambda v: isinstance(v, (str, bytes)), "a string"),
+    TENSOR: (lambda v: isinstance(v, np.ndarray), "a tensor"),
+}
+
+
+def check_attrs(node: Node, module: Any) -> None:
+    """Check every attribute ``node`` holds that ``module.ATTRS`` names has its kind
+    (attributes the op does not name are ignored: it never reads them).
+
+    Raises:
+        UnsupportedAttributeError: an attribute has a value of the wrong kind (a list
+            where an int is needed, a bool, a string for a number, an int outside int64...).
+    """
+    for key, kind in getattr(module, "ATTRS", {}).items():
+        if key in node.attrs:
+            fits, what = _KIND_CHECKS[kind]
+            if not fits(node.attrs[key]):
+                raise UnsupportedAttributeError(
+                    f"{node.describe()} attribute {key!r} must be {what}, got {node.attrs[key]!r:.80}")
 
 
 def ints(node: Node, key: str, default: Sequence[int] | None = None) -> list[int]:
@@ -65,6 +113,8 @@ def pool_out(node: Node, size: Dim, kernel: int, stride: int, pad_begin: int, pa
         if kernel == 1 and stride == 1 and pad_begin == pad_end == 0:
             return size
         raise ShapeInferenceError(f"{node.describe()} needs a static spatial size, got symbol {size!r}")
+    if kernel < 1:
+        raise ShapeInferenceError(f"{node.describe()}: the window (kernel) size {kernel} must be at least 1")
     span = dilation * (kernel - 1) + 1
     padded = size + pad_begin + pad_end
     if padded < span:
@@ -87,6 +137,8 @@ def spatial_attrs(node: Node, spatial: Sequence[Dim], kernel: Sequence[int]) -> 
         auto_pad = auto_pad.decode()
     if len(strides) != n or len(dilations) != n or len(pads) != 2 * n:
         raise ShapeInferenceError(f"{node.describe()} has strides/pads/dilations of the wrong length for {n} spatial dims")
+    if any(s <= 0 for s in strides) or any(d <= 0 for d in dilations):  # before auto_pad divides by them
+        raise ShapeInferenceError(f"{node.describe()} has non-positive strides/dilations")
     if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
         pads = [0] * (2 * n)
         for i, size in enumerate(spatial):
@@ -100,8 +152,8 @@ def spatial_attrs(node: Node, spatial: Sequence[Dim], kernel: Sequence[int]) -> 
         pads = [0] * (2 * n)
     elif auto_pad != "NOTSET":
         raise UnsupportedAttributeError(f"{node.describe()} auto_pad={auto_pad!r} is not supported")
-    if any(s <= 0 for s in strides) or any(d <= 0 for d in dilations) or any(p < 0 for p in pads):
-        raise ShapeInferenceError(f"{node.describe()} has non-positive strides/dilations or negative pads")
+    if any(p < 0 for p in pads):
+        raise ShapeInferenceError(f"{node.describe()} has negative pads")
     return strides, pads, dilations
 
 

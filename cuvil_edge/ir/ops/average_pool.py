@@ -9,10 +9,11 @@ from __future__ import annotations
 from cuvil_edge.errors import ShapeInferenceError
 from cuvil_edge.ir import dtypes
 from cuvil_edge.ir.graph import TensorType
-from cuvil_edge.ir.ops._util import WINDOW_TEMPLATE, ints, need, pool_out, spatial_attrs, template_function, want_dtype, window_args
+from cuvil_edge.ir.ops._util import INT, WINDOW_ATTRS, WINDOW_TEMPLATE, ints, need, pool_out, spatial_attrs, template_function, want_dtype, window_args
 
 OP_TYPE = "AveragePool"
 VERSIONS = (1, 7, 10, 11, 19)
+ATTRS = {**WINDOW_ATTRS, "ceil_mode": INT, "count_include_pad": INT}
 
 
 def pool_type(node, x: TensorType) -> TensorType:

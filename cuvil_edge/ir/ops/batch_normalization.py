@@ -12,10 +12,11 @@ from __future__ import annotations
 from cuvil_edge.errors import ShapeInferenceError, UnsupportedAttributeError
 from cuvil_edge.ir import dtypes
 from cuvil_edge.ir.graph import TensorType
-from cuvil_edge.ir.ops._util import need, template_function, want_dtype
+from cuvil_edge.ir.ops._util import FLOAT, INT, need, template_function, want_dtype
 
 OP_TYPE = "BatchNormalization"
 VERSIONS = (7, 9, 14, 15)
+ATTRS = {"epsilon": FLOAT, "momentum": FLOAT, "spatial": INT, "training_mode": INT}
 
 
 def infer(node, inputs):

@@ -9,12 +9,13 @@ from cuvil_edge.errors import UnsupportedAttributeError
 from cuvil_edge.ir import dtypes
 from cuvil_edge.ir.graph import TensorType
 from cuvil_edge.ir.ops._elementwise import ALL, infer_unary
-from cuvil_edge.ir.ops._util import template_function
+from cuvil_edge.ir.ops._util import INT, template_function
 
 OP_TYPE = "Cast"
 #: 9 string, 13 bfloat16, 19 float8 + saturate, 21 int4/uint4, 23 float4, 24 float8e8m0,
 #: 25 int2/uint2, 28 float6: none of them IR dtypes, so the semantics here never change.
 VERSIONS = (6, 9, 13, 19, 21, 23, 24, 25, 28)
+ATTRS = {"to": INT, "saturate": INT}
 TYPES = ((6, ALL),)
 
 

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 from cuvil_edge.errors import ShapeInferenceError
 from cuvil_edge.ir.ops._elementwise import FLOATS, INTS, want
-from cuvil_edge.ir.ops._util import need, same_dtype, template_function
+from cuvil_edge.ir.ops._util import FLOAT, need, same_dtype, template_function
 
 OP_TYPE = "Clip"
 VERSIONS = (6, 11, 12, 13)  # 13 adds bfloat16 only (not an IR dtype)
+ATTRS = {"min": FLOAT, "max": FLOAT}
 TYPES = ((6, FLOATS), (12, FLOATS | INTS))
 FLOAT32_MAX = 3.4028234663852886e38
 

@@ -6,10 +6,11 @@ from __future__ import annotations
 from cuvil_edge.errors import ShapeInferenceError
 from cuvil_edge.ir.graph import TensorType
 from cuvil_edge.ir.ops._shape import same_rank
-from cuvil_edge.ir.ops._util import axis_index, same_dtype, template_function
+from cuvil_edge.ir.ops._util import INT, axis_index, same_dtype, template_function
 
 OP_TYPE = "Concat"
 VERSIONS = (4, 11, 13)
+ATTRS = {"axis": INT}
 
 
 def _axis(node):

@@ -9,10 +9,11 @@ import numpy as np
 from cuvil_edge.errors import UnsupportedAttributeError
 from cuvil_edge.ir import dtypes
 from cuvil_edge.ir.graph import TensorType
-from cuvil_edge.ir.ops._util import need
+from cuvil_edge.ir.ops._util import FLOAT, FLOATS, INT, INTS, TENSOR, need
 
 OP_TYPE = "Constant"
 VERSIONS = (1, 9, 11, 12, 13, 19, 21)
+ATTRS = {"value": TENSOR, "value_float": FLOAT, "value_floats": FLOATS, "value_int": INT, "value_ints": INTS}
 
 _SCALARS = {"value_float": "float32", "value_floats": "float32", "value_int": "int64", "value_ints": "int64"}
 

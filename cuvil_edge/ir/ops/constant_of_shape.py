@@ -9,10 +9,11 @@ from cuvil_edge.errors import ShapeInferenceError, UnsupportedAttributeError
 from cuvil_edge.ir import dtypes
 from cuvil_edge.ir.graph import TensorType
 from cuvil_edge.ir.ops._shape import vector
-from cuvil_edge.ir.ops._util import need, template_function
+from cuvil_edge.ir.ops._util import TENSOR, need, template_function
 
 OP_TYPE = "ConstantOfShape"
 VERSIONS = (9, 20, 21, 23, 24, 25)
+ATTRS = {"value": TENSOR}
 CONST_INPUTS = (0,)
 
 

@@ -7,10 +7,11 @@ import numpy as np
 from cuvil_edge.errors import ShapeInferenceError
 from cuvil_edge.ir import dtypes
 from cuvil_edge.ir.graph import TensorType
-from cuvil_edge.ir.ops._util import WINDOW_TEMPLATE, ints, need, pool_out, same_dtype, spatial_attrs, want_dtype, window_args
+from cuvil_edge.ir.ops._util import INT, WINDOW_ATTRS, WINDOW_TEMPLATE, ints, need, pool_out, same_dtype, spatial_attrs, want_dtype, window_args
 
 OP_TYPE = "Conv"
 VERSIONS = (1, 11, 22)
+ATTRS = {**WINDOW_ATTRS, "group": INT}
 
 
 def _geometry(node, x_shape, w_shape):

@@ -6,10 +6,11 @@ from cuvil_edge.errors import ShapeInferenceError
 from cuvil_edge.ir.graph import TensorType
 from cuvil_edge.ir.ops import conv
 from cuvil_edge.ir.ops._quant import HELPERS_TEMPLATE, quant_dtype, same_pair
-from cuvil_edge.ir.ops._util import need, template_function, window_args
+from cuvil_edge.ir.ops._util import INT, WINDOW_ATTRS, need, template_function, window_args
 
 OP_TYPE = "ConvInteger"
 VERSIONS = (10,)
+ATTRS = {**WINDOW_ATTRS, "group": INT}
 
 
 def check_zero_points(node, x_zp, w_zp, m):

@@ -7,12 +7,13 @@ from __future__ import annotations
 
 from cuvil_edge.errors import ShapeInferenceError, UnsupportedAttributeError
 from cuvil_edge.ir import dtypes
-from cuvil_edge.ir.graph import TensorType
+from cuvil_edge.ir.graph import MAX_DIM, MAX_ELEMENTS, TensorType
 from cuvil_edge.ir.ops._shape import arg
-from cuvil_edge.ir.ops._util import ints, need, same_dtype, template_function, text, want_dtype
+from cuvil_edge.ir.ops._util import INT, INTS, WINDOW_ATTRS, ints, need, same_dtype, template_function, text, want_dtype
 
 OP_TYPE = "ConvTranspose"
 VERSIONS = (1, 11, 22)
+ATTRS = {**WINDOW_ATTRS, "group": INT, "output_padding": INTS, "output_shape": INTS}
 
 
 def static_attrs(node, k: int):
@@ -27,6 +28,8 @@ def static_attrs(node, k: int):
         raise UnsupportedAttributeError(f"{node.describe()} auto_pad={auto_pad!r} is not supported")
     if len(strides) != k or len(dilations) != k or len(pads) != 2 * k or len(out_pad) != k:
         raise ShapeInferenceError(f"{node.describe()}: strides/pads/dilations/output_padding do not fit {k} spatial dims")
+    if out_shape and len(out_shape) != k:
+        raise ShapeInferenceError(f"{node.describe()}: output_shape {ints(node, 'output_shape')} needs {k} spatial dims")
     if min(strides + dilations) <= 0 or min(pads + out_pad) < 0 or group < 1:
         raise ShapeInferenceError(f"{node.describe()}: non-positive strides/dilations/group or negative pads")
     return strides, pads, dilations, out_pad, out_shape, auto_pad, group
@@ -107,13 +110,34 @@ def infer(node, inputs):
         raise ShapeInferenceError(f"{node.describe()}: kernel_shape differs from W {w}")
     if any(isinstance(d, str) for d in x[2:]):
         raise ShapeInferenceError(f"{node.describe()} needs static spatial dims, got {x}")
-    _, out = _geometry(x[2:], w[2:], strides, pads, dilations, out_pad, out_shape, auto_pad)
+    if min(w[1:]) < 1:
+        raise ShapeInferenceError(f"{node.describe()}: W {w} has an empty output-channel or kernel axis")
+    begin, out = _geometry(x[2:], w[2:], strides, pads, dilations, out_pad, out_shape, auto_pad)
+    _check_scratch(node, x, w, strides, dilations, group, begin, out)
     if min(out) <= 0:
         raise ShapeInferenceError(f"{node.describe()}: output spatial size {list(out)} is not positive")
     m = w[1] * group
     if len(inputs) > 2 and inputs[2] is not None and inputs[2].shape != (m,):
         raise ShapeInferenceError(f"{node.describe()}: bias {inputs[2]} must have shape ({m},)")
     return [TensorType(dtype, (x[0], m, *out))]
+
+
+def _check_scratch(node, x, w, strides, dilations, group, begin, out) -> None:
+    """The kernel accumulates into a buffer that holds every tap and the output window on each axis
+    (``k_conv_transpose``'s ``span``); with ``output_shape`` or ``output_padding`` that can be far
+    longer than the output: bound it like a tensor.
+
+    Raises:
+        ShapeInferenceError: the buffer holds more than MAX_DIM on an axis or MAX_ELEMENTS in all.
+    """
+    full = [max(b + o, s * (size - 1) + d * (k - 1) + 1)
+            for b, o, s, size, d, k in zip(begin, out, strides, x[2:], dilations, w[2:])]
+    total = (x[0] if isinstance(x[0], int) else 1) * w[1] * group
+    for f in full:
+        total *= f
+    if max(full) > MAX_DIM or total > MAX_ELEMENTS:
+        raise ShapeInferenceError(f"{node.describe()}: strides {strides} on {x} need a {full} accumulator per "
+                                  f"channel, over the IR's limits ({MAX_DIM} per axis, {MAX_ELEMENTS} elements)")
 
 
 def flops(node, inputs, outputs):

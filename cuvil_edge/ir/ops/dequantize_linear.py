@@ -5,12 +5,13 @@ from __future__ import annotations
 from cuvil_edge.errors import ShapeInferenceError, UnsupportedAttributeError
 from cuvil_edge.ir.graph import TensorType
 from cuvil_edge.ir.ops._quant import HELPERS_TEMPLATE, ONNX_FLOAT_CODES, QUANT, no_blocks, per_axis, quant_dtype, same_pair, scale_dtype
-from cuvil_edge.ir.ops._util import need, template_function
+from cuvil_edge.ir.ops._util import INT, need, template_function
 
 OP_TYPE = "DequantizeLinear"
 #: 13 axis (per-axis scales); 19 float16 scales (y takes the scale's dtype); 21 block_size;
 #: 23 output_dtype; 24/25/28 only add dtypes (float8e8m0 scales, int2, float6) this IR rejects.
 VERSIONS = (10, 13, 19, 21, 23, 24, 25, 28)
+ATTRS = {"axis": INT, "block_size": INT, "output_dtype": INT}
 
 
 def _out_dtype(node, scale_type):

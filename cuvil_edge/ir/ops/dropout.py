@@ -14,10 +14,11 @@ import numpy as np
 from cuvil_edge.errors import ShapeInferenceError, UnsupportedAttributeError
 from cuvil_edge.ir.graph import TensorType
 from cuvil_edge.ir.ops._elementwise import FLOATS, want
-from cuvil_edge.ir.ops._util import need, template_function
+from cuvil_edge.ir.ops._util import FLOAT, INT, need, template_function
 
 OP_TYPE = "Dropout"
 VERSIONS = (7, 10, 12, 13, 22)  # 13, 22: bfloat16 / float8 only (not IR dtypes)
+ATTRS = {"ratio": FLOAT, "seed": INT}
 TYPES = ((7, FLOATS),)
 BOOL = ((7, frozenset({"bool"})),)
 CONST_INPUTS = (1, 2)
@@ -58,6 +59,10 @@ def _refuse_training(node, training=None, known=True, ratio=None, ratio_known=Tr
 def infer(node, inputs, consts=None):
     need(node, inputs, 1, optional=2 if node.version >= 12 else 0)
     want(node, inputs[0], TYPES)
+    for index, what in ((1, "ratio"), (2, "training_mode")):
+        t = inputs[index] if len(inputs) > index else None
+        if t is not None and not (t.is_static and t.numel() == 1):
+            raise ShapeInferenceError(f"{node.describe()}: {what} must be a scalar, got {t}")
     if len(inputs) > 1 and inputs[1] is not None:
         want(node, inputs[1], TYPES, "ratio")
     if len(inputs) > 2 and inputs[2] is not None:

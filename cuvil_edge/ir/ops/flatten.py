@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from cuvil_edge.ir.graph import TensorType
-from cuvil_edge.ir.ops._util import axis_index, dim_product, need, template_function
+from cuvil_edge.ir.ops._util import INT, axis_index, dim_product, need, template_function
 
 OP_TYPE = "Flatten"
 VERSIONS = (1, 9, 11, 13, 21)
+ATTRS = {"axis": INT}
 
 
 def infer(node, inputs):

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 from cuvil_edge.errors import UnsupportedAttributeError
 from cuvil_edge.ir.ops import conv
-from cuvil_edge.ir.ops._util import template_function, text, window_args
+from cuvil_edge.ir.ops._util import INT, STR, WINDOW_ATTRS, template_function, text, window_args
 
 OP_TYPE = "CuvilFusedConv"
 VERSIONS = (1,)
+ATTRS = {**WINDOW_ATTRS, "group": INT, "activation": STR}
 
 #: activation -> FLOPs per output element.
 ACTIVATIONS = {"none": 0, "relu": 1, "relu6": 2, "sigmoid": 4, "hardswish": 5, "gelu": 12}

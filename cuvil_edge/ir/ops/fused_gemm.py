@@ -8,9 +8,11 @@ from __future__ import annotations
 
 from cuvil_edge.ir.ops import gemm
 from cuvil_edge.ir.ops.fused_conv import ACTIVATION_TEMPLATE, ACTIVATIONS, activation, k_activation
+from cuvil_edge.ir.ops._util import FLOAT, INT, STR
 
 OP_TYPE = "CuvilFusedGemm"
 VERSIONS = (1,)
+ATTRS = {"alpha": FLOAT, "beta": FLOAT, "transA": INT, "transB": INT, "activation": STR}
 
 
 def infer(node, inputs):

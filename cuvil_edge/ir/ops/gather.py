@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from cuvil_edge.errors import ShapeInferenceError
 from cuvil_edge.ir.graph import TensorType
-from cuvil_edge.ir.ops._util import axis_index, need, template_function
+from cuvil_edge.ir.ops._util import INT, axis_index, need, template_function
 
 OP_TYPE = "Gather"
 VERSIONS = (1, 11, 13)
+ATTRS = {"axis": INT}
 
 
 def infer(node, inputs):

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from cuvil_edge.errors import UnsupportedAttributeError
 from cuvil_edge.ir.ops._elementwise import ERF, ERF_TEMPLATE, FLOATS, TRANSCENDENTAL, infer_unary
-from cuvil_edge.ir.ops._util import template_function, text
+from cuvil_edge.ir.ops._util import STR, template_function, text
 
 OP_TYPE = "Gelu"
 VERSIONS = (20,)
+ATTRS = {"approximate": STR}
 TYPES = ((20, FLOATS),)
 
 

@@ -5,10 +5,11 @@ from __future__ import annotations
 from cuvil_edge.errors import ShapeInferenceError
 from cuvil_edge.ir import dtypes
 from cuvil_edge.ir.graph import TensorType
-from cuvil_edge.ir.ops._util import broadcast, need, same_dtype, template_function, want_dtype
+from cuvil_edge.ir.ops._util import FLOAT, INT, broadcast, need, same_dtype, template_function, want_dtype
 
 OP_TYPE = "Gemm"
 VERSIONS = (7, 9, 11, 13)
+ATTRS = {"alpha": FLOAT, "beta": FLOAT, "transA": INT, "transB": INT}
 
 
 def _mkn(node, a, b):

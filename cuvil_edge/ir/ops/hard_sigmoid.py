@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from cuvil_edge.ir.ops._elementwise import FLOATS, WIDE_TEMPLATE, infer_unary
-from cuvil_edge.ir.ops._util import template_function
+from cuvil_edge.ir.ops._util import FLOAT, template_function
 
 OP_TYPE = "HardSigmoid"
 VERSIONS = (6, 22)  # 22 adds bfloat16 only (not an IR dtype)
+ATTRS = {"alpha": FLOAT, "beta": FLOAT}
 TYPES = ((6, FLOATS),)
 
 

@@ -4,14 +4,15 @@ InvStdDev outputs have the reduced shape (size-1 normalised axes) in the stash d
 
 from __future__ import annotations
 
-from cuvil_edge.errors import UnsupportedAttributeError
+from cuvil_edge.errors import ShapeInferenceError, UnsupportedAttributeError
 from cuvil_edge.ir import dtypes
 from cuvil_edge.ir.graph import TensorType
 from cuvil_edge.ir.ops._shape import arg
-from cuvil_edge.ir.ops._util import axis_index, need, template_function, want_dtype
+from cuvil_edge.ir.ops._util import FLOAT, INT, axis_index, broadcast, need, template_function, want_dtype
 
 OP_TYPE = "LayerNormalization"
 VERSIONS = (17,)
+ATTRS = {"axis": INT, "epsilon": FLOAT, "stash_type": INT}
 
 
 def _attrs(node):
@@ -27,6 +28,9 @@ def infer(node, inputs):
     want_dtype(node, x, dtypes.FLOATS)
     axis, _, stash = _attrs(node)
     axis = axis_index(node, axis, x.rank)
+    for what, t in zip(("Scale", "B"), inputs[1:]):
+        if t is not None and (t.dtype != x.dtype or broadcast(node, x.shape, t.shape) != x.shape):
+            raise ShapeInferenceError(f"{node.describe()}: {what} {t} must be {x.dtype} and broadcast to X {x}")
     stat_dtype = dtypes.FROM_ONNX_CODE[stash] if stash else x.dtype
     stats = TensorType(stat_dtype, x.shape[:axis] + (1,) * (x.rank - axis))
     return [x, stats, stats][:max(1, len(node.outputs))]

@@ -3,11 +3,12 @@ opset >= 13 along ``axis`` alone (default -1).  x - max - log(sum(exp(x - max)))
 
 from __future__ import annotations
 
-from cuvil_edge.ir.ops._util import template_function
+from cuvil_edge.ir.ops._util import INT, template_function
 from cuvil_edge.ir.ops import softmax as _softmax
 
 OP_TYPE = "LogSoftmax"
 VERSIONS = (1, 11, 13)
+ATTRS = {"axis": INT}
 
 # Same axis rules and type inference as Softmax.
 _axis = _softmax._axis

@@ -11,11 +11,12 @@ from __future__ import annotations
 from cuvil_edge.errors import UnsupportedAttributeError
 from cuvil_edge.ir import dtypes
 from cuvil_edge.ir.graph import TensorType
-from cuvil_edge.ir.ops._util import WINDOW_TEMPLATE, ints, need, template_function, want_dtype, window_args
+from cuvil_edge.ir.ops._util import INT, WINDOW_ATTRS, WINDOW_TEMPLATE, ints, need, template_function, want_dtype, window_args
 from cuvil_edge.ir.ops.average_pool import pool_type
 
 OP_TYPE = "MaxPool"
 VERSIONS = (1, 8, 10, 11, 12)
+ATTRS = {**WINDOW_ATTRS, "ceil_mode": INT, "storage_order": INT}
 
 
 def infer(node, inputs):

@@ -7,10 +7,11 @@ from __future__ import annotations
 from cuvil_edge.errors import ShapeInferenceError, UnsupportedAttributeError
 from cuvil_edge.ir.graph import TensorType
 from cuvil_edge.ir.ops._shape import arg, attr_or_input, axes as norm_axes, vector
-from cuvil_edge.ir.ops._util import need, template_function, text
+from cuvil_edge.ir.ops._util import FLOAT, INTS, STR, need, template_function, text
 
 OP_TYPE = "Pad"
 VERSIONS = (2, 11, 13, 18, 19, 21, 23, 24, 25)
+ATTRS = {"mode": STR, "pads": INTS, "value": FLOAT}
 CONST_INPUTS = (1, 3)
 
 
@@ -26,6 +27,9 @@ def _mode(node):
 def infer(node, inputs, consts=None):
     need(node, inputs, 1, optional=0 if node.version < 11 else (2 if node.version < 18 else 3))
     x, mode = inputs[0], _mode(node)
+    value = inputs[2] if len(inputs) > 2 else None
+    if value is not None and (value.dtype != x.dtype or not (value.is_static and value.numel() <= 1)):
+        raise ShapeInferenceError(f"{node.describe()}: constant_value {value} must be a {x.dtype} scalar like the data")
     pads = attr_or_input(node, consts, "pads", 1, 11, required=True)
     axes = vector(node, consts, 3, "axes", required=False) if node.version >= 18 else None
     axes = list(range(x.rank)) if axes is None else norm_axes(node, axes, x.rank)
@@ -38,7 +42,7 @@ def infer(node, inputs, consts=None):
             continue
         if isinstance(dim, str):
             raise ShapeInferenceError(f"{node.describe()}: cannot pad symbolic axis {axis} ({dim!r}) of {x}")
-        if dim + begin + end < 0 or (mode == "reflect" and max(begin, end) >= dim) or (mode != "constant" and dim == 0):
+        if dim + min(begin, 0) + min(end, 0) < 0 or (mode == "reflect" and max(begin, end) >= dim) or (mode != "constant" and dim == 0):
             raise ShapeInferenceError(f"{node.describe()}: pads {begin}, {end} do not fit axis {axis} of size {dim} in mode {mode}")
         out[axis] = dim + begin + end
     return [TensorType(x.dtype, tuple(out))]

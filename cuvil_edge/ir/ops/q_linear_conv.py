@@ -6,10 +6,11 @@ from cuvil_edge.errors import ShapeInferenceError
 from cuvil_edge.ir.graph import TensorType
 from cuvil_edge.ir.ops import conv, conv_integer
 from cuvil_edge.ir.ops._quant import quant_dtype, same_pair, scale_dtype
-from cuvil_edge.ir.ops._util import need, template_function, window_args
+from cuvil_edge.ir.ops._util import INT, WINDOW_ATTRS, need, template_function, window_args
 
 OP_TYPE = "QLinearConv"
 VERSIONS = (10,)
+ATTRS = {**WINDOW_ATTRS, "group": INT}
 
 
 def infer(node, inputs):

@@ -6,12 +6,13 @@ from cuvil_edge.errors import ShapeInferenceError, UnsupportedAttributeError
 from cuvil_edge.ir.graph import TensorType
 from cuvil_edge.ir.ops._quant import (HELPERS_TEMPLATE, ONNX_FLOAT_CODES, ONNX_QUANT_CODES, no_blocks, per_axis,
                                       quant_dtype, scale_dtype)
-from cuvil_edge.ir.ops._util import need, template_function, want_dtype
+from cuvil_edge.ir.ops._util import INT, need, template_function, want_dtype
 
 OP_TYPE = "QuantizeLinear"
 #: 13 axis (per-axis scales); 19 saturate, float16 x; 21 block_size, output_dtype;
 #: 23 precision; 24/25/28 only add dtypes (float8e8m0 scales, int2, float6) this IR rejects.
 VERSIONS = (10, 13, 19, 21, 23, 24, 25, 28)
+ATTRS = {"axis": INT, "block_size": INT, "output_dtype": INT, "precision": INT, "saturate": INT}
 
 
 def _out_dtype(node, zero_point):

@@ -10,6 +10,7 @@ from cuvil_edge.ir.ops._util import template_function
 
 OP_TYPE = "ReduceMax"
 VERSIONS = (1, 11, 12, 13, 18, 20)
+ATTRS = _reduce.ATTRS
 CONST_INPUTS = (1,)
 _SINCE = 18
 

@@ -7,6 +7,7 @@ from cuvil_edge.ir.ops._util import template_function
 
 OP_TYPE = "ReduceMean"
 VERSIONS = (1, 11, 13, 18)
+ATTRS = _reduce.ATTRS
 CONST_INPUTS = (1,)
 _SINCE = 18
 

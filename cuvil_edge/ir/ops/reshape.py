@@ -10,10 +10,11 @@ from collections import Counter
 from cuvil_edge.errors import ShapeInferenceError
 from cuvil_edge.ir.graph import TensorType
 from cuvil_edge.ir.ops._shape import vector
-from cuvil_edge.ir.ops._util import need, template_function
+from cuvil_edge.ir.ops._util import INT, need, template_function
 
 OP_TYPE = "Reshape"
 VERSIONS = (5, 13, 14, 19, 21)
+ATTRS = {"allowzero": INT}
 #: infer needs the value of input 1 (see the registry docstring).
 CONST_INPUTS = (1,)
 

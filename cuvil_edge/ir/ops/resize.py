@@ -14,16 +14,21 @@ and cast back to X's dtype.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from cuvil_edge.errors import ShapeInferenceError, UnsupportedAttributeError
 from cuvil_edge.ir import dtypes
-from cuvil_edge.ir.graph import TensorType
+from cuvil_edge.ir.graph import MAX_DIM, TensorType
 from cuvil_edge.ir.ops._shape import arg, axes as norm_axes, floats, vector
-from cuvil_edge.ir.ops._util import ints, need, template_function, text, want_dtype
+from cuvil_edge.ir.ops._util import FLOAT, INT, INTS, STR, ints, need, template_function, text, want_dtype
 
 OP_TYPE = "Resize"
 VERSIONS = (10, 11, 13, 18, 19)
+ATTRS = {"antialias": INT, "axes": INTS, "coordinate_transformation_mode": STR, "cubic_coeff_a": FLOAT,
+         "exclude_outside": INT, "extrapolation_value": FLOAT, "keep_aspect_ratio_policy": STR, "mode": STR,
+         "nearest_mode": STR}
 CONST_INPUTS = (1, 2, 3)
 _COORDS = ("half_pixel", "pytorch_half_pixel", "align_corners", "asymmetric", "tf_half_pixel_for_nn",
            "tf_crop_and_resize")
@@ -222,9 +227,11 @@ def infer(node, inputs, consts=None):
     need(node, inputs, 2 if node.version < 11 else 1, optional=0 if node.version < 11 else 3)
     x = inputs[0]
     want_dtype(node, x, dtypes.FLOATS | ({"int8", "uint8", "int32", "int64"} if options(node)[0] == "nearest" else set()))
-    _, _, _, axes, policy, _ = options(node)
+    _, coord, _, axes, policy, _ = options(node)
     scales, sizes = _inputs(node, consts)
     axes = norm_axes(node, list(axes), x.rank) if axes else list(range(x.rank))
+    if coord == "tf_crop_and_resize":
+        _check_roi(node, inputs[1] if len(inputs) > 1 else None, len(axes))
     given = sizes if sizes is not None else scales
     if len(given) != len(axes):
         raise ShapeInferenceError(f"{node.describe()}: {len(given)} scales/sizes for {len(axes)} axes of {x}")
@@ -235,11 +242,47 @@ def infer(node, inputs, consts=None):
                                       "which depends on a symbol; make that dim static")
     static = [d if isinstance(d, int) else 1 for d in x.shape]
     plain = [1 if isinstance(v, str) else v for v in given] if sizes is not None else None
+    _check_request(node, static, scales, plain, axes, policy)
     out, _ = _plan(static, scales, plain, axes, policy)
     shape = tuple(x.shape[a] if a in symbolic or a not in axes else out[a] for a in range(x.rank))
     if any(d == 0 for d in shape if isinstance(d, int)) and x.numel():
         raise ShapeInferenceError(f"{node.describe()}: output shape {list(shape)} has an empty axis")
     return [TensorType(x.dtype, shape)]
+
+
+def _check_roi(node, roi, count: int) -> None:
+    """tf_crop_and_resize's roi: absent, empty, or a float vector of (starts, ends) for the resized axes.
+
+    Raises:
+        ShapeInferenceError: another dtype or shape.
+    """
+    if roi is not None and (roi.dtype not in dtypes.FLOATS or roi.shape not in ((0,), (2 * count,))):
+        raise ShapeInferenceError(f"{node.describe()}: roi {roi} must be a float vector of {2 * count} entries "
+                                  "(starts and ends of the resized axes)")
+
+
+def _check_request(node, static, scales, sizes, axes, policy) -> None:
+    """Scales finite and positive, sizes not negative (nor positive for an empty axis), output dims
+    within MAX_DIM (checked before planning).
+
+    Raises:
+        ShapeInferenceError: a scale or size that cannot give a valid output shape.
+    """
+    if sizes is None:
+        for a, s in zip(axes, scales):
+            if not (math.isfinite(s) and s > 0) or s * static[a] > MAX_DIM:
+                raise ShapeInferenceError(f"{node.describe()}: scale {s!r} for axis {a} (size {static[a]}) must be "
+                                          f"positive, finite and give at most {MAX_DIM} elements")
+        return
+    if any(s < 0 for s in sizes):
+        raise ShapeInferenceError(f"{node.describe()}: sizes {sizes} must not be negative")
+    if any(static[a] == 0 and s != 0 for s, a in zip(sizes, axes)):
+        raise ShapeInferenceError(f"{node.describe()}: cannot resize an empty axis to sizes {sizes}")
+    if policy != "stretch" and sizes:
+        if any(static[a] == 0 for a in axes):
+            raise ShapeInferenceError(f"{node.describe()}: keep_aspect_ratio_policy={policy!r} needs non-empty axes")
+        if max(s / static[a] for s, a in zip(sizes, axes)) * max(static[a] for a in axes) > MAX_DIM:
+            raise ShapeInferenceError(f"{node.describe()}: sizes {sizes} give more than {MAX_DIM} elements on an axis")
 
 
 def flops(node, inputs, outputs):

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from cuvil_edge.ir.graph import TensorType
-from cuvil_edge.ir.ops._util import need, template_function
+from cuvil_edge.ir.ops._util import INT, need, template_function
 
 OP_TYPE = "Shape"
 VERSIONS = (1, 13, 15, 19, 21, 23, 24, 25)
+ATTRS = {"start": INT, "end": INT}
 
 
 def bounds(node, rank: int) -> tuple[int, int]:

@@ -7,10 +7,11 @@ from __future__ import annotations
 from cuvil_edge.errors import ShapeInferenceError
 from cuvil_edge.ir.graph import TensorType
 from cuvil_edge.ir.ops._shape import arg, axes as norm_axes, vector
-from cuvil_edge.ir.ops._util import need, template_function
+from cuvil_edge.ir.ops._util import INTS, need, template_function
 
 OP_TYPE = "Slice"
 VERSIONS = (1, 10, 11, 13)
+ATTRS = {"starts": INTS, "ends": INTS, "axes": INTS}
 CONST_INPUTS = (1, 2, 3, 4)
 _BIG = 2**62
 

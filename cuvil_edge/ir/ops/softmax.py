@@ -4,10 +4,11 @@ opset >= 13 normalises along ``axis`` alone (default -1)."""
 from __future__ import annotations
 
 from cuvil_edge.ir import dtypes
-from cuvil_edge.ir.ops._util import axis_index, need, template_function, want_dtype
+from cuvil_edge.ir.ops._util import INT, axis_index, need, template_function, want_dtype
 
 OP_TYPE = "Softmax"
 VERSIONS = (1, 11, 13)
+ATTRS = {"axis": INT}
 
 
 def _axis(node):

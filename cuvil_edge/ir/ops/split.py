@@ -7,15 +7,22 @@ from __future__ import annotations
 from cuvil_edge.errors import ShapeInferenceError
 from cuvil_edge.ir.graph import TensorType
 from cuvil_edge.ir.ops._shape import arg, attr_or_input
-from cuvil_edge.ir.ops._util import axis_index, need, template_function
+from cuvil_edge.ir.ops._util import INT, INTS, axis_index, need, template_function
 
 OP_TYPE = "Split"
 VERSIONS = (2, 11, 13, 18)
+ATTRS = {"axis": INT, "num_outputs": INT, "split": INTS}
 CONST_INPUTS = (1,)
 
 
 def sizes(node, dim: int, split, count: int) -> list[int]:
-    """Part lengths along the split axis."""
+    """Part lengths along the split axis.
+
+    Raises:
+        ShapeInferenceError: no outputs, or the split / num_outputs does not cut ``dim`` into ``count`` parts.
+    """
+    if count < 1:
+        raise ShapeInferenceError(f"{node.describe()} has no outputs; Split needs at least one")
     if split:
         if len(split) != count or sum(split) != dim or min(split) < 0:
             raise ShapeInferenceError(f"{node.describe()}: split {list(split)} does not cut {dim} into {count} parts")

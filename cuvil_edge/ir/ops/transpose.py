@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from cuvil_edge.errors import ShapeInferenceError
 from cuvil_edge.ir.graph import TensorType
-from cuvil_edge.ir.ops._util import ints, need, template_function
+from cuvil_edge.ir.ops._util import INTS, ints, need, template_function
 
 OP_TYPE = "Transpose"
 VERSIONS = (1, 13, 21, 23, 24, 25)
+ATTRS = {"perm": INTS}
 
 
 def _perm(node, rank):

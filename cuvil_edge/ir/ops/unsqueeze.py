@@ -6,10 +6,11 @@ from __future__ import annotations
 from cuvil_edge.errors import ShapeInferenceError
 from cuvil_edge.ir.graph import TensorType
 from cuvil_edge.ir.ops._shape import attr_or_input, axes as norm_axes
-from cuvil_edge.ir.ops._util import need, template_function
+from cuvil_edge.ir.ops._util import INTS, need, template_function
 
 OP_TYPE = "Unsqueeze"
 VERSIONS = (1, 11, 13, 21, 23, 24, 25)
+ATTRS = {"axes": INTS}
 CONST_INPUTS = (1,)
 
 

@@ -1,0 +1,490 @@
+"""The allow-list of :mod:`cuvil_edge.privacy.batch_independence`: per op, how the batch axis
+maps from a node's inputs to its outputs, or why the node combines different samples.
+
+A value's *state* is one of
+
+* an ``int``: the axis along which its slices are the samples; slice ``i`` depends on sample
+  ``i`` alone (and on constants), never on the others nor on how many there are;
+* :data:`CONST`: it depends on no sample and not on the batch size (initializers, constants);
+* :data:`SIZE`: it depends on the batch size but on no sample's data (``Shape`` of a batched
+  value). It may set shapes (Reshape's target, Expand's shape), never meet the samples' data:
+  under add/remove-one neighbours the batch size is itself a function of every record.
+
+:data:`ROWS` maps an op type to a :class:`Row`: which inputs are *data* (they may carry
+samples; the rule maps their batch axes), which are *shape* inputs (they may be :data:`SIZE`),
+and the rule. Every other input is a weight or setting and must be :data:`CONST`. A rule
+sees at least one batched data input (unless its row ``creates`` batched values from a
+shape) and returns the output states, or raises :class:`~cuvil_edge.errors.BatchMixingError`
+through :func:`refuse`. To allow a new op, add a row here once you are sure it is row-wise.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from typing import Callable, Mapping, Optional, Sequence, Union
+
+import numpy as np
+
+from cuvil_edge.errors import BatchMixingError
+from cuvil_edge.ir.graph import Dim, Node, TensorType
+
+CONST = "constant"
+SIZE = "batch size"
+State = Union[int, str]
+
+_CONSEQUENCE = "DP-SGD's per-sample clipping cannot bound one record's influence, so training is refused"
+
+
+def describe(node: Node) -> str:
+    """``node 'sm' (Softmax axis=0, opset 13)``: the node with its scalar and short-list attributes."""
+    shown = [f"{k}={list(v) if isinstance(v, tuple) else v}" for k, v in sorted(node.attrs.items())
+             if isinstance(v, (int, float, str)) or (isinstance(v, (list, tuple)) and len(v) <= 8)]
+    attrs = f" {', '.join(shown)}" if shown else ""
+    return f"node {node.name!r} ({node.op_type}{attrs}, opset {node.version})"
+
+
+def refuse(node: Node, what: str, fix: str) -> BatchMixingError:
+    """The error for ``node``: what it does to the samples, the consequence, and ``fix``."""
+    return BatchMixingError(f"the model mixes samples across the batch axis at {describe(node)}: {what}; "
+                            f"{_CONSEQUENCE}; {fix}")
+
+
+@dataclass(frozen=True)
+class View:
+    """What a rule sees of one node: its inputs' states, types and known values, its output types."""
+
+    node: Node
+    states: tuple[State, ...]
+    types: tuple[Optional[TensorType], ...]
+    outs: tuple[Optional[TensorType], ...]
+    known: Mapping[str, np.ndarray]
+    batch_symbols: frozenset[str]
+
+    def value(self, index: int) -> Optional[np.ndarray]:
+        """The known value of input ``index`` (None: absent or unknown before running)."""
+        name = self.node.inputs[index] if index < len(self.node.inputs) else ""
+        return None if not name else self.known.get(name)
+
+    def has(self, index: int) -> bool:
+        return index < len(self.node.inputs) and bool(self.node.inputs[index])
+
+    def rank(self, index: int = 0) -> int:
+        return self.types[index].rank
+
+    def refuse(self, what: str, fix: str) -> BatchMixingError:
+        return refuse(self.node, what, fix)
+
+
+Rule = Callable[[View], Union[State, Sequence[State]]]
+
+
+@dataclass(frozen=True)
+class Row:
+    """One allow-list entry; ``data`` None means every input is data."""
+
+    rule: Rule
+    data: Optional[tuple[int, ...]] = (0,)
+    shape: tuple[int, ...] = ()
+    creates: bool = False
+
+
+def batched(state: State) -> bool:
+    return isinstance(state, int)
+
+
+def _norm(axis: int, rank: int) -> int:
+    return int(axis) + rank if int(axis) < 0 else int(axis)
+
+
+def _product(dims: Sequence[Dim]) -> tuple[int, tuple[tuple[str, int], ...]]:
+    """A product of dims as (int part, symbol multiset): equal pairs are equal for every binding."""
+    size, symbols = 1, Counter()
+    for d in dims:
+        if isinstance(d, str):
+            symbols[d] += 1
+        else:
+            size *= d
+    return size, tuple(sorted(symbols.items()))
+
+
+# --- rules ------------------------------------------------------------------------------
+def _same(v: View) -> State:
+    """Row-wise on input 0: every output keeps its batch axis (unary ops, Cast, Dropout...)."""
+    return v.states[0]
+
+
+def _broadcast(v: View) -> State:
+    """Elementwise with numpy broadcasting over every input."""
+    return align(v, [i for i in range(len(v.states)) if v.types[i] is not None], v.outs[0].rank)
+
+
+def align(v: View, slots: Sequence[int], rank: int) -> int:
+    """The output axis of the samples when ``slots`` broadcast to ``rank`` dims.
+
+    Raises:
+        BatchMixingError: batched inputs carry samples on different output axes (every sample
+            would meet every other), or a sample-free input has more than one entry along it
+            (each sample would meet a different slice, by its position in the batch).
+    """
+    axes = {v.states[i] + rank - v.rank(i) for i in slots if batched(v.states[i])}
+    if len(axes) > 1:
+        names = ", ".join(f"{v.node.inputs[i]!r} {v.types[i]} (samples on axis {v.states[i]})"
+                          for i in slots if batched(v.states[i]))
+        raise v.refuse(f"its inputs {names} carry the samples on different axes, so broadcasting pairs every "
+                       "sample with every other", "combine per-sample values whose batch axes line up")
+    axis = axes.pop()
+    for i in slots:
+        if not batched(v.states[i]):
+            fits(v, i, axis, rank)
+    return axis
+
+
+def fits(v: View, index: int, axis: int, rank: int) -> None:
+    """Check that sample-free input ``index``, broadcast to ``rank`` dims, has size 1 (or no dim) on ``axis``.
+
+    Raises:
+        BatchMixingError: it has more entries there: each sample would meet a different slice of
+            it, chosen by the sample's position in the batch.
+    """
+    t = v.types[index]
+    offset = axis - (rank - t.rank)
+    if offset >= 0 and t.shape[offset] != 1:
+        raise v.refuse(f"its input {v.node.inputs[index]!r} {t} holds no sample but has {t.shape[offset]} entries "
+                       "along the batch axis, so each sample meets a different slice depending on its position "
+                       "in the batch", "give that input size 1 along the batch axis")
+
+
+def _softmax(v: View) -> State:
+    a, rank, legacy = v.states[0], v.rank(), v.node.version < 13
+    axis = _norm(v.node.attr("axis", 1 if legacy else -1), rank)
+    fix = "export the model with softmax over the class axis (axis=-1 from opset 13, axis=1 before)"
+    if legacy and a >= axis:
+        raise v.refuse(f"below opset 13 {v.node.op_type} normalises the flattening of axes {axis}..{rank - 1} "
+                       f"of {v.types[0]}, which includes the batch axis {a}", fix)
+    if not legacy and a == axis:
+        raise v.refuse(f"it normalises over axis {axis} of {v.types[0]}, the batch axis", fix)
+    return a
+
+
+def _reduce(since: int) -> Rule:
+    """Reduce* ops: ``axes`` is an attribute before opset ``since``, input 1 from it."""
+
+    def rule(v: View) -> State:
+        node, a, rank = v.node, v.states[0], v.rank()
+        fix = ("reduce only per-sample axes (e.g. axes=[1]) and leave the reduction over the batch to the loss, "
+               "outside the model")
+        if node.version < since:
+            axes = node.attr("axes")
+        elif v.has(1):
+            axes = v.value(1)
+            if axes is None:
+                raise v.refuse("its axes are computed while running, so they may include the batch axis",
+                               "give the axes as a constant")
+        else:
+            axes = None
+        axes = [] if axes is None else [_norm(x, rank) for x in np.asarray(axes).reshape(-1)]
+        if not axes:
+            if node.version >= since and int(node.attr("noop_with_empty_axes", 0)):
+                return a
+            raise v.refuse(f"without axes it reduces every axis of {v.types[0]}, the batch axis {a} included", fix)
+        if a in axes:
+            raise v.refuse(f"it reduces axes {sorted(axes)} of {v.types[0]}, which include the batch axis {a}", fix)
+        return a if int(node.attr("keepdims", 1)) else a - sum(x < a for x in axes)
+
+    return rule
+
+
+def _reshaped(v: View) -> State:
+    """Reshape, Flatten, Squeeze, Unsqueeze: the samples survive iff some output axis has the batch
+    dim and the same number of elements before it as the input (row-major order then maps each
+    sample's elements onto one slice, whatever the other dims become)."""
+    a, src, dst = v.states[0], v.types[0].shape, v.outs[0].shape
+    before = _product(src[:a])
+    for k, d in enumerate(dst):
+        if d == src[a] and _product(dst[:k]) == before:
+            return k
+    raise v.refuse(f"it turns {v.types[0]} into {v.outs[0]}, so the batch axis {a} ({src[a]!r}) does not survive "
+                   "as an axis of its own", "keep the batch dim first and unchanged (Reshape to [0, -1] or "
+                   "[batch, -1], Flatten with axis=1)")
+
+
+def _transpose(v: View) -> State:
+    perm = [int(p) for p in (v.node.attr("perm") or reversed(range(v.rank())))]
+    return perm.index(v.states[0])
+
+
+def _concat(v: View) -> State:
+    rank = v.rank()
+    a = align(v, [i for i, s in enumerate(v.states) if batched(s)], rank)
+    axis = _norm(v.node.attr("axis"), rank)
+    if axis == a:
+        raise v.refuse(f"it concatenates along axis {axis}, the batch axis", "concatenate along a per-sample axis")
+    for i, s in enumerate(v.states):
+        if not batched(s):
+            raise v.refuse(f"its input {v.node.inputs[i]!r} {v.types[i]} holds no sample yet is joined to the "
+                           "samples' slices", "expand that input to the batch size first (Expand to [batch, ...])")
+    return a
+
+
+def _split(v: View) -> State:
+    a = v.states[0]
+    if _norm(v.node.attr("axis", 0), v.rank()) == a:
+        raise v.refuse(f"it splits {v.types[0]} along axis {a}, the batch axis", "split along a per-sample axis")
+    return a
+
+
+def _vector(v: View, attr: str, index: int, since: int) -> Optional[list]:
+    """An int vector from attribute ``attr`` (before opset ``since``) or the known input ``index``."""
+    value = v.node.attr(attr) if v.node.version < since else v.value(index)
+    return None if value is None else list(np.asarray(value).reshape(-1))
+
+
+def _slice(v: View) -> State:
+    a, rank = v.states[0], v.rank()
+    starts = _vector(v, "starts", 1, 10)
+    given = v.node.attr("axes") is not None if v.node.version < 10 else v.has(3)
+    axes = _vector(v, "axes", 3, 10) if given else list(range(len(starts or ())))
+    steps = _vector(v, "steps", 4, 10) if v.node.version >= 10 and v.has(4) else [1] * len(axes or ())
+    if starts is None or axes is None or steps is None:
+        raise v.refuse("its axes or steps are computed while running, so it may cut the batch axis",
+                       "give starts, ends, axes and steps as constants")
+    axes = [_norm(x, rank) for x in axes]
+    if a in axes and (int(steps[axes.index(a)]) != 1 or v.outs[0].shape[a] != v.types[0].shape[a]):
+        raise v.refuse(f"it cuts or reorders the batch axis {a} ({v.types[0]} -> {v.outs[0]})",
+                       "slice only per-sample axes")
+    return a
+
+
+def _gather(v: View) -> State:
+    data, indices = v.states[0], v.states[1]
+    axis = _norm(v.node.attr("axis", 0), v.rank())
+    if batched(data) and batched(indices):
+        raise v.refuse("both its data and its indices carry samples, so each sample's indices pick from every "
+                       "sample's data", "gather per-sample indices from a constant table (an embedding)")
+    if not batched(data):
+        return axis + indices
+    if data == axis:
+        raise v.refuse(f"it picks entries of {v.types[0]} along axis {axis}, the batch axis",
+                       "gather along a per-sample axis")
+    return data if data < axis else data - 1 + v.rank(1)
+
+
+def _pad(v: View) -> State:
+    a, rank = v.states[0], v.rank()
+    pads = _vector(v, "pads", 1, 11)
+    axes = _vector(v, "axes", 3, 18) if v.node.version >= 18 and v.has(3) else list(range(rank))
+    if pads is None or axes is None:
+        raise v.refuse("its pads are computed while running, so it may pad the batch axis",
+                       "give pads (and axes) as constants")
+    axes = [_norm(x, rank) for x in axes]
+    if a in axes and (pads[axes.index(a)] != 0 or pads[axes.index(a) + len(axes)] != 0):
+        raise v.refuse(f"it pads axis {a}, the batch axis, with rows that are no sample (or copies of others)",
+                       "pad only per-sample axes")
+    return a
+
+
+def _created(v: View) -> State:
+    """Expand / ConstantOfShape of sample-free data: a value whose shape has the batch symbol has
+    the same slice for every sample (a class token expanded to [batch, 1, d])."""
+    x = v.states[0] if v.node.op_type == "Expand" else CONST
+    if batched(x):
+        k = x + v.outs[0].rank - v.rank()
+        if v.outs[0].shape[k] != v.types[0].shape[x]:
+            raise v.refuse(f"it broadcasts the batch axis of {v.types[0]} to {v.outs[0]}",
+                           "expand only per-sample axes")
+        return k
+    symbols = [k for k, d in enumerate(v.outs[0].shape) if d in v.batch_symbols]
+    if symbols:
+        return symbols[0]
+    return SIZE if SIZE in v.states else CONST
+
+
+def _windowed(sample_axes: tuple[int, ...]) -> Rule:
+    """Conv and pooling ops take (N, C, spatial...): only ``sample_axes`` may hold the samples."""
+
+    def rule(v: View) -> State:
+        a = v.states[0]
+        if a not in sample_axes:
+            raise v.refuse(f"it combines neighbouring entries along axis {a} of {v.types[0]}, the batch axis",
+                           "keep the batch on axis 0 of its input (N, C, spatial...)")
+        if v.node.op_type == "MaxPool" and len(v.node.outputs) > 1 and v.node.outputs[1]:
+            raise v.refuse("its Indices output numbers elements across the whole batch, so a sample's indices "
+                           "depend on its position in the batch", "do not use MaxPool's Indices output")
+        return a
+
+    return rule
+
+
+def _batch_norm(v: View) -> State:
+    training = v.node.version >= 14 and int(v.node.attr("training_mode", 0))
+    if training or len([o for o in v.node.outputs if o]) > 1:
+        raise v.refuse("it runs in training mode and normalises every sample with the mean and variance of "
+                       "the whole batch", "export the model in eval mode (model.eval()), or use a norm over "
+                       "per-sample axes (GroupNorm, LayerNorm)")
+    if v.states[0] == 1:
+        raise v.refuse("its per-channel parameters meet the samples along axis 1", "keep the batch on axis 0")
+    return v.states[0]
+
+
+def _layer_norm(v: View) -> State:
+    a, rank = v.states[0], v.rank()
+    axis = _norm(v.node.attr("axis", -1), rank)
+    if a >= axis:
+        raise v.refuse(f"it normalises over axes {axis}..{rank - 1} of {v.types[0]}, which include the batch "
+                       f"axis {a}", "normalise only per-sample axes (axis >= 1 with the batch first)")
+    return a
+
+
+_BOTH = ("multiply the samples by weights (initializers), not by each other; products within one sample are "
+         "fine when the batch is a leading (broadcast) axis of both operands")
+
+
+def _matmul_axis(side: int, axis: int, ra: int, rb: int) -> tuple[Optional[int], bool]:
+    """(output axis, whether it is a leading broadcast axis) of operand ``side``'s ``axis`` under
+    numpy's matmul of ranks ``ra`` @ ``rb``; (None, False) when that axis is summed over."""
+    own = ra if side == 0 else rb
+    if own == 1 or axis == (own - 1 if side == 0 else own - 2):
+        return None, False
+    rank = max(ra, rb) if ra > 1 and rb > 1 else (rb - 1 if ra == 1 else ra - 1)
+    if side == 0 and axis == own - 2:
+        return (rank - 1 if rb == 1 else rank - 2), False
+    if side == 1 and axis == own - 1:
+        return rank - 1, False
+    return axis + (rank - own if ra > 1 and rb > 1 else 0), True
+
+
+#: Quantization parameters (input indices) of each operand (input index) of the quantized matmuls.
+_QUANT_PARAMS = {"MatMulInteger": {0: (2,), 1: (3,)}, "QLinearMatMul": {0: (1, 2, 6, 7), 3: (4, 5, 6, 7)}}
+
+
+def _matmul(slots: tuple[int, int]) -> Rule:
+    """MatMul-like ops on inputs ``slots`` (A, B)."""
+
+    def rule(v: View) -> State:
+        ra, rb = v.rank(slots[0]), v.rank(slots[1])
+        found = []
+        for side, i in enumerate(slots):
+            if batched(v.states[i]):
+                axis, lead = _matmul_axis(side, v.states[i], ra, rb)
+                if axis is None:
+                    raise v.refuse(f"it sums over axis {v.states[i]} of {v.node.inputs[i]!r} {v.types[i]}, the "
+                                   "batch axis", "multiply with the batch on a row (or leading) axis")
+                _per_tensor(v, i)
+                found.append((axis, lead))
+        if len(found) == 2 and (found[0] != found[1] or not found[0][1]):
+            raise v.refuse("both operands carry the samples, on different axes (x · xT pairs every sample with "
+                           "every other)", _BOTH)
+        axis, lead = found[0]
+        return align(v, list(slots), max(ra, rb)) if lead and ra > 1 and rb > 1 else axis
+
+    return rule
+
+
+def _per_tensor(v: View, operand: int) -> None:
+    """A batched operand's zero points and scales with several entries would be per sample position."""
+    for i in _QUANT_PARAMS.get(v.node.op_type, {}).get(operand, ()):
+        t = v.types[i] if i < len(v.types) else None
+        if t is not None and t.numel() > 1:
+            raise v.refuse(f"its quantization parameter {v.node.inputs[i]!r} {t} has one entry per row or column, "
+                           "so samples meet different parameters by their position", "quantize that operand per tensor")
+
+
+def _gemm(v: View) -> State:
+    """A' (M x K) @ B' (K x N) + C: A's rows become output axis 0, B's columns output axis 1."""
+    trans = (int(v.node.attr("transA", 0)), int(v.node.attr("transB", 0)))
+    found = []
+    for side in (0, 1):
+        state = v.states[side]
+        if batched(state):
+            if state ^ trans[side] != side:
+                raise v.refuse(f"it sums over the batch axis of {v.node.inputs[side]!r} {v.types[side]}",
+                               "multiply with the samples as the rows of A")
+            found.append(side)
+    if len(found) == 2:
+        raise v.refuse("both A and B carry samples (x · xT pairs every sample with every other)", _BOTH)
+    bias = len(v.states) > 2 and v.types[2] is not None
+    if bias and batched(v.states[2]):
+        found.append(align(v, [2], 2))
+    if len(set(found)) > 1:
+        raise v.refuse("A·B and C carry the samples on different axes", "add a bias that lines up with the rows")
+    axis = found[0]
+    if not batched(v.states[axis]) and v.types[axis].shape[axis ^ trans[axis]] != 1:
+        raise v.refuse(f"{v.node.inputs[axis]!r} {v.types[axis]} holds no sample but spans the batch axis of the "
+                       "output, so each sample meets a different slice by its position", "give it size 1 there")
+    if bias and not batched(v.states[2]):
+        fits(v, 2, axis, 2)
+    return axis
+
+
+_RESIZE_SAFE = ("half_pixel", "half_pixel_symmetric", "pytorch_half_pixel", "align_corners", "asymmetric")
+
+
+def _resize(v: View) -> State:
+    node, a, src = v.node, v.states[0], v.types[0].shape
+    axes = [_norm(x, v.rank()) for x in node.attr("axes", ())] if node.version >= 18 else []
+    axes = axes or list(range(v.rank()))
+    if a not in axes:
+        return a
+    where = axes.index(a)
+    scales = v.value(1 if node.version < 11 else 2)
+    sizes = v.value(3) if node.version >= 11 else None
+    coord = "asymmetric" if node.version < 11 else node.attr("coordinate_transformation_mode", "half_pixel")
+    policy = node.attr("keep_aspect_ratio_policy", "stretch") if node.version >= 18 else "stretch"
+    if sizes is not None and np.size(sizes):
+        same = sizes.reshape(-1)[where] == src[a]
+    else:
+        same = scales is not None and np.size(scales) > where and float(np.asarray(scales).reshape(-1)[where]) == 1.0
+    if not same or policy != "stretch" or coord not in _RESIZE_SAFE:
+        raise v.refuse(f"it resamples axis {a}, the batch axis ({coord}), interpolating between samples",
+                       "resize only spatial axes (scale 1 on the batch axis)")
+    return a
+
+
+def _quantize(v: View) -> State:
+    a, scale = v.states[0], v.types[1]
+    if scale.numel() > 1 and scale.rank and _norm(v.node.attr("axis", 1), v.rank()) == a:
+        raise v.refuse(f"its scale {v.node.inputs[1]!r} {scale} has one entry per position along the batch axis",
+                       "quantize per tensor or per channel")
+    return a
+
+
+def _shape(v: View) -> State:
+    return SIZE
+
+
+_UNARY = ("Relu", "Sigmoid", "Tanh", "Exp", "Log", "Sqrt", "Erf", "Not", "LeakyRelu", "HardSigmoid", "HardSwish",
+          "Gelu", "Cast", "Identity")
+_BINARY = ("Add", "Sub", "Mul", "Div", "Pow", "Equal", "Greater", "Less", "Where", "Sum", "Clip")
+
+#: op type -> how samples flow through it (see the module docstring).
+ROWS: dict[str, Row] = {
+    **{op: Row(_same) for op in _UNARY},
+    **{op: Row(_broadcast, data=None) for op in _BINARY},
+    "Dropout": Row(_same),
+    "Softmax": Row(_softmax), "LogSoftmax": Row(_softmax),
+    "ReduceSum": Row(_reduce(13), shape=(1,)), "ReduceMean": Row(_reduce(18), shape=(1,)),
+    "ReduceMax": Row(_reduce(18), shape=(1,)),
+    "Reshape": Row(_reshaped, shape=(1,)), "Flatten": Row(_reshaped),
+    "Squeeze": Row(_reshaped, shape=(1,)), "Unsqueeze": Row(_reshaped, shape=(1,)),
+    "Transpose": Row(_transpose),
+    "Concat": Row(_concat, data=None),
+    "Split": Row(_split, shape=(1,)),
+    "Slice": Row(_slice, shape=(1, 2, 3, 4)),
+    "Gather": Row(_gather, data=(0, 1)),
+    "Pad": Row(_pad, shape=(1, 3)),
+    "Expand": Row(_created, shape=(1,), creates=True),
+    "ConstantOfShape": Row(_created, data=(), shape=(0,), creates=True),
+    "Shape": Row(_shape),
+    **{op: Row(_windowed((0,))) for op in ("Conv", "ConvTranspose", "ConvInteger", "QLinearConv",
+                                             "CuvilFusedConv")},
+    **{op: Row(_windowed((0, 1))) for op in ("MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool")},
+    "BatchNormalization": Row(_batch_norm),
+    "LayerNormalization": Row(_layer_norm),
+    "MatMul": Row(_matmul((0, 1)), data=(0, 1)),
+    "MatMulInteger": Row(_matmul((0, 1)), data=(0, 1)),
+    "QLinearMatMul": Row(_matmul((0, 3)), data=(0, 3)),
+    "Gemm": Row(_gemm, data=None), "CuvilFusedGemm": Row(_gemm, data=None),
+    "Resize": Row(_resize, shape=(1, 2, 3)),
+    "QuantizeLinear": Row(_quantize), "DequantizeLinear": Row(_quantize),
+}
