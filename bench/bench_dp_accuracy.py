@@ -3,13 +3,14 @@
 The demo pipeline without Flower (the same functions the Flower apps call, in one
 process): 3 non-IID sites (the demo's Dirichlet split and site YAMLs), 5 rounds of
 ``agent.training.train_round`` (DP-SGD paid from a real per-site ``PrivacyLedger``)
-+ the Laplace release of each site's local accuracy (``privacy.release``, as the
-ClientApp's evaluate does) + example-weighted FedAvg, and the global model scored
-by the reference interpreter on the held-out global test set.
++ the noisy (correct, total) counts of each site's local evaluation (claimed before
+they are computed, as the ClientApp's evaluate does) + FedAvg with the sites' public
+weights, and the global model scored by the reference interpreter on the held-out
+global test set.
 
-Budget per site and total ε: 5 evaluation releases of ε/80 each (ε/16 in all;
-0.1 per release at ε = 8, as in the demo), and ``epsilon_per_round`` calibrated
-per site (bisection) so 5 DP-SGD rounds compose by RDP to ε − ε/16 at δ = 1e-5.
+Budget per site and total ε: 5 evaluation releases of ε/80 each (ε/16 in all), and
+``epsilon_per_round`` calibrated (bisection, from the public plan: sample rate, epochs)
+so 5 DP-SGD rounds compose by RDP to ε − ε/16 at δ = 1e-5.
 The ledger checks the total never exceeds ε. 3 repetitions (different model
 initialisation and DP-SGD seeds) per ε.
 
@@ -41,8 +42,9 @@ from cuvil_edge.coordinator.model import load_federation_model
 from cuvil_edge.coordinator.packaging import with_initializers
 from cuvil_edge.datasets import digits
 from cuvil_edge.ir import interpreter
-from cuvil_edge.privacy import PrivacyLedger, release
+from cuvil_edge.privacy import PrivacyLedger
 from cuvil_edge.privacy.dpsgd import plan_dp_sgd
+from cuvil_edge.privacy.release import CountsMechanism, reserve_release
 from cuvil_edge.privacy.ledger import dpsgd_epsilon
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -51,12 +53,13 @@ ROUNDS = 5
 DELTA = 1e-5
 
 
-def calibrate(n: int, total: float, eval_eps: float, epochs: int, batch: int) -> tuple[float, float]:
+def calibrate(sample_rate: float, total: float, eval_eps: float, epochs: int, batch: int) -> tuple[float, float]:
     """Largest per-round DP-SGD target whose ROUNDS rounds + ROUNDS eval releases fit ``total``."""
     budget = total - ROUNDS * eval_eps
 
     def composed(e: float) -> float:
-        p = plan_dp_sgd(n, target_epsilon=e, delta=DELTA, epochs=epochs, batch_size=batch)
+        p = plan_dp_sgd(target_epsilon=e, delta=DELTA, sample_rate=sample_rate, epochs=epochs,
+                        expected_batch_size=batch)
         return dpsgd_epsilon([(p.noise_multiplier, p.sample_rate, p.steps)] * ROUNDS, DELTA)
 
     lo, hi = budget / ROUNDS, budget  # composition of ROUNDS rounds is at least one round's ε
@@ -73,7 +76,7 @@ def run_once(total: float, rep: int, federation, sites, splits, test) -> dict:
     configs, planned = [], {}
     for site, (train, _) in zip(sites, splits):
         t = site.training
-        per_round, composed = calibrate(len(train.y), total, eval_eps, t.local_epochs, t.batch_size)
+        per_round, composed = calibrate(t.sample_rate, total, eval_eps, t.local_epochs, t.batch_size)
         privacy = site.privacy.model_copy(update={"epsilon_budget": total, "epsilon_per_round": per_round,
                                                   "eval_epsilon": eval_eps, "delta": DELTA})
         configs.append(site.model_copy(update={"privacy": privacy}))
@@ -87,11 +90,11 @@ def run_once(total: float, rep: int, federation, sites, splits, test) -> dict:
             updates = []
             for i, (site, (train, held), ledger) in enumerate(zip(configs, splits, ledgers)):
                 out = train_round(model, site, train, ledger, r, r, seed=100_000 * rep + 100 * r + i)
-                updates.append((len(train.y), out.weights))
+                updates.append((site.training.weight, out.weights))
+                pending = reserve_release(CountsMechanism(2, eval_eps), 2, ledger, key=f"eval-{r}", round=r)
                 local = with_initializers(graph, out.weights)
                 probs = interpreter.run(local, {local.inputs[0].name: held.x})[local.outputs[0].name]
-                release([float((probs.argmax(1) == held.y).mean())], sensitivity=1.0 / len(held.y),
-                        epsilon=eval_eps, ledger=ledger, lower=0.0, upper=1.0, key=f"eval-{r}", round=r)
+                pending.publish(np.array([int((probs.argmax(1) == held.y).sum()), len(held.y)]))
             n_all = sum(n for n, _ in updates)
             weights = {k: sum(n * w[k] for n, w in updates) / n_all for k in weights}
             model = with_initializers(graph, weights)
@@ -172,13 +175,13 @@ def main() -> None:
     result = {"setup": {"sites": [s.site for s in sites], "train_examples": [len(t.y) for t, _ in splits],
                         "rounds": ROUNDS, "delta": DELTA, "repetitions": args.reps,
                         "eval_epsilon": "ε/80 per release, 5 releases", "path": "no Flower: train_round + "
-                        "privacy.release + weighted FedAvg + interpreter", "training": {
+                        "noisy evaluation counts + FedAvg with public weights + interpreter", "training": {
                             s.site: s.training.model_dump() for s in sites}, "training_overrides": overrides,
                         "machine": platform.platform(), "seconds": round(time.perf_counter() - start, 1)},
               "table": table, "runs": runs}
     lines = ["# Global test accuracy under local DP-SGD (digits demo)", "",
              f"3 non-IID sites, {ROUNDS} rounds, δ = {DELTA:g}, {args.reps} repetitions; "
-             "ε is each site's total (DP-SGD composed by RDP + 5 Laplace evaluation releases of ε/80).",
+             "ε is each site's total (DP-SGD composed by RDP + 5 noisy-count evaluation releases of ε/80).",
              "Produced by `bench/bench_dp_accuracy.py` (the demo's functions without Flower).", "",
              "DP-SGD hyperparameters (every site): " + ", ".join(
                  f"{k} {v}" for k, v in sites[0].training.model_dump().items())
