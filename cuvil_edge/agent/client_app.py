@@ -77,7 +77,7 @@ def _agent(context: Context) -> tuple[AgentRuntime, int, int]:
                                      None if partition is None else int(partition),
                                      None if site_config is None else str(site_config))
     spec = RunSpec.from_env()
-    key = site.agent.coordinator_public_key or Path(spec.coordinator_public_key)
+    key = site.agent.trust_root or Path(spec.trust_root)
     return AgentRuntime(site, site_state_dir(site, Path(spec.home)), key), index, count
 
 

@@ -23,9 +23,9 @@ def infer_cmd(package: Path = typer.Argument(..., help="signed package for this 
                                                        help="agent state directory (default: the site's "
                                                             "agent.state_dir, else HOME/agents/<site>)"),
               home: Path = typer.Option(DEFAULT_HOME, "--home", help="federation home (config/home.py)"),
-              key: Optional[Path] = typer.Option(None, "--key", help="pinned trust root root.json (default: "
-                                                 "the site's agent.coordinator_public_key, else "
-                                                 "HOME/keys/root.json)"),
+              trust_root: Optional[Path] = typer.Option(None, "--trust-root", help="the federation's root.json, "
+                                                        "pinned on first use (default: the site's agent.trust_root, "
+                                                        "else HOME/keys/root.json)"),
               clip_l1: float = typer.Option(1.0, "--clip-l1", help="L1 bound of each output row "
                                             "(sensitivity 2·C per release)"),
               request_id: Optional[str] = typer.Option(None, "--request-id",
@@ -51,7 +51,7 @@ def infer_cmd(package: Path = typer.Argument(..., help="signed package for this 
     except (OSError, ValueError) as e:
         raise ConfigError(f"cannot read input: {e}") from e
     state = state_dir or site_state_dir(config, home)
-    pub = key or config.agent.coordinator_public_key or keys_dir(home) / "root.json"
+    pub = trust_root or config.agent.trust_root or keys_dir(home) / "root.json"
     result = infer_private(AgentRuntime(config, state, pub), data, x, epsilon, clip_l1=clip_l1,
                            feature=feature, key=request_id)
     if output is not None:

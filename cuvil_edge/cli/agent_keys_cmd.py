@@ -6,9 +6,12 @@ Mounted by the agent command group: ``agent_app.add_typer(agent_keys_app, name="
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Optional
 
 import typer
 from rich.console import Console
+
+from cuvil_edge.config.home import DEFAULT_HOME, site_state_dir
 
 agent_keys_app = typer.Typer(no_args_is_help=True, help="The site's sealing key pair (generated on the device).")
 console = Console()
@@ -20,12 +23,19 @@ def _group() -> None:
 
 
 @agent_keys_app.command("init")
-def agent_keys_init(directory: Path = typer.Option(Path(".cuvil") / "agent" / "keys", "--dir",
-                                                   help="where to write seal.key and seal.pub (the state dir's keys/)"),
+def agent_keys_init(site: Optional[Path] = typer.Option(None, "--site", help="this site's YAML: the keys go to "
+                                                        "its state directory's keys/ (where the agent reads them)"),
+                    directory: Optional[Path] = typer.Option(None, "--dir", help="write the keys here instead"),
+                    home: Path = typer.Option(DEFAULT_HOME, "--home", help="federation home (config/home.py)"),
                     force: bool = typer.Option(False, help="replace an existing key pair")) -> None:
     """Generate this site's X25519 sealing key pair; only seal.pub leaves the device."""
-    from cuvil_edge.errors import KeyFileError
+    from cuvil_edge.config import load_site
+    from cuvil_edge.errors import ConfigError, KeyFileError
     from cuvil_edge.ir_serialize.sealing import generate_seal_keypair, save_seal_keys, seal_key_id
+
+    if (site is None) == (directory is None):
+        raise ConfigError("give --site SITE.yaml (keys in the site's state directory) or --dir DIR, not both")
+    directory = directory or site_state_dir(load_site(site), home) / "keys"
 
     if not force and (directory / "seal.key").exists():
         raise KeyFileError(f"{directory}/seal.key exists; use --force to replace it (packages sealed for the old "

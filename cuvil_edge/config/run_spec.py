@@ -23,7 +23,7 @@ class RunSpec:
     run_dir: str  # this run's reports (metrics.json, metrics.png)
     home: str  # the durable home: keys, version counters, site state (config/home.py)
     coordinator_key: str  # private key (coordinator side only)
-    coordinator_public_key: str  # root.json, pinned by every agent
+    trust_root: str  # root.json, pinned by every agent
     rounds: int
 
     def save(self, path: Path) -> None:

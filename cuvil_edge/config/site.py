@@ -67,12 +67,12 @@ class AgentSection(_Strict):
     """Agent-side settings; the paths default to what the launcher provisions."""
 
     state_dir: Optional[Path] = None
-    coordinator_public_key: Optional[Path] = None
+    trust_root: Optional[Path] = None
     keep_packages: int = Field(ge=1, le=1000, default=3, description="verified packages kept on disk, newest first")
     max_package_bytes: int = Field(ge=4096, le=2**40, default=512 * 2**20,
                                    description="largest package accepted; checked before anything else")
 
-    @field_validator("state_dir", "coordinator_public_key", mode="before")
+    @field_validator("state_dir", "trust_root", mode="before")
     @classmethod
     def _relative_to_file(cls, value: object, info: ValidationInfo) -> object:
         if isinstance(value, str):

@@ -54,7 +54,7 @@ def prepare_run(federation_path: Path, run_dir: Path | None = None, rounds: int 
     else:
         private, public = init_keys(keys)
     spec = RunSpec(federation=str(federation_path), run_dir=str(run_dir), home=str(home),
-                   coordinator_key=str(private), coordinator_public_key=str(public),
+                   coordinator_key=str(private), trust_root=str(public),
                    rounds=rounds or federation.rounds)
     spec.save(run_dir / "run_spec.json")
     return spec

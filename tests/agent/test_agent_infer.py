@@ -78,7 +78,7 @@ def test_bad_signature_spends_nothing(setup):
 def test_cli_writes_the_release_and_refuses_when_exhausted(setup, capsys):
     site_path, package_path, public, tmp_path = setup
     args = ["agent", "infer", str(package_path), "--site", str(site_path), "--input", str(tmp_path / "x.npy"),
-            "--epsilon", "1.2", "--state-dir", str(tmp_path / "state"), "--key", str(public)]
+            "--epsilon", "1.2", "--state-dir", str(tmp_path / "state"), "--trust-root", str(public)]
     assert main(args + ["--output", str(tmp_path / "y1.npy")]) == 0
     y = np.load(tmp_path / "y1.npy", allow_pickle=False)
     assert y.shape == (6, 10) and np.isfinite(y).all()
@@ -94,7 +94,7 @@ def test_cli_refuses_pickled_input(setup, capsys):
     site_path, package_path, public, tmp_path = setup
     np.save(tmp_path / "obj.npy", np.array([{"a": 1}], dtype=object), allow_pickle=True)
     rc = main(["agent", "infer", str(package_path), "--site", str(site_path), "--input", str(tmp_path / "obj.npy"),
-               "--epsilon", "1.0", "--state-dir", str(tmp_path / "state"), "--key", str(public)])
+               "--epsilon", "1.0", "--state-dir", str(tmp_path / "state"), "--trust-root", str(public)])
     assert rc == 2
     assert "cannot read input" in capsys.readouterr().err
 
@@ -150,7 +150,7 @@ def test_unknown_feature_is_refused_and_nothing_spent(setup, name):
 def test_cli_feature_option(setup, capsys):
     site_path, package_path, public, tmp_path = setup
     args = ["agent", "infer", str(package_path), "--site", str(site_path), "--input", str(tmp_path / "x.npy"),
-            "--epsilon", "0.5", "--state-dir", str(tmp_path / "state"), "--key", str(public)]
+            "--epsilon", "0.5", "--state-dir", str(tmp_path / "state"), "--trust-root", str(public)]
     assert main(args + ["--feature", "pool", "--clip-l1", "3", "--output", str(tmp_path / "f.npy")]) == 0
     assert np.load(tmp_path / "f.npy", allow_pickle=False).shape == (6, 32, 4, 4)
     assert "released pool" in capsys.readouterr().out

@@ -177,7 +177,7 @@ def test_launcher_accepts_a_central_budget_stop_and_nothing_else(tmp_path, monke
     fed.write_text((ROOT / "configs" / "federation.yaml").read_text().replace(
         "sites/", str(ROOT / "configs" / "sites") + "/"))
     spec = RunSpec(federation=str(fed), run_dir=str(tmp_path), home=str(tmp_path / "home"), coordinator_key="k",
-                   coordinator_public_key="p", rounds=3)
+                   trust_root="p", rounds=3)
     monkeypatch.setattr(flwr.simulation, "run_simulation", lambda **kw: None)
     monkeypatch.setattr(os, "environ", dict(os.environ))  # run_in_simulation sets Flower's variables
     rounds = [{"round": r, "global_accuracy": 0.5, "sites": {}} for r in range(2)]

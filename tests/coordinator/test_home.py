@@ -14,10 +14,10 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_two_runs_share_the_homes_keys_and_site_state(tmp_path):
     fed = ROOT / "configs" / "federation.yaml"
     first = prepare_run(fed, tmp_path / "run1", home=tmp_path / "home")
-    root_json = Path(first.coordinator_public_key).read_bytes()
+    root_json = Path(first.trust_root).read_bytes()
     second = prepare_run(fed, tmp_path / "run2", home=tmp_path / "home")
     assert second.home == first.home and second.run_dir != first.run_dir
-    assert Path(second.coordinator_public_key).read_bytes() == root_json  # no fresh keys per run
+    assert Path(second.trust_root).read_bytes() == root_json  # no fresh keys per run
     site = load_site(ROOT / "configs" / "sites" / "hospital-a.yaml")
     assert site_state_dir(site, Path(second.home)) == tmp_path / "home" / "agents" / "hospital-a"
 
