@@ -61,3 +61,18 @@ def infer_cmd(package: Path = typer.Argument(..., help="signed package for this 
         console.print(result.values)
     console.print(f"released {result.output_name} at ε={result.epsilon:g} (L1 sensitivity {result.sensitivity:g}); "
                   f"site {config.site} has spent ε={result.eps_spent:.3f}, {result.eps_remaining:.3f} left")
+
+
+@agent_app.command("init")
+def init_cmd(site: Path = typer.Option(..., "--site", help="this site's YAML"),
+             trust_root: Path = typer.Option(..., "--trust-root", help="the federation's root.json, to pin"),
+             ca: Optional[Path] = typer.Option(None, "--ca", help="the federation's CA certificate, to pin"),
+             home: Path = typer.Option(DEFAULT_HOME, "--home", help="federation home (config/home.py)"),
+             force: bool = typer.Option(False, help="make new keys (re-enroll with --replace afterwards)")) -> None:
+    """Set this device up as SITE: state directory, node and sealing keys, pins, enrollment file."""
+    from cuvil_edge.agent.enroll import init_site
+    from cuvil_edge.config import load_site
+
+    setup = init_site(load_site(site), trust_root, ca=ca, home=home, force=force)
+    console.print(f"site {setup.enrollment.site}: state in {setup.state_dir}; give {setup.enrollment_file} "
+                  "(public keys only) to the coordinator: `cuvil-edge coordinator enroll FILE`")

@@ -14,6 +14,7 @@ from cuvil_edge.config.run_spec import RunSpec
 from cuvil_edge.coordinator.model import load_federation_model
 from cuvil_edge.config.home import versions_file
 from cuvil_edge.coordinator.packaging import PackageFactory, VersionCounter
+from cuvil_edge.coordinator.registry import SiteRegistry
 from cuvil_edge.coordinator.report import STOPPED_CENTRAL_BUDGET, RunReport
 from cuvil_edge.config.federation import FederationConfig
 from cuvil_edge.coordinator.strategy import (CentralDpFixedClipping, SitePackageFedAvg, SitePackages,
@@ -40,7 +41,8 @@ def run_federation(grid: Grid, spec: RunSpec) -> RunReport:
     run_dir = Path(spec.run_dir)
     factory = PackageFactory(graph, sites, load_signing_keys(Path(spec.coordinator_key)),
                              VersionCounter(versions_file(Path(spec.home))),
-                             federation.package.validity_seconds)
+                             federation.package.validity_seconds,
+                             seal_keys=SiteRegistry(Path(spec.home)).seal_keys())  # enrolled sites: sealed
     sites_strategy, strategy = make_strategy(federation, factory, len(sites))
     test = digits.global_test(federation.dataset.test_fraction)
     report = RunReport(run_dir, sites)

@@ -1,0 +1,113 @@
+"""The coordinator home and its site registry.
+
+A coordinator home (``cuvil-edge coordinator init --home DIR``) holds, for the federation's
+whole life::
+
+    keys/            trust root and role keys (config/home.py keys_dir; root.key can move offline)
+    versions.json    per-site package version counters
+    sites.json       the site registry: site -> target, node auth public key, seal public key
+    tls/             CA and SuperLink certificate (coordinator/tls.py)
+    checkpoints/     the global model after each completed round
+
+Enrolling a site (``cuvil-edge coordinator enroll FILE``) records its node key and seal key; one
+site has one node key and one node key belongs to one site. Packages for an enrolled site are
+sealed for its seal key.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PublicKey
+
+from cuvil_edge.atomic import atomic_write
+from cuvil_edge.config.enrollment import Enrollment
+from cuvil_edge.config.home import keys_dir, versions_file
+from cuvil_edge.coordinator.keys import init_keys
+from cuvil_edge.errors import ConfigError, KeyFileError, StateError
+
+REGISTRY_FILE = "sites.json"
+REGISTRY_FORMAT = 1
+
+
+def init_home(home: Path, *, force: bool = False) -> Path:
+    """Create a coordinator home: keys and root.json v1, empty counters and registry, folders.
+
+    Raises:
+        KeyFileError: ``home`` already holds keys and ``force`` is not set.
+    """
+    home = Path(home)
+    init_keys(keys_dir(home), force=force)
+    for folder in ("tls", "checkpoints"):
+        (home / folder).mkdir(mode=0o700, parents=True, exist_ok=True)
+    if force or not versions_file(home).exists():
+        atomic_write(versions_file(home), b"{}", mode=0o600)
+    if force or not (home / REGISTRY_FILE).exists():
+        SiteRegistry(home)._write({})
+    return home
+
+
+class SiteRegistry:
+    """``<home>/sites.json``: one entry per enrolled site, replaced atomically."""
+
+    def __init__(self, home: Path) -> None:
+        self.path = Path(home) / REGISTRY_FILE
+
+    def sites(self) -> dict[str, dict[str, Any]]:
+        """Raises: StateError: the registry is unreadable or malformed."""
+        if not self.path.exists():
+            return {}
+        try:
+            doc = json.loads(self.path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as e:
+            raise StateError(f"{self.path}: unreadable site registry ({e}); restore it from backup") from e
+        if not isinstance(doc, dict) or doc.get("format") != REGISTRY_FORMAT or not isinstance(doc.get("sites"), dict):
+            raise StateError(f"{self.path}: not a site registry (format {REGISTRY_FORMAT})")
+        return doc["sites"]
+
+    def enroll(self, enrollment: Enrollment, *, replace: bool = False) -> dict[str, Any]:
+        """Record ``enrollment``; returns the entry.
+
+        Raises:
+            ConfigError: the site is enrolled with another node key (pass ``replace`` to move it
+                to a new device), or the node key already belongs to another site.
+            StateError: the registry cannot be read or written.
+        """
+        sites = self.sites()
+        for name, entry in sites.items():
+            if name != enrollment.site and entry["node_public_key"] == enrollment.node_public_key:
+                raise ConfigError(f"this node key is already enrolled as site {name!r}; one device is one site")
+        old = sites.get(enrollment.site)
+        if old is not None and old["node_public_key"] != enrollment.node_public_key and not replace:
+            raise ConfigError(f"site {enrollment.site!r} is enrolled with another node key; a second device cannot "
+                              "be the same site. If the device was replaced, enroll again with --replace")
+        entry = {"target": enrollment.target, "node_public_key": enrollment.node_public_key,
+                 "seal_public_key": enrollment.seal_public_key, "enrolled_at": int(time.time())}
+        self._write({**sites, enrollment.site: entry})
+        return entry
+
+    def seal_keys(self) -> dict[str, X25519PublicKey]:
+        """Each enrolled site's sealing key (packages for it are sealed by default).
+
+        Raises:
+            StateError: the registry is unreadable.
+            KeyFileError: a stored key is malformed.
+        """
+        keys = {}
+        for site, entry in self.sites().items():
+            try:
+                keys[site] = X25519PublicKey.from_public_bytes(bytes.fromhex(entry["seal_public_key"]))
+            except (KeyError, ValueError) as e:
+                raise KeyFileError(f"{self.path}: site {site!r} has a malformed seal key ({e})") from e
+        return keys
+
+    def _write(self, sites: dict[str, Any]) -> None:
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            data = json.dumps({"format": REGISTRY_FORMAT, "sites": sites}, indent=2, sort_keys=True) + "\n"
+            atomic_write(self.path, data.encode("utf-8"), mode=0o600)
+        except OSError as e:
+            raise StateError(f"cannot write the site registry {self.path}: {e}") from e
