@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from cuvil_edge.config.loader import load_model
 from cuvil_edge.config.site import SiteConfig, load_site
@@ -67,6 +67,9 @@ class FederationConfig(_Strict):
     package: PackageSection = PackageSection()
     simulation: SimulationSection = SimulationSection()
     round_timeout: float = Field(gt=0, default=600.0)
+    #: Fewest sites a round needs (default: all of them). With fewer, a site that is down does
+    #: not stall the run: the round goes on with the others and the report names the failed one.
+    min_sites: Optional[int] = Field(ge=1, default=None)
     seed: int = 0
     #: Local (record-level) DP-SGD on every site, paid from each site's ledger. With
     #: false, sites train with plain SGD and only their evaluation releases spend.
@@ -93,6 +96,15 @@ class FederationConfig(_Strict):
         if isinstance(value, str) and value not in BUILTIN_MODELS:
             raise ValueError(f"unknown builtin model; choose one of {BUILTIN_MODELS}")
         return value
+
+    @model_validator(mode="after")
+    def _min_sites_fit(self) -> "FederationConfig":
+        if self.min_sites is not None and self.min_sites > len(self.sites):
+            raise ValueError(f"min_sites {self.min_sites} is more than the {len(self.sites)} sites listed")
+        if self.min_sites is not None and self.central_dp.enabled and self.min_sites != len(self.sites):
+            raise ValueError("central_dp needs every site every round (Flower's accountant counts exactly the "
+                             "sampled sites); leave min_sites unset")
+        return self
 
     def load_sites(self) -> list[SiteConfig]:
         """Load every site file; site ids must be unique.

@@ -13,6 +13,8 @@ log = logging.getLogger(__name__)
 
 #: Status of a site whose ledger refused the round (set by coordinator.strategy).
 EXHAUSTED_STATUS = "budget exhausted"
+#: Status of a site that replied with an error or not at all (its reason is kept as <phase>-error).
+FAILED_STATUS = "failed"
 
 #: metrics.json ``stopped_early.reason`` when central DP's ``max_epsilon`` ended the run
 #: before the requested rounds (the launcher accepts such a run as complete).
@@ -119,6 +121,10 @@ def format_round(entry: dict) -> str:
             f"{s.get('package-bytes', 0) / 1024:>9.1f}{1000 * s.get('train-build-seconds', float('nan')):>10.1f}"
             f"{s.get('eval-accuracy', float('nan')):>11.3f}"
         )
+    for site, s in entry["sites"].items():
+        for phase in ("train", "eval"):
+            if s.get(f"{phase}-error"):
+                lines.append(f"  ! {site} failed ({phase}): {str(s[f'{phase}-error'])[:160]}")
     if entry.get("dropped_out"):
         lines.append(f"  ! {', '.join(entry['dropped_out'])}: privacy budget exhausted; left out of this round's "
                      "average (the run goes on with the others)")

@@ -88,8 +88,9 @@ def make_strategy(federation: FederationConfig, factory: PackageFactory, n: int)
     ``central_dp.max_epsilon`` (if set) becomes the accountant's ``max_epsilon``,
     so Flower refuses a round that would exceed it (see :func:`start_rounds`).
     """
-    kwargs = dict(fraction_train=1.0, fraction_evaluate=1.0, min_train_nodes=n, min_evaluate_nodes=n,
-                  min_available_nodes=n)
+    needed = federation.min_sites or n  # fewer than all: a site that is down does not stall the run
+    kwargs = dict(fraction_train=1.0, fraction_evaluate=1.0, min_train_nodes=needed, min_evaluate_nodes=needed,
+                  min_available_nodes=needed)
     dp = federation.central_dp
     if not dp.enabled:
         strategy = SitePackageFedAvg(factory, **kwargs)

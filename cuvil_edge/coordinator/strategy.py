@@ -24,7 +24,7 @@ from flwr.serverapp.strategy import DifferentialPrivacyClientSideFixedClipping, 
 
 from cuvil_edge.coordinator.evaluation import SiteCounts, clip01, pool
 from cuvil_edge.coordinator.packaging import PackageFactory
-from cuvil_edge.coordinator.report import EXHAUSTED_STATUS
+from cuvil_edge.coordinator.report import EXHAUSTED_STATUS, FAILED_STATUS
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +52,7 @@ class SitePackages(FedAvg):
         self.rounds: dict[int, dict] = {}  # round -> site -> statistics
         self.central: dict[int, dict] = {}  # round -> central-DP accounting (CentralDpFixedClipping)
         self.evaluations: dict[int, dict] = {}  # round -> pooled federated accuracy (aggregate_evaluate)
+        self._sent: list[tuple[Message, str]] = []  # messages of the current phase and their sites
 
     # -- node -> site ---------------------------------------------------------
     def _resolve_sites(self, grid: Grid, node_ids: Iterable[int]) -> None:
@@ -91,7 +92,14 @@ class SitePackages(FedAvg):
             content = RecordDict({"arrays": arrays, "config": config})
             out.append(Message(content=content, dst_node_id=node, message_type=message.metadata.message_type))
             self._site_stats(int(config["server-round"]), site)["package-bytes"] = len(package.data)
+        self._sent = [(m, self.node_to_site[m.metadata.dst_node_id]) for m in out]
         return out
+
+    def _reply_site(self, reply: Message, sent: dict[str, str]) -> str:
+        """The site a reply answers: matched by the id of the message it replies to (a reply the
+        SuperLink makes for a dead node carries another source node), else by its source node."""
+        site = sent.get(reply.metadata.reply_to_message_id)
+        return site or self.node_to_site.get(reply.metadata.src_node_id, f"node-{reply.metadata.src_node_id}")
 
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid):
         return self._personalise(super().configure_train(server_round, arrays, config, grid), arrays, grid)
@@ -112,11 +120,16 @@ class SitePackages(FedAvg):
         accountant's fixed sample size holds).
         """
         kept = []
+        sent = {m.metadata.message_id: site for m, site in self._sent}  # ids are set when the grid sends them
+        answered = set()
         for reply in replies:
-            site = self.node_to_site.get(reply.metadata.src_node_id, f"node-{reply.metadata.src_node_id}")
+            site = self._reply_site(reply, sent)
+            answered.add(site)
             stats = self._site_stats(server_round, site)
             if reply.has_error():
                 stats[f"{prefix}-error"] = reply.error.reason
+                stats["status"] = FAILED_STATUS
+                log.warning("site %s failed in round %d (%s): %s", site, server_round, prefix, reply.error.reason)
                 kept.append(reply)  # FedAvg logs it as a failure
                 continue
             metrics = dict(reply.content["metrics"])
@@ -131,6 +144,11 @@ class SitePackages(FedAvg):
                 continue
             stats.setdefault("status", "ok")
             kept.append(reply)
+        for site in sorted({site for _, site in self._sent} - answered):
+            stats = self._site_stats(server_round, site)
+            stats[f"{prefix}-error"] = "no reply within the round timeout"
+            stats["status"] = FAILED_STATUS
+            log.warning("site %s did not reply in round %d (%s) within the round timeout", site, server_round, prefix)
         return kept
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:

@@ -106,3 +106,14 @@ def test_shipped_configs_are_valid():
     federation = load_federation(root / "federation.yaml")
     sites = federation.load_sites()
     assert len({s.target for s in sites}) == len(sites) == 3
+
+
+@pytest.mark.parametrize("extra, match", [
+    ("min_sites: 3\n", "min_sites 3 is more than the 2 sites"),
+    ("min_sites: 1\ncentral_dp:\n  enabled: true\n", "central_dp needs every site"),
+])
+def test_federation_min_sites_must_fit(tmp_path, extra, match):
+    fed = write(tmp_path, "name: f\nrounds: 2\nmodel: builtin:digits-cnn\nsites: [a.yaml, b.yaml]\n" + extra,
+                "fed.yaml")
+    with pytest.raises(ConfigError, match=match):
+        load_federation(fed)

@@ -49,16 +49,6 @@ def test_make_strategy_wraps_in_flowers_client_side_fixed_clipping_with_accounta
     assert plain is plain_inner and isinstance(plain, SitePackageFedAvg)
 
 
-@pytest.fixture
-def flower_identity(monkeypatch):
-    """Message() outside a Flower run needs a task identity (private API, see notes/flower-1.42.md §5)."""
-    from flwr.supercore.task_identity import TaskIdentity
-
-    for name in ("_run_id", "_node_id", "_task_id"):
-        if hasattr(TaskIdentity, name):
-            monkeypatch.setattr(TaskIdentity, name, 1)
-
-
 def _train_message(arrays: dict, clipping_norm: float | None) -> Message:
     config = {"server-round": 1, "site": "x", "package": b"pkg"}
     if clipping_norm is not None:

@@ -1,0 +1,13 @@
+"""Fixtures shared by the coordinator tests."""
+
+import pytest
+
+
+@pytest.fixture
+def flower_identity(monkeypatch):
+    """Message() outside a Flower run needs a task identity (private API, see notes/flower-1.42.md §5)."""
+    from flwr.supercore.task_identity import TaskIdentity
+
+    for name in ("_run_id", "_node_id", "_task_id"):
+        if hasattr(TaskIdentity, name):
+            monkeypatch.setattr(TaskIdentity, name, 1)
