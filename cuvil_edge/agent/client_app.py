@@ -19,6 +19,7 @@ from flwr.clientapp.mod import fixedclipping_mod
 
 from cuvil_edge.agent.runtime import AgentRuntime
 from cuvil_edge.config import load_federation, load_site
+from cuvil_edge.config.federation import DatasetSection
 from cuvil_edge.config.home import site_state_dir
 from cuvil_edge.config.run_spec import RunSpec
 from cuvil_edge.config.site import SiteConfig
@@ -67,10 +68,19 @@ def _site_setup(spec_path: str, partition: int | None, site_config: str | None) 
     return load_site(federation.sites[partition]), partition, len(federation.sites)
 
 
+def _deployed(context: Context) -> bool:
+    """On the deployment engine a SuperNode's node config names its home (`cuvil-edge agent run`)."""
+    return "home" in context.node_config
+
+
 def _agent(context: Context) -> tuple[AgentRuntime, int, int]:
     import os
 
     node = context.node_config
+    if _deployed(context):  # everything from this device's own files, nothing from the coordinator
+        site = load_site(str(node["site-config"]))
+        index, count = int(node.get("partition-id", 0)), int(node.get("num-partitions", 1))
+        return AgentRuntime(site, site_state_dir(site, Path(str(node["home"]))), site.agent.trust_root), index, count
     partition = node.get("partition-id")
     site_config = node.get("site-config")
     site, index, count = _site_setup(os.environ.get("CUVIL_EDGE_RUN_SPEC", ""),
@@ -81,18 +91,22 @@ def _agent(context: Context) -> tuple[AgentRuntime, int, int]:
     return AgentRuntime(site, site_state_dir(site, Path(spec.home)), key), index, count
 
 
-def _local_dp() -> bool:
-    """The federation's ``local_dp`` switch, read from the agent's own copy of the file.
+def _local_dp(context: Context, site: SiteConfig) -> bool:
+    """Whether this site trains with DP-SGD: its own YAML's ``privacy.local_dp`` on the deployment
+    engine; in simulation, the federation's ``local_dp`` from the agent's own copy of the file.
 
-    It is not taken from the coordinator's message: a coordinator cannot turn a
+    It is never taken from the coordinator's message: a coordinator cannot turn a
     site's local DP off remotely.
     """
+    if _deployed(context):
+        return site.privacy.local_dp
     return load_federation(RunSpec.from_env().federation).local_dp
 
 
-def _local_data(agent: AgentRuntime, index: int, count: int) -> tuple[digits.Split, digits.Split]:
-    federation = load_federation(RunSpec.from_env().federation)
-    d = federation.dataset
+def _local_data(agent: AgentRuntime, index: int, count: int,
+                context: Context | None = None) -> tuple[digits.Split, digits.Split]:
+    d = DatasetSection() if context is not None and _deployed(context) else \
+        load_federation(RunSpec.from_env().federation).dataset
     part = digits.site_partition(index, count, test_fraction=d.test_fraction, alpha=d.dirichlet_alpha, seed=d.seed)
     return digits.split_eval(part, agent.site.data.eval_fraction, seed=index)
 
@@ -160,11 +174,11 @@ def train(msg: Message, context: Context) -> Message:
     try:
         agent, index, count = _agent(context)
         activated = agent.activate(_package(msg, agent))
-        train_data, _ = _local_data(agent, index, count)
+        train_data, _ = _local_data(agent, index, count, context)
         ledger = agent.ledger()
         outcome = train_round(activated.package.graph, agent.site, train_data, ledger,
                               int(msg.content["config"]["server-round"]), activated.package.manifest.version,
-                              local_dp=_local_dp())
+                              local_dp=_local_dp(context, agent.site))
     except BudgetExhaustedError as e:
         return _budget_reply(msg, agent, e)
     except CuvilError as e:
@@ -203,7 +217,7 @@ def evaluate(msg: Message, context: Context) -> Message:
         pending = reserve_release(eval_mechanism(agent.site), 2, ledger, round=server_round,
                                   key=f"eval-r{server_round}-v{activated.package.manifest.version}")
         try:
-            _, eval_data = _local_data(agent, index, count)
+            _, eval_data = _local_data(agent, index, count, context)
             correct = agent.correct(activated.model, eval_data.x, eval_data.y)
         except CuvilError:
             pending.abort()  # nothing computed from the data left the process

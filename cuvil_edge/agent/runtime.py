@@ -47,22 +47,32 @@ class AgentRuntime:
     afterwards the root stored in the state directory (updated by rotations the packages carry) wins.
     """
 
-    def __init__(self, site: SiteConfig, state_dir: Path, trust_root: Path, clock=time.time,
+    def __init__(self, site: SiteConfig, state_dir: Path, trust_root: Path | None, clock=time.time,
                  seal_key: Path | None = None) -> None:
+        """``trust_root`` (root.json) initialises a new state; None: the state must already hold
+        one (`cuvil-edge agent init` pinned it).
+
+        Raises:
+            KeyFileError: ``trust_root`` is not a readable root.json.
+            StateError: no ``trust_root`` and the state was never initialised.
+        """
         self.site = site
         self.state_dir = Path(state_dir)
         self.state_dir.mkdir(parents=True, exist_ok=True)
-        self.root_path = Path(trust_root)
-        if self.root_path.suffix != ".json":
-            raise KeyFileError(f"{trust_root}: agents pin the federation's root.json (PACKAGE_SPEC §10), not a bare key")
-        try:
-            self.pinned_root = self.root_path.read_bytes()
-        except OSError as e:
-            raise KeyFileError(f"cannot read the pinned trust root {trust_root}: {e}") from e
         self.target = load_target(site.target)
         self.clock = clock
         self.rollback = AntiRollbackState(self.state_dir)
-        self.rollback.initialise(self.pinned_root)  # once; afterwards the state's own root is authoritative
+        if trust_root is None:
+            self.rollback.trust_root()  # refuses an uninitialised state now, not at the first package
+        else:
+            if Path(trust_root).suffix != ".json":
+                raise KeyFileError(f"{trust_root}: agents pin the federation's root.json (PACKAGE_SPEC §10), "
+                                   "not a bare key")
+            try:
+                pinned = Path(trust_root).read_bytes()
+            except OSError as e:
+                raise KeyFileError(f"cannot read the pinned trust root {trust_root}: {e}") from e
+            self.rollback.initialise(pinned)  # once; afterwards the state's own root is authoritative
         seal_path = Path(seal_key) if seal_key else self.state_dir / "keys" / "seal.key"
         self.seal_key = None
         if seal_key or seal_path.exists():

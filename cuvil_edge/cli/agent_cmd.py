@@ -76,3 +76,25 @@ def init_cmd(site: Path = typer.Option(..., "--site", help="this site's YAML"),
     setup = init_site(load_site(site), trust_root, ca=ca, home=home, force=force)
     console.print(f"site {setup.enrollment.site}: state in {setup.state_dir}; give {setup.enrollment_file} "
                   "(public keys only) to the coordinator: `cuvil-edge coordinator enroll FILE`")
+
+
+@agent_app.command("run")
+def run_cmd(site: Path = typer.Option(..., "--site", help="this site's YAML"),
+            superlink: str = typer.Option("127.0.0.1:9093", "--superlink", help="the coordinator's host:port"),
+            port: int = typer.Option(9094, "--port", help="this SuperNode's local ClientApp port"),
+            home: Path = typer.Option(DEFAULT_HOME, "--home", help="federation home (config/home.py)"),
+            partition: str = typer.Option("0/1", "--partition", help="demo data only: INDEX/COUNT of the "
+                                          "digits split this site trains on")) -> None:
+    """Run this site's SuperNode (restarted with back-off while the coordinator is away)."""
+    import sys
+
+    from cuvil_edge.agent.daemon import run_forever, supernode_command
+    from cuvil_edge.config import load_site
+    from cuvil_edge.errors import ConfigError
+
+    try:
+        index, count = (int(v) for v in partition.split("/"))
+    except ValueError:
+        raise ConfigError(f"--partition {partition!r} must be INDEX/COUNT, e.g. 0/3") from None
+    command = supernode_command(load_site(site), site, home, superlink, port, (index, count))
+    sys.exit(run_forever(command, home))

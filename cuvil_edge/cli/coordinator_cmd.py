@@ -50,3 +50,23 @@ def enroll(file: Path = typer.Argument(..., help="the enrollment file a device w
     SiteRegistry(home).enroll(enrollment, replace=replace)
     console.print(f"enrolled site {enrollment.site} ({enrollment.target}); its packages are sealed for seal key "
                   f"{enrollment.seal_public_key[:16]}...")
+
+
+@coordinator_app.command("serve")
+def serve(home: Path = _HOME, address: str = typer.Option("127.0.0.1:9093", "--address",
+                                                         help="host:port agents reach the SuperLink at "
+                                                         "(127.0.0.1 unless you mean to expose it)")) -> None:
+    """Run the SuperLink with TLS, node authentication and its database in the home; registers
+    every enrolled site. Stops on Ctrl-C or SIGTERM."""
+    import signal
+
+    from cuvil_edge.coordinator.superlink import start_superlink
+
+    proc = start_superlink(home, address, log_file=Path(home) / "superlink.log")
+    console.print(f"SuperLink at {address} (TLS, node authentication); log {Path(home) / 'superlink.log'}")
+    signal.signal(signal.SIGTERM, lambda *_: proc.terminate())
+    try:
+        proc.wait()
+    except KeyboardInterrupt:
+        proc.terminate()
+        proc.wait(timeout=30)

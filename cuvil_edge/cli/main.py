@@ -121,6 +121,17 @@ def demo(federation: Path = typer.Option(Path("configs/federation.yaml"), help="
                       "so `cuvil-edge demo --home NEW_DIR` starts a new demo federation with fresh ledgers")
 
 
+@app.command("run")
+def run_federation_cmd(federation: Path = typer.Option(Path("configs/federation.yaml"), help="federation YAML"),
+                       home: Path = typer.Option(DEFAULT_STATE, "--home", help="the coordinator home"),
+                       rounds: Optional[int] = typer.Option(None, help="override the number of rounds")) -> None:
+    """Submit the federation to the running SuperLink (`coordinator serve`) and stream its rounds."""
+    from cuvil_edge.coordinator.superlink import submit_run
+
+    status = submit_run(home, federation, rounds)
+    console.print(f"run {status}; reports in {home}/runs/")
+
+
 def _mount_subcommands() -> None:
     """Command groups live in their own modules (one owner each); they are mounted here."""
     from cuvil_edge.cli.agent_cmd import agent_app

@@ -30,6 +30,31 @@ class RunSpec:
         path.write_text(json.dumps(asdict(self), indent=2, sort_keys=True), encoding="utf-8")
 
     @staticmethod
+    def from_run_config(config: dict) -> "RunSpec":
+        """The spec of a run submitted to the deployment engine (`cuvil-edge run`): the coordinator's
+        federation file and home come in Flower's ``run_config``; keys and counters are the home's.
+
+        Raises:
+            ConfigError: ``federation`` or ``home`` is missing.
+        """
+        import time
+
+        if not config.get("federation") or not config.get("home"):
+            raise ConfigError("the run config needs federation and home (submit runs with `cuvil-edge run`)")
+        home = Path(str(config["home"]))
+        keys = home / "keys"
+        run_dir = home / "runs" / time.strftime("run-%Y%m%d-%H%M%S")
+        run_dir.mkdir(parents=True, exist_ok=True)
+        rounds = int(config.get("rounds", 0) or 0)
+        if rounds <= 0:
+            from cuvil_edge.config.federation import load_federation
+
+            rounds = load_federation(str(config["federation"])).rounds
+        return RunSpec(federation=str(config["federation"]), run_dir=str(run_dir), home=str(home),
+                       coordinator_key=str(keys / "coordinator.key"), trust_root=str(keys / "root.json"),
+                       rounds=rounds)
+
+    @staticmethod
     def from_env() -> "RunSpec":
         """Read the spec named by ``$CUVIL_EDGE_RUN_SPEC``.
 

@@ -29,6 +29,7 @@ class PrivacySection(_Strict):
     delta: float = Field(gt=0, lt=1e-2, default=1e-5)
     epsilon_per_round: float = Field(gt=0, description="DP-SGD target ε for one round of local training")
     eval_epsilon: float = Field(gt=0, default=0.05, description="ε per released evaluation metric")
+    local_dp: bool = Field(default=True, description="train with DP-SGD (deployment engine; the site decides)")
 
     @model_validator(mode="after")
     def _fits(self) -> "PrivacySection":

@@ -30,7 +30,9 @@ app = ServerApp()
 
 @app.main()
 def main(grid: Grid, context: Context) -> None:
-    run_federation(grid, RunSpec.from_env())
+    config = dict(context.run_config)
+    spec = RunSpec.from_run_config(config) if config.get("home") else RunSpec.from_env()  # deployment : simulation
+    run_federation(grid, spec)
 
 
 def run_federation(grid: Grid, spec: RunSpec) -> RunReport:

@@ -1,0 +1,157 @@
+"""The coordinator on Flower's deployment engine: SuperLink, node registration, run submission.
+
+Everything lives in the coordinator home: TLS material (``tls/``), the SuperLink's database
+(``superlink.db``, so registrations survive restarts) and the ``flwr`` CLI's configuration
+(``flwr/config.toml``, connection ``cuvil``). Flower 1.42's flags, start-up order and timings are
+in notes/flower-1.42.md §3.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import ssl
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+from cuvil_edge.config.flower_env import flower_tool, flwr_env
+from cuvil_edge.coordinator.registry import SiteRegistry
+from cuvil_edge.coordinator.tls import tls_files
+from cuvil_edge.errors import ConfigError, CuvilError
+
+log = logging.getLogger(__name__)
+
+CONNECTION = "cuvil"
+DEFAULT_ADDRESS = "127.0.0.1:9093"
+APP_DIR = Path(__file__).resolve().parents[2] / "deploy" / "flwr-app"
+
+
+class DeploymentError(CuvilError):
+    """The SuperLink, a registration or a run on the deployment engine failed."""
+
+
+def write_connection(home: Path, address: str) -> Path:
+    """``<home>/flwr/config.toml``: the ``cuvil`` connection to this SuperLink, pinned to our CA."""
+    ca = tls_files(Path(home) / "tls").ca_cert
+    path = Path(home) / "flwr" / "config.toml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f'[superlink]\ndefault = "{CONNECTION}"\n\n[superlink.{CONNECTION}]\n'
+                    f'address = "{address}"\nroot-certificates = "{ca}"\n', encoding="utf-8")
+    return path
+
+
+def superlink_command(home: Path, address: str = DEFAULT_ADDRESS) -> list[str]:
+    """``flower-superlink`` with TLS, node authentication and the home's database.
+
+    Raises:
+        ConfigError: the home has no TLS material (`cuvil-edge coordinator certs`).
+    """
+    tls = tls_files(Path(home) / "tls")
+    if not tls.server_cert.exists():
+        raise ConfigError(f"{tls.server_cert} is missing; run `cuvil-edge coordinator certs --host HOST` first")
+    host, _, port = address.rpartition(":")
+    return [flower_tool("flower-superlink"), "--ssl-certfile", str(tls.server_cert), "--ssl-keyfile", str(tls.server_key),
+            "--ssl-ca-certfile", str(tls.ca_cert), "--enable-supernode-auth", "--database",
+            str(Path(home) / "superlink.db"), "--host", host, "--port", port,
+            "--disable-runtime-dependency-installation"]
+
+
+def wait_healthy(home: Path, address: str, timeout: float = 60.0) -> None:
+    """Poll the SuperLink's ``/health`` over TLS (pinned CA) until it answers 200.
+
+    Raises:
+        DeploymentError: no healthy answer within ``timeout``.
+    """
+    context = ssl.create_default_context(cafile=str(tls_files(Path(home) / "tls").ca_cert))
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(f"https://{address}/health", context=context, timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.5)
+    raise DeploymentError(f"the SuperLink at {address} did not become healthy within {timeout:.0f} s")
+
+
+def start_superlink(home: Path, address: str = DEFAULT_ADDRESS, log_file: Path | None = None) -> subprocess.Popen:
+    """Start the SuperLink, wait until healthy, write the CLI connection and register every
+    enrolled site. The caller stops the returned process.
+
+    Raises:
+        ConfigError / DeploymentError: missing TLS material, or it did not start.
+    """
+    out = open(log_file, "ab") if log_file else subprocess.DEVNULL
+    proc = subprocess.Popen(superlink_command(home, address), env=flwr_env(home), stdout=out, stderr=subprocess.STDOUT)
+    try:
+        wait_healthy(home, address)
+        write_connection(home, address)
+        register_enrolled(home)
+    except BaseException:
+        proc.terminate()
+        proc.wait(timeout=30)
+        raise
+    return proc
+
+
+def _flwr(home: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([flower_tool("flwr"), *args], env=flwr_env(home), capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def registered_names(home: Path) -> set[str]:
+    """Names of the nodes the SuperLink knows.
+
+    Raises:
+        DeploymentError: the SuperLink cannot be asked.
+    """
+    proc = _flwr(home, "supernode", "list", CONNECTION, "--format", "json")
+    try:
+        nodes = json.loads(proc.stdout).get("nodes", [])
+    except ValueError as e:
+        raise DeploymentError(f"`flwr supernode list` failed: {proc.stderr.strip()[-300:]}") from e
+    return {str(n.get("name") or n.get("node-name") or "") for n in nodes}
+
+
+def register_enrolled(home: Path) -> list[str]:
+    """Register every enrolled site's node key under the site's name (once); returns the new ones.
+
+    Raises:
+        DeploymentError: a registration was refused.
+    """
+    known = registered_names(home)
+    added = []
+    for site, entry in SiteRegistry(home).sites().items():
+        if site in known:
+            continue
+        key = Path(home) / "flwr" / f"{site}.pub"
+        key.write_text(entry["node_public_key"] + "\n", encoding="ascii")
+        proc = _flwr(home, "supernode", "register", str(key), CONNECTION, "--name", site)
+        if proc.returncode != 0:
+            raise DeploymentError(f"registering site {site!r} failed: {(proc.stdout + proc.stderr).strip()[-300:]}")
+        added.append(site)
+        log.info("registered site %s with the SuperLink", site)
+    return added
+
+
+def submit_run(home: Path, federation: Path, rounds: int | None = None, timeout: float = 3600) -> str:
+    """`flwr run` the federation on the SuperLink and stream it; returns the run's final status.
+
+    Raises:
+        DeploymentError: the run did not finish as completed (`flwr run` exits 0 even when the
+            ServerApp fails, so the status is read back with `flwr ls`).
+    """
+    config = f"federation='{Path(federation).resolve()}' home='{Path(home).resolve()}' rounds={rounds or 0}"
+    proc = subprocess.run([flower_tool("flwr"), "run", str(APP_DIR), CONNECTION, "--stream", "--run-config", config],
+                          env=flwr_env(home), timeout=timeout)
+    listing = _flwr(home, "ls", CONNECTION, "--format", "json")
+    try:
+        runs = json.loads(listing.stdout).get("runs", [])
+    except ValueError as e:
+        raise DeploymentError(f"`flwr ls` failed: {listing.stderr.strip()[-300:]}") from e
+    status = str(runs[-1].get("status", "unknown")) if runs else "no run"
+    if proc.returncode != 0 or status != "finished:completed":
+        raise DeploymentError(f"the run ended as {status!r} (flwr run exit {proc.returncode}); see the SuperLink log")
+    return status
