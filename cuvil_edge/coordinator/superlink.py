@@ -25,7 +25,8 @@ log = logging.getLogger(__name__)
 
 CONNECTION = "cuvil"
 DEFAULT_ADDRESS = "127.0.0.1:9093"
-APP_DIR = Path(__file__).resolve().parents[2] / "deploy" / "flwr-app"
+#: The Flower App `flwr run` submits: a pyproject and a two-line module, no cuvil-edge code (see there).
+APP_DIR = Path(__file__).resolve().parent / "flwr_app"
 
 
 class DeploymentError(CuvilError):
