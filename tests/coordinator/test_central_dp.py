@@ -13,6 +13,7 @@ from cuvil_edge.coordinator.report import format_round
 from cuvil_edge.coordinator.server_app import make_strategy
 from cuvil_edge.coordinator.strategy import CentralDpFixedClipping, SitePackageFedAvg
 from cuvil_edge.errors import ConfigError
+from flower_identity import flower_identity  # noqa: F401 (a fixture)
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -16,6 +16,7 @@ from cuvil_edge.coordinator.report import FAILED_STATUS, format_round
 from cuvil_edge.coordinator.strategy import SitePackageFedAvg
 from cuvil_edge.frontend import load_model
 from cuvil_edge.frontend.demo_model import digits_cnn_onnx
+from flower_identity import flower_identity  # noqa: F401 (a fixture)
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -1,4 +1,5 @@
-"""Fixtures shared by the coordinator tests."""
+"""A fixture shared by coordinator tests (not a conftest.py: a second module named conftest would shadow
+tests/ir_serialize/conftest.py, which other tests import by name)."""
 
 import pytest
 
