@@ -89,6 +89,7 @@ def demo(federation: Path = typer.Option(Path("configs/federation.yaml"), help="
          run_dir: Optional[Path] = typer.Option(None, help="run directory (default runs/<name>-<time>)"),
          home: Path = typer.Option(DEFAULT_STATE, "--home", help="durable home: keys, version counters, each "
                                    "site's state and privacy ledger (kept across runs)"),
+         resume: bool = typer.Option(False, "--resume", help="continue from the newest checkpoint in the home"),
          verbose: bool = typer.Option(False, "--verbose", "-v", help="also show Flower's and Ray's logs")) -> None:
     """Run the demo federation in Flower simulation and report each round.
 
@@ -102,7 +103,7 @@ def demo(federation: Path = typer.Option(Path("configs/federation.yaml"), help="
         os.environ.setdefault("FLWR_LOG_LEVEL", "WARNING")
         logging.getLogger("flwr").setLevel(logging.WARNING)
     _show_reports()
-    spec = prepare_run(federation, run_dir, rounds, home=home)
+    spec = prepare_run(federation, run_dir, rounds, home=home, resume=resume)
     console.print(f"run directory: {spec.run_dir}")
     console.print(f"federation home: {spec.home} (keys, version counters, each site's state and privacy ledger; "
                   "they persist across runs)")
@@ -124,11 +125,13 @@ def demo(federation: Path = typer.Option(Path("configs/federation.yaml"), help="
 @app.command("run")
 def run_federation_cmd(federation: Path = typer.Option(Path("configs/federation.yaml"), help="federation YAML"),
                        home: Path = typer.Option(DEFAULT_STATE, "--home", help="the coordinator home"),
-                       rounds: Optional[int] = typer.Option(None, help="override the number of rounds")) -> None:
+                       rounds: Optional[int] = typer.Option(None, help="override the number of rounds"),
+                       resume: bool = typer.Option(False, "--resume",
+                                                   help="continue from the newest checkpoint in the home")) -> None:
     """Submit the federation to the running SuperLink (`coordinator serve`) and stream its rounds."""
     from cuvil_edge.coordinator.superlink import submit_run
 
-    status = submit_run(home, federation, rounds)
+    status = submit_run(home, federation, rounds, resume=resume)
     console.print(f"run {status}; reports in {home}/runs/")
 
 

@@ -24,7 +24,8 @@ class RunSpec:
     home: str  # the durable home: keys, version counters, site state (config/home.py)
     coordinator_key: str  # private key (coordinator side only)
     trust_root: str  # root.json, pinned by every agent
-    rounds: int
+    rounds: int  # rounds this run drives
+    start_round: int = 0  # > 0: resumed after this round's checkpoint (coordinator/checkpoints.py)
 
     def save(self, path: Path) -> None:
         path.write_text(json.dumps(asdict(self), indent=2, sort_keys=True), encoding="utf-8")
@@ -69,3 +70,4 @@ class RunSpec:
             return RunSpec(**data)
         except (OSError, ValueError, TypeError) as e:
             raise ConfigError(f"{path}: invalid run spec ({e})") from e
+

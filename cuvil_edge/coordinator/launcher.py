@@ -10,6 +10,7 @@ from pathlib import Path
 from cuvil_edge.config import load_federation
 from cuvil_edge.config.run_spec import ENV_VAR, RunSpec
 from cuvil_edge.config.home import DEFAULT_HOME, keys_dir
+from cuvil_edge.coordinator.checkpoints import resumed
 from cuvil_edge.coordinator.keys import current_root, init_keys
 from cuvil_edge.coordinator.report import STOPPED_CENTRAL_BUDGET
 from cuvil_edge.errors import CuvilError
@@ -29,11 +30,12 @@ class RunFailedError(CuvilError):
 
 
 def prepare_run(federation_path: Path, run_dir: Path | None = None, rounds: int | None = None,
-                home: Path | None = None) -> RunSpec:
+                home: Path | None = None, resume: bool = False) -> RunSpec:
     """Validate the configs, create the run directory, and write the run spec.
 
-    Keys, version counters and every site's state (ledger included) live in ``home`` (default
-    ``.cuvil``) and persist across runs; keys are created there on first use only.
+    Keys, version counters, checkpoints and every site's state (ledger included) live in ``home``
+    (default ``.cuvil``) and persist across runs; keys are created there on first use only. With
+    ``resume`` the run continues from the federation's newest checkpoint.
 
     Raises:
         ConfigError: the federation or a site file is invalid.
@@ -56,6 +58,8 @@ def prepare_run(federation_path: Path, run_dir: Path | None = None, rounds: int 
     spec = RunSpec(federation=str(federation_path), run_dir=str(run_dir), home=str(home),
                    coordinator_key=str(private), trust_root=str(public),
                    rounds=rounds or federation.rounds)
+    if resume:  # continue from the newest checkpoint in the home: the rounds left, numbered on
+        spec = resumed(spec)
     spec.save(run_dir / "run_spec.json")
     return spec
 

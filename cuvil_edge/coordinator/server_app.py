@@ -13,6 +13,8 @@ from cuvil_edge.config import load_federation
 from cuvil_edge.config.run_spec import RunSpec
 from cuvil_edge.coordinator.model import load_federation_model
 from cuvil_edge.config.home import versions_file
+from cuvil_edge.errors import StateError
+from cuvil_edge.coordinator.checkpoints import latest_checkpoint, resumed, save_checkpoint
 from cuvil_edge.coordinator.packaging import PackageFactory, VersionCounter
 from cuvil_edge.coordinator.registry import SiteRegistry
 from cuvil_edge.coordinator.report import STOPPED_CENTRAL_BUDGET, RunReport
@@ -31,7 +33,11 @@ app = ServerApp()
 @app.main()
 def main(grid: Grid, context: Context) -> None:
     config = dict(context.run_config)
-    spec = RunSpec.from_run_config(config) if config.get("home") else RunSpec.from_env()  # deployment : simulation
+    if config.get("home"):  # deployment engine: the settings come in the run config
+        spec = RunSpec.from_run_config(config)
+        spec = resumed(spec) if config.get("resume") else spec
+    else:  # simulation: the launcher's run spec (already resumed by prepare_run)
+        spec = RunSpec.from_env()
     run_federation(grid, spec)
 
 
@@ -49,12 +55,22 @@ def run_federation(grid: Grid, spec: RunSpec) -> RunReport:
     test = digits.global_test(federation.dataset.test_fraction)
     report = RunReport(run_dir, sites)
     trainable = {k: v for k, v in graph.initializers.items() if v.dtype == np.float32}
+    offset = spec.start_round  # a resumed run numbers its rounds on from its checkpoint
+    if offset:
+        checkpoint = latest_checkpoint(Path(spec.home), federation.name)
+        if checkpoint is None or checkpoint.round != offset or set(checkpoint.weights) != set(trainable):
+            raise StateError(f"the checkpoint of round {offset} of {federation.name!r} is missing or does not "
+                             "match the model; cannot resume")
+        trainable = checkpoint.weights
 
     def evaluate(server_round: int, arrays: ArrayRecord) -> MetricRecord:
-        model = factory.graph_with(arrays_to_numpy(arrays))
+        weights = arrays_to_numpy(arrays)
+        model = factory.graph_with(weights)
         probs = interpreter.run(model, {model.inputs[0].name: test.x})[model.outputs[0].name]
         accuracy = float((probs.argmax(axis=1) == test.y).mean())
-        report.add_round(server_round, accuracy, sites_strategy.rounds.get(server_round, {}),
+        if server_round > 0:  # durable before the report says the round is done
+            save_checkpoint(Path(spec.home), federation.name, offset + server_round, weights)
+        report.add_round(offset + server_round, accuracy, sites_strategy.rounds.get(server_round, {}),
                          central=sites_strategy.central.get(server_round),
                          federated=sites_strategy.evaluations.get(server_round))
         return MetricRecord({"accuracy": accuracy})

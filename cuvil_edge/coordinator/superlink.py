@@ -137,14 +137,16 @@ def register_enrolled(home: Path) -> list[str]:
     return added
 
 
-def submit_run(home: Path, federation: Path, rounds: int | None = None, timeout: float = 3600) -> str:
+def submit_run(home: Path, federation: Path, rounds: int | None = None, timeout: float = 3600,
+               resume: bool = False) -> str:
     """`flwr run` the federation on the SuperLink and stream it; returns the run's final status.
 
     Raises:
         DeploymentError: the run did not finish as completed (`flwr run` exits 0 even when the
             ServerApp fails, so the status is read back with `flwr ls`).
     """
-    config = f"federation='{Path(federation).resolve()}' home='{Path(home).resolve()}' rounds={rounds or 0}"
+    config = (f"federation='{Path(federation).resolve()}' home='{Path(home).resolve()}' rounds={rounds or 0} "
+              f"resume={'true' if resume else 'false'}")
     proc = subprocess.run([flower_tool("flwr"), "run", str(APP_DIR), CONNECTION, "--stream", "--run-config", config],
                           env=flwr_env(home), timeout=timeout)
     listing = _flwr(home, "ls", CONNECTION, "--format", "json")

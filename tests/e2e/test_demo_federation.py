@@ -129,3 +129,23 @@ def test_central_max_epsilon_stops_the_run_cleanly(tmp_path):
     assert metrics["stopped_early"]["completed_rounds"] == 1
     assert (run_dir / "metrics.png").stat().st_size > 1000
     assert "stopped early: central ε budget" in proc.stdout
+
+
+def test_a_stopped_federation_resumes_from_its_last_checkpoint(tmp_path):
+    """Two rounds, then `--resume` to three: the resumed run starts from round 2's weights (same
+    global accuracy before it trains), numbers its round 3, and keeps the home's keys and counters."""
+    fed = ROOT / "configs" / "federation.yaml"
+    proc, run_dir = run_demo(tmp_path, 2, fed)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    first = json.loads((run_dir / "metrics.json").read_text())["rounds"]
+    root = (tmp_path / ".cuvil" / "keys" / "root.json").read_bytes()
+    env = dict(os.environ, FLWR_HOME=str(tmp_path / "flwr_home"), FLWR_TELEMETRY_ENABLED="0")
+    again = subprocess.run([sys.executable, "-m", "cuvil_edge", "demo", "--rounds", "3", "--resume", "--run-dir",
+                            str(tmp_path / "run2"), "--federation", str(fed)], cwd=tmp_path, env=env,
+                           capture_output=True, text=True, timeout=900)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    resumed = json.loads((tmp_path / "run2" / "metrics.json").read_text())["rounds"]
+    assert [r["round"] for r in resumed] == [2, 3]
+    assert resumed[0]["global_accuracy"] == first[-1]["global_accuracy"]  # the same weights
+    assert all(s["status"] == "ok" for s in resumed[1]["sites"].values())  # packages still accepted
+    assert (tmp_path / ".cuvil" / "keys" / "root.json").read_bytes() == root

@@ -1,0 +1,88 @@
+"""The global model after each completed round, in the coordinator home (no pickle).
+
+``<home>/checkpoints/<federation>/round-<NNNNN>.npz`` holds the round's aggregated weights
+(``np.savez``, read back with ``allow_pickle=False``), written atomically, so a coordinator
+killed between rounds resumes from the last completed one (`--resume`).
+"""
+
+from __future__ import annotations
+
+import io
+import re
+import zipfile
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Mapping
+
+import numpy as np
+
+from cuvil_edge.atomic import atomic_write
+from cuvil_edge.config.federation import load_federation
+from cuvil_edge.config.run_spec import RunSpec
+from cuvil_edge.errors import ConfigError, StateError
+
+_NAME = re.compile(r"^round-(\d{5})\.npz$")
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    round: int
+    weights: dict[str, np.ndarray]
+    path: Path
+
+
+def checkpoint_dir(home: Path, federation: str) -> Path:
+    return Path(home) / "checkpoints" / federation
+
+
+def save_checkpoint(home: Path, federation: str, server_round: int, weights: Mapping[str, np.ndarray]) -> Path:
+    """Write the weights after ``server_round`` (atomic: a crash leaves the previous checkpoints).
+
+    Raises:
+        StateError: the checkpoint cannot be written.
+    """
+    buffer = io.BytesIO()
+    np.savez(buffer, **{k: np.asarray(v) for k, v in weights.items()})
+    path = checkpoint_dir(home, federation) / f"round-{server_round:05d}.npz"
+    try:
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        atomic_write(path, buffer.getvalue(), mode=0o600)
+    except OSError as e:
+        raise StateError(f"cannot write checkpoint {path}: {e}") from e
+    return path
+
+
+def latest_checkpoint(home: Path, federation: str) -> Checkpoint | None:
+    """The newest checkpoint of ``federation``, or None.
+
+    Raises:
+        StateError: it is unreadable (never silently skipped: resuming from an older one would
+            repeat rounds).
+    """
+    folder = checkpoint_dir(home, federation)
+    found = sorted((int(m.group(1)), p) for p in folder.glob("round-*.npz") if (m := _NAME.match(p.name)))
+    if not found:
+        return None
+    server_round, path = found[-1]
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            weights = {k: np.array(data[k]) for k in data.files}
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
+        raise StateError(f"checkpoint {path} is unreadable ({e}); remove it to resume from the one before") from e
+    return Checkpoint(server_round, weights, path)
+
+
+def resumed(spec: RunSpec) -> RunSpec:
+    """``spec`` continued from its federation's newest checkpoint: the rounds left, numbered on.
+
+    Raises:
+        ConfigError: there is no checkpoint, or every round is already done.
+        StateError: the newest checkpoint is unreadable.
+    """
+    federation = load_federation(spec.federation)
+    last = latest_checkpoint(Path(spec.home), federation.name)
+    if last is None:
+        raise ConfigError(f"nothing to resume: {spec.home} has no checkpoint of federation {federation.name!r}")
+    if last.round >= spec.rounds:
+        raise ConfigError(f"federation {federation.name!r} already completed {last.round} of {spec.rounds} rounds")
+    return replace(spec, rounds=spec.rounds - last.round, start_round=last.round)
