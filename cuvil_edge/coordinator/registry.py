@@ -86,8 +86,25 @@ class SiteRegistry:
                               "be the same site. If the device was replaced, enroll again with --replace")
         entry = {"target": enrollment.target, "node_public_key": enrollment.node_public_key,
                  "seal_public_key": enrollment.seal_public_key, "enrolled_at": int(time.time())}
+        if old is not None and old["node_public_key"] == enrollment.node_public_key and old.get("node_id"):
+            entry["node_id"] = old["node_id"]  # the same device again: still registered
+        elif old is not None:  # a replaced device: its old registration is withdrawn (`serve` does it)
+            retired = list(old.get("unregister", []))
+            entry["unregister"] = retired + ([old["node_id"]] if old.get("node_id") else [])
         self._write({**sites, enrollment.site: entry})
         return entry
+
+    def set_node_id(self, site: str, node_id: str) -> None:
+        """Record the node id the SuperLink gave the site's registered key.
+
+        Raises:
+            StateError: the site is not enrolled, or the registry cannot be written.
+        """
+        sites = self.sites()
+        if site not in sites:
+            raise StateError(f"site {site!r} is not enrolled in {self.path}")
+        entry = {k: v for k, v in sites[site].items() if k != "unregister"}
+        self._write({**sites, site: {**entry, "node_id": node_id}})
 
     def seal_keys(self) -> dict[str, X25519PublicKey]:
         """Each enrolled site's sealing key (packages for it are sealed by default).

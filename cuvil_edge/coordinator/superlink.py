@@ -102,38 +102,35 @@ def _flwr(home: Path, *args: str, timeout: float = 120) -> subprocess.CompletedP
                           timeout=timeout)
 
 
-def registered_names(home: Path) -> set[str]:
-    """Names of the nodes the SuperLink knows.
-
-    Raises:
-        DeploymentError: the SuperLink cannot be asked.
-    """
-    proc = _flwr(home, "supernode", "list", CONNECTION, "--format", "json")
-    try:
-        nodes = json.loads(proc.stdout).get("nodes", [])
-    except ValueError as e:
-        raise DeploymentError(f"`flwr supernode list` failed: {proc.stderr.strip()[-300:]}") from e
-    return {str(n.get("name") or n.get("node-name") or "") for n in nodes}
-
-
 def register_enrolled(home: Path) -> list[str]:
-    """Register every enrolled site's node key under the site's name (once); returns the new ones.
+    """Register every enrolled site's node key under the site's name, once: the node id the
+    SuperLink assigns is kept in the registry (its database keeps the registration across
+    restarts, and `flwr supernode list` does not show names to match on). Returns the new ones.
 
     Raises:
         DeploymentError: a registration was refused.
     """
-    known = registered_names(home)
+    registry = SiteRegistry(home)
     added = []
-    for site, entry in SiteRegistry(home).sites().items():
-        if site in known:
+    for site, entry in registry.sites().items():
+        if entry.get("node_id"):
             continue
+        for old in entry.get("unregister", []):  # the replaced device's key must stop working
+            proc = _flwr(home, "supernode", "unregister", str(old), CONNECTION)
+            if proc.returncode != 0:
+                raise DeploymentError(f"withdrawing the replaced device of site {site!r} (node {old}) failed: "
+                                      f"{(proc.stdout + proc.stderr).strip()[-300:]}")
         key = Path(home) / "flwr" / f"{site}.pub"
         key.write_text(entry["node_public_key"] + "\n", encoding="ascii")
-        proc = _flwr(home, "supernode", "register", str(key), CONNECTION, "--name", site)
-        if proc.returncode != 0:
-            raise DeploymentError(f"registering site {site!r} failed: {(proc.stdout + proc.stderr).strip()[-300:]}")
+        proc = _flwr(home, "supernode", "register", str(key), CONNECTION, "--name", site, "--format", "json")
+        try:
+            node_id = str(json.loads(proc.stdout)["node-id"])
+        except (ValueError, KeyError, TypeError):
+            raise DeploymentError(f"registering site {site!r} failed: "
+                                  f"{(proc.stdout + proc.stderr).strip()[-300:]}") from None
+        registry.set_node_id(site, node_id)
         added.append(site)
-        log.info("registered site %s with the SuperLink", site)
+        log.info("registered site %s with the SuperLink as node %s", site, node_id)
     return added
 
 

@@ -135,3 +135,18 @@ def test_packages_for_an_enrolled_site_are_sealed_for_it(tmp_path, federation):
     intruder = AgentRuntime(site, other.state_dir, keys_dir(federation) / "root.json")  # another device's keys
     with pytest.raises(WrongSealKeyError):
         intruder.activate(package)
+
+
+def test_a_replaced_devices_registration_is_queued_for_withdrawal(tmp_path, federation):
+    registry = SiteRegistry(federation)
+    _, first = _device(tmp_path, federation, "dev1")
+    _, second = _device(tmp_path, federation, "dev2")
+    registry.enroll(first.enrollment)
+    registry.set_node_id("hospital-a", "101")
+    registry.enroll(first.enrollment)  # the same device again: still registered
+    assert registry.sites()["hospital-a"]["node_id"] == "101"
+    registry.enroll(second.enrollment, replace=True)
+    entry = registry.sites()["hospital-a"]
+    assert "node_id" not in entry and entry["unregister"] == ["101"]  # `serve` withdraws it, then registers
+    registry.set_node_id("hospital-a", "202")
+    assert registry.sites()["hospital-a"]["node_id"] == "202" and "unregister" not in registry.sites()["hospital-a"]
