@@ -1,5 +1,5 @@
 """Flower's deployment engine on 127.0.0.1: a TLS SuperLink with node authentication, three enrolled
-devices and one rogue (issue 10 item 6 a, b). Every process started here is stopped by PID."""
+devices and one rogue (issue 10 item 6 a, b, d). Every process started here is stopped by PID."""
 
 from __future__ import annotations
 
@@ -50,7 +50,7 @@ def _online(home: Path) -> int:
         return 0
 
 
-def test_three_enrolled_devices_complete_two_rounds_and_a_rogue_key_is_refused(tmp_path):
+def test_enrolled_devices_run_a_rogue_is_refused_and_a_killed_coordinator_resumes(tmp_path):
     fed_path = _configs(tmp_path)
     home = init_home(tmp_path / "coordinator")
     make_certs(home / "tls", ["127.0.0.1"])
@@ -84,6 +84,19 @@ def test_three_enrolled_devices_complete_two_rounds_and_a_rogue_key_is_refused(t
         assert _online(home) == len(devices)
 
         assert submit_run(home, fed_path, rounds=2, timeout=900) == "finished:completed"  # (a)
+        registry = json.loads((home / "sites.json").read_text())["sites"]
+        assert all(entry.get("node_id") for entry in registry.values())
+
+        # (d) the coordinator is killed between rounds and restarted: same keys, counters and
+        # registrations; the run resumes from the last checkpoint and the devices accept its packages
+        link.kill()
+        link.wait(timeout=30)
+        link = start_superlink(home, address, log_file=tmp_path / "superlink2.log")
+        deadline = time.monotonic() + 180
+        while _online(home) < len(devices) and time.monotonic() < deadline:
+            time.sleep(2)
+        assert _online(home) == len(devices)
+        assert submit_run(home, fed_path, rounds=3, timeout=900, resume=True) == "finished:completed"
     finally:
         for proc in nodes + [link]:
             if proc.poll() is None:
@@ -93,11 +106,16 @@ def test_three_enrolled_devices_complete_two_rounds_and_a_rogue_key_is_refused(t
                 proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 proc.kill()
-    [run_dir] = (home / "runs").iterdir()
-    rounds = json.loads((run_dir / "metrics.json").read_text())["rounds"]
+    first_run, resumed_run = sorted((home / "runs").iterdir())
+    rounds = json.loads((first_run / "metrics.json").read_text())["rounds"]
     assert [r["round"] for r in rounds] == [0, 1, 2]
     for stats in rounds[-1]["sites"].values():
         assert stats["status"] == "ok" and stats["eps-spent"] > 0
+    after = json.loads((resumed_run / "metrics.json").read_text())["rounds"]
+    assert [r["round"] for r in after] == [2, 3] and after[0]["global_accuracy"] == rounds[-1]["global_accuracy"]
+    for site, stats in after[-1]["sites"].items():
+        assert stats["status"] == "ok", (site, stats)
+        assert stats["eps-spent"] > rounds[-1]["sites"][site]["eps-spent"]  # the same ledger, spent further
     for i, (_, setup) in enumerate(devices):  # each device kept its own, sealed packages and its own ledger
         kept = list((setup.state_dir / "packages").glob("*.cpkg"))
         assert kept and all(b"CUVLIRC" not in p.read_bytes() for p in kept)
