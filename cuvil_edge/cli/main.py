@@ -135,6 +135,25 @@ def run_federation_cmd(federation: Path = typer.Option(Path("configs/federation.
     console.print(f"run {status}; reports in {home}/runs/")
 
 
+@app.command("status")
+def status_cmd(home: Path = typer.Option(DEFAULT_STATE, "--home", help="the coordinator home")) -> None:
+    """Enrolled sites, which are online, the last round and each site's reported ε."""
+    from rich.table import Table
+
+    from cuvil_edge.coordinator.status import federation_status
+
+    st = federation_status(home)
+    console.print(f"SuperLink: {st.superlink}; last round: {st.last_round if st.last_round is not None else '-'}"
+                  + (f" ({st.run_dir})" if st.run_dir else ""))
+    table = Table("site", "target", "registered", "online", "last status", "ε spent", "ε left")
+    for s in st.sites:
+        table.add_row(s.site, s.target, "yes" if s.registered else "no",
+                      "?" if s.online is None else ("yes" if s.online else "no"), s.last_status or "-",
+                      "-" if s.eps_spent is None else f"{s.eps_spent:.3f}",
+                      "-" if s.eps_remaining is None else f"{s.eps_remaining:.3f}")
+    console.print(table)
+
+
 def _mount_subcommands() -> None:
     """Command groups live in their own modules (one owner each); they are mounted here."""
     from cuvil_edge.cli.agent_cmd import agent_app

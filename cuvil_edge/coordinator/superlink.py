@@ -97,7 +97,7 @@ def start_superlink(home: Path, address: str = DEFAULT_ADDRESS, log_file: Path |
     return proc
 
 
-def _flwr(home: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+def flwr_cli(home: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
     return subprocess.run([flower_tool("flwr"), *args], env=flwr_env(home), capture_output=True, text=True,
                           timeout=timeout)
 
@@ -116,13 +116,13 @@ def register_enrolled(home: Path) -> list[str]:
         if entry.get("node_id"):
             continue
         for old in entry.get("unregister", []):  # the replaced device's key must stop working
-            proc = _flwr(home, "supernode", "unregister", str(old), CONNECTION)
+            proc = flwr_cli(home, "supernode", "unregister", str(old), CONNECTION)
             if proc.returncode != 0:
                 raise DeploymentError(f"withdrawing the replaced device of site {site!r} (node {old}) failed: "
                                       f"{(proc.stdout + proc.stderr).strip()[-300:]}")
         key = Path(home) / "flwr" / f"{site}.pub"
         key.write_text(entry["node_public_key"] + "\n", encoding="ascii")
-        proc = _flwr(home, "supernode", "register", str(key), CONNECTION, "--name", site, "--format", "json")
+        proc = flwr_cli(home, "supernode", "register", str(key), CONNECTION, "--name", site, "--format", "json")
         try:
             node_id = str(json.loads(proc.stdout)["node-id"])
         except (ValueError, KeyError, TypeError):
@@ -146,7 +146,7 @@ def submit_run(home: Path, federation: Path, rounds: int | None = None, timeout:
               f"resume={'true' if resume else 'false'}")
     proc = subprocess.run([flower_tool("flwr"), "run", str(APP_DIR), CONNECTION, "--stream", "--run-config", config],
                           env=flwr_env(home), timeout=timeout)
-    listing = _flwr(home, "ls", CONNECTION, "--format", "json")
+    listing = flwr_cli(home, "ls", CONNECTION, "--format", "json")
     try:
         runs = json.loads(listing.stdout).get("runs", [])
     except ValueError as e:

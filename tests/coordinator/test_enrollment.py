@@ -150,3 +150,19 @@ def test_a_replaced_devices_registration_is_queued_for_withdrawal(tmp_path, fede
     assert "node_id" not in entry and entry["unregister"] == ["101"]  # `serve` withdraws it, then registers
     registry.set_node_id("hospital-a", "202")
     assert registry.sites()["hospital-a"]["node_id"] == "202" and "unregister" not in registry.sites()["hospital-a"]
+
+
+def test_status_shows_enrolled_sites_their_epsilon_and_an_unreachable_superlink(tmp_path, federation):
+    from cuvil_edge.coordinator.status import federation_status
+
+    _, setup = _device(tmp_path, federation, "dev")
+    SiteRegistry(federation).enroll(setup.enrollment)
+    run = federation / "runs" / "run-20261130-000000"
+    run.mkdir(parents=True)
+    (run / "metrics.json").write_text(json.dumps({"rounds": [{"round": 3, "sites": {
+        "hospital-a": {"status": "ok", "eps-spent": 2.5, "eps-remaining": 5.5}}}]}))
+    st = federation_status(federation)
+    assert st.last_round == 3 and st.run_dir == run and "not started" in st.superlink
+    [site] = st.sites
+    assert (site.site, site.registered, site.online, site.eps_spent) == ("hospital-a", False, None, 2.5)
+    assert main(["status", "--home", str(federation)]) == 0

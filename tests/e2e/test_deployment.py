@@ -17,6 +17,7 @@ from cuvil_edge.agent.enroll import init_site
 from cuvil_edge.config import load_federation, load_site
 from cuvil_edge.config.flower_env import flower_tool, flwr_env
 from cuvil_edge.coordinator.registry import SiteRegistry, init_home
+from cuvil_edge.coordinator.status import federation_status
 from cuvil_edge.coordinator.superlink import CONNECTION, start_superlink, submit_run
 from cuvil_edge.coordinator.tls import make_certs
 
@@ -86,6 +87,9 @@ def test_enrolled_devices_run_a_rogue_is_refused_and_a_killed_coordinator_resume
         assert submit_run(home, fed_path, rounds=2, timeout=900) == "finished:completed"  # (a)
         registry = json.loads((home / "sites.json").read_text())["sites"]
         assert all(entry.get("node_id") for entry in registry.values())
+        st = federation_status(home)  # `cuvil-edge status`
+        assert st.superlink == "reachable" and st.last_round == 2
+        assert all(s.registered and s.online and s.eps_spent > 0 for s in st.sites)
 
         # (d) the coordinator is killed between rounds and restarted: same keys, counters and
         # registrations; the run resumes from the last checkpoint and the devices accept its packages
