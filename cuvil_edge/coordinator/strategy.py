@@ -56,8 +56,22 @@ class SitePackages(FedAvg):
 
     # -- node -> site ---------------------------------------------------------
     def _resolve_sites(self, grid: Grid, node_ids: Iterable[int]) -> None:
+        """Learn which site each node is. On the deployment engine with node authentication a
+        node *is* the name it was registered under (`coordinator serve` registers each enrolled
+        site's key under the site's name); only without registered names (simulation) is the node
+        asked with a QUERY. Two nodes can never be one site."""
+        node_ids = list(node_ids)
         unknown = [nid for nid in node_ids if nid not in self.node_to_site]
         if not unknown:
+            return
+        names = self._registered_names(grid)
+        if names:
+            for nid in unknown:
+                site = names.get(nid, "")
+                if site in self.factory.sites:
+                    self._bind(nid, site, node_ids)
+                else:
+                    log.warning("node %s is registered as %r, not an enrolled site; it gets nothing", nid, site)
             return
         queries = [
             Message(RecordDict({"config": ConfigRecord({"ask": SITE_KEY})}), dst_node_id=nid,
@@ -72,7 +86,26 @@ class SitePackages(FedAvg):
             if site not in self.factory.sites:
                 log.warning("node %s claims unknown site %r; ignoring it", reply.metadata.src_node_id, site)
                 continue
-            self.node_to_site[reply.metadata.src_node_id] = site
+            self._bind(reply.metadata.src_node_id, site, node_ids)
+
+    @staticmethod
+    def _registered_names(grid: Grid) -> dict[int, str]:
+        """Node id -> registered name, for nodes that have one (none in simulation)."""
+        try:
+            return {int(n.node_id): n.name for n in grid.get_nodes() if n.name}
+        except (AttributeError, NotImplementedError):
+            return {}
+
+    def _bind(self, node_id: int, site: str, active: list[int]) -> None:
+        """Map ``node_id`` to ``site`` unless another node active now already is that site."""
+        holders = [nid for nid, s in self.node_to_site.items() if s == site and nid != node_id]
+        if any(nid in active for nid in holders):
+            log.warning("node %s claims site %r, which node %s already is; two nodes cannot be one site",
+                        node_id, site, holders[0])
+            return
+        for nid in holders:  # a restarted node came back under a new id
+            del self.node_to_site[nid]
+        self.node_to_site[node_id] = site
 
     def _personalise(self, messages: Iterable[Message], arrays: ArrayRecord, grid: Grid) -> list[Message]:
         messages = list(messages)

@@ -60,3 +60,48 @@ def test_a_dead_nodes_failure_is_credited_to_its_site_and_silence_is_reported(tm
     shown = {site: {"target": "x", **entry} for site, entry in stats.items()}
     table = format_round({"round": 1, "global_accuracy": 0.5, "sites": shown, "dropped_out": []})
     assert f"{sites[0].site} failed (train): Node Unavailable" in table
+
+
+class _Grid:
+    """The grid's answers to the two questions the strategy asks (a transport stand-in)."""
+
+    def __init__(self, names: dict[int, str], answers: dict[int, str]):
+        self.names, self.answers = names, answers
+
+    def get_nodes(self):
+        from types import SimpleNamespace
+
+        return [SimpleNamespace(node_id=nid, name=name) for nid, name in self.names.items()]
+
+    def send_and_receive(self, messages, timeout):
+        replies = []
+        for m in messages:
+            m.metadata.__dict__["_message_id"] = f"q{m.metadata.dst_node_id}"
+            meta = Metadata(run_id=1, message_id=f"a{m.metadata.dst_node_id}", src_node_id=m.metadata.dst_node_id,
+                            dst_node_id=0, reply_to_message_id=m.metadata.message_id, group_id="", created_at=time.time(),
+                            ttl=60, message_type=MessageType.QUERY)
+            replies.append(Message(RecordDict({"config": ConfigRecord({"site": self.answers[m.metadata.dst_node_id]})}),
+                                   metadata=meta))
+        return replies
+
+
+def _strategy(tmp_path):
+    sites = load_federation(ROOT / "configs" / "federation.yaml").load_sites()
+    init_keys(tmp_path / "keys")
+    factory = PackageFactory(load_model(digits_cnn_onnx(0)), sites, load_signing_keys(tmp_path / "keys" /
+                             "coordinator.key"), VersionCounter(tmp_path / "versions.json"), 600)
+    return SitePackageFedAvg(factory), [s.site for s in sites]
+
+
+def test_a_node_is_the_name_it_authenticated_with_not_what_it_answers(tmp_path):
+    strategy, sites = _strategy(tmp_path)
+    grid = _Grid({1: sites[0], 2: sites[1]}, answers={1: sites[1], 2: sites[1]})  # both *claim* sites[1]
+    strategy._resolve_sites(grid, [1, 2])
+    assert strategy.node_to_site == {1: sites[0], 2: sites[1]}
+
+
+def test_two_nodes_claiming_one_site_get_one_binding(tmp_path):
+    strategy, sites = _strategy(tmp_path)
+    grid = _Grid({}, answers={1: sites[0], 2: sites[0]})  # simulation: no registered names, a QUERY each
+    strategy._resolve_sites(grid, [1, 2])
+    assert list(strategy.node_to_site.values()) == [sites[0]]
