@@ -200,3 +200,14 @@ def sign_raw_payload(payload: bytes, tensors, keys, version=5) -> bytes:
 def tensor_rows(payload: bytes):
     """The (name, offset, length, sha256) rows of a well-formed container."""
     return [(e.name, e.offset, e.length, e.sha256) for e in container.read_layout(memoryview(payload)).entries]
+
+
+def cap_address_space(gib: float) -> None:
+    """Limit this process's address space (fuzzers: a memory blow-up fails fast instead of swapping)."""
+    try:
+        import resource
+
+        cap = int(gib * 2**30)
+        resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
+    except (ImportError, ValueError, OSError):
+        pass

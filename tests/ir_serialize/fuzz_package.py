@@ -27,7 +27,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from conftest import EXPIRES, ISSUED, NOW, SITE, TARGET, make_keys, make_trust, mlp_graph, open_state  # noqa: E402
+from conftest import (EXPIRES, ISSUED, NOW, SITE, TARGET, cap_address_space, make_keys, make_trust,  # noqa: E402
+                      mlp_graph, open_state)
 
 from cuvil_edge.errors import PackageError  # noqa: E402
 from cuvil_edge.ir_serialize import encode_payload, sign_root, verify_and_accept, write_package  # noqa: E402
@@ -191,13 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--max-memory-gib", type=float, default=4.0, help="address-space cap (memory blow-up = finding)")
     args = parser.parse_args(argv)
-    try:
-        import resource
-
-        cap = int(args.max_memory_gib * 2**30)
-        resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
-    except (ImportError, ValueError, OSError):
-        pass
+    cap_address_space(args.max_memory_gib)
     report = run(args.cases, args.seed, progress=True)
     print(json.dumps({"cases": report.cases, "seconds": round(report.seconds, 1), "accepted_container_mutants": report.accepted,
                       "unchanged": report.unchanged,

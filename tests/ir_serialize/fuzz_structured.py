@@ -45,7 +45,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from conftest import EXPIRES, ISSUED, NOW, SITE, TARGET, make_keys, make_trust, mlp_graph  # noqa: E402
+from conftest import (EXPIRES, ISSUED, NOW, SITE, TARGET, cap_address_space, make_keys, make_trust,  # noqa: E402
+                      mlp_graph)
 from structured_mutations import mutate  # noqa: E402
 
 from cuvil_edge.errors import CuvilError, PackageError  # noqa: E402
@@ -412,13 +413,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--case", type=int, help="replay one case with its traceback")
     parser.add_argument("--max-memory-gib", type=float, default=4.0, help="address-space cap per process")
     args = parser.parse_args(argv)
-    try:
-        import resource
-
-        cap = int(args.max_memory_gib * 2**30)
-        resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
-    except (ImportError, ValueError, OSError):
-        pass
+    cap_address_space(args.max_memory_gib)
     if args.case is not None:
         replay(args.seed, args.case)
         return 0
