@@ -90,6 +90,9 @@ def demo(federation: Path = typer.Option(Path("configs/federation.yaml"), help="
          home: Path = typer.Option(DEFAULT_STATE, "--home", help="durable home: keys, version counters, each "
                                    "site's state and privacy ledger (kept across runs)"),
          resume: bool = typer.Option(False, "--resume", help="continue from the newest checkpoint in the home"),
+         deployment: bool = typer.Option(False, "--deployment", help="run it on Flower's deployment engine on "
+                                         "127.0.0.1 instead: a TLS SuperLink with node authentication and one "
+                                         "enrolled SuperNode per site, set up in the run directory and stopped after"),
          verbose: bool = typer.Option(False, "--verbose", "-v", help="also show Flower's and Ray's logs")) -> None:
     """Run the demo federation in Flower simulation and report each round.
 
@@ -102,6 +105,9 @@ def demo(federation: Path = typer.Option(Path("configs/federation.yaml"), help="
     if not verbose:
         os.environ.setdefault("FLWR_LOG_LEVEL", "WARNING")
         logging.getLogger("flwr").setLevel(logging.WARNING)
+    if deployment:
+        _demo_on_deployment(federation, run_dir, rounds)
+        return
     _show_reports()
     spec = prepare_run(federation, run_dir, rounds, home=home, resume=resume)
     console.print(f"run directory: {spec.run_dir}")
@@ -120,6 +126,21 @@ def demo(federation: Path = typer.Option(Path("configs/federation.yaml"), help="
     if final["sites"] and all(s.get("status") == "budget exhausted" for s in final["sites"].values()):
         console.print(f"[bold]every site's privacy budget in {spec.home} is spent[/bold]; the demo's data is public, "
                       "so `cuvil-edge demo --home NEW_DIR` starts a new demo federation with fresh ledgers")
+
+
+def _demo_on_deployment(federation: Path, run_dir: Optional[Path], rounds: Optional[int]) -> None:
+    import time
+
+    from cuvil_edge.cli.local_federation import local_federation
+    from cuvil_edge.config import load_federation
+    from cuvil_edge.coordinator.superlink import submit_run
+
+    root = (run_dir or Path("runs") / f"{load_federation(federation).name}-{time.strftime('%Y%m%d-%H%M%S')}-deployment")
+    console.print(f"setting up a coordinator and one device per site in {root} (TLS, node authentication)...")
+    with local_federation(root, federation) as fed:
+        console.print(f"SuperLink {fed.address}, {len(fed.supernodes)} SuperNodes online; federation home {fed.home}")
+        submit_run(fed.home, federation, rounds)
+    console.print(f"done; reports in {fed.home / 'runs'}, logs in {root}; every process was stopped")
 
 
 @app.command("run")
