@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
-torch = pytest.importorskip("torch")
 torch.set_num_threads(1)
 
 from cuvil_edge.errors import PrivacyError  # noqa: E402
