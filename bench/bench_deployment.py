@@ -35,14 +35,14 @@ def configs(root: Path, local_epochs: int) -> Path:
 
 
 def deployment(root: Path, fed: Path, rounds: int) -> dict:
-    from cuvil_edge.cli.local_federation import local_federation
+    from cuvil_edge.cli.local_federation import APP_DIR, local_federation
     from cuvil_edge.coordinator.superlink import submit_run
 
     t0 = time.perf_counter()
     with local_federation(root, fed) as f:
         up = time.perf_counter() - t0
         t1 = time.perf_counter()
-        submit_run(f.home, fed, rounds)
+        submit_run(f.home, APP_DIR, fed, rounds)
         run = time.perf_counter() - t1
     [run_dir] = (f.home / "runs").iterdir()
     final = json.loads((run_dir / "metrics.json").read_text())["rounds"][-1]

@@ -27,6 +27,12 @@ from cuvil_edge.coordinator.superlink import CONNECTION, DeploymentError, flwr_c
 from cuvil_edge.coordinator.tls import make_certs
 
 
+#: The Flower App `cuvil-edge run` submits: a pyproject and a module naming the ServerApp and the
+#: ClientApp; no cuvil-edge code, so each machine runs its own installed cuvil-edge. It lives here,
+#: at the top layer, because it names both sides.
+APP_DIR = Path(__file__).resolve().parent / "flwr_app"
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -131,7 +131,7 @@ def demo(federation: Path = typer.Option(Path("configs/federation.yaml"), help="
 def _demo_on_deployment(federation: Path, run_dir: Optional[Path], rounds: Optional[int]) -> None:
     import time
 
-    from cuvil_edge.cli.local_federation import local_federation
+    from cuvil_edge.cli.local_federation import APP_DIR, local_federation
     from cuvil_edge.config import load_federation
     from cuvil_edge.coordinator.superlink import submit_run
 
@@ -139,7 +139,7 @@ def _demo_on_deployment(federation: Path, run_dir: Optional[Path], rounds: Optio
     console.print(f"setting up a coordinator and one device per site in {root} (TLS, node authentication)...")
     with local_federation(root, federation) as fed:
         console.print(f"SuperLink {fed.address}, {len(fed.supernodes)} SuperNodes online; federation home {fed.home}")
-        submit_run(fed.home, federation, rounds)
+        submit_run(fed.home, APP_DIR, federation, rounds)
     console.print(f"done; reports in {fed.home / 'runs'}, logs in {root}; every process was stopped")
 
 
@@ -150,9 +150,10 @@ def run_federation_cmd(federation: Path = typer.Option(Path("configs/federation.
                        resume: bool = typer.Option(False, "--resume",
                                                    help="continue from the newest checkpoint in the home")) -> None:
     """Submit the federation to the running SuperLink (`coordinator serve`) and stream its rounds."""
+    from cuvil_edge.cli.local_federation import APP_DIR
     from cuvil_edge.coordinator.superlink import submit_run
 
-    status = submit_run(home, federation, rounds, resume=resume)
+    status = submit_run(home, APP_DIR, federation, rounds, resume=resume)
     console.print(f"run {status}; reports in {home}/runs/")
 
 

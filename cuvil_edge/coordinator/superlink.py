@@ -25,8 +25,6 @@ log = logging.getLogger(__name__)
 
 CONNECTION = "cuvil"
 DEFAULT_ADDRESS = "127.0.0.1:9093"
-#: The Flower App `flwr run` submits: a pyproject and a two-line module, no cuvil-edge code (see there).
-APP_DIR = Path(__file__).resolve().parent / "flwr_app"
 
 
 class DeploymentError(CuvilError):
@@ -134,9 +132,11 @@ def register_enrolled(home: Path) -> list[str]:
     return added
 
 
-def submit_run(home: Path, federation: Path, rounds: int | None = None, timeout: float = 3600,
+def submit_run(home: Path, app_dir: Path, federation: Path, rounds: int | None = None, timeout: float = 3600,
                resume: bool = False) -> str:
-    """`flwr run` the federation on the SuperLink and stream it; returns the run's final status.
+    """`flwr run` the Flower App in ``app_dir`` (it names the ServerApp and ClientApp; it is kept
+    above both sides, `cli/flwr_app`) for the federation on the SuperLink and stream it; returns the
+    run's final status.
 
     Raises:
         DeploymentError: the run did not finish as completed (`flwr run` exits 0 even when the
@@ -144,7 +144,7 @@ def submit_run(home: Path, federation: Path, rounds: int | None = None, timeout:
     """
     config = (f"federation='{Path(federation).resolve()}' home='{Path(home).resolve()}' rounds={rounds or 0} "
               f"resume={'true' if resume else 'false'}")
-    proc = subprocess.run([flower_tool("flwr"), "run", str(APP_DIR), CONNECTION, "--stream", "--run-config", config],
+    proc = subprocess.run([flower_tool("flwr"), "run", str(app_dir), CONNECTION, "--stream", "--run-config", config],
                           env=flwr_env(home), timeout=timeout)
     listing = flwr_cli(home, "ls", CONNECTION, "--format", "json")
     try:

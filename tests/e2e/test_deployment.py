@@ -12,7 +12,7 @@ import pytest
 
 from cuvil_edge.agent.daemon import REFUSED_MARK, supernode_command
 from cuvil_edge.agent.enroll import init_site
-from cuvil_edge.cli.local_federation import free_port, local_federation
+from cuvil_edge.cli.local_federation import APP_DIR, free_port, local_federation
 from cuvil_edge.config import load_federation, load_site
 from cuvil_edge.config.flower_env import flwr_env
 from cuvil_edge.coordinator.status import federation_status
@@ -53,7 +53,7 @@ def test_enrolled_devices_run_a_rogue_is_refused_and_a_killed_coordinator_resume
         assert REFUSED_MARK in (tmp_path / "rogue.log").read_text(errors="replace")
 
         # (a) three enrolled devices with TLS and node authentication complete two rounds
-        assert submit_run(home, fed_path, rounds=2, timeout=900) == "finished:completed"
+        assert submit_run(home, APP_DIR, fed_path, rounds=2, timeout=900) == "finished:completed"
         registry = json.loads((home / "sites.json").read_text())["sites"]
         assert all(entry.get("node_id") for entry in registry.values())
         st = federation_status(home)  # `cuvil-edge status`
@@ -64,7 +64,7 @@ def test_enrolled_devices_run_a_rogue_is_refused_and_a_killed_coordinator_resume
         # registrations; the run resumes from the last checkpoint and the devices accept its packages
         fed.restart_superlink(log_file=tmp_path / "superlink2.log")
         fed.wait_online()
-        assert submit_run(home, fed_path, rounds=3, timeout=900, resume=True) == "finished:completed"
+        assert submit_run(home, APP_DIR, fed_path, rounds=3, timeout=900, resume=True) == "finished:completed"
         devices = fed.device_homes
 
     first_run, resumed_run = sorted((home / "runs").iterdir())
