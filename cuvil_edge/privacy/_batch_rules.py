@@ -20,7 +20,6 @@ through :func:`refuse`. To allow a new op, add a row here once you are sure it i
 
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import dataclass
 from typing import Callable, Mapping, Optional, Sequence, Union
 
@@ -28,6 +27,7 @@ import numpy as np
 
 from cuvil_edge.errors import BatchMixingError
 from cuvil_edge.ir.graph import Dim, Node, TensorType
+from cuvil_edge.ir.ops._shape import dims_product
 
 CONST = "constant"
 SIZE = "batch size"
@@ -99,12 +99,7 @@ def _norm(axis: int, rank: int) -> int:
 
 def _product(dims: Sequence[Dim]) -> tuple[int, tuple[tuple[str, int], ...]]:
     """A product of dims as (int part, symbol multiset): equal pairs are equal for every binding."""
-    size, symbols = 1, Counter()
-    for d in dims:
-        if isinstance(d, str):
-            symbols[d] += 1
-        else:
-            size *= d
+    size, symbols = dims_product(dims)
     return size, tuple(sorted(symbols.items()))
 
 

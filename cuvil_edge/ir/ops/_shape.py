@@ -7,7 +7,8 @@ entries are Python ints or symbol names (``np.array(["batch", 256], dtype=object
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections import Counter
+from typing import Iterable, Sequence
 
 import numpy as np
 
@@ -94,3 +95,15 @@ def same_rank(node: Node, types: Sequence[TensorType]) -> int:
     if len(ranks) != 1:
         raise ShapeInferenceError(f"{node.describe()}: inputs have different ranks {[str(t) for t in types]}")
     return ranks.pop()
+
+
+def dims_product(dims: Iterable[Dim]) -> tuple[int, Counter]:
+    """A product of dims as (its int part, the multiset of its symbols): two products are equal for
+    every binding of the symbols exactly when both parts are equal."""
+    size, symbols = 1, Counter()
+    for d in dims:
+        if isinstance(d, str):
+            symbols[d] += 1
+        else:
+            size *= d
+    return size, symbols

@@ -5,11 +5,10 @@ symbolic dims (an object array such as ["batch", -1]) keeps its symbols."""
 
 from __future__ import annotations
 
-from collections import Counter
 
 from cuvil_edge.errors import ShapeInferenceError
 from cuvil_edge.ir.graph import TensorType
-from cuvil_edge.ir.ops._shape import vector
+from cuvil_edge.ir.ops._shape import dims_product, vector
 from cuvil_edge.ir.ops._util import INT, need, template_function
 
 OP_TYPE = "Reshape"
@@ -17,16 +16,6 @@ VERSIONS = (5, 13, 14, 19, 21)
 ATTRS = {"allowzero": INT}
 #: infer needs the value of input 1 (see the registry docstring).
 CONST_INPUTS = (1,)
-
-
-def _split(dims):
-    size, symbols = 1, Counter()
-    for d in dims:
-        if isinstance(d, str):
-            symbols[d] += 1
-        else:
-            size *= d
-    return size, symbols
 
 
 def _target(node, x, shape):
@@ -53,8 +42,8 @@ def infer(node, inputs, consts=None):
         raise ShapeInferenceError(f"{node.describe()}: the shape input must be a 1-D int64 initializer or Constant")
     shape = vector(node, consts, 1, "shape", symbols=True)
     out = _target(node, x, shape)
-    in_size, in_syms = _split(x.shape)
-    out_size, out_syms = _split(d for d in out if d is not None)
+    in_size, in_syms = dims_product(x.shape)
+    out_size, out_syms = dims_product(d for d in out if d is not None)
     left = in_syms - out_syms
     if out_syms - in_syms:
         raise ShapeInferenceError(f"{node.describe()}: target {out} names symbols the input {x} lacks")
