@@ -46,3 +46,19 @@ def test_resume_continues_with_the_rounds_left(tmp_path):
     save_checkpoint(tmp_path / "home", "digits-demo", 5, {"w": np.ones(1)})
     with pytest.raises(ConfigError, match="already completed"):
         resumed(spec)
+
+
+def test_a_crash_while_writing_a_checkpoint_leaves_the_previous_one(tmp_path, monkeypatch):
+    import os
+
+    save_checkpoint(tmp_path, "f", 1, {"w": np.ones(2)})
+
+    def crash(*_):
+        raise OSError("killed before rename")
+
+    monkeypatch.setattr(os, "replace", crash)
+    with pytest.raises(StateError):
+        save_checkpoint(tmp_path, "f", 2, {"w": np.zeros(2)})
+    monkeypatch.undo()
+    last = latest_checkpoint(tmp_path, "f")
+    assert last.round == 1 and [p.name for p in (tmp_path / "checkpoints" / "f").iterdir()] == ["round-00001.npz"]

@@ -23,7 +23,7 @@ from cuvil_edge.coordinator.keys import load_signing_keys
 from cuvil_edge.coordinator.packaging import PackageFactory, VersionCounter
 from cuvil_edge.coordinator.registry import SiteRegistry, init_home
 from cuvil_edge.coordinator.tls import make_certs
-from cuvil_edge.errors import ConfigError, KeyFileError, WrongSealKeyError
+from cuvil_edge.errors import ConfigError, KeyFileError, StateError, WrongSealKeyError
 from cuvil_edge.frontend import load_model
 from cuvil_edge.frontend.demo_model import digits_cnn_onnx
 
@@ -166,3 +166,21 @@ def test_status_shows_enrolled_sites_their_epsilon_and_an_unreachable_superlink(
     [site] = st.sites
     assert (site.site, site.registered, site.online, site.eps_spent) == ("hospital-a", False, None, 2.5)
     assert main(["status", "--home", str(federation)]) == 0
+
+
+def test_a_crash_while_enrolling_leaves_the_registry_as_it_was(tmp_path, federation, monkeypatch):
+    registry = SiteRegistry(federation)
+    _, first = _device(tmp_path, federation, "dev1")
+    registry.enroll(first.enrollment)
+    before = (federation / "sites.json").read_bytes()
+    other = Enrollment("factory-b", "rpi4", _device(tmp_path, federation, "dev2", "factory-b.yaml")[1]
+                       .enrollment.node_public_key, first.enrollment.seal_public_key)
+
+    def crash(*_):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(os, "replace", crash)
+    with pytest.raises(StateError):
+        registry.enroll(other)
+    monkeypatch.undo()
+    assert (federation / "sites.json").read_bytes() == before
