@@ -50,13 +50,12 @@ def deployment(root: Path, fed: Path, rounds: int) -> dict:
 
 
 def simulation(root: Path, fed: Path, rounds: int) -> dict:
-    from cuvil_edge.agent.client_app import app as client_app
+    from cuvil_edge.cli.local_federation import APP_DIR
     from cuvil_edge.coordinator.launcher import prepare_run, run_in_simulation
-    from cuvil_edge.coordinator.server_app import app as server_app
 
     spec = prepare_run(fed, root / "run", rounds, home=root / "home")
     t0 = time.perf_counter()
-    metrics = run_in_simulation(spec, server_app, client_app)
+    metrics = run_in_simulation(spec, APP_DIR)
     return {"total_with_ray_s": round(time.perf_counter() - t0, 1),
             "final_accuracy": metrics["rounds"][-1]["global_accuracy"]}
 

@@ -21,7 +21,7 @@ from cuvil_edge.agent.runtime import AgentRuntime
 from cuvil_edge.config import load_federation, load_site
 from cuvil_edge.config.federation import DatasetSection
 from cuvil_edge.config.home import site_state_dir
-from cuvil_edge.config.run_spec import RunSpec
+from cuvil_edge.config.run_spec import RUN_CONFIG_KEY, RunSpec
 from cuvil_edge.config.site import SiteConfig
 from cuvil_edge.datasets import digits
 from cuvil_edge.errors import BudgetExhaustedError, ConfigError, CuvilError, PackageFormatError, PackageSizeError
@@ -54,15 +54,9 @@ def central_dp_clipping_mod(msg: Message, context: Context, call_next) -> Messag
 
 
 @lru_cache(maxsize=8)
-def _site_setup(spec_path: str, partition: int | None, site_config: str | None) -> tuple[SiteConfig, int, int]:
-    spec = RunSpec.from_env()
-    federation = load_federation(spec.federation)
-    if site_config is not None:
-        site = load_site(site_config)
-        paths = [load_site(p).site for p in federation.sites]
-        if site.site not in paths:
-            raise ConfigError(f"{site_config}: site {site.site!r} is not in federation {spec.federation}")
-        return site, paths.index(site.site), len(paths)
+def _site_setup(spec_path: str, partition: int | None) -> tuple[SiteConfig, int, int]:
+    """In simulation a virtual node knows only its partition id: the federation file maps it to a site."""
+    federation = load_federation(RunSpec.load(spec_path).federation)
     if partition is None or not 0 <= partition < len(federation.sites):
         raise ConfigError(f"node has partition-id {partition!r}; the federation lists {len(federation.sites)} sites")
     return load_site(federation.sites[partition]), partition, len(federation.sites)
@@ -73,20 +67,20 @@ def _deployed(context: Context) -> bool:
     return "home" in context.node_config
 
 
-def _agent(context: Context) -> tuple[AgentRuntime, int, int]:
-    import os
+def _simulation_spec(context: Context) -> RunSpec:
+    return RunSpec.of_simulation(dict(context.run_config))
 
+
+def _agent(context: Context) -> tuple[AgentRuntime, int, int]:
     node = context.node_config
     if _deployed(context):  # everything from this device's own files, nothing from the coordinator
         site = load_site(str(node["site-config"]))
         index, count = int(node.get("partition-id", 0)), int(node.get("num-partitions", 1))
         return AgentRuntime(site, site_state_dir(site, Path(str(node["home"]))), site.agent.trust_root), index, count
+    spec = _simulation_spec(context)
     partition = node.get("partition-id")
-    site_config = node.get("site-config")
-    site, index, count = _site_setup(os.environ.get("CUVIL_EDGE_RUN_SPEC", ""),
-                                     None if partition is None else int(partition),
-                                     None if site_config is None else str(site_config))
-    spec = RunSpec.from_env()
+    site, index, count = _site_setup(str(context.run_config[RUN_CONFIG_KEY]),
+                                     None if partition is None else int(partition))
     key = site.agent.trust_root or Path(spec.trust_root)
     return AgentRuntime(site, site_state_dir(site, Path(spec.home)), key), index, count
 
@@ -100,13 +94,11 @@ def _local_dp(context: Context, site: SiteConfig) -> bool:
     """
     if _deployed(context):
         return site.privacy.local_dp
-    return load_federation(RunSpec.from_env().federation).local_dp
+    return load_federation(_simulation_spec(context).federation).local_dp
 
 
-def _local_data(agent: AgentRuntime, index: int, count: int,
-                context: Context | None = None) -> tuple[digits.Split, digits.Split]:
-    d = DatasetSection() if context is not None and _deployed(context) else \
-        load_federation(RunSpec.from_env().federation).dataset
+def _local_data(agent: AgentRuntime, index: int, count: int, context: Context) -> tuple[digits.Split, digits.Split]:
+    d = DatasetSection() if _deployed(context) else load_federation(_simulation_spec(context).federation).dataset
     part = digits.site_partition(index, count, test_fraction=d.test_fraction, alpha=d.dirichlet_alpha, seed=d.seed)
     return digits.split_eval(part, agent.site.data.eval_fraction, seed=index)
 

@@ -98,9 +98,8 @@ def demo(federation: Path = typer.Option(Path("configs/federation.yaml"), help="
 
     Sites spend from their durable ledgers in the home across runs; once their budgets are
     spent they sit rounds out. The demo's data is public, so a new home starts afresh."""
-    from cuvil_edge.agent.client_app import app as client_app
+    from cuvil_edge.cli.local_federation import APP_DIR
     from cuvil_edge.coordinator.launcher import prepare_run, run_in_simulation
-    from cuvil_edge.coordinator.server_app import app as server_app
 
     if not verbose:
         os.environ.setdefault("FLWR_LOG_LEVEL", "WARNING")
@@ -108,12 +107,11 @@ def demo(federation: Path = typer.Option(Path("configs/federation.yaml"), help="
     if deployment:
         _demo_on_deployment(federation, run_dir, rounds)
         return
-    _show_reports()
     spec = prepare_run(federation, run_dir, rounds, home=home, resume=resume)
     console.print(f"run directory: {spec.run_dir}")
     console.print(f"federation home: {spec.home} (keys, version counters, each site's state and privacy ledger; "
                   "they persist across runs)")
-    metrics = run_in_simulation(spec, server_app, client_app)
+    metrics = run_in_simulation(spec, APP_DIR, verbose=verbose)
     final = metrics["rounds"][-1]
     worst = max(s.get("eps-spent", 0.0) for s in final["sites"].values())
     console.print(f"[bold]final global test accuracy {final['global_accuracy']:.4f}[/bold], "
@@ -189,17 +187,6 @@ def _mount_subcommands() -> None:
     app.add_typer(agent_app, name="agent")
     app.add_typer(privacy_app, name="privacy")
     app.add_typer(coordinator_app, name="coordinator")
-
-
-def _show_reports() -> None:
-    handler = logging.StreamHandler(sys.stdout)
-    handler.setFormatter(logging.Formatter("%(message)s"))
-    for name in ("cuvil_edge.coordinator.report",):
-        logger = logging.getLogger(name)
-        logger.setLevel(logging.INFO)
-        logger.addHandler(handler)
-        logger.propagate = False
-    logging.getLogger("cuvil_edge").setLevel(logging.WARNING)
 
 
 def main(argv: list[str] | None = None) -> int:

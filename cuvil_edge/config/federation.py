@@ -32,7 +32,7 @@ class PackageSection(_Strict):
 
 
 class SimulationSection(_Strict):
-    client_cpus: float = Field(gt=0, default=1.0)
+    client_cpus: int = Field(ge=1, default=1)  # whole CPUs per virtual node (Flower's simulation config)
     ray_cpus: int = Field(ge=1, default=2)
 
 

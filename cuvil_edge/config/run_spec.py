@@ -1,20 +1,20 @@
 """The run spec: what the launcher tells the Flower apps about one run.
 
-Flower's simulation engine gives apps an empty ``run_config``, so the launcher
-writes this small JSON file and points both apps at it through the
-``CUVIL_EDGE_RUN_SPEC`` environment variable (which reaches the Ray actors).
+In simulation (`cuvil-edge demo`) the launcher writes this small JSON file and names it in Flower's
+``run_config`` (key :data:`RUN_CONFIG_KEY`), which both apps receive; on the deployment engine
+(`cuvil-edge run`) the ServerApp builds it from the run config's ``federation`` and ``home``.
 """
 
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from cuvil_edge.errors import ConfigError
 
-ENV_VAR = "CUVIL_EDGE_RUN_SPEC"
+#: The run-config key naming the run spec file of a simulated run.
+RUN_CONFIG_KEY = "run-spec"
 
 
 @dataclass(frozen=True)
@@ -56,18 +56,27 @@ class RunSpec:
                        rounds=rounds)
 
     @staticmethod
-    def from_env() -> "RunSpec":
-        """Read the spec named by ``$CUVIL_EDGE_RUN_SPEC``.
+    def load(path: str | Path) -> "RunSpec":
+        """Read a run spec file written by :meth:`save`.
 
         Raises:
-            ConfigError: the variable is unset or the file is missing/invalid.
+            ConfigError: the file is missing or invalid.
         """
-        path = os.environ.get(ENV_VAR)
-        if not path:
-            raise ConfigError(f"${ENV_VAR} is not set; start runs with `cuvil-edge demo` or `cuvil-edge run`")
         try:
             data = json.loads(Path(path).read_text(encoding="utf-8"))
             return RunSpec(**data)
         except (OSError, ValueError, TypeError) as e:
-            raise ConfigError(f"{path}: invalid run spec ({e})") from e
+            raise ConfigError(f"{path}: invalid run spec ({e}); start runs with `cuvil-edge demo` or "
+                              "`cuvil-edge run`") from e
 
+    @staticmethod
+    def of_simulation(run_config: dict) -> "RunSpec":
+        """The spec of a simulated run, named by its run config.
+
+        Raises:
+            ConfigError: the run config names no spec, or the file is unusable.
+        """
+        path = run_config.get(RUN_CONFIG_KEY)
+        if not path:
+            raise ConfigError(f"the run config has no {RUN_CONFIG_KEY!r}; start simulated runs with `cuvil-edge demo`")
+        return RunSpec.load(str(path))

@@ -1,28 +1,36 @@
-"""Start a federation run in Flower's simulation engine (Ray), one virtual node per site."""
+"""Start a federation run in Flower's simulation engine (Ray), one virtual node per site.
+
+The non-deprecated way of Flower 1.42: a SuperLink in simulation mode on 127.0.0.1 (started here,
+stopped here by process group) and ``flwr run`` of the cuvil-edge Flower App against it, the run
+spec named in the run config. Flower's own state and CLI configuration live in the run directory.
+"""
 
 from __future__ import annotations
 
 import json
 import os
+import signal
+import socket
+import subprocess
 import time
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 from cuvil_edge.config import load_federation
-from cuvil_edge.config.run_spec import ENV_VAR, RunSpec
+from cuvil_edge.config.run_spec import RUN_CONFIG_KEY, RunSpec
 from cuvil_edge.config.home import DEFAULT_HOME, keys_dir
 from cuvil_edge.coordinator.checkpoints import resumed
 from cuvil_edge.coordinator.keys import current_root, init_keys
 from cuvil_edge.coordinator.report import STOPPED_CENTRAL_BUDGET
+from cuvil_edge.config.flower_env import flower_tool, flwr_env
+from cuvil_edge.coordinator.superlink import flwr_run, wait_healthy
 from cuvil_edge.errors import CuvilError
 
-#: Flower settings for offline, quiet, reproducible runs (a caller's own values win).
-FLOWER_ENV = {
-    "FLWR_TELEMETRY_ENABLED": "0",
-    "FLWR_DISABLE_UPDATE_CHECK": "1",
-    "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
-    "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "0",
-    "RAY_DEDUP_LOGS": "0",
-}
+#: Ray settings for quiet runs without accelerators (a caller's own values win).
+RAY_ENV = {"RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "0", "RAY_DEDUP_LOGS": "0"}
+#: The connection name of the simulation SuperLink in the run directory's Flower configuration.
+SIMULATION_CONNECTION = "simulation"
 
 
 class RunFailedError(CuvilError):
@@ -64,32 +72,100 @@ def prepare_run(federation_path: Path, run_dir: Path | None = None, rounds: int 
     return spec
 
 
-def run_in_simulation(spec: RunSpec, server_app, client_app) -> dict:
-    """Run all rounds in Flower simulation and return the metrics written by the ServerApp.
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextmanager
+def simulation_superlink(run_dir: Path) -> Iterator[str]:
+    """A SuperLink in simulation mode on 127.0.0.1 for one run; yields the CLI connection name.
+
+    It runs in its own process group (it starts the ServerApp process, which starts Ray), and the
+    whole group is stopped on exit, so nothing outlives the run.
 
     Raises:
-        RunFailedError: fewer rounds were reported than requested, unless metrics.json
-            says the run stopped early on the central ε budget (``stopped_early.reason``
-            is :data:`~cuvil_edge.coordinator.report.STOPPED_CENTRAL_BUDGET`).
+        DeploymentError: it did not become healthy.
     """
-    from flwr.simulation import run_simulation
+    run_dir = Path(run_dir)
+    port = _free_port()
+    env = {**RAY_ENV, **flwr_env(run_dir)}
+    config = Path(env["FLWR_HOME"]) / "config.toml"
+    config.parent.mkdir(parents=True, exist_ok=True)
+    config.write_text(f'[superlink]\ndefault = "{SIMULATION_CONNECTION}"\n\n[superlink.{SIMULATION_CONNECTION}]\n'
+                      f'address = "127.0.0.1:{port}"\ninsecure = true\n', encoding="utf-8")
+    command = [flower_tool("flower-superlink"), "--insecure", "--simulation", "--host", "127.0.0.1", "--port",
+               str(port), "--database", str(Path(env["FLWR_HOME"]) / "superlink.db"),
+               "--disable-runtime-dependency-installation"]
+    with open(run_dir / "superlink.log", "ab") as log_file:
+        proc = subprocess.Popen(command, env={**env, **{k: v for k, v in os.environ.items() if k in RAY_ENV}},
+                                stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        wait_healthy(f"http://127.0.0.1:{port}")
+        yield SIMULATION_CONNECTION
+    finally:
+        _stop_group(proc)
 
+
+def _stop_group(proc: subprocess.Popen) -> None:
+    """SIGTERM the process group led by ``proc``, then SIGKILL whatever is left after 30 s."""
+    for sig, wait in ((signal.SIGTERM, 30), (signal.SIGKILL, 10)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=wait)
+        except subprocess.TimeoutExpired:
+            continue
+        if sig == signal.SIGTERM:  # the leader is gone; its helpers may not be
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        return
+
+
+def run_in_simulation(spec: RunSpec, app_dir: Path, verbose: bool = False) -> dict:
+    """Run all rounds in Flower simulation and return the metrics written by the ServerApp.
+
+    ``app_dir`` is the Flower App naming the ServerApp and ClientApp (`cli/flwr_app`); ``verbose``
+    keeps all of Flower's output.
+
+    Raises:
+        RunFailedError: the run did not complete (see :func:`completed_metrics`).
+        DeploymentError: the simulation SuperLink did not start.
+    """
     federation = load_federation(spec.federation)
-    for key, value in FLOWER_ENV.items():
-        os.environ.setdefault(key, value)
-    os.environ.setdefault("FLWR_HOME", str(Path(spec.run_dir) / "flwr_home"))
-    os.environ[ENV_VAR] = str(Path(spec.run_dir) / "run_spec.json")
     sim = federation.simulation
-    run_simulation(server_app=server_app, client_app=client_app, num_supernodes=len(federation.sites),
-                   backend_config={"client_resources": {"num_cpus": sim.client_cpus, "num_gpus": 0.0},
-                                   "init_args": {"num_cpus": sim.ray_cpus, "include_dashboard": False,
-                                                 "log_to_driver": True}})
-    metrics_path = Path(spec.run_dir) / "metrics.json"
+    run_dir = Path(spec.run_dir)
+    failure = None
+    with simulation_superlink(run_dir) as connection:
+        try:
+            flwr_run(run_dir, app_dir, connection, f"{RUN_CONFIG_KEY}='{run_dir / 'run_spec.json'}'",
+                     federation_config=f"num-supernodes={len(federation.sites)} "
+                                       f"client-resources-num-cpus={sim.client_cpus} init-args-num-cpus={sim.ray_cpus}",
+                     verbose=verbose)
+        except CuvilError as e:
+            failure = e  # metrics.json says how far it got
+    return completed_metrics(run_dir, spec.rounds, failure)
+
+
+def completed_metrics(run_dir: Path, rounds: int, failure: Exception | None = None) -> dict:
+    """The run's metrics.json if the run completed its ``rounds`` or stopped cleanly on the central ε
+    budget (``stopped_early.reason`` is :data:`~cuvil_edge.coordinator.report.STOPPED_CENTRAL_BUDGET`).
+
+    Raises:
+        RunFailedError: anything else, ``failure`` (the engine's own complaint) included.
+    """
+    metrics_path = Path(run_dir) / "metrics.json"
     metrics = json.loads(metrics_path.read_text()) if metrics_path.exists() else {"rounds": []}
     stopped = metrics.get("stopped_early") or {}
-    if stopped.get("reason") == STOPPED_CENTRAL_BUDGET and 1 <= len(metrics["rounds"]) <= spec.rounds + 1:
+    if stopped.get("reason") == STOPPED_CENTRAL_BUDGET and 1 <= len(metrics["rounds"]) <= rounds + 1:
         return metrics  # a clean stop: the next round would have exceeded central_dp.max_epsilon
-    if len(metrics["rounds"]) != spec.rounds + 1:
-        raise RunFailedError(f"the federation stopped after {max(0, len(metrics['rounds']) - 1)} of {spec.rounds} "
-                             f"rounds; see the log above and {spec.run_dir}")
+    if len(metrics["rounds"]) != rounds + 1 or failure is not None:
+        raise RunFailedError(f"the federation stopped after {max(0, len(metrics['rounds']) - 1)} of {rounds} "
+                             f"rounds ({failure or 'incomplete report'}); see the log above and "
+                             f"{Path(run_dir) / 'superlink.log'}")
     return metrics

@@ -21,6 +21,21 @@ FAILED_STATUS = "failed"
 STOPPED_CENTRAL_BUDGET = "stopped early: central ε budget"
 
 
+def show_round_table() -> None:
+    """Print each round's table on this process's stdout, once however often called: Flower streams
+    the ServerApp process's stdout to `flwr run --stream`, so the demo and `cuvil-edge run` show it."""
+    import sys
+
+    if any(getattr(h, "_cuvil_round_table", False) for h in log.handlers):
+        return
+    handler = logging.StreamHandler(sys.stdout)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    handler._cuvil_round_table = True
+    log.setLevel(logging.INFO)
+    log.addHandler(handler)
+    log.propagate = False
+
+
 class RunReport:
     """Collects global accuracy and per-site statistics round by round."""
 

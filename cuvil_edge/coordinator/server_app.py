@@ -10,14 +10,14 @@ from flwr.app import Array, ArrayRecord, Context, MetricRecord
 from flwr.serverapp import Grid, ServerApp
 
 from cuvil_edge.config import load_federation
-from cuvil_edge.config.run_spec import RunSpec
+from cuvil_edge.config.run_spec import RUN_CONFIG_KEY, RunSpec
 from cuvil_edge.coordinator.model import load_federation_model
 from cuvil_edge.config.home import versions_file
 from cuvil_edge.errors import StateError
 from cuvil_edge.coordinator.checkpoints import latest_checkpoint, resumed, save_checkpoint
 from cuvil_edge.coordinator.packaging import PackageFactory, VersionCounter
 from cuvil_edge.coordinator.registry import SiteRegistry
-from cuvil_edge.coordinator.report import STOPPED_CENTRAL_BUDGET, RunReport
+from cuvil_edge.coordinator.report import STOPPED_CENTRAL_BUDGET, RunReport, show_round_table
 from cuvil_edge.config.federation import FederationConfig
 from cuvil_edge.coordinator.strategy import (CentralDpFixedClipping, SitePackageFedAvg, SitePackages,
                                              arrays_to_numpy)
@@ -32,12 +32,13 @@ app = ServerApp()
 
 @app.main()
 def main(grid: Grid, context: Context) -> None:
+    show_round_table()
     config = dict(context.run_config)
-    if config.get("home"):  # deployment engine: the settings come in the run config
+    if config.get(RUN_CONFIG_KEY):  # simulation: the launcher's run spec (already resumed by prepare_run)
+        spec = RunSpec.of_simulation(config)
+    else:  # deployment engine: the settings come in the run config
         spec = RunSpec.from_run_config(config)
         spec = resumed(spec) if config.get("resume") else spec
-    else:  # simulation: the launcher's run spec (already resumed by prepare_run)
-        spec = RunSpec.from_env()
     run_federation(grid, spec)
 
 

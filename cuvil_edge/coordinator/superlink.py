@@ -57,22 +57,21 @@ def superlink_command(home: Path, address: str = DEFAULT_ADDRESS) -> list[str]:
             "--disable-runtime-dependency-installation"]
 
 
-def wait_healthy(home: Path, address: str, timeout: float = 60.0) -> None:
-    """Poll the SuperLink's ``/health`` over TLS (pinned CA) until it answers 200.
+def wait_healthy(url: str, context: ssl.SSLContext | None = None, timeout: float = 60.0) -> None:
+    """Poll a SuperLink's ``/health`` (``url`` up to the path) until it answers 200.
 
     Raises:
         DeploymentError: no healthy answer within ``timeout``.
     """
-    context = ssl.create_default_context(cafile=str(tls_files(Path(home) / "tls").ca_cert))
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
-            with urllib.request.urlopen(f"https://{address}/health", context=context, timeout=2) as r:
+            with urllib.request.urlopen(f"{url}/health", context=context, timeout=2) as r:
                 if r.status == 200:
                     return
         except OSError:
             time.sleep(0.5)
-    raise DeploymentError(f"the SuperLink at {address} did not become healthy within {timeout:.0f} s")
+    raise DeploymentError(f"the SuperLink at {url} did not become healthy within {timeout:.0f} s")
 
 
 def start_superlink(home: Path, address: str = DEFAULT_ADDRESS, log_file: Path | None = None) -> subprocess.Popen:
@@ -85,7 +84,7 @@ def start_superlink(home: Path, address: str = DEFAULT_ADDRESS, log_file: Path |
     out = open(log_file, "ab") if log_file else subprocess.DEVNULL
     proc = subprocess.Popen(superlink_command(home, address), env=flwr_env(home), stdout=out, stderr=subprocess.STDOUT)
     try:
-        wait_healthy(home, address)
+        wait_healthy(f"https://{address}", ssl.create_default_context(cafile=str(tls_files(Path(home) / "tls").ca_cert)))
         write_connection(home, address)
         register_enrolled(home)
     except BaseException:
@@ -139,14 +138,36 @@ def submit_run(home: Path, app_dir: Path, federation: Path, rounds: int | None =
     run's final status.
 
     Raises:
-        DeploymentError: the run did not finish as completed (`flwr run` exits 0 even when the
-            ServerApp fails, so the status is read back with `flwr ls`).
+        DeploymentError: the run did not finish as completed.
     """
     config = (f"federation='{Path(federation).resolve()}' home='{Path(home).resolve()}' rounds={rounds or 0} "
               f"resume={'true' if resume else 'false'}")
-    proc = subprocess.run([flower_tool("flwr"), "run", str(app_dir), CONNECTION, "--stream", "--run-config", config],
-                          env=flwr_env(home), timeout=timeout)
-    listing = flwr_cli(home, "ls", CONNECTION, "--format", "json")
+    return flwr_run(home, app_dir, CONNECTION, config, timeout=timeout)
+
+
+#: Lines of `flwr run --stream` that say nothing to a cuvil-edge user (dropped unless verbose): the
+#: simulation's unconditional notice about its default size (ours is set), and the app's installation.
+FLOWER_CHATTER = ("default simulated SuperNodes changed", "Successfully installed cuvil-edge-federation",
+                  "To change federation size", "flwr federation simulation-config")
+
+
+def flwr_run(home: Path, app_dir: Path, connection: str, run_config: str, *, federation_config: str | None = None,
+             timeout: float = 3600, verbose: bool = True) -> str:
+    """``flwr run APP CONNECTION --stream`` with the CLI configuration of ``home``; the final status.
+    Unless ``verbose``, the stream is relayed without :data:`FLOWER_CHATTER`.
+
+    Raises:
+        DeploymentError: the run did not finish as completed (`flwr run` exits 0 even when the
+            ServerApp fails, so the status is read back with `flwr ls`).
+    """
+    command = [flower_tool("flwr"), "run", str(app_dir), connection, "--stream", "--run-config", run_config]
+    if federation_config:
+        command += ["--federation-config", federation_config]
+    if verbose:
+        proc = subprocess.run(command, env=flwr_env(home), timeout=timeout)
+    else:
+        proc = _relay(command, flwr_env(home), timeout)
+    listing = flwr_cli(home, "ls", connection, "--format", "json")
     try:
         runs = json.loads(listing.stdout).get("runs", [])
     except ValueError as e:
@@ -155,3 +176,22 @@ def submit_run(home: Path, app_dir: Path, federation: Path, rounds: int | None =
     if proc.returncode != 0 or status != "finished:completed":
         raise DeploymentError(f"the run ended as {status!r} (flwr run exit {proc.returncode}); see the SuperLink log")
     return status
+
+
+def _relay(command: list[str], env: dict, timeout: float) -> subprocess.CompletedProcess:
+    """Run ``command``, copying its output line by line to ours without :data:`FLOWER_CHATTER`."""
+    import sys
+    import threading
+
+    proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    timer = threading.Timer(timeout, proc.kill)
+    timer.start()
+    try:
+        for line in proc.stdout:
+            if not any(c in line for c in FLOWER_CHATTER):
+                sys.stdout.write(line)
+                sys.stdout.flush()
+        proc.wait()
+    finally:
+        timer.cancel()
+    return subprocess.CompletedProcess(command, proc.returncode)

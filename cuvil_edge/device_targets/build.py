@@ -5,10 +5,12 @@ Cache layout (one folder per key)::
     <cache_dir>/<key>/module.py   the pruned source that runs, for people to read
     <cache_dir>/<key>/meta.json   what it was built from, and the source's sha256
 
-``key`` is sha256 over (payload digest, target name, target spec digest,
-precision, :data:`COMPILER_VERSION`, op templates digest).  Both files are
-written atomically (temp file + rename), meta.json last, so a half-written
-entry is never taken for a hit.
+``key`` is sha256 over (the graph's structure digest, target name, target spec
+digest, precision, :data:`COMPILER_VERSION`, op templates digest).  The module takes
+the weights as an argument at run time, so its source depends on the graph's structure
+only (:func:`structure_digest`): the next round's package, same model with new weights,
+hits the cache.  Both files are written atomically (temp file + rename), meta.json
+last, so a half-written entry is never taken for a hit.
 """
 
 from __future__ import annotations
@@ -82,10 +84,25 @@ class CompiledModel:
         return {v.name: outputs[v.name] for v in self.graph.outputs}
 
 
-def cache_key(payload_digest: str, target: TargetSpec, precision: str) -> str:
-    """The cache key of a build (hex sha256)."""
+def structure_digest(graph: Graph) -> str:
+    """sha256 of everything code generation reads from ``graph``: its structure (nodes, attributes,
+    names, opset), every value's type, and each initializer's dtype and shape, plus the values of
+    the non-floating ones (shape and index tensors, which shape inference and batch planning may
+    read). Floating-point weight values are left out: the module receives them when it runs."""
+    h = hashlib.sha256(json.dumps(graph.to_dict(), sort_keys=True).encode())
+    h.update(json.dumps({k: t.to_dict() for k, t in graph.types.items()}, sort_keys=True).encode())
+    for name in sorted(graph.initializers):
+        array = np.asarray(graph.initializers[name])
+        h.update(f"\0{name}\0{array.dtype.str}\0{array.shape}".encode())
+        if array.dtype.kind != "f":
+            h.update(np.ascontiguousarray(array).tobytes())
+    return h.hexdigest()
+
+
+def cache_key(structure: str, target: TargetSpec, precision: str) -> str:
+    """The cache key of a build (hex sha256); ``structure`` is :func:`structure_digest` of the graph."""
     parts = {
-        "payload": payload_digest,
+        "structure": structure,
         "target": target.name,
         "target_spec": target.digest(),
         "precision": precision,
@@ -124,7 +141,7 @@ def build(
     if not isinstance(digest, str) or len(digest) < 16 or any(c not in "0123456789abcdef" for c in digest):
         raise BuildError(f"payload digest {digest!r} is not a lowercase hex string; pass the verified package")
     with _AST_LOCK:  # the key digests the templates' parsed source
-        key = cache_key(digest, spec, precision)
+        key = cache_key(structure_digest(graph), spec, precision)
     entry = Path(cache_dir) / key
     source = _read_cached(entry)
     hit = source is not None

@@ -12,7 +12,7 @@ from flwr.app import ConfigRecord, Context, Message, MessageType, Metadata, Reco
 from cuvil_edge.agent import client_app
 from cuvil_edge.config import load_federation, load_site
 from cuvil_edge.config.home import site_state_dir
-from cuvil_edge.config.run_spec import ENV_VAR
+from cuvil_edge.config.run_spec import RUN_CONFIG_KEY
 from cuvil_edge.coordinator.keys import load_signing_keys
 from cuvil_edge.coordinator.launcher import prepare_run
 from cuvil_edge.frontend import load_model
@@ -24,17 +24,17 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
-def node(tmp_path, monkeypatch):
+def node(tmp_path):
     """Partition 0 of the demo federation, its package, and a way to deliver evaluate messages."""
     spec = prepare_run(ROOT / "configs" / "federation.yaml", tmp_path / "run", home=tmp_path / "home")
-    monkeypatch.setenv(ENV_VAR, str(Path(spec.run_dir) / "run_spec.json"))
     site = load_site(load_federation(spec.federation).sites[0])
     keys = load_signing_keys(Path(spec.coordinator_key))
     now = int(time.time())
     package = write_package(load_model(digits_cnn_onnx(0)), site=site.site, target=site.target, version=4,
                             signing_key=keys.coordinator, release_key=keys.release, issued_at=now,
                             expires=now + 600, roots=keys.roots)
-    context = Context(run_id=1, node_id=1, node_config={"partition-id": 0}, state=RecordDict(), run_config={})
+    context = Context(run_id=1, node_id=1, node_config={"partition-id": 0}, state=RecordDict(),
+                      run_config={RUN_CONFIG_KEY: str(Path(spec.run_dir) / "run_spec.json")})
 
     def deliver(server_round: int) -> Message:
         config = ConfigRecord({"site": site.site, "package": package, "server-round": server_round})

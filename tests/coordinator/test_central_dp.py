@@ -154,31 +154,24 @@ def test_max_epsilon_stops_the_run_cleanly_after_the_last_affordable_round(tmp_p
     assert report.plot().exists()
 
 
-def test_launcher_accepts_a_central_budget_stop_and_nothing_else(tmp_path, monkeypatch):
+def test_launcher_accepts_a_central_budget_stop_and_nothing_else(tmp_path):
     import json
-    import os
 
-    import flwr.simulation
-
-    from cuvil_edge.config.run_spec import RunSpec
-    from cuvil_edge.coordinator.launcher import RunFailedError, run_in_simulation
+    from cuvil_edge.coordinator.launcher import RunFailedError, completed_metrics
     from cuvil_edge.coordinator.report import STOPPED_CENTRAL_BUDGET
 
-    fed = tmp_path / "federation.yaml"
-    fed.write_text((ROOT / "configs" / "federation.yaml").read_text().replace(
-        "sites/", str(ROOT / "configs" / "sites") + "/"))
-    spec = RunSpec(federation=str(fed), run_dir=str(tmp_path), home=str(tmp_path / "home"), coordinator_key="k",
-                   trust_root="p", rounds=3)
-    monkeypatch.setattr(flwr.simulation, "run_simulation", lambda **kw: None)
-    monkeypatch.setattr(os, "environ", dict(os.environ))  # run_in_simulation sets Flower's variables
     rounds = [{"round": r, "global_accuracy": 0.5, "sites": {}} for r in range(2)]
     (tmp_path / "metrics.json").write_text(json.dumps({"rounds": rounds}))
     with pytest.raises(RunFailedError):
-        run_in_simulation(spec, None, None)
+        completed_metrics(tmp_path, 3)
     stopped = {"reason": STOPPED_CENTRAL_BUDGET, "detail": "x", "completed_rounds": 1, "requested_rounds": 3}
     (tmp_path / "metrics.json").write_text(json.dumps({"rounds": rounds, "stopped_early": stopped}))
-    assert run_in_simulation(spec, None, None)["stopped_early"]["completed_rounds"] == 1
+    assert completed_metrics(tmp_path, 3)["stopped_early"]["completed_rounds"] == 1
     stopped["reason"] = "something else"
     (tmp_path / "metrics.json").write_text(json.dumps({"rounds": rounds, "stopped_early": stopped}))
     with pytest.raises(RunFailedError):
-        run_in_simulation(spec, None, None)
+        completed_metrics(tmp_path, 3)
+    (tmp_path / "metrics.json").write_text(json.dumps({"rounds": rounds}))
+    assert completed_metrics(tmp_path, 1)["rounds"] == rounds  # complete
+    with pytest.raises(RunFailedError, match="exit 1"):  # complete on disk, but the engine reported a failure
+        completed_metrics(tmp_path, 1, RuntimeError("flwr run exit 1"))

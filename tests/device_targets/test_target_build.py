@@ -134,15 +134,69 @@ def test_cache_entry_holds_readable_source_and_meta(tmp_path, mlp):
     assert meta["target"] == "x86-64" and meta["payload_digest"] == DIGEST and meta["precision"] == "fp32"
 
 
-@pytest.mark.parametrize("change", ["target", "precision", "payload"])
+@pytest.mark.parametrize("change", ["target", "precision", "structure"])
 def test_cache_key_changes(change):
     base = cache_key(DIGEST, load_target("jetson-orin-nano"), "fp32")
     other = {
         "target": lambda: cache_key(DIGEST, load_target("rpi4"), "fp32"),
         "precision": lambda: cache_key(DIGEST, load_target("jetson-orin-nano"), "fp16"),
-        "payload": lambda: cache_key("cd" * 32, load_target("jetson-orin-nano"), "fp32"),
+        "structure": lambda: cache_key("cd" * 32, load_target("jetson-orin-nano"), "fp32"),
     }[change]()
     assert other != base
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_next_rounds_weights_hit_the_cache_and_run_with_the_new_weights(tmp_path, mlp, target):
+    """A federation sends the same model with new weights every round: one build, then hits, and
+    each hit computes with the weights of its own package (they are not baked into the module)."""
+    from cuvil_edge.ir.infer import with_initializers
+
+    graph, _ = mlp
+    first = build(Package(graph, DIGEST), target, cache_dir=tmp_path)
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((5, 8)).astype(np.float32)
+    for round_ in range(2):
+        weights = {k: (v + rng.standard_normal(v.shape)).astype(np.float32) for k, v in graph.initializers.items()}
+        nxt = with_initializers(graph, weights)
+        model = build(Package(nxt, f"{round_ + 1:02x}" * 32), target, cache_dir=tmp_path)
+        assert model.cache_hit and model.key == first.key
+        expected = interpreter.run(nxt, {"x": x})["y"]
+        np.testing.assert_allclose(model.run({"x": x})["y"], expected, rtol=1e-3, atol=1e-3)
+        assert not np.allclose(model.run({"x": x})["y"], first.run({"x": x})["y"])
+    assert len(list(tmp_path.iterdir())) == 1
+
+
+def test_structure_digest_covers_what_codegen_reads():
+    """Anything that can change the generated source changes the digest; float weight values do not."""
+    from cuvil_edge.device_targets.build import structure_digest
+    from cuvil_edge.ir.infer import with_initializers
+
+    def reshape_graph(shape, scale):
+        return build_graph("r", [Value("x", TensorType("float32", ("N", 6)))], ["y"],
+                           [Node("sh", "Reshape", ("x", "s"), ("t",)), Node("mul", "Mul", ("t", "k"), ("y",))],
+                           {"s": np.array(shape, np.int64), "k": np.array(scale, np.float32)}, 13)
+
+    base = reshape_graph([-1, 2, 3], 2.0)
+    assert structure_digest(base) == structure_digest(with_initializers(base, {"k": np.array(5.0, np.float32)}))
+    assert structure_digest(base) != structure_digest(reshape_graph([-1, 3, 2], 2.0))  # an index tensor's values
+    assert structure_digest(base) != structure_digest(reshape_graph([-1, 2, 3], [2.0, 2.0, 2.0]))  # a shape
+    renamed = build_graph("r", [Value("x", TensorType("float32", ("N", 6)))], ["y"],
+                          [Node("sh2", "Reshape", ("x", "s"), ("t",)), Node("mul", "Mul", ("t", "k"), ("y",))],
+                          {"s": np.array([-1, 2, 3], np.int64), "k": np.array(2.0, np.float32)}, 13)
+    assert structure_digest(base) != structure_digest(renamed)  # node names appear in the source
+
+
+def test_generated_source_does_not_depend_on_weight_values(mlp):
+    """The property the structure-keyed cache rests on, over the demo CNN and the MLP."""
+    from cuvil_edge.frontend import load_model
+    from cuvil_edge.frontend.demo_model import digits_cnn_onnx
+    from cuvil_edge.ir.infer import with_initializers
+
+    rng = np.random.default_rng(0)
+    for graph in (mlp[0], load_model(digits_cnn_onnx(0))):
+        weights = {k: rng.standard_normal(v.shape).astype(v.dtype) for k, v in graph.initializers.items()
+                   if v.dtype.kind == "f"}
+        assert generate_source(graph) == generate_source(with_initializers(graph, weights))
 
 
 def test_tampered_cache_entry_is_rebuilt(tmp_path, mlp):
