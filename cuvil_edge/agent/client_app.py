@@ -99,7 +99,8 @@ def _local_dp(context: Context, site: SiteConfig) -> bool:
 
 def _local_data(agent: AgentRuntime, index: int, count: int, context: Context) -> tuple[digits.Split, digits.Split]:
     d = DatasetSection() if _deployed(context) else load_federation(_simulation_spec(context).federation).dataset
-    part = digits.site_partition(index, count, test_fraction=d.test_fraction, alpha=d.dirichlet_alpha, seed=d.seed)
+    part = digits.site_partition(index, count, test_fraction=d.test_fraction, alpha=d.dirichlet_alpha, seed=d.seed,
+                                 cache_dir=agent.state_dir / "data-cache")
     return digits.split_eval(part, agent.site.data.eval_fraction, seed=index)
 
 

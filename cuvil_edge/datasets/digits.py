@@ -7,11 +7,14 @@ label mix and the split is identical in every process that computes it.
 
 from __future__ import annotations
 
+import io
 from dataclasses import dataclass
 from functools import lru_cache
+from pathlib import Path
 
 import numpy as np
 
+from cuvil_edge.atomic import atomic_write
 from cuvil_edge.errors import ConfigError
 
 
@@ -38,18 +41,39 @@ def global_test(test_fraction: float = 0.2) -> Split:
 
 
 def site_partition(index: int, num_sites: int, *, test_fraction: float = 0.2,
-                   alpha: float = 0.5, seed: int = 7) -> Split:
+                   alpha: float = 0.5, seed: int = 7, cache_dir: Path | None = None) -> Split:
     """Training data of site ``index`` of ``num_sites``.
+
+    With ``cache_dir`` the partition is kept there as an .npz (one file per parameter set), so
+    a process that handles one message (Flower's ClientApp on a device) does not import
+    scikit-learn and split the data again for every round.
 
     Raises:
         ConfigError: index out of range.
     """
     if not 0 <= index < num_sites:
         raise ConfigError(f"site partition {index} does not exist; the federation has {num_sites} sites")
+    cached = None
+    if cache_dir is not None:
+        cached = Path(cache_dir) / f"digits-{index}-of-{num_sites}-t{test_fraction}-a{alpha}-s{seed}.npz"
+        try:
+            with np.load(cached, allow_pickle=False) as f:
+                return Split(f["x"], f["y"])
+        except (OSError, ValueError, KeyError):
+            pass  # absent or damaged: compute it again
     parts = _partitions(num_sites, test_fraction, alpha, seed)
     x, y = _load()
     idx = parts[index]
-    return Split(x[idx], y[idx])
+    split = Split(x[idx], y[idx])
+    if cached is not None:
+        buffer = io.BytesIO()
+        np.savez(buffer, x=split.x, y=split.y)
+        try:
+            cached.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write(cached, buffer.getvalue())
+        except OSError:
+            pass  # a cache only: the next message computes it again
+    return split
 
 
 def split_eval(split: Split, eval_fraction: float, seed: int = 0) -> tuple[Split, Split]:

@@ -1,0 +1,114 @@
+"""Per-message cost of the ClientApp on Flower's deployment engine, where every message gets a
+fresh `flwr-clientapp` process: interpreter start, imports, verify, build, handle.
+
+    .venv/bin/python bench/bench_clientapp.py [--repeats 5]
+
+One enrolled device of the demo federation (sealed packages, as `cuvil-edge demo --deployment`).
+Each message runs in a new process (tests/agent/one_message.py) with the next round's package (the
+same model, new weights). "cold": the device's first message (empty build cache and data cache),
+which is what every message cost before the build cache was keyed by the graph's structure and the
+site's partition was kept; "warm": the third message (after one of the other kind, so an evaluation
+reads a ledger holding a DP-SGD round). Medians over ``--repeats`` devices, cold and warm
+measured side by side. Flower's own share (its process start and 3 s polling) is not in these
+numbers; bench/bench_deployment.py times whole rounds. Results: bench/results/clientapp.{json,md}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "bench" / "results"
+ONE_MESSAGE = ROOT / "tests" / "agent" / "one_message.py"
+FIELDS = ("process_s", "import_flwr_s", "import_clientapp_s", "handle_s")
+
+
+def device(root: Path):
+    """A fresh enrolled device and a function sending it one message in a new process."""
+    from cuvil_edge.cli.local_federation import set_up
+    from cuvil_edge.config import load_federation
+    from cuvil_edge.config.home import versions_file
+    from cuvil_edge.coordinator.keys import load_signing_keys
+    from cuvil_edge.coordinator.model import load_federation_model
+    from cuvil_edge.coordinator.packaging import PackageFactory, VersionCounter
+    from cuvil_edge.coordinator.registry import SiteRegistry
+
+    fed_path = ROOT / "configs" / "federation.yaml"
+    home, devices = set_up(root, fed_path)
+    federation = load_federation(fed_path)
+    graph = load_federation_model(federation.model, federation.seed)
+    factory = PackageFactory(graph, federation.load_sites(), load_signing_keys(home / "keys" / "coordinator.key"),
+                             VersionCounter(versions_file(home)), 3600, seal_keys=SiteRegistry(home).seal_keys())
+    site_file, device_home = devices[0]
+    site = federation.load_sites()[0].site
+    rng = np.random.default_rng(0)
+    rounds = iter(range(1, 1000))
+
+    def send(kind: str) -> dict:
+        server_round = next(rounds)
+        weights = {k: (v + 0.01 * rng.standard_normal(v.shape)).astype(v.dtype)
+                   for k, v in graph.initializers.items() if v.dtype == np.float32}
+        package = root / f"round-{server_round}.cpkg"
+        package.write_bytes(factory.issue(site, weights).data)
+        t0 = time.perf_counter()
+        proc = subprocess.run([sys.executable, str(ONE_MESSAGE), kind, str(package), str(site_file),
+                               str(device_home), str(server_round)], capture_output=True, text=True, timeout=600)
+        wall = time.perf_counter() - t0
+        if proc.returncode != 0:
+            raise SystemExit(proc.stderr[-3000:])
+        out = json.loads(proc.stdout.strip().splitlines()[-1])
+        if out["error"]:
+            raise SystemExit(f"{kind} failed: {out['error']}")
+        return {**out, "process_s": wall}
+
+    return send
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args()
+    samples: dict[str, list[dict]] = {k: [] for k in ("evaluate cold", "evaluate warm", "train cold", "train warm")}
+    with tempfile.TemporaryDirectory() as tmp:
+        for r in range(args.repeats):
+            for kind, other in (("evaluate", "train"), ("train", "evaluate")):
+                send = device(Path(tmp) / f"{kind}-{r}")  # a fresh device: kind, other, kind
+                samples[f"{kind} cold"].append(send(kind))
+                send(other)
+                samples[f"{kind} warm"].append(send(kind))
+    rows = {}
+    for name, runs in samples.items():
+        rows[name] = {f: round(statistics.median(s[f] for s in runs), 3) for f in FIELDS}
+        rows[name]["heavy_modules"] = sorted({m for s in runs for m in s["heavy_modules"]})
+    result = {"python": platform.python_version(), "machine": platform.machine(), "repeats": args.repeats,
+              "medians": rows,
+              "warm_over_cold_process": {k: round(rows[f"{k} warm"]["process_s"] / rows[f"{k} cold"]["process_s"], 3)
+                                         for k in ("evaluate", "train")}}
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "clientapp.json").write_text(json.dumps(result, indent=2) + "\n")
+    lines = ["# ClientApp cost per message (fresh process per message, as on the deployment engine)", "",
+             f"`.venv/bin/python bench/bench_clientapp.py --repeats {args.repeats}`; medians in seconds; "
+             "cold = a device's first message, warm = a later round (same model, new weights).", "",
+             "| message | process | import flwr | import ClientApp | handle | heavy modules imported |",
+             "|---|---|---|---|---|---|"]
+    for name, row in rows.items():
+        lines.append(f"| {name} | {row['process_s']} | {row['import_flwr_s']} | {row['import_clientapp_s']} | "
+                     f"{row['handle_s']} | {', '.join(row['heavy_modules']) or '-'} |")
+    lines += ["", "warm / cold process time: " + ", ".join(f"{k} {v}" for k, v in
+                                                             result["warm_over_cold_process"].items())]
+    (RESULTS / "clientapp.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
