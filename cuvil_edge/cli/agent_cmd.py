@@ -86,6 +86,7 @@ def run_cmd(site: Path = typer.Option(..., "--site", help="this site's YAML"),
             partition: str = typer.Option("0/1", "--partition", help="demo data only: INDEX/COUNT of the "
                                           "digits split this site trains on")) -> None:
     """Run this site's SuperNode (restarted with back-off while the coordinator is away)."""
+    import signal
     import sys
 
     from cuvil_edge.agent.daemon import run_forever, supernode_command
@@ -97,4 +98,5 @@ def run_cmd(site: Path = typer.Option(..., "--site", help="this site's YAML"),
     except ValueError:
         raise ConfigError(f"--partition {partition!r} must be INDEX/COUNT, e.g. 0/3") from None
     command = supernode_command(load_site(site), site, home, superlink, port, (index, count))
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # run_once stops the SuperNode on the way out
     sys.exit(run_forever(command, home))

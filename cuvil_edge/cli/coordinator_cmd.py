@@ -42,14 +42,24 @@ def certs(host: List[str] = typer.Option(..., "--host", help="address or name ag
 def enroll(file: Path = typer.Argument(..., help="the enrollment file a device wrote (`cuvil-edge agent init`)"),
            home: Path = _HOME,
            replace: bool = typer.Option(False, help="the site moved to a new device: replace its keys")) -> None:
-    """Register a site's node key and sealing key; its packages are sealed for it from now on."""
+    """Register a site's node key and sealing key; its packages are sealed for it from now on.
+
+    With the SuperLink running (`coordinator serve`) the node is registered with it at once (and a
+    replaced device's key withdrawn); otherwise when `serve` next starts."""
     from cuvil_edge.config.enrollment import Enrollment
     from cuvil_edge.coordinator.registry import SiteRegistry
+    from cuvil_edge.coordinator.superlink import register_enrolled, superlink_up
 
     enrollment = Enrollment.read(file)
     SiteRegistry(home).enroll(enrollment, replace=replace)
     console.print(f"enrolled site {enrollment.site} ({enrollment.target}); its packages are sealed for seal key "
                   f"{enrollment.seal_public_key[:16]}...")
+    if superlink_up(home):
+        register_enrolled(home)
+        console.print(f"registered {enrollment.site} with the running SuperLink; the device can join now")
+    else:
+        console.print("the SuperLink is not running: the node is registered when `cuvil-edge coordinator serve` "
+                      "starts")
 
 
 @coordinator_app.command("serve")

@@ -10,7 +10,6 @@ the same functions the operator's commands use (`coordinator init/certs/enroll/s
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import time
 from contextlib import contextmanager
@@ -23,7 +22,7 @@ from cuvil_edge.agent.enroll import init_site
 from cuvil_edge.config import load_federation, load_site
 from cuvil_edge.config.flower_env import flwr_env
 from cuvil_edge.coordinator.registry import SiteRegistry, init_home
-from cuvil_edge.coordinator.superlink import CONNECTION, DeploymentError, flwr_cli, start_superlink
+from cuvil_edge.coordinator.superlink import CONNECTION, DeploymentError, flwr_cli, free_port, start_superlink
 from cuvil_edge.coordinator.tls import make_certs
 
 
@@ -31,12 +30,6 @@ from cuvil_edge.coordinator.tls import make_certs
 #: ClientApp; no cuvil-edge code, so each machine runs its own installed cuvil-edge. It lives here,
 #: at the top layer, because it names both sides.
 APP_DIR = Path(__file__).resolve().parent / "flwr_app"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass

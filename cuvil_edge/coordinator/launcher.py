@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import time
 from contextlib import contextmanager
@@ -24,7 +23,7 @@ from cuvil_edge.coordinator.checkpoints import resumed
 from cuvil_edge.coordinator.keys import current_root, init_keys
 from cuvil_edge.coordinator.report import STOPPED_CENTRAL_BUDGET
 from cuvil_edge.config.flower_env import flower_tool, flwr_env
-from cuvil_edge.coordinator.superlink import flwr_run, wait_healthy
+from cuvil_edge.coordinator.superlink import free_port, flwr_run, wait_healthy
 from cuvil_edge.errors import CuvilError
 
 #: Ray settings for quiet runs without accelerators (a caller's own values win).
@@ -72,12 +71,6 @@ def prepare_run(federation_path: Path, run_dir: Path | None = None, rounds: int 
     return spec
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @contextmanager
 def simulation_superlink(run_dir: Path) -> Iterator[str]:
     """A SuperLink in simulation mode on 127.0.0.1 for one run; yields the CLI connection name.
@@ -89,8 +82,10 @@ def simulation_superlink(run_dir: Path) -> Iterator[str]:
         DeploymentError: it did not become healthy.
     """
     run_dir = Path(run_dir)
-    port = _free_port()
-    env = {**RAY_ENV, **flwr_env(run_dir)}
+    port = free_port()
+    env = flwr_env(run_dir)
+    for key, value in RAY_ENV.items():
+        env.setdefault(key, value)
     config = Path(env["FLWR_HOME"]) / "config.toml"
     config.parent.mkdir(parents=True, exist_ok=True)
     config.write_text(f'[superlink]\ndefault = "{SIMULATION_CONNECTION}"\n\n[superlink.{SIMULATION_CONNECTION}]\n'
@@ -99,8 +94,7 @@ def simulation_superlink(run_dir: Path) -> Iterator[str]:
                str(port), "--database", str(Path(env["FLWR_HOME"]) / "superlink.db"),
                "--disable-runtime-dependency-installation"]
     with open(run_dir / "superlink.log", "ab") as log_file:
-        proc = subprocess.Popen(command, env={**env, **{k: v for k, v in os.environ.items() if k in RAY_ENV}},
-                                stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(command, env=env, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         wait_healthy(f"http://127.0.0.1:{port}")
         yield SIMULATION_CONNECTION
@@ -109,22 +103,21 @@ def simulation_superlink(run_dir: Path) -> Iterator[str]:
 
 
 def _stop_group(proc: subprocess.Popen) -> None:
-    """SIGTERM the process group led by ``proc``, then SIGKILL whatever is left after 30 s."""
-    for sig, wait in ((signal.SIGTERM, 30), (signal.SIGKILL, 10)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=wait)
-        except subprocess.TimeoutExpired:
-            continue
-        if sig == signal.SIGTERM:  # the leader is gone; its helpers may not be
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+    """SIGTERM the process group led by ``proc``; after 30 s (or once the leader is gone) SIGKILL
+    whatever of the group is left."""
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+    except ProcessLookupError:
         return
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
 
 
 def run_in_simulation(spec: RunSpec, app_dir: Path, verbose: bool = False) -> dict:

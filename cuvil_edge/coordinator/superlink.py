@@ -31,6 +31,15 @@ class DeploymentError(CuvilError):
     """The SuperLink, a registration or a run on the deployment engine failed."""
 
 
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def write_connection(home: Path, address: str) -> Path:
     """``<home>/flwr/config.toml``: the ``cuvil`` connection to this SuperLink, pinned to our CA."""
     ca = tls_files(Path(home) / "tls").ca_cert
@@ -72,6 +81,20 @@ def wait_healthy(url: str, context: ssl.SSLContext | None = None, timeout: float
         except OSError:
             time.sleep(0.5)
     raise DeploymentError(f"the SuperLink at {url} did not become healthy within {timeout:.0f} s")
+
+
+def superlink_up(home: Path) -> bool:
+    """Whether the SuperLink this home last started (``flwr/config.toml``) answers its health check."""
+    import tomllib
+
+    try:
+        config = tomllib.loads((Path(home) / "flwr" / "config.toml").read_text(encoding="utf-8"))
+        address = config["superlink"][CONNECTION]["address"]
+        context = ssl.create_default_context(cafile=str(tls_files(Path(home) / "tls").ca_cert))
+        wait_healthy(f"https://{address}", context, timeout=3)
+    except (OSError, ValueError, KeyError, DeploymentError, ssl.SSLError):
+        return False
+    return True
 
 
 def start_superlink(home: Path, address: str = DEFAULT_ADDRESS, log_file: Path | None = None) -> subprocess.Popen:
@@ -163,19 +186,30 @@ def flwr_run(home: Path, app_dir: Path, connection: str, run_config: str, *, fed
     command = [flower_tool("flwr"), "run", str(app_dir), connection, "--stream", "--run-config", run_config]
     if federation_config:
         command += ["--federation-config", federation_config]
+    earlier = {r.get("run-id") for r in _runs(home, connection)}  # this run is the one not listed before
     if verbose:
         proc = subprocess.run(command, env=flwr_env(home), timeout=timeout)
     else:
         proc = _relay(command, flwr_env(home), timeout)
-    listing = flwr_cli(home, "ls", connection, "--format", "json")
-    try:
-        runs = json.loads(listing.stdout).get("runs", [])
-    except ValueError as e:
-        raise DeploymentError(f"`flwr ls` failed: {listing.stderr.strip()[-300:]}") from e
-    status = str(runs[-1].get("status", "unknown")) if runs else "no run"
+    ours = sorted((r for r in _runs(home, connection) if r.get("run-id") not in earlier),
+                  key=lambda r: str(r.get("pending-at") or ""))
+    status = str(ours[-1].get("status", "unknown")) if ours else "no run"
     if proc.returncode != 0 or status != "finished:completed":
         raise DeploymentError(f"the run ended as {status!r} (flwr run exit {proc.returncode}); see the SuperLink log")
     return status
+
+
+def _runs(home: Path, connection: str) -> list[dict]:
+    """The SuperLink's runs (`flwr ls --format json`).
+
+    Raises:
+        DeploymentError: the listing failed.
+    """
+    listing = flwr_cli(home, "ls", connection, "--format", "json")
+    try:
+        return list(json.loads(listing.stdout).get("runs", []))
+    except (ValueError, AttributeError) as e:
+        raise DeploymentError(f"`flwr ls` failed: {(listing.stdout + listing.stderr).strip()[-300:]}") from e
 
 
 def _relay(command: list[str], env: dict, timeout: float) -> subprocess.CompletedProcess:

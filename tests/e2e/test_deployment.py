@@ -1,11 +1,17 @@
 """Flower's deployment engine on 127.0.0.1: a TLS SuperLink with node authentication, three enrolled
-devices and one rogue (issue 10 item 6 a, b, d). Every process started here is stopped by PID."""
+devices and one rogue (issue 10 item 6 a, b, d), and a device whose ClientApp and then SuperNode are
+killed (item 6 c). Every process started here is stopped by PID."""
 
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
 import subprocess
+import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -16,28 +22,100 @@ from cuvil_edge.cli.local_federation import APP_DIR, free_port, local_federation
 from cuvil_edge.config import load_federation, load_site
 from cuvil_edge.config.flower_env import flwr_env
 from cuvil_edge.coordinator.status import federation_status
-from cuvil_edge.coordinator.superlink import submit_run
+from cuvil_edge.coordinator.superlink import CONNECTION, DeploymentError, flwr_cli, submit_run
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.e2e
 
 
-def _configs(tmp_path: Path) -> Path:
+def _configs(tmp_path: Path, federation_extra: str = "") -> Path:
     """The demo federation with one local epoch per round (the test is about the engine)."""
     (tmp_path / "configs" / "sites").mkdir(parents=True)
     for site in (ROOT / "configs" / "sites").glob("*.yaml"):
         text = re.sub(r"local_epochs: \d+", "local_epochs: 1", site.read_text())
         (tmp_path / "configs" / "sites" / site.name).write_text(text)
     fed = tmp_path / "configs" / "federation.yaml"
-    fed.write_text((ROOT / "configs" / "federation.yaml").read_text())
+    fed.write_text((ROOT / "configs" / "federation.yaml").read_text() + federation_extra)
     return fed
+
+
+def _descendants(pid: int) -> list[tuple[int, str]]:
+    """(pid, command line) of every process below ``pid`` (Linux /proc)."""
+    children: dict[int, list[tuple[int, str]]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+                cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append((int(entry.name), cmd))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child[0])
+    return found
+
+
+def _ledger_spent(device: Path, site_file: Path) -> float:
+    from cuvil_edge.privacy import PrivacyLedger
+
+    site = load_site(site_file)
+    [state] = (device / "agents").iterdir()
+    with PrivacyLedger(state / "ledger.sqlite", site=site.site, epsilon_budget=site.privacy.epsilon_budget,
+                       delta=site.privacy.delta) as ledger:
+        return ledger.spent()
+
+
+def _train_rows(device: Path) -> list[tuple[str, str]]:
+    """(key, status) of the training spends in the device's ledger, read-only (the agent owns it)."""
+    import sqlite3
+
+    ledgers = list(device.glob("agents/*/ledger.sqlite"))
+    if not ledgers:
+        return []
+    try:
+        with sqlite3.connect(f"file:{ledgers[0]}?mode=ro", uri=True, timeout=1) as conn:
+            rows = conn.execute("SELECT idempotency_key, status FROM events").fetchall()
+    except sqlite3.Error:
+        return []
+    return [(key, status) for key, status in rows if key.startswith("train-")]
+
+
+def _train_claimed(device: Path) -> bool:
+    """Whether the device's ledger holds a claimed, not yet committed, training spend."""
+    return any(status == "reserved" for _, status in _train_rows(device))
+
+
+def _wait_rejoined(home: Path, node_id: str, since: float, timeout: float = 300) -> None:
+    """Until the node is online in a session opened after ``since`` (a killed node's old session
+    still reads "online" until the SuperLink misses its heartbeats)."""
+    from datetime import datetime, timezone
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        listed = json.loads(flwr_cli(home, "supernode", "list", CONNECTION, "--format", "json").stdout or "{}")
+        for node in listed.get("nodes", []):
+            if str(node.get("node-id")) == node_id and node.get("status") == "online":
+                at = datetime.strptime(str(node.get("online-at")), "%Y-%m-%d %H:%M:%SZ").replace(tzinfo=timezone.utc)
+                if at.timestamp() > since:
+                    return
+        time.sleep(2)
+    raise AssertionError(f"node {node_id} did not rejoin within {timeout:.0f} s")
+
+
+def _accepted_version(device: Path) -> int:
+    [state] = (device / "agents").iterdir()
+    return max(int(p.name[1:21]) for p in (state / "packages").glob("v*.cpkg"))
 
 
 def test_enrolled_devices_run_a_rogue_is_refused_and_a_killed_coordinator_resumes(tmp_path):
     fed_path = _configs(tmp_path)
     with local_federation(tmp_path / "deployment", fed_path) as fed:
         home = fed.home
-        # (b) a device claiming hospital-a with a key nobody enrolled is refused
+        # (b, e) a node presenting hospital-a's name (its site file) with its own key, which nobody
+        # enrolled, fails authentication while hospital-a's own device is online
         site_file = load_federation(fed_path).sites[0]
         init_site(load_site(site_file), home / "keys" / "root.json", ca=home / "tls" / "ca.crt",
                   home=tmp_path / "rogue")
@@ -65,7 +143,25 @@ def test_enrolled_devices_run_a_rogue_is_refused_and_a_killed_coordinator_resume
         fed.restart_superlink(log_file=tmp_path / "superlink2.log")
         fed.wait_online()
         assert submit_run(home, APP_DIR, fed_path, rounds=3, timeout=900, resume=True) == "finished:completed"
-        devices = fed.device_homes
+        devices = list(fed.device_homes)
+
+        # a lost device (docs/DEPLOYMENT.md §9): its replacement (the rogue's keys) is enrolled with
+        # --replace while the SuperLink runs; the lost device's key is withdrawn at once, the new one joins
+        from cuvil_edge.cli.main import main as cli
+
+        old_id = json.loads((home / "sites.json").read_text())["sites"]["hospital-a"]["node_id"]
+        [rogue_enrollment] = (tmp_path / "rogue").glob("agents/*/enrollment.json")
+        assert cli(["coordinator", "enroll", str(rogue_enrollment), "--home", str(home), "--replace"]) == 0
+        new_id = json.loads((home / "sites.json").read_text())["sites"]["hospital-a"]["node_id"]
+        assert new_id and new_id != old_id
+        listed = json.loads(flwr_cli(home, "supernode", "list", CONNECTION, "--format", "json").stdout)["nodes"]
+        assert all(n["status"] != "online" for n in listed if str(n["node-id"]) == old_id)
+        replacement = subprocess.Popen(supernode_command(load_site(site_file), site_file, tmp_path / "rogue",
+                                                         fed.address, free_port(), (0, 3)),
+                                       env=flwr_env(tmp_path / "rogue"), stdout=open(tmp_path / "new.log", "wb"),
+                                       stderr=subprocess.STDOUT)
+        fed.supernodes.append(replacement)  # stopped with the others
+        _wait_rejoined(home, new_id, since=0, timeout=120)
 
     first_run, resumed_run = sorted((home / "runs").iterdir())
     rounds = json.loads((first_run / "metrics.json").read_text())["rounds"]
@@ -82,3 +178,71 @@ def test_enrolled_devices_run_a_rogue_is_refused_and_a_killed_coordinator_resume
         kept = list((state / "packages").glob("*.cpkg"))
         assert kept and all(b"CUVLIRC" not in p.read_bytes() for p in kept)
         assert (state / "ledger.sqlite").exists()
+
+
+def test_a_killed_clientapp_fails_only_its_site_and_a_killed_supernode_rejoins_with_its_state(tmp_path):
+    """(c) SIGKILL hospital-a's ClientApp while it trains (after it claimed the round's spend): the
+    round completes with the other two, the report names hospital-a as failed (its SuperNode says
+    "ClientApp stopped responding"), and the claim stays counted, never spent twice. Then
+    SIGKILL its SuperNode and restart it with
+    `cuvil-edge agent run`: same node id, it rejoins the next round, its ledger and anti-rollback
+    state continue (more ε spent, never less; only newer packages)."""
+    fed_path = _configs(tmp_path, "\nmin_sites: 2\n")
+    fed_path.write_text(fed_path.read_text().replace("round_timeout: 600", "round_timeout: 150"))
+    with local_federation(tmp_path / "deployment", fed_path) as fed:
+        home, device = fed.home, fed.device_homes[0]
+        outcome: dict = {}
+
+        def first_round():
+            try:
+                outcome["status"] = submit_run(home, APP_DIR, fed_path, rounds=1, timeout=600)
+            except Exception as e:  # noqa: BLE001 - reported below
+                outcome["error"] = e
+
+        runner = threading.Thread(target=first_round)
+        runner.start()
+        killed = None
+        deadline = time.monotonic() + 300
+        while killed is None and runner.is_alive() and time.monotonic() < deadline:
+            apps = [pid for pid, cmd in _descendants(fed.supernodes[0].pid) if "flwr-clientapp" in cmd]
+            if apps and _train_claimed(device):  # training: the spend is claimed, the data is in use
+                os.kill(apps[0], signal.SIGKILL)
+                killed = apps[0]
+            time.sleep(0.05)
+        runner.join(timeout=600)
+        assert killed is not None, "hospital-a's ClientApp was never seen"
+        assert outcome.get("status") == "finished:completed", outcome
+
+        [first_run] = (home / "runs").iterdir()
+        [r1] = [r for r in json.loads((first_run / "metrics.json").read_text())["rounds"] if r["round"] == 1]
+        assert r1["sites"]["hospital-a"]["status"] == "failed", r1["sites"]["hospital-a"]
+        assert r1["sites"]["hospital-a"]["train-error"]
+        claims = _train_rows(device)  # one claim for round 1, still counted (fail closed), no second spend
+        assert [status for key, status in claims if key.startswith("train-r1-")] == ["reserved"], claims
+        assert r1["sites"]["factory-b"]["status"] == "ok" and r1["sites"]["fleet-c"]["status"] == "ok"
+
+        site_file = load_federation(fed_path).sites[0]
+        spent, version = _ledger_spent(device, site_file), _accepted_version(device)
+        node_id = json.loads((home / "sites.json").read_text())["sites"]["hospital-a"]["node_id"]
+        killed_at = time.time()
+        fed.supernodes[0].kill()  # a crash: its session stays open on the SuperLink for about a minute
+        fed.supernodes[0].wait(timeout=30)
+        agent = subprocess.Popen([sys.executable, "-m", "cuvil_edge", "agent", "run", "--site", str(site_file),
+                                  "--home", str(device), "--superlink", fed.address, "--port", str(free_port()),
+                                  "--partition", "0/3"], env=flwr_env(device),
+                                 stdout=open(tmp_path / "agent-restarted.log", "wb"), stderr=subprocess.STDOUT)
+        fed.supernodes[0] = agent  # stopped (SIGTERM, which stops its SuperNode) with the others
+        _wait_rejoined(home, node_id, since=killed_at)  # the same node id, in a new session
+
+        with pytest.raises(DeploymentError, match="finished:failed"):  # 1 of 1 rounds done: the ServerApp
+            submit_run(home, APP_DIR, fed_path, rounds=1, timeout=600, resume=True)  # refuses, and we say so
+        assert submit_run(home, APP_DIR, fed_path, rounds=2, timeout=600, resume=True) == "finished:completed"
+        second_run = max(r for r in (home / "runs").iterdir() if (r / "metrics.json").exists())
+        r2 = json.loads((second_run / "metrics.json").read_text())["rounds"][-1]
+        assert r2["round"] == 2 and r2["sites"]["hospital-a"]["status"] == "ok", r2["sites"]["hospital-a"]
+        assert _ledger_spent(device, site_file) > spent and r2["sites"]["hospital-a"]["eps-spent"] >= spent
+        assert _accepted_version(device) > version
+        restarted = [pid for pid, cmd in _descendants(agent.pid) if "flower-supernode" in cmd]
+        assert restarted
+    assert agent.poll() is not None  # stopping the agent stopped its SuperNode too
+    assert all(not Path(f"/proc/{pid}").exists() for pid in restarted)
