@@ -19,59 +19,16 @@ import argparse
 import json
 import platform
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
-ONE_MESSAGE = ROOT / "tests" / "agent" / "one_message.py"
+sys.path.insert(0, str(ROOT / "tests" / "agent"))
+from one_message import enrolled_device  # noqa: E402 - the harness the ClientApp test uses
 FIELDS = ("process_s", "import_flwr_s", "import_clientapp_s", "handle_s")
-
-
-def device(root: Path):
-    """A fresh enrolled device and a function sending it one message in a new process."""
-    from cuvil_edge.cli.local_federation import set_up
-    from cuvil_edge.config import load_federation
-    from cuvil_edge.config.home import versions_file
-    from cuvil_edge.coordinator.keys import load_signing_keys
-    from cuvil_edge.coordinator.model import load_federation_model
-    from cuvil_edge.coordinator.packaging import PackageFactory, VersionCounter
-    from cuvil_edge.coordinator.registry import SiteRegistry
-
-    fed_path = ROOT / "configs" / "federation.yaml"
-    home, devices = set_up(root, fed_path)
-    federation = load_federation(fed_path)
-    graph = load_federation_model(federation.model, federation.seed)
-    factory = PackageFactory(graph, federation.load_sites(), load_signing_keys(home / "keys" / "coordinator.key"),
-                             VersionCounter(versions_file(home)), 3600, seal_keys=SiteRegistry(home).seal_keys())
-    site_file, device_home = devices[0]
-    site = federation.load_sites()[0].site
-    rng = np.random.default_rng(0)
-    rounds = iter(range(1, 1000))
-
-    def send(kind: str) -> dict:
-        server_round = next(rounds)
-        weights = {k: (v + 0.01 * rng.standard_normal(v.shape)).astype(v.dtype)
-                   for k, v in graph.initializers.items() if v.dtype == np.float32}
-        package = root / f"round-{server_round}.cpkg"
-        package.write_bytes(factory.issue(site, weights).data)
-        t0 = time.perf_counter()
-        proc = subprocess.run([sys.executable, str(ONE_MESSAGE), kind, str(package), str(site_file),
-                               str(device_home), str(server_round)], capture_output=True, text=True, timeout=600)
-        wall = time.perf_counter() - t0
-        if proc.returncode != 0:
-            raise SystemExit(proc.stderr[-3000:])
-        out = json.loads(proc.stdout.strip().splitlines()[-1])
-        if out["error"]:
-            raise SystemExit(f"{kind} failed: {out['error']}")
-        return {**out, "process_s": wall}
-
-    return send
 
 
 def main() -> None:
@@ -82,7 +39,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.repeats):
             for kind, other in (("evaluate", "train"), ("train", "evaluate")):
-                send = device(Path(tmp) / f"{kind}-{r}")  # a fresh device: kind, other, kind
+                send, _ = enrolled_device(Path(tmp) / f"{kind}-{r}")  # a fresh device: kind, other, kind
                 samples[f"{kind} cold"].append(send(kind))
                 send(other)
                 samples[f"{kind} warm"].append(send(kind))

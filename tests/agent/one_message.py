@@ -4,15 +4,18 @@
 
 KIND is ``train`` or ``evaluate``; PACKAGE a file holding the package bytes. Prints one JSON line:
 seconds spent importing Flower and the ClientApp, handling the message, which heavy modules the
-process imported, and the reply's error or metrics. Used by tests/agent/test_clientapp_process.py
-and bench/bench_clientapp.py (a subprocess each time, so nothing is cached in memory).
+process imported, and the reply's error or metrics. :func:`enrolled_device` sets up a device and
+sends it rounds this way (a subprocess each time, so nothing is cached in memory); used by
+tests/agent/test_clientapp_process.py and bench/bench_clientapp.py.
 """
 
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 import time
+from pathlib import Path
 
 HEAVY = ("torch", "onnx", "onnxruntime", "opacus", "sklearn", "scipy", "matplotlib", "ray")
 
@@ -48,6 +51,48 @@ def main(kind: str, package_file: str, site_file: str, home: str, server_round: 
             "handle_s": t_end - t_handle, "heavy_modules": sorted(m for m in HEAVY if m in sys.modules),
             "error": reply.error.reason if reply.has_error() else None,
             "metrics": {} if reply.has_error() else dict(reply.content["metrics"])}
+
+
+def enrolled_device(root: Path):
+    """An enrolled device of the demo federation's first site (its packages sealed for it);
+    returns (send, device home), where ``send(kind)`` issues the next round's package (same model,
+    new weights) and has a fresh process handle it, returning that process's JSON line plus its
+    wall time as ``process_s``."""
+    import numpy as np
+
+    from cuvil_edge.cli.local_federation import set_up
+    from cuvil_edge.config import load_federation
+    from cuvil_edge.config.home import versions_file
+    from cuvil_edge.coordinator.keys import load_signing_keys
+    from cuvil_edge.coordinator.model import load_federation_model
+    from cuvil_edge.coordinator.packaging import PackageFactory, VersionCounter
+    from cuvil_edge.coordinator.registry import SiteRegistry
+
+    fed_path = Path(__file__).resolve().parents[2] / "configs" / "federation.yaml"
+    home, devices = set_up(root, fed_path)
+    federation = load_federation(fed_path)
+    graph = load_federation_model(federation.model, federation.seed)
+    factory = PackageFactory(graph, federation.load_sites(), load_signing_keys(home / "keys" / "coordinator.key"),
+                             VersionCounter(versions_file(home)), 3600, seal_keys=SiteRegistry(home).seal_keys())
+    site_file, device_home = devices[0]
+    site = federation.load_sites()[0].site
+    rng = np.random.default_rng(0)
+    rounds = iter(range(1, 1_000_000))
+
+    def send(kind: str) -> dict:
+        server_round = next(rounds)
+        weights = {k: (v + 0.01 * rng.standard_normal(v.shape)).astype(v.dtype)
+                   for k, v in graph.initializers.items() if v.dtype == np.float32}
+        package = root / f"round-{server_round}.cpkg"
+        package.write_bytes(factory.issue(site, weights).data)
+        start = time.perf_counter()
+        proc = subprocess.run([sys.executable, __file__, kind, str(package), str(site_file), str(device_home),
+                               str(server_round)], capture_output=True, text=True, timeout=600)
+        if proc.returncode != 0:
+            raise RuntimeError(f"the ClientApp process failed: {proc.stderr[-3000:]}")
+        return {**json.loads(proc.stdout.strip().splitlines()[-1]), "process_s": time.perf_counter() - start}
+
+    return send, device_home
 
 
 if __name__ == "__main__":
