@@ -121,6 +121,16 @@ CASES = [
     case("rsum13_empty_noop", "ReduceSum", In((B, 3)), np.zeros(0, np.int64), noop_with_empty_axes=1),
     case("rsum13_int64", "ReduceSum", In((B, 3, 4), np.int64), I64(2)),
     case("rsum13_int32", "ReduceSum", In((2, 3, 4), np.int32), I64(0, 2), keepdims=0),
+    # --- issue 11: the reduction table (cuvil_edge/ir/ops/reduce.py)
+    case("rmin_attr", "ReduceMin", In((B, 3, 4)), axes=[2]),
+    case("rmin18_input_int32", "ReduceMin", In((B, 3, 4), np.int32), I64(1), opset=18),
+    case("rprod_all_keepdims0", "ReduceProd", In((2, 3, 4)), keepdims=0),
+    case("rl1_attr", "ReduceL1", In((B, 3, 4)), axes=[1, 2]),
+    case("rl2_input", "ReduceL2", In((B, 3, 4)), I64(-1), opset=18),
+    case("rsumsq_int64", "ReduceSumSquare", In((B, 3, 4), np.int64), axes=[1]),
+    case("rlogsum_positive", "ReduceLogSum", np.abs(const(2, 3, 4)) + 0.1, axes=[0], keepdims=0),
+    case("rlogsumexp_input", "ReduceLogSumExp", In((B, 3, 4)), I64(2), opset=18),
+    case("rlogsumexp_noop_empty", "ReduceLogSumExp", In((B, 3)), I64(), noop_with_empty_axes=1, opset=18),
     # --- ReduceMax
     case("rmax_attr", "ReduceMax", In((B, 3, 4)), axes=[2]),
     case("rmax_keepdims0_int32", "ReduceMax", In((B, 3, 4), np.int32), axes=[1], keepdims=0, opset=12),
@@ -226,6 +236,7 @@ SHAPE_OPS = {
     "ConvTranspose", "BatchNormalization", "LayerNormalization", "LogSoftmax", "GlobalMaxPool", "Transpose",
     "Concat", "Gather", "Shape", "ConstantOfShape", "Expand", "ReduceMean", "ReduceSum", "ReduceMax", "Split",
     "Squeeze", "Unsqueeze", "Slice", "Pad", "Resize", "MaxPool",
+    "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2", "ReduceSumSquare", "ReduceLogSum", "ReduceLogSumExp",
 }
 CAPABILITIES = [{"TARGET_LARGE_SCRATCH": True}, {"TARGET_LARGE_SCRATCH": False}]
 

@@ -1,6 +1,8 @@
-"""Op registry: one module per op in this package, found by name.
+"""Op registry: the ops of this package, found by name.
 
-Each op module defines (see ``relu.py`` for the smallest example):
+New ops are :class:`~cuvil_edge.ir.ops._contract.OpDef` definitions (one kernel function shared
+by the interpreter and the code generator; families as table rows in modules that list ``OPS``,
+e.g. ``unary.py``); see ``_contract.py``. Older op modules define (see ``relu.py``):
 
 ``OP_TYPE``   the ONNX op name.
 ``VERSIONS``  the ONNX opset versions at which its semantics changed and that
@@ -44,16 +46,27 @@ _REQUIRED = ("OP_TYPE", "VERSIONS", "infer", "kernel", "flops", "TEMPLATE", "emi
 
 @lru_cache(maxsize=1)
 def registry() -> dict[str, ModuleType]:
-    """All op modules of this package, keyed by ONNX op type."""
+    """All ops of this package, keyed by ONNX op type: op modules, and the
+    :class:`~cuvil_edge.ir.ops._contract.OpDef` rows of modules that declare ``OPS``."""
     found: dict[str, ModuleType] = {}
+
+    def add(op_type: str, op, where: str) -> None:
+        if op_type in found:
+            raise ImportError(f"op {op_type} is defined twice ({where})")
+        found[op_type] = op
+
     for info in pkgutil.iter_modules(__path__):
         if info.name.startswith("_"):
             continue
         module = importlib.import_module(f"{__name__}.{info.name}")
+        if hasattr(module, "OPS"):
+            for op in module.OPS:
+                add(op.OP_TYPE, op, module.__name__)
+            continue
         missing = [attr for attr in _REQUIRED if not hasattr(module, attr)]
         if missing:
             raise ImportError(f"op module {module.__name__} lacks {', '.join(missing)}")
-        found[module.OP_TYPE] = module
+        add(module.OP_TYPE, module, module.__name__)
     return found
 
 

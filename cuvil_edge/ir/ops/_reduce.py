@@ -10,18 +10,28 @@ from __future__ import annotations
 from cuvil_edge.errors import ShapeInferenceError
 from cuvil_edge.ir import dtypes
 from cuvil_edge.ir.graph import TensorType
+from cuvil_edge.ir.ops._contract import source_of
 from cuvil_edge.ir.ops._shape import attr_or_input, axes as norm_axes
 from cuvil_edge.ir.ops._util import INT, INTS, need, want_dtype
 
 ATTRS = {"axes": INTS, "keepdims": INT, "noop_with_empty_axes": INT}
 NUMBERS = dtypes.FLOATS | {"int32", "int64", "uint32", "uint64", "int8", "uint8"}
 
-TEMPLATE = '''
 def _reduce_axes(x, axes, noop):
     if axes is None or len(axes) == 0:
         return None if noop else tuple(range(x.ndim))
     return tuple(int(a) + x.ndim if int(a) < 0 else int(a) for a in axes)
-'''
+
+
+TEMPLATE = source_of(_reduce_axes) + "\n"
+
+
+def attrs(node, since: int) -> dict:
+    """The static attributes of a reduction (op contract): keepdims, noop, and axes while it is an attribute."""
+    out = {"keepdims": int(node.attr("keepdims", 1)), "noop": noop(node, since)}
+    if node.version < since:
+        out["axes"] = static_axes(node, since)
+    return out
 
 
 def static_axes(node, since: int):

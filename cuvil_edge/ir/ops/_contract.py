@@ -1,0 +1,103 @@
+"""The op contract: one definition per op, shared by the interpreter and the code generator.
+
+An op is an :class:`OpDef`. Its kernel is an ordinary Python function over numpy arrays (tests
+import it, coverage measures it, linters read it); compiled modules run *the same function*: the
+code generator pastes its source (:func:`inspect.getsource`) with the helpers it calls. Static
+attributes are computed once, by ``attrs(node)``, and reach the kernel as keyword arguments in
+both paths: ``kernel(*arrays, **attrs(node))`` in the interpreter, and in the generated module a
+call such as ``v7 = k_elu(v6, alpha=0.5)`` (keywords, never opaque positional values).
+
+Families are declared as table rows (``unary.py``, ``binary.py``, ...): a module exposing ``OPS``
+(a sequence of OpDef) registers each of them. A kernel may read only ``np``, builtins, the
+``TARGET_*``/``COMPUTE_*`` capability constants and the helpers listed with it
+(:func:`free_names` checks).
+
+Per-opset behaviour: ``VERSIONS`` lists the opsets at which the op's semantics changed; a node's
+opset is mapped to the newest of these not above it (``node.version``), and ``infer``/``attrs``
+branch on ``node.version`` where behaviour differs (dtype tables: ``_elementwise.allowed``).
+"""
+
+from __future__ import annotations
+
+import builtins
+import inspect
+import textwrap
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Sequence
+
+from cuvil_edge.ir.graph import Node, TensorType
+
+#: Names a kernel may read besides its parameters, locals and listed helpers.
+ALLOWED_GLOBALS = frozenset({"np"})
+
+
+def no_attrs(node: Node) -> dict[str, Any]:
+    return {}
+
+
+def per_element(cost: int) -> Callable:
+    """FLOPs = ``cost`` per output element (of the first output)."""
+    def flops(node: Node, inputs: Sequence[TensorType | None], outputs: Sequence[TensorType]) -> int:
+        return cost * outputs[0].numel()
+    flops.__qualname__ = f"per_element({cost})"
+    return flops
+
+
+@dataclass(frozen=True, eq=False)
+class OpDef:
+    """One op. Attribute names match the legacy module contract (``ops/__init__.py``), so the
+    registry, interpreter, code generator and cost model treat an OpDef as they treat an op module."""
+
+    OP_TYPE: str
+    VERSIONS: tuple[int, ...]
+    infer: Callable[..., list[TensorType]]
+    fn: Callable[..., Any]  # the kernel: numpy arrays (and keyword attributes) -> array or tuple of arrays
+    flops: Callable[..., int]
+    attrs: Callable[[Node], Mapping[str, Any]] = no_attrs
+    helpers: tuple[Callable[..., Any], ...] = ()  # functions ``fn`` calls, pasted before it
+    ATTRS: Mapping[str, str] = field(default_factory=dict)  # attribute kinds checked by build_graph
+    CONST_INPUTS: tuple[int, ...] = ()
+    macs: Callable[..., int] | None = None
+
+    @property
+    def __name__(self) -> str:  # error messages name ops by module name
+        return f"{type(self).__module__}.{self.OP_TYPE}"
+
+    def kernel(self, node: Node, *arrays: Any) -> list[Any]:
+        """The interpreter's call: the kernel on ``arrays`` with the node's static attributes."""
+        out = self.fn(*arrays, **self.attrs(node))
+        return list(out) if isinstance(out, tuple) else [out]
+
+    @property
+    def TEMPLATE(self) -> str:  # noqa: N802 - the contract's name
+        """The source compiled modules run: the helpers', then the kernel's."""
+        return "\n\n".join(source_of(f) for f in (*self.helpers, self.fn)) + "\n"
+
+    def emit(self, node: Node, args: Sequence[str], outs: Sequence[str]) -> str:
+        """``outs = kernel(args, key=value, ...)``; absent optional inputs are passed as None."""
+        while args and not args[-1]:
+            args = args[:-1]
+        call_args = [a if a else "None" for a in args]
+        call_args += [f"{key}={value!r}" for key, value in self.attrs(node).items()]
+        target = outs[0] if len(outs) == 1 else ", ".join(outs)
+        return f"{target} = {self.fn.__name__}({', '.join(call_args)})"
+
+
+def source_of(function: Callable[..., Any]) -> str:
+    """A function's source, dedented, decorators kept (there are none in kernels)."""
+    return textwrap.dedent(inspect.getsource(function)).strip("\n")
+
+
+def free_names(function: Callable[..., Any]) -> set[str]:
+    """Global names ``function`` reads that are neither builtins, allowed (see module doc), nor
+    its own parameters and locals."""
+    import ast
+
+    tree = ast.parse(source_of(function))
+    bound = {a.arg for n in ast.walk(tree) if isinstance(n, ast.arguments)
+             for a in (*n.posonlyargs, *n.args, *n.kwonlyargs, n.vararg, n.kwarg) if a is not None}
+    bound |= {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, (ast.Store, ast.Del))}
+    bound |= {n.name for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.Lambda)) and hasattr(n, "name")}
+    loaded = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+    return {n for n in loaded - bound if not hasattr(builtins, n) and n not in ALLOWED_GLOBALS
+            and not n.startswith(("TARGET_", "COMPUTE_"))}

@@ -1,0 +1,152 @@
+"""Elementwise ops of two or more inputs with numpy (multidirectional) broadcasting, one table row
+each (the op contract: ``_contract.py``): Min, Max, Mean, Mod, And, Or, Xor, the bitwise ops,
+BitShift and PRelu.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from cuvil_edge.errors import ShapeInferenceError, UnsupportedAttributeError
+from cuvil_edge.ir.graph import TensorType
+from cuvil_edge.ir.ops._contract import OpDef, no_attrs, per_element
+from cuvil_edge.ir.ops._elementwise import FLOATS, INTS, broadcast_all, infer_binary, infer_unary, want
+from cuvil_edge.ir.ops._util import INT, STR, need, same_dtype, text
+
+NUMERIC = FLOATS | INTS
+UNSIGNED = frozenset({"uint8", "uint16", "uint32", "uint64"})
+
+
+# --- kernels ----------------------------------------------------------------------------------
+def k_min(*xs):
+    out = xs[0]
+    for x in xs[1:]:
+        out = np.minimum(out, x)
+    return np.asarray(out)
+
+
+def k_max(*xs):
+    out = xs[0]
+    for x in xs[1:]:
+        out = np.maximum(out, x)
+    return np.asarray(out)
+
+
+def k_mean(*xs):
+    out = xs[0]
+    for x in xs[1:]:
+        out = out + x
+    return np.asarray(out / out.dtype.type(len(xs)))
+
+
+def k_mod(a, b, fmod):
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.asarray(np.fmod(a, b) if fmod else np.mod(a, b))  # fmod: sign of a; else sign of b
+
+
+def k_and(a, b):
+    return np.logical_and(a, b)
+
+
+def k_or(a, b):
+    return np.logical_or(a, b)
+
+
+def k_xor(a, b):
+    return np.logical_xor(a, b)
+
+
+def k_bitwise_and(a, b):
+    return np.asarray(np.bitwise_and(a, b))
+
+
+def k_bitwise_or(a, b):
+    return np.asarray(np.bitwise_or(a, b))
+
+
+def k_bitwise_xor(a, b):
+    return np.asarray(np.bitwise_xor(a, b))
+
+
+def k_bitwise_not(x):
+    return np.invert(x)
+
+
+def k_bit_shift(x, y, left):
+    # opset 28 defines shifts outside [0, bit width): 0 to the left; the sign to the right
+    x, y = np.broadcast_arrays(x, y)
+    outside = (y < 0) | (y >= 8 * x.dtype.itemsize)
+    unsigned = np.dtype(f"u{x.dtype.itemsize}")
+    shift = np.where(outside, 0, y).astype(unsigned)
+    if left:
+        shifted = np.left_shift(x.view(unsigned), shift).view(x.dtype)
+        return np.where(outside, x.dtype.type(0), shifted)
+    fill = np.where(x < 0, x.dtype.type(-1), x.dtype.type(0)) if x.dtype.kind == "i" else x.dtype.type(0)
+    return np.where(outside, fill, np.right_shift(x, shift.astype(x.dtype))).astype(x.dtype)
+
+
+def k_prelu(x, slope):
+    return np.where(x < 0, x * slope, x).astype(x.dtype)
+
+
+# --- inference --------------------------------------------------------------------------------
+def _variadic(table):
+    def infer(node, inputs):
+        if not inputs or any(t is None for t in inputs):
+            raise ShapeInferenceError(f"{node.describe()} needs at least one input, none absent")
+        dtype = same_dtype(node, inputs)
+        want(node, inputs[0], table)
+        return [TensorType(dtype, broadcast_all(node, [t.shape for t in inputs]))]
+    return infer
+
+
+def _binary(table, out_dtype=None):
+    def infer(node, inputs):
+        return infer_binary(node, inputs, table, out_dtype)
+    return infer
+
+
+def _infer_mod(node, inputs):
+    out = infer_binary(node, inputs, ((10, NUMERIC),))
+    if out[0].dtype in FLOATS and not int(node.attr("fmod", 0)) and node.version < 28:
+        raise UnsupportedAttributeError(f"{node.describe()}: Mod of {out[0].dtype} needs fmod=1 before opset 28")
+    return out
+
+
+def _infer_prelu(node, inputs):
+    need(node, inputs, 2)
+    x, slope = inputs
+    same_dtype(node, inputs)
+    want(node, x, ((6, FLOATS), (9, FLOATS | {"int32", "int64", "uint32", "uint64"})))
+    if broadcast_all(node, [x.shape, slope.shape]) != tuple(x.shape):
+        raise ShapeInferenceError(f"{node.describe()}: slope {slope} must broadcast to X {x} (unidirectional)")
+    return [x]
+
+
+def _shift_attrs(node):
+    direction = text(node, "direction", "")
+    if direction not in ("LEFT", "RIGHT"):
+        raise UnsupportedAttributeError(f"{node.describe()}: direction must be LEFT or RIGHT, got {direction!r}")
+    return {"left": direction == "LEFT"}
+
+
+_BOOL = ((7, frozenset({"bool"})),)
+_BITS = ((18, INTS),)
+
+OPS = (
+    OpDef("Min", (6, 8, 12, 13), _variadic(((6, FLOATS), (12, NUMERIC))), k_min, per_element(1)),
+    OpDef("Max", (6, 8, 12, 13), _variadic(((6, FLOATS), (12, NUMERIC))), k_max, per_element(1)),
+    OpDef("Mean", (6, 8, 13), _variadic(((6, FLOATS),)), k_mean, per_element(1)),
+    OpDef("Mod", (10, 13, 28), _infer_mod, k_mod, per_element(1), lambda node: {"fmod": int(node.attr("fmod", 0))},
+          ATTRS={"fmod": INT}),
+    OpDef("And", (7,), _binary(_BOOL), k_and, per_element(1)),
+    OpDef("Or", (7,), _binary(_BOOL), k_or, per_element(1)),
+    OpDef("Xor", (7,), _binary(_BOOL), k_xor, per_element(1)),
+    OpDef("BitwiseAnd", (18,), _binary(_BITS), k_bitwise_and, per_element(1)),
+    OpDef("BitwiseOr", (18,), _binary(_BITS), k_bitwise_or, per_element(1)),
+    OpDef("BitwiseXor", (18,), _binary(_BITS), k_bitwise_xor, per_element(1)),
+    OpDef("BitwiseNot", (18,), lambda node, inputs: infer_unary(node, inputs, _BITS), k_bitwise_not, per_element(1)),
+    OpDef("BitShift", (11, 28), _binary(((11, UNSIGNED), (28, INTS))), k_bit_shift, per_element(1), _shift_attrs,
+          ATTRS={"direction": STR}),
+    OpDef("PRelu", (6, 7, 9, 16), _infer_prelu, k_prelu, per_element(2), no_attrs),
+)
