@@ -42,6 +42,7 @@ EDGE_OPS = frozenset("""
     Softplus Softsign Elu Selu Celu ThresholdedRelu Shrink Mish IsNaN IsInf
     Min Max Mean Mod And Or Xor BitwiseAnd BitwiseOr BitwiseXor BitwiseNot BitShift PRelu
     ReduceMin ReduceProd ReduceL1 ReduceL2 ReduceSumSquare ReduceLogSum ReduceLogSumExp
+    InstanceNormalization GroupNormalization LRN ArgMax ArgMin CumSum Trilu Size CastLike DepthToSpace SpaceToDepth
 """.split())  # issue 11, growing towards every default-domain op ONNX's node suite covers
 
 RTOL, ATOL = 1e-3, 1e-7

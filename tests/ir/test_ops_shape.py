@@ -121,6 +121,22 @@ CASES = [
     case("rsum13_empty_noop", "ReduceSum", In((B, 3)), np.zeros(0, np.int64), noop_with_empty_axes=1),
     case("rsum13_int64", "ReduceSum", In((B, 3, 4), np.int64), I64(2)),
     case("rsum13_int32", "ReduceSum", In((2, 3, 4), np.int32), I64(0, 2), keepdims=0),
+    # --- issue 11: normalization.py and indexing.py
+    case("instnorm_eps", "InstanceNormalization", In((B, 3, 4, 5)), const(3), const(3), epsilon=1e-3),
+    case("groupnorm21_per_channel", "GroupNormalization", In((B, 4, 3, 3)), const(4), const(4), num_groups=2, opset=21),
+    case("lrn", "LRN", In((B, 6, 4, 3)), size=3, alpha=2e-3, beta=0.7, bias=1.5),  # ORT: odd sizes, 4-D only
+    case("argmax_last_keepdims0", "ArgMax", In((B, 3, 4)), axis=-1, keepdims=0, select_last_index=1, opset=12),
+    case("argmin_axis1", "ArgMin", In((B, 3, 4)), axis=1),
+    case("cumsum_exclusive_reverse", "CumSum", In((B, 3, 4)), np.array(1, np.int64), exclusive=1, reverse=1,
+         opset=14),
+    case("cumsum_int32_negative_axis", "CumSum", In((B, 3, 4), np.int32), np.array(-1, np.int64), opset=14),
+    case("trilu_lower_k1", "Trilu", In((B, 4, 5)), np.array(1, np.int64), upper=0, opset=14),
+    case("trilu_upper", "Trilu", In((B, 4, 5)), opset=14),
+    case("size", "Size", In((B, 3, 4))),
+    case("castlike_to_int32", "CastLike", In((B, 4)), np.zeros(1, np.int32), opset=15),
+    case("depthtospace_crd", "DepthToSpace", In((B, 8, 2, 3)), blocksize=2, mode="CRD"),
+    case("depthtospace_dcr", "DepthToSpace", In((B, 8, 2, 3)), blocksize=2),
+    case("spacetodepth", "SpaceToDepth", In((B, 2, 4, 6)), blocksize=2),
     # --- issue 11: the reduction table (cuvil_edge/ir/ops/reduce.py)
     case("rmin_attr", "ReduceMin", In((B, 3, 4)), axes=[2]),
     case("rmin18_input_int32", "ReduceMin", In((B, 3, 4), np.int32), I64(1), opset=18),
@@ -237,6 +253,8 @@ SHAPE_OPS = {
     "Concat", "Gather", "Shape", "ConstantOfShape", "Expand", "ReduceMean", "ReduceSum", "ReduceMax", "Split",
     "Squeeze", "Unsqueeze", "Slice", "Pad", "Resize", "MaxPool",
     "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2", "ReduceSumSquare", "ReduceLogSum", "ReduceLogSumExp",
+    "InstanceNormalization", "GroupNormalization", "LRN", "ArgMax", "ArgMin", "CumSum", "Trilu", "Size", "CastLike",
+    "DepthToSpace", "SpaceToDepth",
 }
 CAPABILITIES = [{"TARGET_LARGE_SCRATCH": True}, {"TARGET_LARGE_SCRATCH": False}]
 
@@ -265,6 +283,9 @@ def build(c) -> bytes:
                               opset_imports=[helper.make_opsetid("", c.opset)])
     model.ir_version = 10
     model = onnx.shape_inference.infer_shapes(model)
+    for out in model.graph.output:  # a function op (GroupNormalization-21) can stay untyped
+        if not out.type.HasField("tensor_type"):
+            out.type.CopyFrom(inputs[0].type)  # normalisations keep X's type
     onnx.checker.check_model(model)
     return model.SerializeToString()
 
