@@ -137,6 +137,17 @@ CASES = [
     case("depthtospace_crd", "DepthToSpace", In((B, 8, 2, 3)), blocksize=2, mode="CRD"),
     case("depthtospace_dcr", "DepthToSpace", In((B, 8, 2, 3)), blocksize=2),
     case("spacetodepth", "SpaceToDepth", In((B, 2, 4, 6)), blocksize=2),
+    # --- issue 11: gather_scatter.py
+    case("gather_elements_negative", "GatherElements", In((2, 3, 4)),
+         np.random.default_rng(1).integers(-4, 4, size=(2, 3, 2)), axis=2),
+    case("gathernd_batch_dims1", "GatherND", In((2, 3, 4)), np.random.default_rng(2).integers(0, 3, size=(2, 2, 1)),
+         batch_dims=1),
+    case("scatter_elements_add", "ScatterElements", In((2, 3, 4)),
+         np.random.default_rng(3).integers(0, 4, size=(2, 3, 2)), const(2, 3, 2), axis=2, reduction="add", opset=16),
+    case("scatternd_mul_duplicates", "ScatterND", In((4, 3)), I64(1, 3, 1).reshape(3, 1), const(3, 3),
+         reduction="mul", opset=16),
+    case("onehot_axis1", "OneHot", np.array([[1, -1], [0, 2]], np.int64), np.array(3, np.int64),
+         np.array([0.0, 5.0], np.float32), axis=1, opset=11),
     # --- issue 11: the reduction table (cuvil_edge/ir/ops/reduce.py)
     case("rmin_attr", "ReduceMin", In((B, 3, 4)), axes=[2]),
     case("rmin18_input_int32", "ReduceMin", In((B, 3, 4), np.int32), I64(1), opset=18),
@@ -254,7 +265,7 @@ SHAPE_OPS = {
     "Squeeze", "Unsqueeze", "Slice", "Pad", "Resize", "MaxPool",
     "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2", "ReduceSumSquare", "ReduceLogSum", "ReduceLogSumExp",
     "InstanceNormalization", "GroupNormalization", "LRN", "ArgMax", "ArgMin", "CumSum", "Trilu", "Size", "CastLike",
-    "DepthToSpace", "SpaceToDepth",
+    "DepthToSpace", "SpaceToDepth", "GatherElements", "GatherND", "ScatterElements", "ScatterND", "OneHot",
 }
 CAPABILITIES = [{"TARGET_LARGE_SCRATCH": True}, {"TARGET_LARGE_SCRATCH": False}]
 
