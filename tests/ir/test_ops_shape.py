@@ -148,6 +148,17 @@ CASES = [
          reduction="mul", opset=16),
     case("onehot_axis1", "OneHot", np.array([[1, -1], [0, 2]], np.int64), np.array(3, np.int64),
          np.array([0.0, 5.0], np.float32), axis=1, opset=11),
+    # --- issue 11: shaping.py
+    case("tile", "Tile", In((B, 2, 3)), I64(1, 2, 3)),
+    case("range_int64", "Range", np.array(2, np.int64), np.array(11, np.int64), np.array(3, np.int64), opset=11),
+    case("range_float_negative_delta", "Range", np.array(1.0, np.float32), np.array(-2.0, np.float32),
+         np.array(-0.7, np.float32), opset=11),
+    case("topk_largest", "TopK", In((B, 3, 5)), I64(2), axis=-1, outputs=2, opset=11),
+    case("topk_smallest_axis1", "TopK", In((B, 4, 3)), I64(3), axis=1, largest=0, outputs=2, opset=11),
+    case("hardmax13", "Hardmax", In((B, 3, 4))),
+    case("hardmax11_flatten", "Hardmax", In((B, 3, 4)), axis=1, opset=11),
+    case("upsample9_nearest", "Upsample", In((B, 2, 3, 3)), np.array([1, 1, 2, 2], np.float32), opset=9),
+    case("upsample7_linear", "Upsample", In((2, 2, 3, 3)), mode="linear", scales=[1.0, 1.0, 2.0, 1.5], opset=7),
     # --- issue 11: the reduction table (cuvil_edge/ir/ops/reduce.py)
     case("rmin_attr", "ReduceMin", In((B, 3, 4)), axes=[2]),
     case("rmin18_input_int32", "ReduceMin", In((B, 3, 4), np.int32), I64(1), opset=18),
@@ -266,6 +277,7 @@ SHAPE_OPS = {
     "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2", "ReduceSumSquare", "ReduceLogSum", "ReduceLogSumExp",
     "InstanceNormalization", "GroupNormalization", "LRN", "ArgMax", "ArgMin", "CumSum", "Trilu", "Size", "CastLike",
     "DepthToSpace", "SpaceToDepth", "GatherElements", "GatherND", "ScatterElements", "ScatterND", "OneHot",
+    "Tile", "Range", "TopK", "Hardmax", "Upsample",
 }
 CAPABILITIES = [{"TARGET_LARGE_SCRATCH": True}, {"TARGET_LARGE_SCRATCH": False}]
 

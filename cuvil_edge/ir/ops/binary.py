@@ -9,7 +9,7 @@ import numpy as np
 
 from cuvil_edge.errors import ShapeInferenceError, UnsupportedAttributeError
 from cuvil_edge.ir.graph import TensorType
-from cuvil_edge.ir.ops._contract import OpDef, no_attrs, per_element
+from cuvil_edge.ir.ops._contract import OpDef, per_element
 from cuvil_edge.ir.ops._elementwise import FLOATS, INTS, broadcast_all, infer_binary, infer_unary, want
 from cuvil_edge.ir.ops._util import INT, STR, need, same_dtype, text
 
@@ -85,7 +85,9 @@ def k_bit_shift(x, y, left):
     return np.where(outside, fill, np.right_shift(x, shift.astype(x.dtype))).astype(x.dtype)
 
 
-def k_prelu(x, slope):
+def k_prelu(x, slope, per_channel):
+    if per_channel and slope.ndim == 1 and slope.size > 1:  # before opset 7: one slope per channel (axis 1)
+        slope = slope.reshape((-1,) + (1,) * (x.ndim - 2))
     return np.where(x < 0, x * slope, x).astype(x.dtype)
 
 
@@ -118,6 +120,8 @@ def _infer_prelu(node, inputs):
     x, slope = inputs
     same_dtype(node, inputs)
     want(node, x, ((6, FLOATS), (9, FLOATS | {"int32", "int64", "uint32", "uint64"})))
+    if node.version < 7 and slope.rank == 1 and x.rank >= 2 and slope.shape[0] == x.shape[1]:
+        return [x]  # one slope per channel
     if broadcast_all(node, [x.shape, slope.shape]) != tuple(x.shape):
         raise ShapeInferenceError(f"{node.describe()}: slope {slope} must broadcast to X {x} (unidirectional)")
     return [x]
@@ -148,5 +152,6 @@ OPS = (
     OpDef("BitwiseNot", (18,), lambda node, inputs: infer_unary(node, inputs, _BITS), k_bitwise_not, per_element(1)),
     OpDef("BitShift", (11, 28), _binary(((11, UNSIGNED), (28, INTS))), k_bit_shift, per_element(1), _shift_attrs,
           ATTRS={"direction": STR}),
-    OpDef("PRelu", (6, 7, 9, 16), _infer_prelu, k_prelu, per_element(2), no_attrs),
+    OpDef("PRelu", (6, 7, 9, 16), _infer_prelu, k_prelu, per_element(2),
+          lambda node: {"per_channel": node.version < 7}),
 )
