@@ -43,7 +43,7 @@ EDGE_OPS = frozenset("""
     Min Max Mean Mod And Or Xor BitwiseAnd BitwiseOr BitwiseXor BitwiseNot BitShift PRelu
     ReduceMin ReduceProd ReduceL1 ReduceL2 ReduceSumSquare ReduceLogSum ReduceLogSumExp
     InstanceNormalization GroupNormalization LRN ArgMax ArgMin CumSum Trilu Size CastLike DepthToSpace SpaceToDepth
-    GatherElements GatherND ScatterElements ScatterND OneHot Tile Range TopK Hardmax Upsample
+    GatherElements GatherND ScatterElements ScatterND OneHot Tile Range TopK Hardmax Upsample Einsum
 """.split())  # issue 11, growing towards every default-domain op ONNX's node suite covers
 
 RTOL, ATOL = 1e-3, 1e-7

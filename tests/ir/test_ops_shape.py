@@ -159,6 +159,10 @@ CASES = [
     case("hardmax11_flatten", "Hardmax", In((B, 3, 4)), axis=1, opset=11),
     case("upsample9_nearest", "Upsample", In((B, 2, 3, 3)), np.array([1, 1, 2, 2], np.float32), opset=9),
     case("upsample7_linear", "Upsample", In((2, 2, 3, 3)), mode="linear", scales=[1.0, 1.0, 2.0, 1.5], opset=7),
+    case("einsum_matmul", "Einsum", In((3, 4)), const(4, 5), equation="ij,jk->ik", opset=12),
+    case("einsum_batch_matmul", "Einsum", In((2, 3, 4)), const(2, 4, 5), equation="bij,bjk->bik", opset=12),
+    case("einsum_implicit_ellipsis", "Einsum", In((2, 3, 4)), equation="...ij", opset=12),
+    case("einsum_sum_int32", "Einsum", In((3, 4), np.int32), equation="ij->i", opset=12),
     # --- issue 11: the reduction table (cuvil_edge/ir/ops/reduce.py)
     case("rmin_attr", "ReduceMin", In((B, 3, 4)), axes=[2]),
     case("rmin18_input_int32", "ReduceMin", In((B, 3, 4), np.int32), I64(1), opset=18),
@@ -277,7 +281,7 @@ SHAPE_OPS = {
     "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2", "ReduceSumSquare", "ReduceLogSum", "ReduceLogSumExp",
     "InstanceNormalization", "GroupNormalization", "LRN", "ArgMax", "ArgMin", "CumSum", "Trilu", "Size", "CastLike",
     "DepthToSpace", "SpaceToDepth", "GatherElements", "GatherND", "ScatterElements", "ScatterND", "OneHot",
-    "Tile", "Range", "TopK", "Hardmax", "Upsample",
+    "Tile", "Range", "TopK", "Hardmax", "Upsample", "Einsum",
 }
 CAPABILITIES = [{"TARGET_LARGE_SCRATCH": True}, {"TARGET_LARGE_SCRATCH": False}]
 

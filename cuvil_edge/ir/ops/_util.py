@@ -218,6 +218,19 @@ def text(node: Node, key: str, default: str) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
+def choice(node: Node, key: str, default: str, allowed: Sequence[str]) -> str:
+    """String attribute ``key`` (``default`` when absent), one of ``allowed``.
+
+    Raises:
+        UnsupportedAttributeError: another value; the message lists the allowed ones at this opset.
+    """
+    value = text(node, key, default)
+    if value not in allowed:
+        raise UnsupportedAttributeError(f"{node.describe()}: {key} must be one of {', '.join(allowed)} at opset "
+                                        f"{node.version}, got {value!r}")
+    return value
+
+
 #: Window geometry shared by the Conv and pooling templates (pasted into each;
 #: identical definitions, so pasting twice is harmless).  ``_win_geometry``
 #: fills defaults for empty strides/pads/dilations and

@@ -11,7 +11,7 @@ from cuvil_edge.errors import ShapeInferenceError, UnsupportedAttributeError
 from cuvil_edge.ir.graph import TensorType
 from cuvil_edge.ir.ops._contract import OpDef, per_element
 from cuvil_edge.ir.ops._elementwise import FLOATS, INTS, broadcast_all, infer_binary, infer_unary, want
-from cuvil_edge.ir.ops._util import INT, STR, need, same_dtype, text
+from cuvil_edge.ir.ops._util import INT, STR, choice, need, same_dtype
 
 NUMERIC = FLOATS | INTS
 UNSIGNED = frozenset({"uint8", "uint16", "uint32", "uint64"})
@@ -128,10 +128,7 @@ def _infer_prelu(node, inputs):
 
 
 def _shift_attrs(node):
-    direction = text(node, "direction", "")
-    if direction not in ("LEFT", "RIGHT"):
-        raise UnsupportedAttributeError(f"{node.describe()}: direction must be LEFT or RIGHT, got {direction!r}")
-    return {"left": direction == "LEFT"}
+    return {"left": choice(node, "direction", "", ("LEFT", "RIGHT")) == "LEFT"}
 
 
 _BOOL = ((7, frozenset({"bool"})),)

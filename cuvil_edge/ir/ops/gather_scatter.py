@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from cuvil_edge.errors import ShapeInferenceError, UnsupportedAttributeError
+from cuvil_edge.errors import ShapeInferenceError
 from cuvil_edge.ir.graph import TensorType
 from cuvil_edge.ir.ops._contract import OpDef, per_element
-from cuvil_edge.ir.ops._util import INT, STR, axis_index, need, text
+from cuvil_edge.ir.ops._util import INT, STR, axis_index, choice, need
 
 _INDEX = frozenset({"int32", "int64"})
 
@@ -70,13 +70,9 @@ def k_one_hot(indices, depth, values, axis):
 
 # --- inference and attributes -------------------------------------------------------------------
 def _reduction(node):
-    value = text(node, "reduction", "none")
     allowed = ("none",) if node.version < 16 else ("none", "add", "mul") if node.version < 18 else \
         ("none", "add", "mul", "max", "min")
-    if value not in allowed:
-        raise UnsupportedAttributeError(f"{node.describe()}: reduction {value!r} is not one of {allowed} at opset "
-                                        f"{node.version}")
-    return value
+    return choice(node, "reduction", "none", allowed)
 
 
 def _index_type(node, t, what="indices"):

@@ -10,7 +10,7 @@ from cuvil_edge.errors import ShapeInferenceError, UnsupportedAttributeError
 from cuvil_edge.ir.graph import TensorType
 from cuvil_edge.ir.ops._contract import OpDef, per_element
 from cuvil_edge.ir.ops._elementwise import ALL, FLOATS, INTS, want
-from cuvil_edge.ir.ops._util import INT, STR, axis_index, need, text
+from cuvil_edge.ir.ops._util import INT, STR, axis_index, choice, need, text
 
 NUMERIC = FLOATS | INTS
 
@@ -129,10 +129,7 @@ def _blocksize(node):
 
 
 def _crd(node):
-    mode = text(node, "mode", "DCR")
-    if mode not in ("DCR", "CRD"):
-        raise UnsupportedAttributeError(f"{node.describe()}: mode must be DCR or CRD, got {mode!r}")
-    return mode == "CRD"
+    return choice(node, "mode", "DCR", ("DCR", "CRD")) == "CRD"
 
 
 def _infer_depth_to_space(node, inputs):
@@ -186,4 +183,77 @@ OPS = (
     OpDef("SpaceToDepth", (1, 13, 28), _infer_space_to_depth, k_space_to_depth, lambda node, inputs, outputs: 0,
           lambda node: {"blocksize": _blocksize(node), "crd": _crd(node) if node.version >= 28 else False},
           ATTRS={"blocksize": INT, "mode": STR}),
+)
+
+
+# --- Einsum: its own row, after the table above (it parses an equation) -------------------------
+def k_einsum(*xs, equation):
+    return np.asarray(np.einsum(equation, *xs))
+
+
+def _einsum_shape(node, equation, inputs):
+    """The output shape of ``equation`` over the inputs' shapes (implicit outputs and ellipses included)."""
+    from cuvil_edge.ir.ops._elementwise import broadcast_all
+
+    lhs, arrow, rhs = equation.replace(" ", "").partition("->")
+    terms = lhs.split(",")
+    if len(terms) != len(inputs):
+        raise ShapeInferenceError(f"{node.describe()}: equation {equation!r} names {len(terms)} operands, "
+                                  f"the node has {len(inputs)}")
+    dims: dict = {}
+    ellipses = []
+    for term, t in zip(terms, inputs):
+        head, dots, tail = term.partition("...")
+        spread = t.rank - len(head) - len(tail) if dots else 0
+        if spread < 0 or (not dots and len(term) != t.rank):
+            raise ShapeInferenceError(f"{node.describe()}: term {term!r} does not fit operand {t}")
+        letters = list(head) + [None] * spread + list(tail)
+        if dots:
+            ellipses.append(tuple(t.shape[len(head):len(head) + spread]))
+        for letter, d in zip(letters, t.shape):
+            if letter is None:
+                continue
+            if not letter.isalpha() or (letter in dims and dims[letter] != d):
+                raise ShapeInferenceError(f"{node.describe()}: {letter!r} stands for {dims.get(letter)} and {d}")
+            dims[letter] = d
+    spread_shape = broadcast_all(node, ellipses) if ellipses else ()
+    if not arrow:
+        rhs = ("..." if ellipses else "") + "".join(sorted(c for c in dims if lhs.count(c) == 1))
+    head, dots, tail = rhs.partition("...")
+    if any(c not in dims for c in head + tail):
+        raise ShapeInferenceError(f"{node.describe()}: output {rhs!r} names a letter no operand has")
+    return tuple(dims[c] for c in head) + (tuple(spread_shape) if dots else ()) + tuple(dims[c] for c in tail)
+
+
+def _infer_einsum(node, inputs):
+    from cuvil_edge.ir.ops._util import same_dtype
+
+    if not inputs or any(t is None for t in inputs):
+        raise ShapeInferenceError(f"{node.describe()} needs at least one operand")
+    dtype = same_dtype(node, inputs)
+    want(node, inputs[0], ((12, NUMERIC),))
+    return [TensorType(dtype, _einsum_shape(node, text(node, "equation", ""), inputs))]
+
+
+def _einsum_flops(node, inputs, outputs):
+    """2 per multiply-add of the whole loop nest: every letter's size multiplied (symbols count 1),
+    times the broadcast (ellipsis) part of the output."""
+    lhs, _, rhs = text(node, "equation", "").replace(" ", "").partition("->")
+    sizes: dict = {}
+    for term, t in zip(lhs.split(","), inputs):
+        head, _, tail = term.partition("...")
+        sizes.update(zip(head, t.shape))
+        sizes.update(zip(reversed(tail), reversed(t.shape)))
+    def product(dims):
+        total = 1
+        for d in dims:
+            total *= d if isinstance(d, int) else 1
+        return total
+    lettered = product(sizes[c] for c in rhs.replace("...", "") if c in sizes)
+    return 2 * product(sizes.values()) * max(1, outputs[0].numel() // max(1, lettered))
+
+
+OPS = OPS + (
+    OpDef("Einsum", (12,), _infer_einsum, k_einsum, _einsum_flops,
+          lambda node: {"equation": text(node, "equation", "")}, ATTRS={"equation": STR}),
 )

@@ -9,12 +9,12 @@ import math
 
 import numpy as np
 
-from cuvil_edge.errors import ShapeInferenceError, UnsupportedAttributeError
+from cuvil_edge.errors import ShapeInferenceError
 from cuvil_edge.ir.graph import TensorType
 from cuvil_edge.ir.ops._contract import OpDef, per_element
 from cuvil_edge.ir.ops._elementwise import ALL, FLOATS, INTS, want
 from cuvil_edge.ir.ops._shape import vector
-from cuvil_edge.ir.ops._util import FLOATS as FLOAT_LIST, INT, STR, axis_index, need, text
+from cuvil_edge.ir.ops._util import FLOATS as FLOAT_LIST, INT, STR, axis_index, choice, need
 
 
 def k_tile(x, repeats):
@@ -142,10 +142,7 @@ def _infer_hardmax(node, inputs):
 
 
 def _upsample_mode(node):
-    mode = text(node, "mode", "nearest")
-    if mode not in ("nearest", "linear"):
-        raise UnsupportedAttributeError(f"{node.describe()}: mode must be nearest or linear, got {mode!r}")
-    return mode == "linear"
+    return choice(node, "mode", "nearest", ("nearest", "linear")) == "linear"
 
 
 def _upsample_scales(node, consts):
