@@ -232,7 +232,11 @@ def test_fused_templates_match_kernels():
     g = graph_from_text(CONV.format(act="y = Relu(c)"), **CONV_W)
     node = FuseActivation()(g).graph.nodes[0]
     x = np.random.default_rng(3).standard_normal((2, 3, 5, 5)).astype(np.float32)
-    k_fused_conv = template_function(fused_conv.TEMPLATE, "k_fused_conv")
+    from cuvil_edge.ir import ops
+
+    # a compiled module holds every registered op's kernel; the fused ones call the activations' own
+    activations = "\n".join(ops.registry()[op].TEMPLATE for op in ("Relu", "Sigmoid", "HardSwish", "Gelu"))
+    k_fused_conv = template_function(activations + fused_conv.TEMPLATE, "k_fused_conv")
     for act in ("none", "relu", "relu6", "sigmoid", "hardswish", "gelu"):
         n = with_(node, set_attrs={"activation": act})
         want = fused_conv.kernel(n, x, CONV_W["W"], CONV_W["b"])[0]

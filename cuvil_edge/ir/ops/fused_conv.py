@@ -7,46 +7,53 @@ its result.  Internal op: never in an imported ONNX model.
 
 from __future__ import annotations
 
+import numpy as np
+
 from cuvil_edge.errors import UnsupportedAttributeError
+from cuvil_edge.ir import ops
+from cuvil_edge.ir.graph import Node
 from cuvil_edge.ir.ops import conv
-from cuvil_edge.ir.ops._util import INT, STR, WINDOW_ATTRS, template_function, text, window_args
+from cuvil_edge.ir.ops._contract import source_of
+from cuvil_edge.ir.ops._util import INT, STR, WINDOW_ATTRS, text, window_args
+from cuvil_edge.ir.ops.unary import k_gelu, k_hard_swish, k_relu, k_sigmoid
 
 OP_TYPE = "CuvilFusedConv"
 VERSIONS = (1,)
 ATTRS = {**WINDOW_ATTRS, "group": INT, "activation": STR}
 
-#: activation -> FLOPs per output element.
-ACTIVATIONS = {"none": 0, "relu": 1, "relu6": 2, "sigmoid": 4, "hardswish": 5, "gelu": 12}
-
-#: Shared with CuvilFusedGemm (identical text, so the code generator pastes it once).
-#: gelu uses erfc with fractional error < 1.2e-7 (Numerical Recipes' erfcc), in float64.
-ACTIVATION_TEMPLATE = '''
-def _erfc64(z):
-    a = np.abs(z)
-    t = 1.0 / (1.0 + 0.5 * a)
-    poly = -a * a - 1.26551223 + t * (1.00002368 + t * (0.37409196 + t * (0.09678418 + t * (-0.18628806 + t * (
-        0.27886807 + t * (-1.13520398 + t * (1.48851587 + t * (-0.82215223 + t * 0.17087277))))))))
-    r = t * np.exp(poly)
-    return np.where(z >= 0, r, 2.0 - r)
+#: Activation name -> the registered op it applies (same kernel, same numerics, same cost);
+#: relu6 is Clip(0, 6).
+ACTIVATIONS = {"none": None, "relu": "Relu", "relu6": "Clip", "sigmoid": "Sigmoid", "hardswish": "HardSwish",
+               "gelu": "Gelu"}
 
 
 def k_activation(y, activation):
+    """The fused activation: the registered ops' own kernels (their sources are in every module)."""
     if activation == "relu":
-        return np.maximum(y, y.dtype.type(0))
+        return k_relu(y)
     if activation == "relu6":
         return np.clip(y, y.dtype.type(0), y.dtype.type(6))
     if activation == "sigmoid":
-        with np.errstate(over="ignore"):
-            return (1.0 / (1.0 + np.exp(-y.astype(np.float64)))).astype(y.dtype)
+        return k_sigmoid(y)
     if activation == "hardswish":
-        return y * np.clip(y / y.dtype.type(6) + y.dtype.type(0.5), y.dtype.type(0), y.dtype.type(1))
+        return k_hard_swish(y)
     if activation == "gelu":
-        y64 = y.astype(np.float64)
-        return (0.5 * y64 * _erfc64(-y64 / np.sqrt(2.0))).astype(y.dtype)
+        return k_gelu(y, 0)
     return y
-'''
 
-k_activation = template_function(ACTIVATION_TEMPLATE, "k_activation")
+
+#: Shared with CuvilFusedGemm (identical text, so the code generator pastes it once).
+ACTIVATION_TEMPLATE = source_of(k_activation) + "\n"
+
+
+def activation_flops(name: str, outputs) -> int:
+    """FLOPs of the fused activation: the registered op's own count (Clip: 2 per element)."""
+    op = ACTIVATIONS[name]
+    if op is None:
+        return 0
+    if op == "Clip":
+        return 2 * outputs[0].numel()
+    return ops.registry()[op].flops(Node("fused", op, ("y",), ("y",), {}, 20), outputs, outputs)
 
 
 def activation(node) -> str:
@@ -71,7 +78,7 @@ def kernel(node, *arrays):
 
 
 def flops(node, inputs, outputs):
-    return conv.flops(node, inputs, outputs) + ACTIVATIONS[activation(node)] * outputs[0].numel()
+    return conv.flops(node, inputs, outputs) + activation_flops(activation(node), outputs)
 
 
 def macs(node, inputs, outputs):

@@ -7,7 +7,7 @@ reference kernel and cost delegate to :mod:`gemm`.  Internal op: never in an imp
 from __future__ import annotations
 
 from cuvil_edge.ir.ops import gemm
-from cuvil_edge.ir.ops.fused_conv import ACTIVATION_TEMPLATE, ACTIVATIONS, activation, k_activation
+from cuvil_edge.ir.ops.fused_conv import ACTIVATION_TEMPLATE, activation, activation_flops, k_activation
 from cuvil_edge.ir.ops._util import FLOAT, INT, STR
 
 OP_TYPE = "CuvilFusedGemm"
@@ -25,7 +25,7 @@ def kernel(node, *arrays):
 
 
 def flops(node, inputs, outputs):
-    return gemm.flops(node, inputs, outputs) + ACTIVATIONS[activation(node)] * outputs[0].numel()
+    return gemm.flops(node, inputs, outputs) + activation_flops(activation(node), outputs)
 
 
 def macs(node, inputs, outputs):

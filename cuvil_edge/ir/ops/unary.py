@@ -13,13 +13,38 @@ import numpy as np
 
 from cuvil_edge.ir.graph import TensorType
 from cuvil_edge.ir.ops._contract import OpDef, no_attrs, per_element
-from cuvil_edge.ir.ops._elementwise import FLOATS, INTS, SIGNED, TRANSCENDENTAL, infer_unary
-from cuvil_edge.ir.ops._util import FLOAT, INT
+from cuvil_edge.ir.ops._elementwise import ERF, FLOATS, INTS, SIGNED, TRANSCENDENTAL, _erf64, _wide, infer_unary
+from cuvil_edge.ir.ops._util import FLOAT, INT, STR, choice
 
 NUMERIC = FLOATS | INTS
 
 
 # --- kernels: plain numpy; the same source runs in compiled modules ---------------------------
+def k_relu(x):
+    return np.maximum(x, x.dtype.type(0))
+
+
+def k_sigmoid(x):
+    w = _wide(x)
+    e = np.exp(-np.abs(w))  # exp(-|x|): nothing overflows
+    return np.asarray(np.where(w >= 0, 1 / (1 + e), e / (1 + e)).astype(x.dtype))
+
+
+def k_hard_swish(x):
+    w = _wide(x)
+    return np.asarray((w * np.minimum(np.maximum(w * (1 / 6) + 0.5, 0), 1)).astype(x.dtype))
+
+
+def k_gelu(x, tanh):
+    w = np.asarray(x, dtype=np.float64)
+    with np.errstate(all="ignore"):
+        if tanh:
+            y = 0.5 * w * (1.0 + np.tanh(0.7978845608028654 * (w + 0.044715 * w * w * w)))
+        else:
+            y = 0.5 * w * (1.0 + _erf64(w * 0.7071067811865476))
+        return np.asarray(y.astype(x.dtype))
+
+
 def k_abs(x):
     return np.abs(x)
 
@@ -144,12 +169,14 @@ def k_isinf(x, detect_negative, detect_positive):
 
 
 # --- the table ------------------------------------------------------------------------------
-def _unary(op_type, fn, versions, types, cost=1, attrs=no_attrs, kinds=None, out_dtype=None) -> OpDef:
+def _unary(op_type, fn, versions, types, cost=1, attrs=no_attrs, kinds=None, out_dtype=None, helpers=()) -> OpDef:
     def infer(node, inputs):
+        attrs(node)  # refuses bad attribute values at import, not at run time
         out = infer_unary(node, inputs, types)
         return [TensorType(out_dtype, out[0].shape)] if out_dtype else out
 
-    return OpDef(op_type, tuple(versions), infer, fn, per_element(cost), attrs, ATTRS=kinds or {})
+    flops = cost if callable(cost) else per_element(cost)
+    return OpDef(op_type, tuple(versions), infer, fn, flops, attrs, helpers=helpers, ATTRS=kinds or {})
 
 
 def _floats(**defaults):
@@ -157,6 +184,15 @@ def _floats(**defaults):
     def attrs(node):
         return {k: float(node.attr(k, v)) for k, v in defaults.items()}
     return attrs
+
+
+def _gelu_attrs(node):
+    return {"tanh": int(choice(node, "approximate", "none", ("none", "tanh")) == "tanh")}
+
+
+def _gelu_flops(node, inputs, outputs):
+    per = TRANSCENDENTAL + 7 if _gelu_attrs(node)["tanh"] else ERF + 4  # plus the multiplies and adds around it
+    return per * outputs[0].numel()
 
 
 def _isinf_attrs(node):
@@ -170,6 +206,11 @@ _T = TRANSCENDENTAL
 SELU_ALPHA, SELU_GAMMA = float(np.float32(1.67326319217681884765625)), float(np.float32(1.05070102214813232421875))
 
 OPS = (
+    # 13 adds bfloat16 (not an IR dtype); 14 adds int8/16/32/64
+    _unary("Relu", k_relu, (6, 13, 14), ((6, FLOATS), (14, FLOATS | SIGNED))),
+    _unary("Sigmoid", k_sigmoid, (6, 13), _F, _T + 3, helpers=(_wide,)),  # exp, abs, add, divide
+    _unary("HardSwish", k_hard_swish, (14, 22), ((14, FLOATS),), 4, helpers=(_wide,)),  # mul-add, clamp, multiply
+    _unary("Gelu", k_gelu, (20,), ((20, FLOATS),), _gelu_flops, _gelu_attrs, {"approximate": STR}, helpers=(_erf64,)),
     _unary("Abs", k_abs, (6, 13), ((6, NUMERIC),)),
     _unary("Neg", k_neg, (6, 13), ((6, FLOATS | SIGNED),)),
     _unary("Reciprocal", k_reciprocal, (6, 13), _F),
