@@ -141,7 +141,11 @@ def build(
     if not isinstance(digest, str) or len(digest) < 16 or any(c not in "0123456789abcdef" for c in digest):
         raise BuildError(f"payload digest {digest!r} is not a lowercase hex string; pass the verified package")
     with _AST_LOCK:  # the key digests the templates' parsed source
-        key = cache_key(structure_digest(graph), spec, precision)
+        try:
+            structure = structure_digest(graph)
+        except ValueError:  # a graph to_dict() cannot describe (a big tensor attribute): key by payload
+            structure = digest
+        key = cache_key(structure, spec, precision)
     entry = Path(cache_dir) / key
     source = _read_cached(entry)
     hit = source is not None

@@ -2,12 +2,14 @@
 
 New ops are :class:`~cuvil_edge.ir.ops._contract.OpDef` definitions (one kernel function shared
 by the interpreter and the code generator; families as table rows in modules that list ``OPS``,
-e.g. ``unary.py``); see ``_contract.py``. Older op modules define (see ``relu.py``):
+e.g. ``unary.py``); see ``_contract.py``. Older op modules define (see ``tanh.py``):
 
 ``OP_TYPE``   the ONNX op name.
-``VERSIONS``  the ONNX opset versions at which its semantics changed and that
-              it implements; a node's opset is mapped to the newest of these not
-              above it.
+``VERSIONS``  the opsets at which ONNX changed the op's schema, oldest first (what was
+              checked against the spec). The oldest is the floor: a model below it is
+              refused. ``node.version`` is the model's default-domain opset, unmapped;
+              ``infer``/``kernel`` branch on it (``node.version >= 18``) where behaviour
+              differs between these versions.
 ``infer(node, inputs) -> list[TensorType]``
               output types from input types (``None`` for absent optional inputs);
               raises :class:`~cuvil_edge.errors.ShapeInferenceError`.

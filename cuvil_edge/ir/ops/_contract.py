@@ -12,9 +12,10 @@ Families are declared as table rows (``unary.py``, ``binary.py``, ...): a module
 ``TARGET_*``/``COMPUTE_*`` capability constants and the helpers listed with it
 (:func:`free_names` checks).
 
-Per-opset behaviour: ``VERSIONS`` lists the opsets at which the op's semantics changed; a node's
-opset is mapped to the newest of these not above it (``node.version``), and ``infer``/``attrs``
-branch on ``node.version`` where behaviour differs (dtype tables: ``_elementwise.allowed``).
+Per-opset behaviour: ``VERSIONS`` lists the opsets at which ONNX changed the op's schema, oldest
+first; the oldest is the floor below which a model is refused. ``node.version`` is the model's
+default-domain opset as imported (not mapped onto ``VERSIONS``), and ``infer``/``attrs`` branch on
+it where behaviour differs (``node.version >= 18``; dtype tables: ``_elementwise.allowed``).
 """
 
 from __future__ import annotations
