@@ -8,6 +8,7 @@ label mix and the split is identical in every process that computes it.
 from __future__ import annotations
 
 import io
+import zipfile
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -59,8 +60,8 @@ def site_partition(index: int, num_sites: int, *, test_fraction: float = 0.2,
         try:
             with np.load(cached, allow_pickle=False) as f:
                 return Split(f["x"], f["y"])
-        except (OSError, ValueError, KeyError):
-            pass  # absent or damaged: compute it again
+        except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile):
+            pass  # absent, torn or damaged: compute it again
     parts = _partitions(num_sites, test_fraction, alpha, seed)
     x, y = _load()
     idx = parts[index]
