@@ -4,16 +4,20 @@ Only int8/uint8 quantized tensors (plus int32 for DequantizeLinear's input and
 the bias of QLinearConv) are supported; float8, int4/int2, int16 and blocked
 quantization raise :class:`UnsupportedAttributeError` naming the node.
 
-``HELPERS_TEMPLATE`` is pasted into each quant op's TEMPLATE (identical text,
-so the code generator keeps one copy).
+The ``_q_*`` functions are the kernels' shared helpers (op contract: listed in ``helpers``);
+``HELPERS_TEMPLATE`` is the source of the first three, pasted by ConvInteger/QLinearConv (identical
+text, so the code generator keeps one copy).
 """
 
 from __future__ import annotations
 
 from typing import Sequence
 
+import numpy as np
+
 from cuvil_edge.errors import ShapeInferenceError, UnsupportedAttributeError
 from cuvil_edge.ir.graph import Node, TensorType
+from cuvil_edge.ir.ops._contract import source_of
 from cuvil_edge.ir.ops._util import axis_index
 
 QUANT = frozenset({"int8", "uint8"})
@@ -68,7 +72,8 @@ def scale_dtype(node: Node, scales: Sequence[TensorType | None]) -> None:
                 f"{node.describe()}: scale dtype {s.dtype} is not supported; use float32 (or float16)")
 
 
-HELPERS_TEMPLATE = '''
+# --- kernel helpers: real functions the quant kernels list as ``helpers`` (compiled modules paste
+# their source); ``HELPERS_TEMPLATE`` is the same source for the modules that still paste text.
 def _q_along(v, ndim, axis):
     """A scale / zero point as an array broadcastable along ``axis`` of an ndim-D tensor."""
     if v.ndim == 0 or v.size == 1:
@@ -88,4 +93,22 @@ def _q_requantize(acc, multiplier, zero_point, dtype):
     """int32 accumulator -> quantized: rint(float32(acc) * multiplier) + zero point, saturated."""
     y = np.rint(acc.astype(np.float32) * multiplier) + zero_point.astype(np.float32)
     return _q_saturate(y, dtype)
-'''
+
+
+def _q_centered_a(a, zero_point):
+    """A as int32 minus its zero point (a 1-D zero point is per row)."""
+    wide = a.astype(np.int32)
+    if zero_point is None:
+        return wide
+    if zero_point.ndim == 1 and zero_point.size > 1 and a.ndim >= 2:
+        return wide - zero_point.astype(np.int32).reshape(-1, 1)
+    return wide - zero_point.astype(np.int32)
+
+
+def _q_centered_b(b, zero_point):
+    """B as int32 minus its zero point (a 1-D zero point is per column)."""
+    wide = b.astype(np.int32)
+    return wide if zero_point is None else wide - zero_point.astype(np.int32)
+
+
+HELPERS_TEMPLATE = "\n" + "\n\n\n".join(source_of(f) for f in (_q_along, _q_saturate, _q_requantize)) + "\n"

@@ -1,0 +1,124 @@
+"""Matrix products with numpy matmul semantics (1-D operands promoted, batch dims broadcast), one
+table row each (the op contract: ``_contract.py``):
+
+* MatMul: float and 32/64-bit integer operands of one dtype.
+* MatMulInteger: int32 Y = (A - a_zero_point) @ (B - b_zero_point) for int8/uint8 A and B
+  (a 1-D a_zero_point is per row, a 1-D b_zero_point per column).
+* QLinearMatMul: y = saturate(rint((a - a_zp) @ (b - b_zp) * a_scale * b_scale / y_scale) + y_zp);
+  21 adds float8 inputs and float16/bfloat16 scales (float8 is rejected).
+
+FLOPs count a multiply-add as 2 (QLinearMatMul adds 3 per output to requantize); MACs are the
+multiply-adds of the product.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from cuvil_edge.errors import ShapeInferenceError
+from cuvil_edge.ir import dtypes
+from cuvil_edge.ir.graph import TensorType
+from cuvil_edge.ir.ops._contract import OpDef
+from cuvil_edge.ir.ops._quant import (_q_centered_a, _q_centered_b, _q_requantize, _q_saturate, quant_dtype,
+                                      same_pair, scale_dtype)
+from cuvil_edge.ir.ops._util import broadcast, need, same_dtype, want_dtype
+
+
+# --- kernels: plain numpy; the same source runs in compiled modules ---------------------------
+def k_mat_mul(a, b):
+    return np.asarray(np.matmul(a, b))
+
+
+def k_mat_mul_integer(a, b, a_zero_point=None, b_zero_point=None):
+    return np.asarray(np.matmul(_q_centered_a(a, a_zero_point), _q_centered_b(b, b_zero_point)), dtype=np.int32)
+
+
+def k_q_linear_mat_mul(a, a_scale, a_zp, b, b_scale, b_zp, y_scale, y_zp):
+    acc = np.matmul(_q_centered_a(a, a_zp), _q_centered_b(b, b_zp))
+    row_scale = a_scale.astype(np.float32)
+    if a_scale.ndim == 1 and a_scale.size > 1 and a.ndim >= 2:
+        row_scale = row_scale.reshape(-1, 1)
+    multiplier = row_scale * b_scale.astype(np.float32) / y_scale.astype(np.float32)
+    return _q_requantize(acc, multiplier, y_zp, y_zp.dtype)
+
+
+# --- inference and costs ----------------------------------------------------------------------
+def split_dims(node, a, b):
+    """(batch dims, m, k, n) of ``a @ b``, with None for the m/n of a promoted 1-D operand.
+
+    Raises:
+        ShapeInferenceError: a scalar operand, or inner dims that differ.
+    """
+    if a.rank == 0 or b.rank == 0:
+        raise ShapeInferenceError(f"{node.describe()} needs operands of rank >= 1, got {a} and {b}")
+    a_shape = (1, *a.shape) if a.rank == 1 else a.shape
+    b_shape = (*b.shape, 1) if b.rank == 1 else b.shape
+    if a_shape[-1] != b_shape[-2]:
+        raise ShapeInferenceError(f"{node.describe()}: inner dims differ ({a_shape[-1]} vs {b_shape[-2]}) for {a} @ {b}")
+    batch = broadcast(node, a_shape[:-2], b_shape[:-2])
+    return batch, None if a.rank == 1 else a_shape[-2], a_shape[-1], None if b.rank == 1 else b_shape[-1]
+
+
+def _product(node, a, b, dtype):
+    batch, m, _, n = split_dims(node, a, b)
+    return TensorType(dtype, (*batch, *(d for d in (m, n) if d is not None)))
+
+
+def _infer_mat_mul(node, inputs):
+    need(node, inputs, 2)
+    dtype = same_dtype(node, inputs)
+    want_dtype(node, inputs[0], dtypes.FLOATS | {"int32", "int64", "uint32", "uint64"})
+    return [_product(node, *inputs, dtype)]
+
+
+def _infer_mat_mul_integer(node, inputs):
+    need(node, inputs, 2, optional=2)
+    a, b = inputs[0], inputs[1]
+    quant_dtype(node, a, "A")
+    quant_dtype(node, b, "B")
+    same_pair(node, a, inputs[2] if len(inputs) > 2 else None, "A and a_zero_point")
+    same_pair(node, b, inputs[3] if len(inputs) > 3 else None, "B and b_zero_point")
+    return [_product(node, a, b, "int32")]
+
+
+def _infer_q_linear_mat_mul(node, inputs):
+    need(node, inputs, 8)
+    a, a_scale, a_zp, b, b_scale, b_zp, y_scale, y_zp = inputs
+    for t, what in ((a, "a"), (b, "b"), (y_zp, "y_zero_point")):
+        quant_dtype(node, t, what)
+    same_pair(node, a, a_zp, "a and a_zero_point")
+    same_pair(node, b, b_zp, "b and b_zero_point")
+    scale_dtype(node, [a_scale, b_scale, y_scale])
+    if y_scale.numel() != 1:
+        raise ShapeInferenceError(f"{node.describe()}: y_scale must be a scalar, got {y_scale}")
+    return [_product(node, a, b, y_zp.dtype)]
+
+
+def _macs_of(node, a, b):
+    batch, m, k, n = split_dims(node, a, b)
+    sizes = [d if isinstance(d, int) else 1 for d in (*batch, m or 1, k, n or 1)]
+    return int(np.prod(sizes, dtype=np.int64))
+
+
+def _operands(first, second):
+    """flops/macs over the operands at input positions ``first`` and ``second``."""
+    def macs(node, inputs, outputs):
+        return _macs_of(node, inputs[first], inputs[second])
+    return macs
+
+
+def _twice(macs, extra_per_output=0):
+    def flops(node, inputs, outputs):
+        return 2 * macs(node, inputs, outputs) + extra_per_output * outputs[0].numel()
+    return flops
+
+
+_AB, _QAB = _operands(0, 1), _operands(0, 3)
+
+OPS = (
+    OpDef("MatMul", (1, 9, 13), _infer_mat_mul, k_mat_mul, _twice(_AB), macs=_AB),
+    OpDef("MatMulInteger", (10,), _infer_mat_mul_integer, k_mat_mul_integer, _twice(_AB),
+          helpers=(_q_centered_a, _q_centered_b), macs=_AB),
+    OpDef("QLinearMatMul", (10, 21), _infer_q_linear_mat_mul, k_q_linear_mat_mul, _twice(_QAB, 3),
+          helpers=(_q_centered_a, _q_centered_b, _q_saturate, _q_requantize), macs=_QAB),
+)
