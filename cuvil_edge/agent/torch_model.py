@@ -1,8 +1,20 @@
 """Turn an IR graph into a trainable torch module (for local DP-SGD only).
 
-Weighted nodes become real ``nn.Conv2d`` / ``nn.Linear`` layers so Opacus can
-compute per-sample gradients with its standard hooks; every other node runs as
-a torch function.  After training, :meth:`IRTorchModule.ir_weights` maps the
+Nodes whose weights are float32 initializers become the torch layers Opacus computes per-sample
+gradients for with its standard grad samplers:
+
+    Conv (1-3-D, grouped, depthwise; CuvilFusedConv)          ⇒  nn.Conv1d/2d/3d (+ its activation)
+    Gemm (alpha 1, no transA), MatMul (CuvilFusedGemm)        ⇒  nn.Linear
+    InstanceNormalization                                     ⇒  nn.GroupNorm(C, C)
+    GroupNormalization 21 / 18 (one scale per group)          ⇒  nn.GroupNorm(G, C) / nn.GroupNorm(G, G) on (N, G, -1)
+    torch's GroupNorm export: Reshape(x, (0, G, -1)) → InstanceNormalization(scale 1, bias 0)
+        → Reshape(·, shape of x) [→ Mul(·, w)] [→ Add(·, b)]  ⇒  nn.GroupNorm(G, C), weight w, bias b
+    LayerNormalization                                        ⇒  nn.LayerNorm
+
+A weight may be an initializer or a pure reshape of one (Identity, Reshape, Unsqueeze, Squeeze,
+Flatten): torch's exporter shares equal parameters that way, and layers reading one initializer
+share one torch parameter (tied, as in the IR). Every other node runs as a torch function; the
+initializers it reads are constants. After training, :meth:`IRTorchModule.ir_weights` maps the
 trained parameters back to the IR's initializer names and layouts.
 
 torch is imported here and only here on the agent side; the inference path
@@ -11,58 +23,43 @@ torch is imported here and only here on the agent side; the inference path
 
 from __future__ import annotations
 
-from typing import Callable
+import math
+from dataclasses import dataclass
+from typing import Any, Callable
 
 import numpy as np
 import torch
 from torch import nn
 from torch.nn import functional as F
 
+from cuvil_edge.agent.torch_functions import FUNCTIONS, activation, torch_pads, window_pads
 from cuvil_edge.errors import UnsupportedOpError
 from cuvil_edge.ir.graph import Graph, Node
 
-TRAINABLE_OPS = ("Conv", "Gemm", "MatMul")
+TRAINABLE_OPS = ("Conv", "CuvilFusedConv", "Gemm", "CuvilFusedGemm", "MatMul", "InstanceNormalization",
+                 "GroupNormalization", "LayerNormalization")
+_VIEW_OPS = ("Identity", "Reshape", "Unsqueeze", "Squeeze", "Flatten")
 
 
-def _pads2d(node: Node) -> tuple[int, int, int, int]:
-    pads = list(node.attr("pads", [0, 0, 0, 0]))
-    return pads[0], pads[1], pads[2], pads[3]  # top, left, bottom, right
+@dataclass(frozen=True)
+class _Step:
+    """One call in ``forward``: ``fn(node, *tensors)``, or ``fn(node, layer, *tensors)`` for a layer."""
+
+    node: Node
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    fn: Callable[..., Any]
+    key: str | None = None
 
 
-def _symmetric(node: Node) -> tuple[int, int] | None:
-    top, left, bottom, right = _pads2d(node)
-    return (top, left) if (top, left) == (bottom, right) else None
+@dataclass(frozen=True)
+class _Bound:
+    """An initializer trained as ``param``: layer layout = view (transposed if so) reshaped."""
 
-
-def _pad_input(node: Node, x: torch.Tensor, value: float = 0.0) -> torch.Tensor:
-    top, left, bottom, right = _pads2d(node)
-    return F.pad(x, (left, right, top, bottom), value=value)
-
-
-def _conv_layer(node: Node, w: np.ndarray, b: np.ndarray | None) -> nn.Conv2d:
-    if node.attr("auto_pad", "NOTSET") not in ("NOTSET", "VALID"):
-        raise UnsupportedOpError(f"{node.describe()}: auto_pad SAME is not trainable yet; export with explicit pads")
-    out_c, in_c_per_group, kh, kw = w.shape
-    group = int(node.attr("group", 1))
-    sym = _symmetric(node)
-    layer = nn.Conv2d(in_c_per_group * group, out_c, (kh, kw), stride=tuple(node.attr("strides", [1, 1])),
-                      padding=sym or 0, dilation=tuple(node.attr("dilations", [1, 1])), groups=group,
-                      bias=b is not None)
-    with torch.no_grad():
-        layer.weight.copy_(torch.from_numpy(np.array(w)))
-        if b is not None:
-            layer.bias.copy_(torch.from_numpy(np.array(b)))
-    return layer
-
-
-def _linear_layer(weight_kn: np.ndarray, bias: np.ndarray | None) -> nn.Linear:
-    k, n = weight_kn.shape
-    layer = nn.Linear(k, n, bias=bias is not None)
-    with torch.no_grad():
-        layer.weight.copy_(torch.from_numpy(np.array(weight_kn.T, order="C")))
-        if bias is not None:
-            layer.bias.copy_(torch.from_numpy(np.array(bias)))
-    return layer
+    param: nn.Parameter
+    transposed: bool
+    view_shape: tuple[int, ...]
+    init_shape: tuple[int, ...]
 
 
 class IRTorchModule(nn.Module):
@@ -70,6 +67,10 @@ class IRTorchModule(nn.Module):
 
     ``forward`` returns the logits when the graph ends in Softmax (so training
     can use a numerically stable cross-entropy), else the graph output.
+
+    Raises:
+        UnsupportedOpError: an op without a training lowering (named with its node), or a graph
+            that is not one input -> one output.
     """
 
     def __init__(self, graph: Graph) -> None:
@@ -78,135 +79,280 @@ class IRTorchModule(nn.Module):
             raise UnsupportedOpError("training needs a graph with exactly one input and one output")
         self.input_name = graph.inputs[0].name
         self.output_name = graph.outputs[0].name
-        self.nodes = list(graph.nodes)
+        self._graph = graph
+        self._producer = graph.producer()
+        self._readers: dict[str, list[Node]] = {}
+        for node in graph.nodes:
+            for name in node.inputs:
+                self._readers.setdefault(name, []).append(node)
+        self._source = _initializer_views(graph)
+        self._bound: dict[str, _Bound] = {}
+        self._absorbed: set[int] = set()  # ids of nodes a layer computes with another node
         self.layers = nn.ModuleDict()
-        self.weight_map: dict[str, tuple[str, str, bool]] = {}  # ir name -> (layer key, param, transposed)
-        consts: dict[str, np.ndarray] = {}
-        inits = graph.initializers
-        for index, node in enumerate(self.nodes):
-            key = f"n{index}"
-            layer = self._make_layer(node, inits, key)
-            if layer is not None:
-                self.layers[key] = layer
-        for name, array in inits.items():
-            if name not in self.weight_map:
-                consts[name] = array
-        self._consts = {k: torch.from_numpy(np.array(v)) for k, v in consts.items()}
-        producer = {o: n for n in self.nodes for o in n.outputs}
-        last = producer.get(self.output_name)
+        last = self._producer.get(self.output_name)
         self.logits_name = last.inputs[0] if last is not None and last.op_type == "Softmax" else self.output_name
+        self._steps = self._plan()
+        trained = {name for name in self._source if self._source[name] in self._bound}
+        for step in self._steps:
+            used = [name for name in step.inputs if name in trained] if step.key is None else []
+            if used:
+                raise UnsupportedOpError(
+                    f"{step.node.describe()}: reads {used[0]!r}, a weight trained in a layer elsewhere; per-sample "
+                    "gradients would miss this use, so the graph is not trainable as exported")
+        self._consts = {k: torch.from_numpy(np.array(v)) for k, v in graph.initializers.items()
+                        if k not in self._bound}
 
-    def _make_layer(self, node: Node, inits, key: str) -> nn.Module | None:
-        ins = list(node.inputs)
-        if node.op_type == "Conv" and ins[1] in inits:
-            bias = inits[ins[2]] if len(ins) > 2 and ins[2] in inits else None
-            self.weight_map[ins[1]] = (key, "weight", False)
-            if bias is not None:
-                self.weight_map[ins[2]] = (key, "bias", False)
-            return _conv_layer(node, inits[ins[1]], bias)
-        plain_gemm = (node.attr("alpha", 1.0) == 1.0 and node.attr("beta", 1.0) == 1.0 and not node.attr("transA", 0))
-        if node.op_type == "Gemm" and plain_gemm and ins[1] in inits:
-            w = inits[ins[1]]
-            w_kn = w.T if node.attr("transB", 0) else w
-            bias = inits[ins[2]] if len(ins) > 2 and ins[2] in inits and inits[ins[2]].ndim == 1 else None
-            self.weight_map[ins[1]] = (key, "weight", not node.attr("transB", 0))
-            if bias is not None:
-                self.weight_map[ins[2]] = (key, "bias", False)
-            return _linear_layer(w_kn, bias)
-        if node.op_type == "MatMul" and ins[1] in inits and inits[ins[1]].ndim == 2:
-            self.weight_map[ins[1]] = (key, "weight", True)
-            return _linear_layer(inits[ins[1]], None)
-        if node.op_type not in _FUNCTIONS and node.op_type not in TRAINABLE_OPS:
-            raise UnsupportedOpError(
-                f"{node.describe()}: op {node.op_type} has no training lowering; trainable graphs may use "
-                f"{', '.join(sorted(set(_FUNCTIONS) | set(TRAINABLE_OPS)))}"
-            )
-        return None
+    # --- planning ------------------------------------------------------------------------
+    def _plan(self) -> list[_Step]:
+        steps: list[tuple[int, _Step]] = []
+        for index, node in enumerate(self._graph.nodes):
+            step = self._torch_group_norm(node, f"n{index}") if node.op_type == "InstanceNormalization" else None
+            if step is not None:  # placed where its input exists; its readers follow its last node
+                steps.append((self._graph.nodes.index(self._producer[node.inputs[0]]), step))
+        for index, node in enumerate(self._graph.nodes):
+            if id(node) in self._absorbed:
+                continue
+            builder = _LAYERS.get(node.op_type)
+            step = builder(self, node, f"n{index}") if builder is not None else None
+            if step is None:
+                if node.op_type not in FUNCTIONS:
+                    raise UnsupportedOpError(
+                        f"{node.describe()}: op {node.op_type} has no training lowering; trainable graphs may use "
+                        f"{', '.join(sorted(set(FUNCTIONS) | set(TRAINABLE_OPS)))}")
+                step = _Step(node, node.inputs, node.outputs, FUNCTIONS[node.op_type])
+            steps.append((index, step))
+        steps.sort(key=lambda pair: pair[0])
+        needed, live = {self.logits_name}, []
+        for _, step in reversed(steps):  # only what the logits need runs
+            if needed & set(step.outputs):
+                live.append(step)
+                needed |= {name for name in step.inputs if name}
+        return live[::-1]
+
+    def _view(self, name: str) -> np.ndarray | None:
+        """The float32 value of ``name`` when it is an initializer or a pure reshape of one."""
+        source = self._source.get(name) if name else None
+        if source is None or self._graph.initializers[source].dtype != np.float32:
+            return None
+        return np.asarray(self._graph.initializers[source]).reshape(self._graph.types[name].shape)
+
+    def _bind(self, layer: nn.Module, attr: str, name: str, transposed: bool = False) -> None:
+        """Make ``layer.<attr>`` the trained parameter of ``name`` (checked by :meth:`_view` first)."""
+        source, view = self._source[name], self._view(name)
+        current: nn.Parameter = getattr(layer, attr)
+        init_shape = tuple(self._graph.initializers[source].shape)
+        bound = self._bound.get(source)
+        if bound is not None:
+            if bound.param.shape != current.shape or bound.transposed != transposed:
+                raise UnsupportedOpError(f"initializer {source!r} is used by two layers in different layouts; "
+                                         "export the model without sharing that weight")
+            setattr(layer, attr, bound.param)
+            return
+        with torch.no_grad():
+            current.copy_(torch.from_numpy(np.array((view.T if transposed else view).reshape(current.shape))))
+        self._bound[source] = _Bound(current, transposed, tuple(view.shape), init_shape)
+
+    def _sole_reader(self, name: str) -> Node | None:
+        readers = self._readers.get(name, [])
+        keep = name in (self.output_name, self.logits_name)
+        return readers[0] if len(readers) == 1 and not keep else None
+
+    def _torch_group_norm(self, node: Node, key: str) -> _Step | None:
+        """torch's GroupNorm export around the InstanceNormalization ``node``, as one nn.GroupNorm."""
+        types, inits = self._graph.types, self._graph.initializers
+        pre = self._producer.get(node.inputs[0])
+        if pre is None or pre.op_type != "Reshape" or self._sole_reader(pre.outputs[0]) is not node:
+            return None
+        x, grouped = types[pre.inputs[0]].shape, types[pre.outputs[0]].shape
+        scale, bias = (inits.get(name) for name in node.inputs[1:3])
+        if len(x) < 2 or not isinstance(x[1], int) or len(grouped) != 3 or grouped[0] != x[0] or scale is None \
+                or bias is None or not isinstance(grouped[1], int) or x[1] % grouped[1] \
+                or not (np.all(scale == 1) and np.all(bias == 0)):
+            return None
+        post = self._sole_reader(node.outputs[0])
+        if post is None or post.op_type != "Reshape" or types[post.outputs[0]].shape != x:
+            return None
+        nodes, channels, affine, tail = [pre, node, post], x[1], {}, post
+        for op, attr in (("Mul", "weight"), ("Add", "bias")):  # the affine part, when there is one
+            after = self._sole_reader(tail.outputs[0])
+            other = _vector_operand(self, after, tail, op, channels, len(x), 1)
+            if other is not None:
+                affine[attr], tail = other, after
+                nodes.append(after)
+        self._absorbed |= {id(n) for n in nodes}
+        layer = nn.GroupNorm(grouped[1], channels, eps=float(node.attr("epsilon", 1e-5)))
+        for attr in ("weight", "bias"):
+            if attr in affine:
+                self._bind(layer, attr, affine[attr])
+            else:
+                _freeze(layer, attr, 1.0 if attr == "weight" else 0.0)
+        self.layers[key] = layer
+        return _Step(node, (pre.inputs[0],), (tail.outputs[0],), lambda node, layer, x: layer(x), key)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        env: dict[str, torch.Tensor] = dict(self._consts)
+        env: dict[str, Any] = dict(self._consts)
         env[self.input_name] = x
-        for index, node in enumerate(self.nodes):
-            key = f"n{index}"
-            if key in self.layers:
-                arg = env[node.inputs[0]]
-                if node.op_type == "Conv" and _symmetric(node) is None:
-                    arg = _pad_input(node, arg)
-                env[node.outputs[0]] = self.layers[key](arg)
-            else:
-                args = [env[i] if i else None for i in node.inputs]
-                env[node.outputs[0]] = _FUNCTIONS[node.op_type](node, *args)
-            if node.outputs[0] == self.logits_name:
-                return env[self.logits_name]
-        return env[self.output_name]
+        for step in self._steps:
+            args = [env[name] if name else None for name in step.inputs]
+            out = step.fn(step.node, self.layers[step.key], *args) if step.key else step.fn(step.node, *args)
+            for name, value in zip(step.outputs, out if isinstance(out, tuple) else (out,)):
+                if name:
+                    env[name] = value
+        return env[self.logits_name]
 
     def ir_weights(self) -> dict[str, np.ndarray]:
         """Trained parameters under their IR initializer names, in IR layout (float32)."""
         out: dict[str, np.ndarray] = {}
-        for name, (key, param, transposed) in self.weight_map.items():
-            value = getattr(self.layers[key], param).detach().cpu().numpy()
-            out[name] = np.ascontiguousarray(value.T if transposed else value).astype(np.float32)
+        for name, bound in self._bound.items():
+            value = bound.param.detach().cpu().numpy()
+            if bound.transposed:
+                value = value.reshape(bound.view_shape[::-1]).T
+            out[name] = np.array(value.reshape(bound.init_shape), dtype=np.float32, order="C")  # a copy
         return out
 
 
-def _maxpool(node: Node, x):
-    sym = _symmetric(node)
-    if sym is None:
-        x, sym = _pad_input(node, x, float("-inf")), (0, 0)
-    return F.max_pool2d(x, tuple(node.attr("kernel_shape")), tuple(node.attr("strides", [1, 1])), sym,
-                        tuple(node.attr("dilations", [1, 1])), ceil_mode=bool(node.attr("ceil_mode", 0)))
+def _initializer_views(graph: Graph) -> dict[str, str]:
+    """Value name -> the initializer it is (a pure reshape of) when its shape is static."""
+    source = {name: name for name in graph.initializers}
+    for node in graph.nodes:
+        settings = all(not name or name in graph.initializers for name in node.inputs[1:])
+        if node.op_type in _VIEW_OPS and node.inputs and node.inputs[0] in source and settings \
+                and graph.types[node.outputs[0]].is_static:
+            source[node.outputs[0]] = source[node.inputs[0]]
+    return source
 
 
-def _avgpool(node: Node, x):
-    sym = _symmetric(node)
-    if sym is None:
-        raise UnsupportedOpError(f"{node.describe()}: asymmetric AveragePool padding is not trainable yet")
-    return F.avg_pool2d(x, tuple(node.attr("kernel_shape")), tuple(node.attr("strides", [1, 1])), sym,
-                        ceil_mode=bool(node.attr("ceil_mode", 0)),
-                        count_include_pad=bool(node.attr("count_include_pad", 0)))
+def _vector_operand(module: IRTorchModule, after: Node | None, before: Node, op: str, size: int, rank: int,
+                    axis: int) -> str | None:
+    """The other operand of ``after`` (an ``op`` reading ``before``'s output) when it is a trainable
+    vector of ``size`` entries along ``axis`` of the rank-``rank`` result."""
+    if after is None or after.op_type != op or len(after.inputs) != 2:
+        return None
+    other = after.inputs[1] if after.inputs[0] == before.outputs[0] else after.inputs[0]
+    return other if _is_vector(module._view(other), size, rank, axis) else None
 
 
-def _flatten(node: Node, x):
-    axis = int(node.attr("axis", 1))
-    axis = axis + x.dim() if axis < 0 else axis
-    lead = int(np.prod(x.shape[:axis])) if axis else 1
-    return x.reshape(lead, -1)
+def _is_vector(view: np.ndarray | None, size: int, rank: int, axis: int) -> bool:
+    if view is None or view.size != size or view.ndim > rank:
+        return False
+    return size == 1 or ((1,) * (rank - view.ndim) + view.shape)[axis] == size
 
 
-def _reshape(node: Node, x, shape):
-    target = [int(s) for s in shape.tolist()]
-    if not node.attr("allowzero", 0):
-        target = [x.shape[i] if s == 0 else s for i, s in enumerate(target)]
-    return x.reshape(target)
+def _freeze(layer: nn.Module, attr: str, value: float) -> None:
+    """A constant ``attr`` (Opacus' LayerNorm sampler needs a bias to exist)."""
+    param = getattr(layer, attr)
+    with torch.no_grad():
+        param.fill_(value)
+    param.requires_grad_(False)
 
 
-def _softmax(node: Node, x):
-    if node.version < 13:
-        axis = int(node.attr("axis", 1))
-        shape = x.shape
-        flat = x.reshape(int(np.prod(shape[:axis])), -1)
-        return F.softmax(flat, dim=1).reshape(shape)
-    return F.softmax(x, dim=int(node.attr("axis", -1)))
+# --- layers ---------------------------------------------------------------------------------
+def _conv_layer(module: IRTorchModule, node: Node, key: str) -> _Step | None:
+    weight = module._view(node.inputs[1])
+    if weight is None or not 3 <= weight.ndim <= 5:
+        return None
+    out_c, in_c, *kernel = weight.shape
+    group, n = int(node.attr("group", 1)), len(kernel)
+    has_bias = len(node.inputs) > 2 and module._view(node.inputs[2]) is not None
+    conv = (nn.Conv1d, nn.Conv2d, nn.Conv3d)[n - 1]
+    layer = conv(in_c * group, out_c, tuple(kernel), stride=tuple(node.attr("strides") or (1,) * n),
+                 dilation=tuple(node.attr("dilations") or (1,) * n), groups=group, bias=has_bias)
+    module._bind(layer, "weight", node.inputs[1])
+    if has_bias:
+        module._bind(layer, "bias", node.inputs[2])
+    module.layers[key] = layer
+    extra = node.inputs[2:3] if len(node.inputs) > 2 and not has_bias else ()
+    return _Step(node, (node.inputs[0], *extra), node.outputs, _conv_forward, key)
 
 
-def _gemm(node: Node, a, b, c=None):
-    a = a.T if node.attr("transA", 0) else a
-    b = b.T if node.attr("transB", 0) else b
-    y = node.attr("alpha", 1.0) * (a @ b)
-    return y if c is None else y + node.attr("beta", 1.0) * c
+def _conv_forward(node: Node, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    pads = window_pads(node, x.shape[2:], layer.kernel_size, layer.stride, layer.dilation)
+    y = layer(F.pad(x, torch_pads(pads)) if any(any(p) for p in pads) else x)
+    if bias is not None:
+        y = y + bias.reshape(1, -1, *(1,) * (y.dim() - 2))
+    return activation(node)(y)
 
 
-_FUNCTIONS: dict[str, Callable] = {
-    "Relu": lambda node, x: F.relu(x),
-    "MaxPool": _maxpool,
-    "AveragePool": _avgpool,
-    "GlobalAveragePool": lambda node, x: x.mean(dim=tuple(range(2, x.dim())), keepdim=True),
-    "Flatten": _flatten,
-    "Reshape": _reshape,
-    "Softmax": _softmax,
-    "Identity": lambda node, x: x,
-    "Add": lambda node, a, b: a + b,
-    "Mul": lambda node, a, b: a * b,
-    "MatMul": lambda node, a, b: a @ b,
-    "Gemm": _gemm,
+def _linear_layer(module: IRTorchModule, node: Node, key: str) -> _Step | None:
+    gemm = node.op_type != "MatMul"
+    weight = module._view(node.inputs[1])
+    if weight is None or weight.ndim != 2 or (gemm and (node.attr("alpha", 1.0) != 1.0 or node.attr("transA", 0))):
+        return None
+    transposed = not (gemm and node.attr("transB", 0))
+    k, n = weight.shape if transposed else weight.shape[::-1]
+    c, tail = node.inputs[2] if gemm and len(node.inputs) > 2 else "", node
+    has_bias = bool(c) and node.attr("beta", 1.0) == 1.0 and _is_vector(module._view(c), n, 2, -1)
+    if not gemm:  # MatMul → Add(·, bias): torch's export of a Linear on a batch of sequences
+        rank = len(module._graph.types[node.outputs[0]].shape)
+        after = module._sole_reader(node.outputs[0])
+        c = _vector_operand(module, after, node, "Add", n, rank, -1) or ""
+        if c:
+            has_bias, tail = True, after
+            module._absorbed.add(id(after))
+    layer = nn.Linear(k, n, bias=has_bias)
+    module._bind(layer, "weight", node.inputs[1], transposed)
+    if has_bias:
+        module._bind(layer, "bias", c)
+    module.layers[key] = layer
+    return _Step(node, (node.inputs[0], "" if has_bias else c), tail.outputs, _linear_forward, key)
+
+
+def _linear_forward(node: Node, layer: nn.Module, a: torch.Tensor, c: torch.Tensor | None) -> torch.Tensor:
+    y = layer(a)
+    return activation(node)(y if c is None else y + node.attr("beta", 1.0) * c)
+
+
+def _norm_layer(module: IRTorchModule, node: Node, key: str) -> _Step | None:
+    scale, bias = module._view(node.inputs[1]), module._view(node.inputs[2])
+    x = module._graph.types[node.inputs[0]].shape
+    if scale is None or bias is None or not isinstance(x[1], int):
+        return None
+    eps = float(node.attr("epsilon", 1e-5))
+    if node.op_type == "InstanceNormalization":
+        layer, fn = nn.GroupNorm(x[1], x[1], eps=eps), lambda node, layer, x: layer(x)
+    else:  # GroupNormalization
+        groups = int(node.attr("num_groups"))
+        if node.version >= 21:
+            layer, fn = nn.GroupNorm(groups, x[1], eps=eps), lambda node, layer, x: layer(x)
+        else:
+            layer, fn = nn.GroupNorm(groups, groups, eps=eps), _per_group
+    module._bind(layer, "weight", node.inputs[1])
+    module._bind(layer, "bias", node.inputs[2])
+    module.layers[key] = layer
+    return _Step(node, node.inputs[:1], node.outputs, fn, key)
+
+
+def _per_group(node: Node, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    return layer(x.reshape(x.shape[0], layer.num_groups, -1)).reshape(x.shape)
+
+
+def _layer_norm_layer(module: IRTorchModule, node: Node, key: str) -> _Step | None:
+    _only_first_output(module, node)
+    x = module._graph.types[node.inputs[0]].shape
+    shape = x[int(node.attr("axis", -1)) % len(x):]
+    scale = module._view(node.inputs[1])
+    has_bias = len(node.inputs) > 2 and bool(node.inputs[2])
+    bias = module._view(node.inputs[2]) if has_bias else None
+    if not all(isinstance(d, int) for d in shape) or scale is None or scale.size != math.prod(shape) or \
+            (has_bias and (bias is None or bias.size != scale.size)):
+        return None
+    layer = nn.LayerNorm(tuple(shape), eps=float(node.attr("epsilon", 1e-5)))
+    module._bind(layer, "weight", node.inputs[1])
+    if has_bias:
+        module._bind(layer, "bias", node.inputs[2])
+    else:
+        _freeze(layer, "bias", 0.0)
+    module.layers[key] = layer
+    return _Step(node, node.inputs[:1], node.outputs[:1], lambda node, layer, x: layer(x), key)
+
+
+def _only_first_output(module: IRTorchModule, node: Node) -> None:
+    if any(module._readers.get(name) for name in node.outputs[1:] if name):
+        raise UnsupportedOpError(f"{node.describe()}: only its first output has a training lowering")
+
+
+_LAYERS: dict[str, Callable[[IRTorchModule, Node, str], _Step | None]] = {
+    "Conv": _conv_layer, "CuvilFusedConv": _conv_layer, "Gemm": _linear_layer, "CuvilFusedGemm": _linear_layer,
+    "MatMul": _linear_layer, "InstanceNormalization": _norm_layer, "GroupNormalization": _norm_layer,
+    "LayerNormalization": _layer_norm_layer,
 }

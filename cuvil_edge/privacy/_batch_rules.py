@@ -475,6 +475,8 @@ ROWS: dict[str, Row] = {
                                              "CuvilFusedConv")},
     **{op: Row(_windowed((0, 1))) for op in ("MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool")},
     "BatchNormalization": Row(_batch_norm),
+    # per sample over its own spatial axes (Instance) or channel groups (Group): the batch stays on axis 0
+    **{op: Row(_windowed((0,))) for op in ("InstanceNormalization", "GroupNormalization")},
     "LayerNormalization": Row(_layer_norm),
     "MatMul": Row(_matmul((0, 1)), data=(0, 1)),
     "MatMulInteger": Row(_matmul((0, 1)), data=(0, 1)),

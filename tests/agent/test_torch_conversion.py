@@ -1,0 +1,306 @@
+"""IR -> torch conversion for local DP-SGD (cuvil_edge/agent/torch_model.py).
+
+Per op or export pattern: the converted module computes what the IR interpreter computes, Opacus
+trains it (DP-SGD through :func:`train_dp_sgd`), and the trained weights go back into the IR so the
+interpreter then computes what the trained torch module computes. End to end: a GroupNorm CNN
+exported from torch trains with DP-SGD through the site's :func:`train_round`.
+"""
+
+from __future__ import annotations
+
+import io
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+from torch import nn
+
+from cuvil_edge.agent.torch_model import IRTorchModule
+from cuvil_edge.agent.training import train_round
+from cuvil_edge.config import load_site
+from cuvil_edge.datasets.digits import Split
+from cuvil_edge.errors import UnsupportedOpError
+from cuvil_edge.frontend import load_model
+from cuvil_edge.ir import interpreter
+from cuvil_edge.ir.graph import Graph, Node, TensorType, Value
+from cuvil_edge.ir.infer import build_graph, with_initializers
+from cuvil_edge.passes import optimize
+from cuvil_edge.privacy import PrivacyLedger
+from cuvil_edge.privacy.dpsgd import DpSgdPlan, train_dp_sgd
+
+RTOL, ATOL = 1e-4, 1e-5
+SITE = Path(__file__).resolve().parents[2] / "configs" / "sites" / "hospital-a.yaml"
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    torch.set_num_threads(1)
+
+
+# --- model makers -------------------------------------------------------------------------------
+def export(model: nn.Module, shape: tuple[int, ...], opset: int = 17, seed: int = 0) -> Graph:
+    """``model`` with random weights (norm affines too), exported by torch's exporter, imported."""
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, (nn.GroupNorm, nn.LayerNorm)) and module.weight is not None:
+                module.weight.uniform_(0.5, 1.5)
+                if module.bias is not None:
+                    module.bias.uniform_(-0.5, 0.5)
+    buffer = io.BytesIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(model.eval(), (torch.randn(2, *shape),), buffer, dynamo=False, opset_version=opset,
+                          input_names=["x"], output_names=["y"], dynamic_axes={"x": {0: "batch"}, "y": {0: "batch"}})
+    return load_model(buffer.getvalue())
+
+
+def onnx_graph(nodes, shape: tuple[int, ...], inits: dict[str, np.ndarray], opset: int, out=None) -> Graph:
+    """A hand-written graph x[batch, *shape] -> y[batch, *out] (for ops and attributes torch does not
+    export); onnx's shape inference fills in ``out`` when it is not given."""
+    graph = helper.make_graph(
+        [helper.make_node(op, ins, outs, name=f"{op.lower()}{i}", **attrs) for i, (op, ins, outs, attrs) in
+         enumerate(nodes)], "case",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", *shape])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None if out is None else ["batch", *out])],
+        [numpy_helper.from_array(np.asarray(v), k) for k, v in inits.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    return load_model(onnx.shape_inference.infer_shapes(model))  # fills in y's type
+
+
+def ir_graph(nodes, shape: tuple[int, ...], inits: dict[str, np.ndarray], opset: int) -> Graph:
+    """The same, built in the IR directly: for schemas onnx's checker refuses as deprecated
+    (GroupNormalization-18, whose scale and bias are per group)."""
+    ir_nodes = [Node(f"{op.lower()}{i}", op, tuple(ins), tuple(outs), attrs, opset)
+                for i, (op, ins, outs, attrs) in enumerate(nodes)]
+    x = Value("x", TensorType("float32", ("batch", *shape)))
+    return build_graph("case", [x], ["y"], ir_nodes, inits, opset)
+
+
+def rand(*shape: int, seed: int = 0, low: float = -0.5, high: float = 0.5) -> np.ndarray:
+    return np.random.default_rng(seed).uniform(low, high, shape).astype(np.float32)
+
+
+def conv_then(op: str, attrs: dict, shape=(3, 9, 9), opset: int = 17, inits: dict | None = None) -> Graph:
+    """Conv(3 -> 4, 3x3) then ``op`` (reading ``inits`` too): a trainable layer ahead of the op under test."""
+    return onnx_graph([("Conv", ["x", "w", "b"], ["c"], {"kernel_shape": [3, 3]}),
+                       (op, ["c", *(inits or {})], ["y"], attrs)], shape,
+                      {"w": rand(4, 3, 3, 3), "b": rand(4, seed=1), **(inits or {})}, opset)
+
+
+class Seq(nn.Sequential):
+    pass
+
+
+def linear_then(*layers: nn.Module) -> nn.Module:
+    return Seq(nn.Linear(6, 6), *layers)
+
+
+def conv_block(*layers: nn.Module, channels: int = 6) -> nn.Module:
+    return Seq(nn.Conv2d(3, channels, 3, padding=1), *layers)
+
+
+class LinearOnSequence(nn.Module):  # exports MatMul -> Add (the bias) on a 3-D input
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(6, 5)
+
+    def forward(self, x):
+        return self.fc(x)
+
+
+# (case id) -> (graph maker, input shape without the batch, trained initializer count)
+CASES = {
+    "conv2d-strided-depthwise-grouped": (lambda: export(Seq(
+        nn.Conv2d(3, 6, 3, stride=2, padding=1), nn.Conv2d(6, 6, 3, padding=2, dilation=2, groups=6),
+        nn.Conv2d(6, 4, 1, groups=2)), (3, 9, 9)), 6),
+    "conv1d": (lambda: export(Seq(nn.Conv1d(3, 4, 3, stride=2, padding=1)), (3, 11)), 2),
+    "conv3d": (lambda: export(Seq(nn.Conv3d(2, 3, 3, padding=1)), (2, 4, 5, 5)), 2),
+    "conv-asymmetric-pads": (lambda: onnx_graph(
+        [("Conv", ["x", "w"], ["y"], {"kernel_shape": [3, 3], "pads": [0, 1, 2, 0], "strides": [2, 1]})],
+        (3, 8, 7), {"w": rand(4, 3, 3, 3)}, 17), 1),
+    "conv-same-upper": (lambda: onnx_graph(
+        [("Conv", ["x", "w", "b"], ["y"], {"kernel_shape": [4, 3], "auto_pad": "SAME_UPPER", "strides": [2, 2]})],
+        (3, 9, 8), {"w": rand(4, 3, 4, 3), "b": rand(4)}, 17), 2),
+    "conv-same-lower": (lambda: onnx_graph(
+        [("Conv", ["x", "w"], ["y"], {"kernel_shape": [4, 4], "auto_pad": "SAME_LOWER"})],
+        (3, 7, 7), {"w": rand(2, 3, 4, 4)}, 17), 1),
+    "gemm-linear": (lambda: export(Seq(nn.Linear(6, 4)), (6,)), 2),
+    "gemm-no-transpose-row-bias": (lambda: onnx_graph(
+        [("Gemm", ["x", "w", "b"], ["y"], {})], (6,), {"w": rand(6, 4), "b": rand(1, 4)}, 13), 2),
+    "gemm-beta-bias-constant": (lambda: onnx_graph(
+        [("Gemm", ["x", "w", "b"], ["y"], {"transB": 1, "beta": 0.5})], (6,), {"w": rand(4, 6), "b": rand(4)}, 13), 1),
+    "matmul-add-on-sequences": (lambda: export(LinearOnSequence(), (3, 6)), 2),
+    "instance-norm": (lambda: conv_then("InstanceNormalization", {"epsilon": 1e-3},
+                                        inits={"s": rand(4, low=0.5, high=1.5), "t": rand(4, seed=2)}), 4),
+    "group-norm-op-18": (lambda: ir_graph(
+        [("Conv", ["x", "w"], ["c"], {"kernel_shape": [1, 1]}),
+         ("GroupNormalization", ["c", "s", "t"], ["y"], {"num_groups": 2})],
+        (3, 5, 5), {"w": rand(6, 3, 1, 1), "s": rand(2, low=0.5, high=1.5), "t": rand(2, seed=2)}, 18), 3),
+    "group-norm-op-21": (lambda: onnx_graph(
+        [("Conv", ["x", "w"], ["c"], {"kernel_shape": [1, 1]}),
+         ("GroupNormalization", ["c", "s", "t"], ["y"], {"num_groups": 3, "epsilon": 1e-4})],
+        (3, 5, 5), {"w": rand(6, 3, 1, 1), "s": rand(6, low=0.5, high=1.5), "t": rand(6, seed=2)}, 21,
+        (6, 5, 5)), 3),
+    "group-norm-torch-export": (lambda: export(conv_block(nn.GroupNorm(3, 6)), (3, 6, 6)), 4),
+    "group-norm-torch-export-opset-11": (lambda: export(conv_block(nn.GroupNorm(2, 6)), (3, 6, 6), opset=11), 4),
+    "group-norm-torch-export-no-affine": (lambda: export(conv_block(nn.GroupNorm(2, 6, affine=False)),
+                                                         (3, 6, 6)), 2),
+    "layer-norm": (lambda: export(linear_then(nn.LayerNorm(6)), (3, 6)), 4),
+    "layer-norm-two-axes": (lambda: export(linear_then(nn.LayerNorm((3, 6))), (3, 6)), 4),
+    "layer-norm-exported-without-bias": (lambda: export(linear_then(nn.LayerNorm(6, bias=False)), (6,)), 4),
+    "layer-norm-no-bias-input": (lambda: onnx_graph(
+        [("MatMul", ["x", "w"], ["m"], {}), ("LayerNormalization", ["m", "s"], ["y"], {"axis": 1})],
+        (2, 3), {"w": rand(3, 3), "s": rand(2, 3, low=0.5, high=1.5)}, 17), 2),
+    "silu": (lambda: export(linear_then(nn.SiLU()), (6,)), 2),
+    "hardswish-op": (lambda: export(linear_then(nn.Hardswish()), (6,)), 2),
+    "hardswish-opset-13": (lambda: export(linear_then(nn.Hardswish()), (6,), opset=13), 2),
+    "hardsigmoid": (lambda: export(linear_then(nn.Hardsigmoid()), (6,)), 2),
+    "gelu-erf": (lambda: export(linear_then(nn.GELU()), (6,)), 2),
+    "gelu-tanh": (lambda: export(linear_then(nn.GELU(approximate="tanh")), (6,)), 2),
+    "gelu-op": (lambda: export(linear_then(nn.GELU()), (6,), opset=20), 2),
+    "gelu-op-tanh": (lambda: export(linear_then(nn.GELU(approximate="tanh")), (6,), opset=20), 2),
+    "maxpool": (lambda: export(conv_block(nn.MaxPool2d(3, stride=2, padding=1)), (3, 9, 9)), 2),
+    "maxpool-ceil": (lambda: export(conv_block(nn.MaxPool2d(2, ceil_mode=True)), (3, 7, 7)), 2),
+    "maxpool-asymmetric": (lambda: conv_then("MaxPool", {"kernel_shape": [3, 2], "pads": [1, 0, 0, 1],
+                                                         "strides": [2, 1]}), 2),
+    "avgpool-exclude-pad": (lambda: export(conv_block(nn.AvgPool2d(3, stride=2, padding=1,
+                                                                    count_include_pad=False)), (3, 9, 9)), 2),
+    "avgpool-include-pad": (lambda: export(conv_block(nn.AvgPool2d(3, stride=2, padding=1)), (3, 9, 9)), 2),
+    "avgpool-asymmetric": (lambda: conv_then("AveragePool", {"kernel_shape": [2, 3], "pads": [0, 2, 1, 0]}), 2),
+    "avgpool-same-upper": (lambda: conv_then("AveragePool", {"kernel_shape": [2, 2], "strides": [2, 2],
+                                                             "auto_pad": "SAME_UPPER"}), 2),
+    "global-average-pool": (lambda: export(conv_block(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(6, 3)),
+                                           (3, 6, 6)), 4),
+    "global-max-pool": (lambda: conv_then("GlobalMaxPool", {}), 2),
+}
+
+
+def dp_sgd(module: IRTorchModule, x: np.ndarray, seed: int = 0) -> None:
+    """Two DP-SGD steps (Opacus per-sample gradients, clipping, noise) towards a random target."""
+    with torch.no_grad():
+        out = module(torch.from_numpy(x))
+    target = np.random.default_rng(seed).standard_normal(tuple(out.shape)).astype(np.float32)
+    plan = DpSgdPlan(noise_multiplier=0.5, sample_rate=0.9, steps=2, expected_batch_size=len(x), delta=1e-5)
+    train_dp_sgd(module, x, target, plan, lr=0.2, momentum=0.0, max_grad_norm=1.0, seed=seed, loss="mse")
+
+
+def forward(module: IRTorchModule, x: np.ndarray) -> np.ndarray:
+    with torch.no_grad():
+        return module(torch.from_numpy(x)).numpy()
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_module_matches_interpreter_and_weights_round_trip(case):
+    make, trained = CASES[case]
+    graph = make()
+    shape = graph.inputs[0].type.shape[1:]
+    x = np.random.default_rng(1).standard_normal((6, *shape)).astype(np.float32)
+    module = IRTorchModule(graph)
+    np.testing.assert_allclose(forward(module, x), interpreter.run(graph, {"x": x})["y"], rtol=RTOL, atol=ATOL)
+    before = module.ir_weights()
+    assert len(before) == trained, sorted(before)
+    for name, value in before.items():
+        np.testing.assert_array_equal(value, graph.initializers[name])
+    dp_sgd(module, x)
+    after = module.ir_weights()
+    assert set(after) == set(before)
+    for name in after:
+        assert not np.array_equal(after[name], before[name]), f"{name} did not train"
+    retrained = with_initializers(graph, after)
+    np.testing.assert_allclose(interpreter.run(retrained, {"x": x})["y"], forward(module, x), rtol=RTOL, atol=ATOL)
+
+
+def test_weights_torch_shares_between_layers_train_as_one_parameter():
+    # torch's exporter stores equal parameters once (the second through an Identity): both
+    # GroupNorms must then train one parameter, or the IR could not hold the result
+    model = Seq(nn.Conv2d(3, 4, 3, padding=1), nn.GroupNorm(2, 4), nn.Conv2d(4, 4, 3, padding=1), nn.GroupNorm(2, 4))
+    buffer = io.BytesIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(model.eval(), (torch.randn(2, 3, 5, 5),), buffer, dynamo=False, opset_version=17,
+                          input_names=["x"], output_names=["y"], dynamic_axes={"x": {0: "batch"}})
+    graph = load_model(buffer.getvalue())
+    assert "Identity" in graph.op_counts()
+    module = IRTorchModule(graph)
+    norms = [layer for layer in module.layers.values() if isinstance(layer, nn.GroupNorm)]
+    assert len(norms) == 2 and norms[0].weight is norms[1].weight and norms[0].bias is norms[1].bias
+    x = np.random.default_rng(2).standard_normal((5, 3, 5, 5)).astype(np.float32)
+    dp_sgd(module, x)
+    retrained = with_initializers(graph, module.ir_weights())
+    np.testing.assert_allclose(interpreter.run(retrained, {"x": x})["y"], forward(module, x), rtol=RTOL, atol=ATOL)
+
+
+def group_norm_cnn(classes: int = 3) -> nn.Module:
+    """conv -> GroupNorm -> SiLU -> depthwise conv -> GroupNorm -> HardSwish -> pool -> linear."""
+    return Seq(nn.Conv2d(1, 8, 3, padding=1), nn.GroupNorm(2, 8), nn.SiLU(),
+               nn.Conv2d(8, 8, 3, padding=1, groups=8), nn.GroupNorm(4, 8), nn.Hardswish(),
+               nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, classes))
+
+
+def test_optimised_group_norm_cnn_matches_interpreter():
+    # what the coordinator's optimisation passes make of it (fused activations, folded constants)
+    graph, _ = optimize(export(group_norm_cnn(), (1, 8, 8)))
+    x = np.random.default_rng(3).standard_normal((4, 1, 8, 8)).astype(np.float32)
+    module = IRTorchModule(graph)
+    np.testing.assert_allclose(forward(module, x), interpreter.run(graph, {"x": x})["y"], rtol=RTOL, atol=ATOL)
+    assert len(module.ir_weights()) == 10  # 2 convs, 2 GroupNorms and the linear layer, weight and bias each
+
+
+def stripes(n: int, seed: int) -> Split:
+    """Three classes of 8x8 images: a bright vertical stripe at column 0-2, 3-5 or 5-7, plus noise."""
+    rng = np.random.default_rng(seed)
+    y = rng.integers(0, 3, n)
+    x = rng.normal(0.0, 0.3, (n, 1, 8, 8)).astype(np.float32)
+    for c, start in enumerate((0, 3, 5)):
+        x[y == c, :, :, start:start + 3] += 1.0
+    return Split(x, y.astype(np.int64))
+
+
+def test_group_norm_cnn_trains_with_dp_sgd_on_a_site(tmp_path):
+    graph = export(group_norm_cnn(), (1, 8, 8), seed=1)
+    assert {"InstanceNormalization", "Sigmoid", "HardSwish", "GlobalAveragePool"} <= set(graph.op_counts())
+    site = load_site(SITE)
+    site = site.model_copy(update={"training": site.training.model_copy(
+        update={"local_epochs": 4, "sample_rate": 0.1, "learning_rate": 0.5})})
+    data, test = stripes(400, seed=0), stripes(300, seed=1)
+    ledger = PrivacyLedger(tmp_path / "ledger.sqlite", site=site.site, epsilon_budget=site.privacy.epsilon_budget,
+                           delta=site.privacy.delta)
+
+    def loss_and_accuracy(g: Graph) -> tuple[float, float]:
+        logits = interpreter.run(g, {"x": test.x})["y"].astype(np.float64)
+        logp = logits - logits.max(1, keepdims=True)
+        logp -= np.log(np.exp(logp).sum(1, keepdims=True))
+        return float(-logp[np.arange(len(test.y)), test.y].mean()), float((logits.argmax(1) == test.y).mean())
+
+    loss_before, _ = loss_and_accuracy(graph)
+    outcome = train_round(graph, site, data, ledger, 1, 1, seed=0)
+    trained = with_initializers(graph, outcome.weights)
+    loss_after, accuracy = loss_and_accuracy(trained)
+    assert loss_after < loss_before
+    assert accuracy > 0.6  # chance is 1/3
+    assert 0 < outcome.epsilon_round <= site.privacy.epsilon_per_round + 1e-6
+    assert ledger.spent() == pytest.approx(outcome.epsilon_round)
+    assert outcome.steps == 40
+    assert set(outcome.weights) == {k for k, v in graph.initializers.items() if v.dtype == np.float32}
+
+
+def test_an_op_without_a_training_lowering_is_refused_by_name():
+    graph = onnx_graph([("Conv", ["x", "w"], ["c"], {"kernel_shape": [1, 1]}),
+                        ("Resize", ["c", "", "scales"], ["y"], {"mode": "nearest"})], (3, 4, 4),
+                       {"w": rand(2, 3, 1, 1), "scales": np.array([1, 1, 2, 2], np.float32)}, 13)
+    with pytest.raises(UnsupportedOpError, match=r"node 'resize1' \(Resize\).*op Resize has no training lowering"):
+        IRTorchModule(graph)
+
+
+def test_a_weight_read_outside_its_layer_is_refused():
+    # W trains in the MatMul's nn.Linear; its ReduceMean elsewhere would miss Opacus' per-sample gradients
+    graph = onnx_graph([("MatMul", ["x", "w"], ["m"], {}),
+                        ("ReduceMean", ["w"], ["r"], {"axes": [0], "keepdims": 0}),
+                        ("Add", ["m", "r"], ["y"], {})], (4,), {"w": rand(4, 4)}, 13)
+    with pytest.raises(UnsupportedOpError, match=r"reducemean1.*reads 'w', a weight trained in a layer"):
+        IRTorchModule(graph)
