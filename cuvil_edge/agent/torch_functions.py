@@ -11,6 +11,7 @@ import math
 from functools import reduce
 from typing import Any, Callable
 
+import numpy as np
 import torch
 from torch.nn import functional as F
 
@@ -185,7 +186,7 @@ def _slice(node: Node, x, starts=None, ends=None, axes=None, steps=None):
 def _gather(node: Node, x, indices):
     axis = int(node.attr("axis", 0)) % x.dim()
     picked = x.index_select(axis, indices.reshape(-1).long() % x.shape[axis])
-    return picked.reshape(*x.shape[:axis], *indices.shape, *x.shape[axis + 1:])
+    return picked.reshape((*x.shape[:axis], *indices.shape, *x.shape[axis + 1:]))
 
 
 def _shape(node: Node, x):
@@ -228,6 +229,36 @@ def _pad(node: Node, x, pads=None, value=None, axes=None):
     return y.reshape(*x.shape[:lead], *y.shape[2:])
 
 
+def _split(node: Node, x, split=None):
+    axis = int(node.attr("axis", 0)) % x.dim()
+    sizes = node.attr("split") if node.version < 13 else (None if split is None else split.tolist())
+    if not sizes:  # equal parts; from opset 18 the last may be smaller
+        parts = int(node.attr("num_outputs", len(node.outputs)))
+        chunk = -(-x.shape[axis] // parts)
+        sizes = [min(chunk, x.shape[axis] - i * chunk) for i in range(parts)]
+    return tuple(torch.split(x, [int(s) for s in sizes], dim=axis))
+
+
+def _constant_of_shape(node: Node, shape):
+    value = node.attr("value")
+    value = np.zeros(1, np.float32) if value is None else np.asarray(value).reshape(-1)
+    return torch.from_numpy(np.full([int(d) for d in shape.tolist()], value[0], value.dtype))
+
+
+def _lrn(node: Node, x):
+    size, channels = int(node.attr("size")), x.shape[1]
+    before = (size - 1) // 2  # channels c - floor((size-1)/2) .. c + ceil((size-1)/2)
+    padded = F.pad(x * x, torch_pads([(0, 0), (before, size - 1 - before)] + [(0, 0)] * (x.dim() - 2)))
+    window = sum(padded[:, i:i + channels] for i in range(size))
+    scale = node.attr("bias", 1.0) + node.attr("alpha", 1e-4) / size * window
+    return x / scale ** node.attr("beta", 0.75)
+
+
+def _is_inf(node: Node, x):
+    positive, negative = node.attr("detect_positive", 1), node.attr("detect_negative", 1)
+    return (torch.isposinf(x) & bool(positive)) | (torch.isneginf(x) & bool(negative))
+
+
 def _variadic(op: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
     return lambda node, *xs: reduce(op, xs)
 
@@ -245,7 +276,9 @@ FUNCTIONS: dict[str, Callable] = {
         "Floor": torch.floor, "Ceil": torch.ceil, "Round": torch.round, "Sign": torch.sign, "Sin": torch.sin,
         "Cos": torch.cos, "Softsign": F.softsign, "Softplus": lambda x: torch.log1p(torch.exp(x)),
         "Mish": F.mish, "HardSwish": F.hardswish, "Not": torch.logical_not, "Identity": lambda x: x,
-        "IsNaN": torch.isnan}.items()},
+        "IsNaN": torch.isnan, "Tan": torch.tan, "Asin": torch.asin, "Acos": torch.acos, "Atan": torch.atan,
+        "Sinh": torch.sinh, "Cosh": torch.cosh, "Asinh": torch.asinh, "Acosh": torch.acosh,
+        "Atanh": torch.atanh}.items()},
     "LeakyRelu": lambda node, x: F.leaky_relu(x, node.attr("alpha", 0.01)),
     "Elu": lambda node, x: F.elu(x, node.attr("alpha", 1.0)),
     "Celu": lambda node, x: F.celu(x, node.attr("alpha", 1.0)),
@@ -254,8 +287,10 @@ FUNCTIONS: dict[str, Callable] = {
     "ThresholdedRelu": lambda node, x: torch.where(x > node.attr("alpha", 1.0), x, torch.zeros_like(x)),
     "HardSigmoid": lambda node, x: torch.clamp(node.attr("alpha", 0.2) * x + node.attr("beta", 0.5), 0.0, 1.0),
     "Gelu": lambda node, x: F.gelu(x, approximate=node.attr("approximate", "none")),
-    "Swish": lambda node, x: x * torch.sigmoid(node.attr("alpha", 1.0) * x),
     "PRelu": lambda node, x, slope: torch.where(x < 0, x * slope, x),
+    "Shrink": lambda node, x: torch.where(x < -node.attr("lambd", 0.5), x + node.attr("bias", 0.0), torch.where(
+        x > node.attr("lambd", 0.5), x - node.attr("bias", 0.0), torch.zeros_like(x))),
+    "IsInf": _is_inf, "LRN": _lrn,
     "Clip": _clip,
     "Dropout": lambda node, x, *settings: x,
     "Add": lambda node, a, b: a + b, "Sub": lambda node, a, b: a - b, "Mul": lambda node, a, b: a * b,
@@ -263,8 +298,8 @@ FUNCTIONS: dict[str, Callable] = {
     "Max": _variadic(torch.maximum), "Min": _variadic(torch.minimum), "Sum": _variadic(torch.add),
     "Mean": lambda node, *xs: reduce(torch.add, xs) / len(xs),
     "Equal": lambda node, a, b: a == b, "Greater": lambda node, a, b: a > b, "Less": lambda node, a, b: a < b,
-    "GreaterOrEqual": lambda node, a, b: a >= b, "LessOrEqual": lambda node, a, b: a <= b,
-    "And": lambda node, a, b: a & b, "Or": lambda node, a, b: a | b,
+    "And": lambda node, a, b: a & b, "Or": lambda node, a, b: a | b, "Xor": lambda node, a, b: a ^ b,
+    "Mod": lambda node, a, b: torch.fmod(a, b) if node.attr("fmod", 0) else torch.remainder(a, b),
     "Where": lambda node, c, a, b: torch.where(c, a, b),
     "MatMul": lambda node, a, b: a @ b, "Gemm": _gemm, "CuvilFusedGemm": _gemm,
     "Conv": _conv, "CuvilFusedConv": _conv,
@@ -281,7 +316,12 @@ FUNCTIONS: dict[str, Callable] = {
     "ReduceL2": _reduce(lambda x, d, k: (x * x).sum(d, keepdim=k).sqrt(), 18),
     "ReduceSumSquare": _reduce(lambda x, d, k: (x * x).sum(d, keepdim=k), 18),
     "ReduceLogSumExp": _reduce(torch.logsumexp, 18),
+    "ReduceLogSum": _reduce(lambda x, d, k: x.sum(d, keepdim=k).log(), 18),
     "Flatten": _flatten, "Reshape": _reshape, "Shape": _shape, "Cast": _cast,
+    "CastLike": lambda node, x, like: x.to(like.dtype), "ConstantOfShape": _constant_of_shape, "Split": _split,
+    "Tile": lambda node, x, repeats: x.repeat(*repeats.tolist()),
+    "Range": lambda node, start, limit, delta: torch.arange(start.item(), limit.item(), delta.item(),
+                                                            dtype=start.dtype),
     "Transpose": lambda node, x: x.permute(*(node.attr("perm") or range(x.dim() - 1, -1, -1))),
     "Unsqueeze": _unsqueeze, "Squeeze": _squeeze, "Slice": _slice, "Gather": _gather,
     "Concat": lambda node, *xs: torch.cat(xs, dim=int(node.attr("axis"))),

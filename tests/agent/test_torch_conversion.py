@@ -113,6 +113,64 @@ class LinearOnSequence(nn.Module):  # exports MatMul -> Add (the bias) on a 3-D 
         return self.fc(x)
 
 
+class ConvNeXtBlock(nn.Module):  # 7x7 depthwise, LayerNorm over channels, GELU, layer scale (not trained)
+    def __init__(self, dim: int = 8) -> None:
+        super().__init__()
+        self.dw = nn.Conv2d(dim, dim, 7, padding=3, groups=dim)
+        self.norm, self.pw1, self.pw2 = nn.LayerNorm(dim), nn.Linear(dim, 2 * dim), nn.Linear(2 * dim, dim)
+        self.gamma = nn.Parameter(torch.full((dim,), 0.5))
+
+    def forward(self, x):
+        y = self.dw(x).permute(0, 2, 3, 1)
+        y = self.pw2(nn.functional.gelu(self.pw1(self.norm(y)))) * self.gamma
+        return x + y.permute(0, 3, 1, 2)
+
+
+class MobileBlock(nn.Module):  # MobileNetV3: expand, HardSwish, depthwise, ReLU6, squeeze-excite, project
+    def __init__(self) -> None:
+        super().__init__()
+        self.expand, self.norm = nn.Conv2d(4, 8, 1), nn.GroupNorm(2, 8)
+        self.dw = nn.Conv2d(8, 8, 3, stride=2, padding=1, groups=8)
+        self.se1, self.se2, self.project = nn.Conv2d(8, 4, 1), nn.Conv2d(4, 8, 1), nn.Conv2d(8, 4, 1)
+
+    def forward(self, x):
+        y = nn.functional.relu6(self.dw(nn.functional.hardswish(self.norm(self.expand(x)))))
+        scale = nn.functional.hardsigmoid(self.se2(nn.functional.relu(self.se1(y.mean((2, 3), keepdim=True)))))
+        return self.project(y * scale)
+
+
+class EfficientStem(nn.Module):  # TF-style "same" padding as an explicit Pad, GroupNorm, SiLU
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv, self.norm = nn.Conv2d(3, 6, 3, stride=2), nn.GroupNorm(3, 6)
+
+    def forward(self, x):
+        return nn.functional.silu(self.norm(self.conv(nn.functional.pad(x, (0, 1, 0, 1)))))
+
+
+class Attention(nn.Module):  # pre-norm multi-head self-attention on (N, S, D)
+    def __init__(self, dim: int = 8, heads: int = 2) -> None:
+        super().__init__()
+        self.norm, self.qkv, self.proj, self.heads = nn.LayerNorm(dim), nn.Linear(dim, 3 * dim), nn.Linear(dim, dim), heads
+
+    def forward(self, x):
+        n, s, d = x.shape
+        qkv = self.qkv(self.norm(x)).reshape(n, s, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        q, k, v = qkv[0], qkv[1], qkv[2]
+        attention = ((q @ k.transpose(-2, -1)) * (d // self.heads) ** -0.5).softmax(-1)
+        return x + self.proj((attention @ v).transpose(1, 2).reshape(n, s, d))
+
+
+def fused_activations() -> Graph:
+    """What the coordinator's passes make of Conv/Gemm + activation (fused nodes)."""
+    graph, _ = optimize(export(Seq(
+        nn.Conv2d(3, 6, 3, padding=1), nn.ReLU(), nn.Conv2d(6, 6, 3, padding=1, groups=3), nn.Hardswish(),
+        nn.Conv2d(6, 4, 1), nn.ReLU6(), nn.Conv2d(4, 4, 1), nn.Sigmoid(), nn.Flatten(), nn.Linear(100, 8),
+        nn.GELU(), nn.Linear(8, 4), nn.ReLU()), (3, 5, 5), opset=20))
+    assert any(n.attr("activation", "none") != "none" for n in graph.nodes)
+    return graph
+
+
 # (case id) -> (graph maker, input shape without the batch, trained initializer count)
 CASES = {
     "conv2d-strided-depthwise-grouped": (lambda: export(Seq(
@@ -177,6 +235,11 @@ CASES = {
     "global-average-pool": (lambda: export(conv_block(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(6, 3)),
                                            (3, 6, 6)), 4),
     "global-max-pool": (lambda: conv_then("GlobalMaxPool", {}), 2),
+    "convnext-block": (lambda: export(ConvNeXtBlock(), (8, 6, 6)), 8),
+    "mobilenetv3-block": (lambda: export(MobileBlock(), (4, 6, 6), opset=18), 12),
+    "efficientnet-stem": (lambda: export(EfficientStem(), (3, 7, 7)), 4),
+    "attention": (lambda: export(Attention(), (5, 8)), 6),
+    "optimised-fused-activations": (fused_activations, 12),
 }
 
 
@@ -233,6 +296,132 @@ def test_weights_torch_shares_between_layers_train_as_one_parameter():
     dp_sgd(module, x)
     retrained = with_initializers(graph, module.ir_weights())
     np.testing.assert_allclose(interpreter.run(retrained, {"x": x})["y"], forward(module, x), rtol=RTOL, atol=ATOL)
+
+
+def i64(*values) -> np.ndarray:
+    return np.array(values, np.int64)
+
+
+def f32(*values) -> np.ndarray:
+    return np.array(values, np.float32)
+
+
+def node(op: str, ins: list[str], out: str = "y", **attrs) -> tuple:
+    return op, ins, [out], attrs
+
+
+_UNARY = {"LeakyRelu": {"alpha": 0.2}, "Elu": {"alpha": 0.7}, "Selu": {}, "Celu": {"alpha": 0.6}, "Softplus": {},
+          "Softsign": {}, "Mish": {}, "ThresholdedRelu": {"alpha": 0.3}, "Shrink": {"lambd": 0.4, "bias": 0.1},
+          "HardSigmoid": {"alpha": 0.3, "beta": 0.4}, "Abs": {}, "Neg": {}, "Floor": {}, "Ceil": {}, "Round": {},
+          "Sign": {}, "Sin": {}, "Cos": {}, "Tan": {}, "Atan": {}, "Sinh": {}, "Cosh": {}, "Asinh": {}, "Tanh": {},
+          "Erf": {}, "Exp": {}, "Sigmoid": {}, "Relu": {}, "Reciprocal": {}, "Identity": {}}
+_UNIT_DOMAIN = ("Log", "Sqrt", "Asin", "Acos", "Atanh")  # applied to Sigmoid(x), in (0, 1)
+
+# (case id) -> (nodes, input shape without the batch, initializers, opset[, output shape where onnx cannot
+# infer it]): ops that run as torch functions
+FUNCTION_CASES = {
+    **{f"unary-{op}": ([node(op, ["x"], **attrs)], (2, 3), {}, 18) for op, attrs in _UNARY.items()},
+    **{f"unary-{op}": ([node("Sigmoid", ["x"], "s"), node(op, ["s"])], (2, 3), {}, 18) for op in _UNIT_DOMAIN},
+    "unary-Acosh": ([node("Sigmoid", ["x"], "s"), node("Reciprocal", ["s"], "r"), node("Acosh", ["r"])],
+                    (2, 3), {}, 18),
+    "pad-constant": ([node("Pad", ["x", "p", "v"])], (2, 4, 5), {"p": i64(0, 0, 1, 2, 0, 0, 2, 1), "v": f32(0.5)}, 13),
+    "pad-reflect": ([node("Pad", ["x", "p"], mode="reflect")], (2, 4, 5), {"p": i64(0, 0, 1, 2, 0, 0, 2, 1)}, 13),
+    "pad-edge-axes": ([node("Pad", ["x", "p", "", "a"], mode="edge")], (2, 4, 5),
+                      {"p": i64(1, 2, 2, 0), "a": i64(-2, -1)}, 18),
+    "slice-negative-step": ([node("Slice", ["x", "s", "e", "a", "st"])], (4, 6),
+                            {"s": i64(-1, 1), "e": i64(-100, 6), "a": i64(1, 2), "st": i64(-2, 2)}, 13),
+    "gather": ([node("Gather", ["x", "i"], axis=1)], (4, 3), {"i": i64([0, -1], [2, 2])}, 13),
+    "split-concat": ([("Split", ["x", "sizes"], ["a", "b"], {"axis": 1}), node("Concat", ["b", "a"], axis=1)],
+                     (4, 3), {"sizes": i64(1, 3)}, 13),
+    "split-num-outputs": ([("Split", ["x"], ["a", "b", "c"], {"axis": 2, "num_outputs": 3}),
+                           node("Concat", ["c", "a", "b"], axis=2)], (2, 5), {}, 18),
+    "unsqueeze-squeeze-attrs": ([node("Unsqueeze", ["x"], "u", axes=[0, 3]), node("Squeeze", ["u"], axes=[0])],
+                                (2, 3), {}, 11),
+    "unsqueeze-squeeze-inputs": ([node("Unsqueeze", ["x", "a"], "u"), node("Squeeze", ["u", "b"])], (2, 3),
+                                 {"a": i64(1, -1), "b": i64(1)}, 13),
+    "transpose-flatten": ([node("Transpose", ["x"], "t", perm=[0, 2, 1, 3]), node("Flatten", ["t"], axis=-3)],
+                          (2, 3, 4), {}, 13),
+    "transpose-default-perm": ([node("Transpose", ["w"], "t"), node("MatMul", ["x", "t"])], (2, 3),
+                               {"w": rand(4, 3)}, 13),
+    "reduce-sum": ([node("ReduceSum", ["x", "a"], keepdims=0)], (2, 3), {"a": i64(-1)}, 13),
+    "reduce-max": ([node("ReduceMax", ["x", "a"])], (2, 3), {"a": i64(1)}, 18),
+    "reduce-min-all": ([node("ReduceMin", ["x"], keepdims=0)], (2, 3), {}, 18),
+    "reduce-l1": ([node("ReduceL1", ["x"], axes=[1])], (2, 3), {}, 13),
+    "reduce-l2": ([node("ReduceL2", ["x"], axes=[1, 2])], (2, 3), {}, 13),
+    "reduce-sum-square": ([node("ReduceSumSquare", ["x"], axes=[2], keepdims=0)], (2, 3), {}, 13),
+    "reduce-log-sum": ([node("Abs", ["x"], "a"), node("ReduceLogSum", ["a"], axes=[1])], (2, 3), {}, 13),
+    "reduce-log-sum-exp": ([node("ReduceLogSumExp", ["x"], axes=[2])], (2, 3), {}, 13),
+    "reduce-prod": ([node("ReduceProd", ["x"], axes=[2], keepdims=0)], (2, 3), {}, 13),
+    "reduce-mean": ([node("ReduceMean", ["x"], axes=[1, 2])], (2, 3), {}, 13),
+    "clip-inputs": ([node("Clip", ["x", "lo", "hi"])], (2, 3), {"lo": f32(-0.3)[0], "hi": f32(0.4)[0]}, 13),
+    "clip-attributes": ([node("Clip", ["x"], min=-0.2, max=0.5)], (2, 3), {}, 6),
+    "prelu": ([node("PRelu", ["x", "slope"])], (2, 3, 3), {"slope": rand(2, 1, 1)}, 13),
+    "variadic": ([node("Max", ["x", "a"], "m"), node("Min", ["m", "b", "x"], "n"), node("Mean", ["n", "x"], "o"),
+                  node("Sum", ["o", "a", "x"])], (2, 3), {"a": rand(3), "b": rand(2, 1, seed=1)}, 13),
+    "logic-where": ([node("Greater", ["x", "zero"], "g"), node("Less", ["x", "half"], "l"), node("And", ["g", "l"], "a"),
+                     node("Not", ["g"], "ng"), node("Or", ["a", "ng"], "o"), node("Xor", ["o", "l"], "xo"),
+                     node("Equal", ["x", "x"], "e"), node("And", ["xo", "e"], "c"), node("Neg", ["x"], "n"),
+                     node("Where", ["c", "x", "n"])], (2, 3), {"zero": f32(0.0), "half": f32(0.5)}, 13),
+    "expand-tile": ([node("Expand", ["x", "s"], "e"), node("Tile", ["e", "r"])], (1, 3),
+                    {"s": i64(1, 2, 1), "r": i64(1, 1, 2)}, 13),
+    "einsum": ([node("Einsum", ["x", "w"], equation="bij,jk->bik")], (2, 3), {"w": rand(3, 4)}, 13),
+    "cast-truncates": ([node("Mul", ["x", "ten"], "m"), node("Cast", ["m"], "i", to=6), node("Cast", ["i"], to=1)],
+                       (2, 3), {"ten": f32(10.0)}, 13),
+    "integer-div-and-mod": ([node("Mul", ["x", "ten"], "m"), node("Cast", ["m"], "i", to=7),
+                             node("Div", ["i", "three"], "d"), node("Mod", ["i", "three"], "r"),
+                             node("Add", ["d", "r"], "s"), node("CastLike", ["s", "x"])],
+                            (2, 3), {"ten": f32(10.0), "three": i64(3)}, 15, (2, 3)),
+    "fmod": ([node("Mod", ["x", "c"], fmod=1)], (2, 3), {"c": f32(0.3, -0.4, 0.5)}, 13),
+    "pow-sub-div": ([node("Pow", ["x", "two"], "p"), node("Sub", ["p", "x"], "s"), node("Div", ["s", "c"])],
+                    (2, 3), {"two": f32(2.0), "c": f32(0.5, 2.0, -3.0)}, 13),
+    "softmax-legacy-flattening": ([node("Softmax", ["x"], "s", axis=1), node("Identity", ["s"])], (2, 3), {}, 11),
+    "log-softmax": ([node("LogSoftmax", ["x"], axis=-1)], (2, 3), {}, 13),
+    "batch-norm-inference": ([node("BatchNormalization", ["x", "s", "b", "m", "v"], epsilon=1e-3)], (3, 4, 4),
+                             {"s": rand(3, low=0.5, high=1.5), "b": rand(3), "m": rand(3, seed=1),
+                              "v": rand(3, low=0.5, high=1.5, seed=2)}, 15),
+    "lrn-even-size": ([node("LRN", ["x"], size=4, alpha=1e-2, beta=0.6, bias=2.0)], (5, 3, 3), {}, 13),
+    "shape-constant-of-shape-range": (
+        [node("Shape", ["x"], "s", start=1), node("ConstantOfShape", ["s"], "c",
+                                                 value=numpy_helper.from_array(f32(2.0))),
+         node("Range", ["r0", "r1", "r2"], "r"), node("Add", ["x", "c"], "a"), node("Add", ["a", "r"])],
+        (2, 3), {"r0": f32(0.0)[0], "r1": f32(3.0)[0], "r2": f32(1.0)[0]}, 15),
+    "reshape-from-shape-arithmetic": (
+        [node("Shape", ["x"], "s"), node("Gather", ["s", "one"], "d"), node("Div", ["d", "two"], "h"),
+         node("Concat", ["zero", "h", "minus"], "t", axis=0), node("Reshape", ["x", "t"])],
+        (4, 3), {"one": i64(1), "two": i64(2), "zero": i64(0), "minus": i64(-1)}, 13, (2, 6)),
+    "isinf-isnan": ([node("Div", ["x", "z"], "d"), node("IsInf", ["d"], "i", detect_negative=0),
+                     node("Mul", ["x", "zero"], "m"), node("Div", ["m", "z"], "nan"), node("IsNaN", ["nan"], "n"),
+                     node("Or", ["i", "n"], "o"), node("Cast", ["o"], to=1)],
+                    (2, 3), {"z": f32(0.0, 1.0, 0.0), "zero": f32(0.0)}, 13),
+    "matmul-of-data": ([node("Transpose", ["x"], "t", perm=[0, 2, 1]), node("MatMul", ["x", "t"])], (3, 4), {}, 13),
+    "dropout-inference": ([node("Dropout", ["x"])], (2, 3), {}, 13),
+    "conv-computed-weight": ([node("Mul", ["w", "two"], "w2"), node("Conv", ["x", "w2", "b"], pads=[1, 1, 1, 1])],
+                             (3, 5, 5), {"w": rand(2, 3, 3, 3), "b": rand(2), "two": f32(2.0)}, 13),
+    "gemm-computed-weight": ([node("Mul", ["w", "two"], "w2"), node("Gemm", ["x", "w2", "c"], transB=1, alpha=0.5,
+                                                                   beta=2.0)],
+                             (3,), {"w": rand(4, 3), "c": rand(4), "two": f32(2.0)}, 13),
+    "instance-norm-computed-scale": ([node("Mul", ["s", "two"], "s2"), node("InstanceNormalization", ["x", "s2", "b"])],
+                                     (3, 4, 4), {"s": rand(3), "b": rand(3, seed=1), "two": f32(2.0)}, 13),
+    "group-norm-computed-scale": ([node("Mul", ["s", "two"], "s2"),
+                                   node("GroupNormalization", ["x", "s2", "b"], num_groups=2)],
+                                  (4, 3, 3), {"s": rand(4), "b": rand(4, seed=1), "two": f32(2.0)}, 21, (4, 3, 3)),
+    "layer-norm-computed-scale": ([node("Mul", ["s", "two"], "s2"),
+                                   node("LayerNormalization", ["x", "s2", "b"], axis=-2)],
+                                  (4, 3), {"s": rand(4, 3), "b": rand(3, seed=1), "two": f32(2.0)}, 17),
+}
+
+
+@pytest.mark.parametrize("case", sorted(FUNCTION_CASES))
+def test_functions_match_interpreter(case):
+    nodes, shape, inits, opset, *out = FUNCTION_CASES[case]
+    graph = onnx_graph(nodes, shape, inits, opset, *out)
+    x = np.random.default_rng(4).standard_normal((3, *shape)).astype(np.float32)
+    module = IRTorchModule(graph)
+    assert module.ir_weights() == {}
+    expected = interpreter.run(graph, {"x": x})["y"]
+    got = forward(module, x)
+    assert got.shape == expected.shape
+    np.testing.assert_allclose(got.astype(np.float64), expected.astype(np.float64), rtol=RTOL, atol=ATOL)
 
 
 def group_norm_cnn(classes: int = 3) -> nn.Module:
