@@ -7,8 +7,12 @@ The generated (unpruned) module is target-independent:
   reference value (the pruner substitutes the target's values and drops these);
 * the TEMPLATE of every op in the registry, deduplicated (the pruner removes
   the functions the graph does not use);
-* ``_forward(W, feeds)``: straight-line code, one ``emit()`` per node, values
-  named ``v0, v1, ...`` and deleted after their last use;
+* per call site of an op-contract kernel, a copy specialised for that node: its static
+  attributes (and absent optional inputs) substituted as literals and the branches they decide
+  pruned (``prune.specialise_function``); identical copies are shared, the generic kernel is
+  then unused and the pruner drops it;
+* ``_forward(W, feeds)``: straight-line code, one call per node (a comment names the node),
+  values named ``v0, v1, ...`` and deleted after their last use;
 * ``run(W, feeds)``: the wrapper, with ``if COMPUTE_FP16:`` casts and an
   ``if TARGET_STATIC_SHAPES:`` branch that runs fixed-size batch chunks.
 """
@@ -17,15 +21,18 @@ from __future__ import annotations
 
 import ast
 import hashlib
+from functools import lru_cache
 from dataclasses import dataclass
 
+from cuvil_edge.device_targets.prune import specialise_function
 from cuvil_edge.errors import BuildError
 from cuvil_edge.ir import ops
-from cuvil_edge.ir.graph import Graph
+from cuvil_edge.ir.graph import Graph, Node
+from cuvil_edge.ir.ops._contract import OpDef, source_of
 from cuvil_edge.ir.ops._util import DEFAULT_CAPABILITIES
 
 #: Bump when the generated code's shape changes (part of every cache key).
-CODEGEN_VERSION = "1"
+CODEGEN_VERSION = "2"  # 2: kernels specialised per call site
 
 #: Names the generated wrapper defines; op templates must not reuse them.
 RESERVED = frozenset({"np", "run", "_forward", "_run_static_batches", "BUILT_FOR", "W", "feeds"})
@@ -72,8 +79,10 @@ def batch_plan(graph: Graph) -> BatchPlan:
     return BatchPlan(symbol, tuple(v.name for v in graph.inputs if v.type.shape and v.type.shape[0] == symbol))
 
 
-def template_functions() -> list[tuple[str, str]]:
+@lru_cache(maxsize=1)
+def template_functions() -> tuple[tuple[str, str], ...]:
     """(op type, template source) for every registered op, sorted by op type, deduplicated.
+    Computed once per process (the registry is fixed once loaded).
 
     Raises:
         BuildError: two templates define the same top-level name differently, or a
@@ -105,9 +114,10 @@ def template_functions() -> list[tuple[str, str]]:
                 out.append((op_type, "\n".join(lines)))
             else:
                 out.append((op_type, "\n\n".join(ast.get_source_segment(module.TEMPLATE, s) or "" for s in kept)))
-    return out
+    return tuple(out)
 
 
+@lru_cache(maxsize=1)
 def templates_digest() -> str:
     """sha256 over codegen version and all op templates: changes when any kernel changes."""
     h = hashlib.sha256(CODEGEN_VERSION.encode())
@@ -144,13 +154,61 @@ def generate_source(graph: Graph) -> str:
     ]
     for op_type, text in template_functions():
         parts.append(f"\n# --- op {op_type}\n{text}")
-    parts.append(_forward_source(graph))
+    specialised = Specialiser()
+    forward = _forward_source(graph, specialised)
+    if specialised.functions:
+        parts.append("\n# --- kernels specialised per call site")
+        parts.extend(specialised.functions)
+    parts.append(forward)
     parts.append(_static_source(graph))
     parts.append(_run_source(graph))
     return "\n".join(parts) + "\n"
 
 
-def _forward_source(graph: Graph) -> str:
+class Specialiser:
+    """Copies of op-contract kernels specialised per call site, shared between identical sites."""
+
+    PLACEHOLDER = "__cuvil_specialised__"
+
+    def __init__(self) -> None:
+        self.functions: list[str] = []
+        self._names: dict[str, str] = {}  # specialised text -> its name
+        self._count: dict[str, int] = {}
+
+    def call(self, op: OpDef, node: Node, args: list[str], outs: list[str]) -> str:
+        """The call line for ``node``; adds the specialised kernel it calls when it is new."""
+        while args and not args[-1]:
+            args = args[:-1]
+        values = dict(op.attrs(node))
+        function = op.fn
+        positional = list(function.__code__.co_varnames[:function.__code__.co_argcount])
+        for index, arg in enumerate(args):
+            if not arg and index < len(positional):
+                values[positional[index]] = None  # absent optional input: `if b is not None` folds
+        defaults = dict(zip(positional[len(positional) - len(function.__defaults__ or ()):], function.__defaults__ or ()))
+        for param in positional[len(args):]:
+            if param not in values and param in defaults:
+                values[param] = defaults[param]  # a trailing input not given: its default
+        text, bound = specialise_function(source_of(function), self.PLACEHOLDER, values)
+        if not bound:
+            return op.emit(node, args, outs)
+        name = self._names.get(text)
+        if name is None:
+            self._count[function.__name__] = self._count.get(function.__name__, 0) + 1
+            name = f"{function.__name__}_{self._count[function.__name__]}"
+            self._names[text] = name
+            shown = ", ".join(f"{k}={values[k]!r}" for k in bound)
+            self.functions.append(f"\n\n# {function.__name__} for {shown}"[:240] + "\n"
+                                  + text.replace(self.PLACEHOLDER, name, 1))
+        call_args = [a for index, a in enumerate(args)
+                     if index >= len(positional) or positional[index] not in bound]
+        call_args = [a if a else "None" for a in call_args]
+        call_args += [f"{k}={v!r}" for k, v in op.attrs(node).items() if k not in bound]
+        target = outs[0] if len(outs) == 1 else ", ".join(outs)
+        return f"{target} = {name}({', '.join(call_args)})"
+
+
+def _forward_source(graph: Graph, specialised: Specialiser) -> str:
     names: dict[str, str] = {}
 
     def ident(value: str) -> str:
@@ -176,7 +234,10 @@ def _forward_source(graph: Graph) -> str:
         args = [ident(i) if i else "" for i in node.inputs]
         outs = [ident(o) if o else "_" for o in node.outputs]
         try:
-            call = module.emit(node, args, outs)
+            if isinstance(module, OpDef):
+                call = specialised.call(module, node, args, outs)
+            else:
+                call = module.emit(node, args, outs)
         except Exception as e:  # an op module fault must name the node
             raise BuildError(f"emit() of {node.describe()} failed: {type(e).__name__}: {e}") from e
         lines.append(f"    # {node.op_type} node {node.name!r}"[:200])

@@ -19,6 +19,7 @@ re-rendered with :func:`ast.unparse`.  Pruning is idempotent.
 from __future__ import annotations
 
 import ast
+import io
 import operator
 from typing import Any, Callable, Mapping
 
@@ -241,7 +242,17 @@ def prune(source: str, constants: Mapping[str, object], *, roots: tuple[str, ...
         tree = ast.parse(source)
     except SyntaxError as e:
         raise BuildError(f"generated source does not parse: {e}") from e
-    original = {id(s): (ast.dump(s), ast.get_source_segment(source, s, padded=False)) for s in tree.body}
+    lines = io.StringIO(source, newline="").readlines()  # the line breaks ast counts (not \f, \x1c, ...)
+
+    def segment(s):
+        chunk = [line.encode() for line in lines[s.lineno - 1:s.end_lineno]]
+        if not chunk:
+            return None
+        chunk[-1] = chunk[-1][:s.end_col_offset]
+        chunk[0] = chunk[0][s.col_offset:]
+        return b"".join(chunk).decode()
+
+    original = {id(s): (ast.dump(s), segment(s)) for s in tree.body}
     tree = Fold().visit(Substitute(constants).visit(tree))
     tree = remove_unused_functions(ast.fix_missing_locations(tree), roots)
     chunks = []
@@ -272,3 +283,72 @@ def _join(body: list[ast.stmt], chunks: list[str]) -> str:
             out.append("\n\n")
         out.append(chunk + "\n")
     return "".join(out)
+
+
+def specialise_function(source: str, name: str, values: Mapping[str, object]) -> tuple[str, tuple[str, ...]]:
+    """One call site's copy of a kernel: the parameters in ``values`` become literals and the
+    branches they decide are pruned (:class:`Fold`).
+
+    ``source`` holds a single ``def``; the copy is renamed ``name``. A parameter is substituted only
+    when its value is a plain literal (or a tuple of them) and the body never rebinds it; the
+    others stay parameters. Returns the copy's source and the names of the parameters substituted
+    (the call site drops those arguments).
+
+    Raises:
+        BuildError: ``source`` is not one function definition.
+    """
+    tree = ast.parse(source)
+    if len(tree.body) != 1 or not isinstance(tree.body[0], ast.FunctionDef):
+        raise BuildError(f"cannot specialise {name!r}: its source is not one function definition")
+    function = tree.body[0]
+    rebound = {n.id for n in ast.walk(function) if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load)}
+    nested = {a.arg for inner in ast.walk(function) if inner is not function
+              and isinstance(inner, (ast.FunctionDef, ast.Lambda)) for a in ast.walk(inner.args)
+              if isinstance(a, ast.arg)}
+    args = function.args
+    if args.vararg is not None or args.kwarg is not None:
+        return source, ()
+    chosen = {k: v for k, v in values.items() if k not in rebound and k not in nested and _is_literal(v)}
+    params = [a.arg for a in (*args.posonlyargs, *args.args, *args.kwonlyargs)]
+    chosen = {k: v for k, v in chosen.items() if k in params}
+    if not chosen:
+        function.name = name
+        return ast.unparse(tree), ()
+    # drop the substituted parameters, keeping each remaining one's default
+    positional = [*args.posonlyargs, *args.args]
+    defaults = dict(zip([a.arg for a in positional][len(positional) - len(args.defaults):], args.defaults))
+    kept = [a for a in positional if a.arg not in chosen]
+    args.posonlyargs, args.args = [], kept
+    args.defaults = []
+    if any(a.arg in defaults for a in kept):
+        first = next(i for i, a in enumerate(kept) if a.arg in defaults)
+        args.defaults = [defaults.get(a.arg, ast.Constant(None)) for a in kept[first:]]
+    kw = [(a, d) for a, d in zip(args.kwonlyargs, args.kw_defaults) if a.arg not in chosen]
+    args.kwonlyargs, args.kw_defaults = [a for a, _ in kw], [d for _, d in kw]
+    function.name = name
+    body = Fold().visit(_Bind(chosen).visit(function))
+    return ast.unparse(ast.fix_missing_locations(body)), tuple(chosen)
+
+
+def _is_literal(value: object) -> bool:
+    if isinstance(value, tuple):
+        return all(_is_literal(v) for v in value)
+    return isinstance(value, _LITERALS)
+
+
+class _Bind(ast.NodeTransformer):
+    """Loads of the given parameters become literals."""
+
+    def __init__(self, values: Mapping[str, object]):
+        self.values = values
+
+    def visit_Name(self, node: ast.Name) -> ast.AST:
+        if isinstance(node.ctx, ast.Load) and node.id in self.values:
+            return ast.copy_location(_literal_node(self.values[node.id]), node)
+        return node
+
+
+def _literal_node(value: object) -> ast.expr:
+    if isinstance(value, tuple):
+        return ast.Tuple([_literal_node(v) for v in value], ast.Load())
+    return ast.Constant(value)

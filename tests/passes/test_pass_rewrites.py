@@ -224,22 +224,35 @@ def test_clip_other_than_relu6_not_fused():
     assert not FuseActivation()(g).modified
 
 
-def test_fused_templates_match_kernels():
-    from cuvil_edge.ir.ops import fused_conv, fused_gemm
-    from cuvil_edge.ir.ops._util import template_function
+def test_fused_kernels_are_conv_then_the_activation_ops_own_kernel():
+    from cuvil_edge.device_targets.codegen import Specialiser, template_functions
+    from cuvil_edge.ir import ops
+    from cuvil_edge.ir.graph import Node
+    from cuvil_edge.ir.ops._activation import ACTIVATIONS
+    from cuvil_edge.ir.ops._util import DEFAULT_CAPABILITIES
     from cuvil_edge.passes._infra import with_
 
     g = graph_from_text(CONV.format(act="y = Relu(c)"), **CONV_W)
     node = FuseActivation()(g).graph.nodes[0]
     x = np.random.default_rng(3).standard_normal((2, 3, 5, 5)).astype(np.float32)
-    from cuvil_edge.ir import ops
-
-    # a compiled module holds every registered op's kernel; the fused ones call the activations' own
-    activations = "\n".join(ops.registry()[op].TEMPLATE for op in ("Relu", "Sigmoid", "HardSwish", "Gelu"))
-    k_fused_conv = template_function(activations + fused_conv.TEMPLATE, "k_fused_conv")
-    for act in ("none", "relu", "relu6", "sigmoid", "hardswish", "gelu"):
+    fused, conv = ops.get("CuvilFusedConv"), ops.get("Conv")
+    plain = conv.kernel(with_(node, set_attrs={"activation": "none"}), x, CONV_W["W"], CONV_W["b"])[0]
+    module = {"np": np, **DEFAULT_CAPABILITIES}
+    exec("\n\n".join(text for _, text in template_functions()), module)
+    for act, op_type in ACTIVATIONS.items():
         n = with_(node, set_attrs={"activation": act})
-        want = fused_conv.kernel(n, x, CONV_W["W"], CONV_W["b"])[0]
-        got = k_fused_conv(x, CONV_W["W"], CONV_W["b"], (), (1, 1, 1, 1), (), "NOTSET", 1, act)
-        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
-    assert "k_fused_gemm" in fused_gemm.TEMPLATE
+        if op_type is None:
+            want = plain
+        elif op_type == "Clip":
+            want = np.clip(plain, np.float32(0), np.float32(6))
+        else:
+            want = ops.get(op_type).kernel(Node("a", op_type, ("c",), ("y",), {}, 20), plain)[0]
+        # the interpreter, and the call a compiled module makes (a copy specialised for the node)
+        np.testing.assert_array_equal(fused.kernel(n, x, CONV_W["W"], CONV_W["b"])[0], want)
+        specialiser = Specialiser()
+        call = specialiser.call(fused, n, ["x", "w", "b"], ["out"])
+        exec("\n".join(specialiser.functions), module)
+        scope = {**module, "x": x, "w": CONV_W["W"], "b": CONV_W["b"]}
+        exec(call, scope)
+        np.testing.assert_array_equal(scope["out"], want)
+        assert ("_activate" in "\n".join(specialiser.functions)) == (act != "none")

@@ -23,6 +23,7 @@ from __future__ import annotations
 import builtins
 import inspect
 import textwrap
+from functools import lru_cache
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
@@ -84,8 +85,10 @@ class OpDef:
         return f"{target} = {self.fn.__name__}({', '.join(call_args)})"
 
 
+@lru_cache(maxsize=None)
 def source_of(function: Callable[..., Any]) -> str:
-    """A function's source, dedented, decorators kept (there are none in kernels)."""
+    """A function's source, dedented, decorators kept (there are none in kernels). Cached: a
+    build asks for each kernel's source once per call site."""
     return textwrap.dedent(inspect.getsource(function)).strip("\n")
 
 

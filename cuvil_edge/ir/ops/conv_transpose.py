@@ -8,12 +8,13 @@ from __future__ import annotations
 from cuvil_edge.errors import ShapeInferenceError, UnsupportedAttributeError
 from cuvil_edge.ir import dtypes
 from cuvil_edge.ir.graph import MAX_DIM, MAX_ELEMENTS, TensorType
-from cuvil_edge.ir.ops._shape import arg
-from cuvil_edge.ir.ops._util import INT, INTS, WINDOW_ATTRS, ints, need, same_dtype, template_function, text, want_dtype
+import numpy as np
 
-OP_TYPE = "ConvTranspose"
-VERSIONS = (1, 11, 22)
-ATTRS = {**WINDOW_ATTRS, "group": INT, "output_padding": INTS, "output_shape": INTS}
+from cuvil_edge.ir.ops._contract import OpDef
+from cuvil_edge.ir.ops._util import DEFAULT_CAPABILITIES, INT, INTS, WINDOW_ATTRS, ints, need, same_dtype, text, want_dtype
+
+#: The interpreter's capability (targets substitute their own in compiled modules).
+TARGET_LARGE_SCRATCH = DEFAULT_CAPABILITIES["TARGET_LARGE_SCRATCH"]
 
 
 def static_attrs(node, k: int):
@@ -35,8 +36,8 @@ def static_attrs(node, k: int):
     return strides, pads, dilations, out_pad, out_shape, auto_pad, group
 
 
-TEMPLATE = '''
 def _convt_geometry(spatial, kernel, strides, pads, dilations, out_pad, out_shape, auto_pad):
+    """(pads at the start, output size) per spatial axis."""
     n = len(kernel)
     begin, end, out = [], [], []
     for i in range(n):
@@ -55,20 +56,18 @@ def _convt_geometry(spatial, kernel, strides, pads, dilations, out_pad, out_shap
     return tuple(begin), tuple(out)
 
 
-def k_conv_transpose(x, w, b, strides, pads, dilations, out_pad, out_shape, auto_pad, group):
+def k_conv_transpose(x, w, b=None, *, strides, pads, dilations, output_padding, output_shape, auto_pad, group):
     n, c, kernel = x.shape[0], x.shape[1], w.shape[2:]
     k, mg, cg = len(kernel), w.shape[1], x.shape[1] // group
-    strides = tuple(strides) or (1,) * k
-    dilations = tuple(dilations) or (1,) * k
-    pads = tuple(pads) or (0,) * (2 * k)
-    out_pad = tuple(out_pad) or (0,) * k
-    out_shape = tuple(out_shape)[-k:] if out_shape else ()
-    begin, out = _convt_geometry(x.shape[2:], kernel, strides, pads, dilations, out_pad, out_shape, auto_pad)
+    st = strides or (1,) * k
+    di = dilations or (1,) * k
+    begin, out = _convt_geometry(x.shape[2:], kernel, st, pads or (0,) * (2 * k), di,
+                                 output_padding or (0,) * k, output_shape[-k:] if output_shape else (), auto_pad)
     spatial, p = x.shape[2:], 1
     for size in spatial:
         p *= size
     # scratch long enough for every tap and for the requested output window
-    span = [max(begin[i] + out[i], (spatial[i] - 1) * strides[i] + dilations[i] * (kernel[i] - 1) + 1) for i in range(k)]
+    span = [max(begin[i] + out[i], (spatial[i] - 1) * st[i] + di[i] * (kernel[i] - 1) + 1) for i in range(k)]
     y = np.zeros((n, group, mg) + tuple(span), dtype=x.dtype)
     xg = x.reshape(n, group, cg, p)
     wg = w.reshape(group, cg, mg, -1)
@@ -81,18 +80,13 @@ def k_conv_transpose(x, w, b, strides, pads, dilations, out_pad, out_shape, auto
             part = cols[:, :, index]
         else:
             part = np.matmul(wg[:, :, :, index].transpose(0, 2, 1), xg).reshape((n, group, mg) + tuple(spatial))
-        window = tuple(slice(t * d, t * d + (s_in - 1) * s + 1, s)
-                       for t, d, s_in, s in zip(tap, dilations, spatial, strides))
+        window = tuple(slice(t * d, t * d + (s_in - 1) * s + 1, s) for t, d, s_in, s in zip(tap, di, spatial, st))
         y[(slice(None), slice(None), slice(None)) + window] += part
     y = y[(slice(None), slice(None), slice(None)) + tuple(slice(bg, bg + o) for bg, o in zip(begin, out))]
     y = y.reshape((n, group * mg) + tuple(out))
     if b is not None:
         y = y + b.reshape((1, -1) + (1,) * k)
     return np.ascontiguousarray(y)
-'''
-
-k_conv_transpose = template_function(TEMPLATE, "k_conv_transpose")
-_geometry = template_function(TEMPLATE, "_convt_geometry")
 
 
 def infer(node, inputs):
@@ -112,7 +106,7 @@ def infer(node, inputs):
         raise ShapeInferenceError(f"{node.describe()} needs static spatial dims, got {x}")
     if min(w[1:]) < 1:
         raise ShapeInferenceError(f"{node.describe()}: W {w} has an empty output-channel or kernel axis")
-    begin, out = _geometry(x[2:], w[2:], strides, pads, dilations, out_pad, out_shape, auto_pad)
+    begin, out = _convt_geometry(x[2:], w[2:], strides, pads, dilations, out_pad, out_shape, auto_pad)
     _check_scratch(node, x, w, strides, dilations, group, begin, out)
     if min(out) <= 0:
         raise ShapeInferenceError(f"{node.describe()}: output spatial size {list(out)} is not positive")
@@ -149,16 +143,18 @@ def flops(node, inputs, outputs):
     return 2 * x.numel() * taps + bias
 
 
-def _args(node):
-    """Static template arguments: the attributes as given (empty tuples when absent; the template fills defaults)."""
-    raw = tuple(tuple(ints(node, key)) for key in ("strides", "pads", "dilations", "output_padding", "output_shape"))
-    return raw + (text(node, "auto_pad", "NOTSET"), int(node.attr("group", 1)))
+def _attrs(node):
+    """The attributes as given (empty tuples when absent; the kernel fills defaults)."""
+    raw = {key: tuple(ints(node, name)) for key, name in (("strides", "strides"), ("pads", "pads"),
+           ("dilations", "dilations"), ("output_padding", "output_padding"), ("output_shape", "output_shape"))}
+    return {**raw, "auto_pad": text(node, "auto_pad", "NOTSET"), "group": int(node.attr("group", 1))}
 
 
-def kernel(node, x, w, b=None):
-    return [k_conv_transpose(x, w, b, *_args(node))]
+def _macs(node, inputs, outputs):
+    """Every input element meets every tap of its group's filters: N*C*spatial_in * (M/group * prod(kernel))."""
+    w = inputs[1]
+    return inputs[0].numel() * (w.numel() // w.shape[0]) if w.shape and w.shape[0] else 0
 
 
-def emit(node, args, outs):
-    params = ", ".join(repr(a) for a in _args(node))
-    return f"{outs[0]} = k_conv_transpose({args[0]}, {args[1]}, {arg(args, 2)}, {params})"
+OPS = (OpDef("ConvTranspose", (1, 11, 22), infer, k_conv_transpose, flops, _attrs, (_convt_geometry,),
+             {**WINDOW_ATTRS, "group": INT, "output_padding": INTS, "output_shape": INTS}, macs=_macs),)

@@ -1,15 +1,34 @@
-"""Gemm: Y = alpha * A' @ B' + beta * C, with A' = A.T if transA, B' = B.T if transB."""
+"""Gemm: Y = alpha * A' @ B' + beta * C, with A' = A.T if transA, B' = B.T if transB; and
+CuvilFusedGemm, Gemm followed by an activation (made by the fusion pass; internal, never in an
+imported model). One table row each (the op contract: ``_contract.py``); a call site specialised
+for its attributes keeps only the transposes, scaling and activation it uses."""
 
 from __future__ import annotations
 
 from cuvil_edge.errors import ShapeInferenceError
 from cuvil_edge.ir import dtypes
 from cuvil_edge.ir.graph import TensorType
-from cuvil_edge.ir.ops._util import FLOAT, INT, broadcast, need, same_dtype, template_function, want_dtype
+from cuvil_edge.ir.ops import _activation
+from cuvil_edge.ir.ops._activation import _activate
+from cuvil_edge.ir.ops._contract import OpDef
+from cuvil_edge.ir.ops._util import FLOAT, INT, STR, broadcast, need, same_dtype, want_dtype
 
-OP_TYPE = "Gemm"
-VERSIONS = (7, 9, 11, 13)
-ATTRS = {"alpha": FLOAT, "beta": FLOAT, "transA": INT, "transB": INT}
+
+def k_gemm(a, b, c=None, *, alpha, beta, trans_a, trans_b, activation="none"):
+    y = (a.T if trans_a else a) @ (b.T if trans_b else b)
+    if alpha != 1.0:
+        y = y * y.dtype.type(alpha)
+    if c is not None:
+        y = y + (c if beta == 1.0 else c * c.dtype.type(beta))
+    if activation != "none":
+        y = _activate(y, activation)
+    return y
+
+
+def _attrs(node):
+    return {"alpha": float(node.attr("alpha", 1.0)), "beta": float(node.attr("beta", 1.0)),
+            "trans_a": int(node.attr("transA", 0)), "trans_b": int(node.attr("transB", 0)),
+            "activation": _activation.activation(node)}
 
 
 def _mkn(node, a, b):
@@ -22,7 +41,8 @@ def _mkn(node, a, b):
     return m, k, n
 
 
-def infer(node, inputs):
+def _infer(node, inputs):
+    _attrs(node)
     need(node, inputs, 2, optional=1)
     dtype = same_dtype(node, inputs)
     want_dtype(node, inputs[0], dtypes.FLOATS | {"int32", "int64"})
@@ -33,35 +53,22 @@ def infer(node, inputs):
     return [TensorType(dtype, (m, n))]
 
 
-def kernel(node, a, b, c=None):
-    return [k_gemm(a, b, c, node.attr("alpha", 1.0), node.attr("beta", 1.0),
-                   node.attr("transA", 0), node.attr("transB", 0))]
-
-
-def flops(node, inputs, outputs):
+def _flops(node, inputs, outputs):
     m, k, n = _mkn(node, inputs[0], inputs[1])
     bias = m * n if len(inputs) > 2 and inputs[2] is not None else 0
-    return 2 * m * k * n + bias
+    return 2 * m * k * n + bias + _activation.activation_flops(_activation.activation(node), outputs)
 
 
-TEMPLATE = '''
-def k_gemm(a, b, c, alpha, beta, trans_a, trans_b):
-    if trans_a:
-        a = a.T
-    if trans_b:
-        b = b.T
-    y = a @ b
-    if alpha != 1.0:
-        y = y * y.dtype.type(alpha)
-    if c is not None:
-        y = y + (c if beta == 1.0 else c * c.dtype.type(beta))
-    return y
-'''
-
-k_gemm = template_function(TEMPLATE, "k_gemm")
+def _macs(node, inputs, outputs):
+    """Multiply-accumulates of A' @ B' (bias and activation excluded)."""
+    k = _mkn(node, inputs[0], inputs[1])[1]
+    return outputs[0].numel() * (k if isinstance(k, int) else 1)
 
 
-def emit(node, args, outs):
-    c = args[2] if len(args) > 2 and args[2] else "None"
-    return (f"{outs[0]} = k_gemm({args[0]}, {args[1]}, {c}, {float(node.attr('alpha', 1.0))!r}, "
-            f"{float(node.attr('beta', 1.0))!r}, {int(node.attr('transA', 0))}, {int(node.attr('transB', 0))})")
+_ATTRS = {"alpha": FLOAT, "beta": FLOAT, "transA": INT, "transB": INT}
+
+OPS = (
+    OpDef("Gemm", (7, 9, 11, 13), _infer, k_gemm, _flops, _attrs, _activation.HELPERS, _ATTRS, macs=_macs),
+    OpDef("CuvilFusedGemm", (1,), _infer, k_gemm, _flops, _attrs, _activation.HELPERS,
+          {**_ATTRS, "activation": STR}, macs=_macs),
+)

@@ -1,50 +1,51 @@
-"""Softmax: opset < 13 normalises the 2-D flattening at ``axis`` (default 1);
-opset >= 13 normalises along ``axis`` alone (default -1)."""
+"""Softmax and LogSoftmax, one table row each (the op contract: ``_contract.py``). Before opset 13
+they normalise the 2-D flattening at ``axis`` (default 1); from 13 along ``axis`` alone (default
+-1). The ``legacy`` keyword says which; a call site specialised for it keeps one of the two."""
 
 from __future__ import annotations
 
+import numpy as np
+
 from cuvil_edge.ir import dtypes
-from cuvil_edge.ir.ops._util import INT, axis_index, need, template_function, want_dtype
-
-OP_TYPE = "Softmax"
-VERSIONS = (1, 11, 13)
-ATTRS = {"axis": INT}
+from cuvil_edge.ir.ops._contract import OpDef
+from cuvil_edge.ir.ops._util import INT, axis_index, need, want_dtype
 
 
-def _axis(node):
-    return int(node.attr("axis", -1 if node.version >= 13 else 1))
+def k_softmax(x, *, axis, legacy):
+    if x.size == 0:
+        return x.copy()
+    # legacy: rows = the dims before axis (a negative axis counts from the end in both slicings)
+    v = x.reshape(int(np.prod(x.shape[:axis], dtype=np.int64)), -1) if legacy else x
+    on = 1 if legacy else axis
+    e = np.exp(v - v.max(axis=on, keepdims=True))
+    return (e / e.sum(axis=on, keepdims=True)).reshape(x.shape)
 
 
-def infer(node, inputs):
+def k_log_softmax(x, *, axis, legacy):
+    if x.size == 0:
+        return x.copy()
+    v = x.reshape(int(np.prod(x.shape[:axis], dtype=np.int64)), -1) if legacy else x
+    on = 1 if legacy else axis
+    shifted = v - v.max(axis=on, keepdims=True)
+    return (shifted - np.log(np.exp(shifted).sum(axis=on, keepdims=True))).reshape(x.shape)
+
+
+def _attrs(node):
+    return {"axis": int(node.attr("axis", -1 if node.version >= 13 else 1)), "legacy": int(node.version < 13)}
+
+
+def _infer(node, inputs):
     need(node, inputs, 1)
     want_dtype(node, inputs[0], dtypes.FLOATS)
-    axis_index(node, _axis(node), inputs[0].rank)
+    axis_index(node, _attrs(node)["axis"], inputs[0].rank)
     return [inputs[0]]
 
 
-def flops(node, inputs, outputs):
-    return 4 * outputs[0].numel()  # subtract max, exp, sum, divide
+def _flops(node, inputs, outputs):
+    return 4 * outputs[0].numel()  # subtract max, exp, sum, divide (LogSoftmax: subtract the log)
 
 
-TEMPLATE = '''
-def k_softmax(x, axis, legacy):
-    if axis < 0:
-        axis += x.ndim
-    if legacy:
-        rows = 1
-        for d in x.shape[:axis]:
-            rows *= d
-        return k_softmax(x.reshape(rows, -1) if x.size else x, 1, 0).reshape(x.shape)
-    e = np.exp(x - x.max(axis=axis, keepdims=True))
-    return e / e.sum(axis=axis, keepdims=True)
-'''
-
-k_softmax = template_function(TEMPLATE, "k_softmax")
-
-
-def kernel(node, x):
-    return [k_softmax(x, _axis(node), int(node.version < 13))]
-
-
-def emit(node, args, outs):
-    return f"{outs[0]} = k_softmax({args[0]}, {_axis(node)}, {int(node.version < 13)})"
+OPS = (
+    OpDef("Softmax", (1, 11, 13), _infer, k_softmax, _flops, _attrs, ATTRS={"axis": INT}),
+    OpDef("LogSoftmax", (1, 11, 13), _infer, k_log_softmax, _flops, _attrs, ATTRS={"axis": INT}),
+)

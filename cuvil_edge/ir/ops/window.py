@@ -1,0 +1,428 @@
+"""Ops that slide a window over the spatial axes, one table row each (the op contract:
+``_contract.py``): Conv, CuvilFusedConv (Conv + an activation, made by the fusion pass), the
+quantized ConvInteger and QLinearConv, MaxPool, AveragePool, GlobalAveragePool and GlobalMaxPool.
+
+``attrs(node)`` resolves the window attributes once: defaults filled where the rank is known from
+``kernel_shape``, ``auto_pad="VALID"`` turned into zero pads. Only ``SAME_UPPER``/``SAME_LOWER``
+pads depend on the input size, so the kernels compute them in a branch that a call site with
+explicit pads loses when the code generator specialises it.
+
+Conv's kernel is also the interpreter's: :data:`TARGET_LARGE_SCRATCH` is the reference
+capability (im2col); compiled modules take each target's value.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from cuvil_edge.errors import ShapeInferenceError, UnsupportedAttributeError
+from cuvil_edge.ir import dtypes
+from cuvil_edge.ir.graph import TensorType
+from cuvil_edge.ir.ops import _activation
+from cuvil_edge.ir.ops._activation import _activate
+from cuvil_edge.ir.ops._contract import OpDef
+from cuvil_edge.ir.ops._quant import _q_along, _q_requantize, _q_saturate, quant_dtype, same_pair, scale_dtype
+from cuvil_edge.ir.ops._util import (DEFAULT_CAPABILITIES, INT, STR, WINDOW_ATTRS, choice, ints, need, pool_out,
+                                     same_dtype, spatial_attrs, want_dtype)
+
+#: The interpreter's capability (targets substitute their own in compiled modules).
+TARGET_LARGE_SCRATCH = DEFAULT_CAPABILITIES["TARGET_LARGE_SCRATCH"]
+
+
+# --- helpers the kernels call ---------------------------------------------------------------
+def _win_same_pads(spatial, kernel, strides, dilations, upper):
+    """auto_pad SAME_UPPER (``upper``) / SAME_LOWER: pads (begin..., end...) so out = ceil(in / stride)."""
+    begin, end = [], []
+    for i in range(len(kernel)):
+        out = -(-spatial[i] // strides[i])
+        total = max(0, (out - 1) * strides[i] + dilations[i] * (kernel[i] - 1) + 1 - spatial[i])
+        small, big = total // 2, total - total // 2
+        begin.append(small if upper else big)
+        end.append(big if upper else small)
+    return tuple(begin + end)
+
+
+def _win_out(spatial, kernel, strides, pads, dilations, ceil_mode):
+    """Output length per spatial axis (a ceil_mode window must start inside the input or left pad)."""
+    n = len(kernel)
+    out = []
+    for i in range(n):
+        steps = spatial[i] + pads[i] + pads[i + n] - dilations[i] * (kernel[i] - 1) - 1
+        size = (-(-steps // strides[i]) if ceil_mode else steps // strides[i]) + 1
+        if ceil_mode and (size - 1) * strides[i] >= spatial[i] + pads[i]:
+            size -= 1
+        out.append(size)
+    return tuple(out)
+
+
+def _win_taps(x, kernel, strides, pads, dilations, out, fill):
+    """Per kernel tap, the strided (N, C, *out) view of ``x`` padded with ``fill`` (extra end
+    padding covers ceil_mode windows)."""
+    n = len(kernel)
+    widths = [(0, 0)] * (x.ndim - n)
+    for i in range(n):
+        need = (out[i] - 1) * strides[i] + dilations[i] * (kernel[i] - 1) + 1 - x.shape[x.ndim - n + i] - pads[i]
+        widths.append((pads[i], max(pads[i + n], need)))
+    padded = np.pad(x, widths, constant_values=fill)
+    lead = (slice(None),) * (x.ndim - n)
+    for tap in np.ndindex(*kernel):
+        yield tap, padded[lead + tuple(
+            slice(t * d, t * d + (o - 1) * s + 1, s) for t, d, o, s in zip(tap, dilations, out, strides))]
+
+
+_WINDOW = (_win_same_pads, _win_out, _win_taps)
+
+
+# --- kernels ----------------------------------------------------------------------------------
+def k_conv(x, w, b=None, *, strides, pads, dilations, auto_pad, group, activation="none"):
+    n, c, m, kernel = x.shape[0], x.shape[1], w.shape[0], w.shape[2:]
+    st = strides or (1,) * len(kernel)
+    di = dilations or (1,) * len(kernel)
+    if auto_pad == "NOTSET":
+        pd = pads or (0,) * (2 * len(kernel))
+    else:
+        pd = _win_same_pads(x.shape[2:], kernel, st, di, auto_pad == "SAME_UPPER")
+    out = _win_out(x.shape[2:], kernel, st, pd, di, 0)
+    cg, mg, p = c // group, m // group, 1
+    for size in out:
+        p *= size
+    taps = _win_taps(x, kernel, st, pd, di, out, 0)
+    wg = w.reshape(group, mg, cg, -1)
+    if TARGET_LARGE_SCRATCH:
+        # im2col: every tap's window side by side, then one batched matmul.
+        cols = np.stack([v.reshape(n, group, cg, p) for _, v in taps], axis=3)
+        y = np.matmul(wg.reshape(group, mg, -1), cols.reshape(n, group, -1, p))
+    else:
+        # low memory: accumulate one (M/G x C/G) matmul per kernel tap.
+        y = np.zeros((n, group, mg, p), dtype=x.dtype)
+        for index, (_, v) in enumerate(taps):
+            y += np.matmul(wg[:, :, :, index], v.reshape(n, group, cg, p))
+    y = y.reshape((n, m) + out)
+    if b is not None:
+        y = y + b.reshape((1, m) + (1,) * len(out))
+    if activation != "none":
+        y = _activate(y, activation)
+    return y
+
+
+def k_conv_integer(x, w, x_zp=None, w_zp=None, *, strides, pads, dilations, auto_pad, group):
+    """int32 Conv of (x - x_zero_point) with (w - w_zero_point); w's zero point may be per output channel."""
+    xi = x.astype(np.int32) if x_zp is None else x.astype(np.int32) - x_zp.astype(np.int32).reshape(())
+    wi = w.astype(np.int32) if w_zp is None else w.astype(np.int32) - _q_along(w_zp.astype(np.int32), w.ndim, 0)
+    return k_conv(xi, wi, None, strides=strides, pads=pads, dilations=dilations, auto_pad=auto_pad, group=group)
+
+
+def k_q_linear_conv(x, x_scale, x_zp, w, w_scale, w_zp, y_scale, y_zp, bias=None, *, strides, pads, dilations,
+                    auto_pad, group):
+    """ConvInteger (+ int32 bias), requantized with the per-output-channel multiplier
+    x_scale * w_scale / y_scale (float32), rint, plus y's zero point, saturated."""
+    acc = k_conv_integer(x, w, x_zp, w_zp, strides=strides, pads=pads, dilations=dilations, auto_pad=auto_pad,
+                         group=group)
+    if bias is not None:
+        acc = acc + bias.reshape((1, -1) + (1,) * (acc.ndim - 2))
+    w_scale_c = _q_along(w_scale.astype(np.float32), acc.ndim, 1)
+    multiplier = x_scale.astype(np.float32).reshape(()) * w_scale_c / y_scale.astype(np.float32).reshape(())
+    return _q_requantize(acc, multiplier, y_zp.reshape(()), y_zp.dtype)
+
+
+def k_max_pool(x, *, kernel_shape, strides, pads, dilations, auto_pad, ceil_mode, indices, storage_order):
+    """Y, and with ``indices`` also the flat index into X of each window's first maximum (pads
+    excluded; row-major over the spatial dims, column-major with storage_order=1)."""
+    spatial = x.shape[2:]
+    if auto_pad == "NOTSET":
+        pd = pads
+    else:
+        pd = _win_same_pads(spatial, kernel_shape, strides, dilations, auto_pad == "SAME_UPPER")
+    out = _win_out(spatial, kernel_shape, strides, pd, dilations, ceil_mode)
+    if not indices:
+        fill = -np.inf if x.dtype.kind == "f" else np.iinfo(x.dtype).min
+        y = None
+        for _, v in _win_taps(x, kernel_shape, strides, pd, dilations, out, fill):
+            y = v.copy() if y is None else np.maximum(y, v, out=y)
+        return y
+    n = len(kernel_shape)
+    if storage_order:
+        steps = [int(np.prod(spatial[:i], dtype=np.int64)) for i in range(n)]
+    else:
+        steps = [int(np.prod(spatial[i + 1:], dtype=np.int64)) for i in range(n)]
+    base = np.arange(x.shape[0] * x.shape[1], dtype=np.int64) * int(np.prod(spatial, dtype=np.int64))
+    base = base.reshape(x.shape[:2] + (1,) * n)
+    y = np.zeros(x.shape[:2] + out, dtype=x.dtype)
+    index = np.full(y.shape, -1, dtype=np.int64)
+    for tap in np.ndindex(*kernel_shape):
+        valid = np.ones(out, dtype=bool)
+        flat = np.zeros(out, dtype=np.int64)
+        where = []
+        for i in range(n):
+            pos = np.arange(out[i], dtype=np.int64) * strides[i] - pd[i] + tap[i] * dilations[i]
+            shape = [1] * n
+            shape[i] = out[i]
+            valid = valid & ((pos >= 0) & (pos < spatial[i])).reshape(shape)
+            flat = flat + (np.clip(pos, 0, spatial[i] - 1) * steps[i]).reshape(shape)
+            where.append(np.clip(pos, 0, spatial[i] - 1).reshape(shape))
+        v = x[(slice(None), slice(None)) + tuple(np.broadcast_arrays(*where))] if n else x
+        take = valid & ((index < 0) | (v > y))
+        y = np.where(take, v, y)
+        index = np.where(take, base + flat, index)
+    return y, index
+
+
+def k_average_pool(x, *, kernel_shape, strides, pads, dilations, auto_pad, ceil_mode, count_include_pad):
+    """Mean over windows; ``count_include_pad`` counts explicit pads, never the cells ceil_mode adds."""
+    n = len(kernel_shape)
+    if auto_pad == "NOTSET":
+        pd = pads
+    else:
+        pd = _win_same_pads(x.shape[2:], kernel_shape, strides, dilations, auto_pad == "SAME_UPPER")
+    out = _win_out(x.shape[2:], kernel_shape, strides, pd, dilations, ceil_mode)
+    total = np.zeros(x.shape[:2] + out, dtype=x.dtype)
+    for _, v in _win_taps(x, kernel_shape, strides, pd, dilations, out, 0):
+        total += v
+    inside = np.ones((1, 1) + x.shape[2:], dtype=x.dtype)
+    count = np.zeros((1, 1) + out, dtype=x.dtype)
+    if count_include_pad:
+        inside = np.pad(inside, [(0, 0), (0, 0)] + [(pd[i], pd[i + n]) for i in range(n)], constant_values=1)
+        for _, v in _win_taps(inside, kernel_shape, strides, (0,) * (2 * n), dilations, out, 0):
+            count += v
+    else:
+        for _, v in _win_taps(inside, kernel_shape, strides, pd, dilations, out, 0):
+            count += v
+    return total / count
+
+
+def k_global_average_pool(x):
+    return x.mean(axis=tuple(range(2, x.ndim)), keepdims=True)
+
+
+def k_global_max_pool(x):
+    return x.max(axis=tuple(range(2, x.ndim)), keepdims=True)
+
+
+# --- attributes -------------------------------------------------------------------------------
+def _auto_pad(node) -> str:
+    return choice(node, "auto_pad", "NOTSET", ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID"))
+
+
+def _window_attrs(node, rank: int | None) -> dict:
+    """strides, pads, dilations, auto_pad: defaults filled when ``rank`` (spatial dims) is known,
+    ``VALID`` as explicit zero pads."""
+    auto_pad = _auto_pad(node)
+    strides, pads, dilations = (tuple(ints(node, key)) for key in ("strides", "pads", "dilations"))
+    if rank is not None:
+        strides, dilations = strides or (1,) * rank, dilations or (1,) * rank
+        pads = pads or (0,) * (2 * rank)
+    if auto_pad == "VALID":
+        pads, auto_pad = ((0,) * (2 * rank) if rank is not None else ()), "NOTSET"
+    elif auto_pad != "NOTSET":
+        pads = ()
+    return {"strides": strides, "pads": pads, "dilations": dilations, "auto_pad": auto_pad}
+
+
+def _conv_attrs(node) -> dict:
+    rank = len(ints(node, "kernel_shape")) or None
+    return {**_window_attrs(node, rank), "group": int(node.attr("group", 1)),
+            "activation": _activation.activation(node)}
+
+
+def _quant_conv_attrs(node) -> dict:
+    rank = len(ints(node, "kernel_shape")) or None
+    return {**_window_attrs(node, rank), "group": int(node.attr("group", 1))}
+
+
+def _pool_attrs(node) -> dict:
+    kernel = tuple(ints(node, "kernel_shape"))
+    return {"kernel_shape": kernel, **_window_attrs(node, len(kernel)), "ceil_mode": int(node.attr("ceil_mode", 0))}
+
+
+def _max_pool_attrs(node) -> dict:
+    return {**_pool_attrs(node), "indices": int(_wants_indices(node)),
+            "storage_order": int(node.attr("storage_order", 0))}
+
+
+def _average_pool_attrs(node) -> dict:
+    return {**_pool_attrs(node), "count_include_pad": int(node.attr("count_include_pad", 0))}
+
+
+def _wants_indices(node) -> bool:
+    return len(node.outputs) > 1 and bool(node.outputs[1])
+
+
+# --- inference --------------------------------------------------------------------------------
+def _conv_geometry(node, x_shape, w_shape):
+    """Output spatial size after checking channels and kernel."""
+    group = node.attr("group", 1)
+    kernel = list(w_shape[2:])
+    if len(x_shape) < 3 or len(w_shape) != len(x_shape):
+        raise ShapeInferenceError(f"{node.describe()} needs X (N, C, *spatial) and W of the same rank, got {x_shape} and {w_shape}")
+    if not all(isinstance(d, int) for d in [x_shape[1], *w_shape]):
+        raise ShapeInferenceError(f"{node.describe()} needs static channels and weights, got X {x_shape}, W {w_shape}")
+    if group < 1 or x_shape[1] != w_shape[1] * group or w_shape[0] % group:
+        raise ShapeInferenceError(f"{node.describe()}: X channels {x_shape[1]}, W {w_shape} do not fit group={group}")
+    if ints(node, "kernel_shape") not in ([], kernel):
+        raise ShapeInferenceError(f"{node.describe()}: kernel_shape {ints(node, 'kernel_shape')} differs from W {w_shape}")
+    strides, pads, dilations = spatial_attrs(node, x_shape[2:], kernel)
+    k = len(kernel)
+    return [pool_out(node, x_shape[2 + i], kernel[i], strides[i], pads[i], pads[i + k], dilations[i]) for i in range(k)]
+
+
+def _infer_conv(node, inputs):
+    _conv_attrs(node)
+    need(node, inputs, 2, optional=1)
+    dtype = same_dtype(node, inputs)
+    want_dtype(node, inputs[0], dtypes.FLOATS)
+    x, w = inputs[0].shape, inputs[1].shape
+    out = _conv_geometry(node, x, w)
+    if len(inputs) > 2 and inputs[2] is not None and inputs[2].shape != (w[0],):
+        raise ShapeInferenceError(f"{node.describe()}: bias {inputs[2]} must have shape ({w[0]},)")
+    return [TensorType(dtype, (x[0], w[0], *out))]
+
+
+def _check_zero_points(node, x_zp, w_zp, m):
+    """x's zero point is per tensor; w's per tensor or per output channel."""
+    if x_zp is not None and x_zp.numel() != 1:
+        raise ShapeInferenceError(f"{node.describe()}: x_zero_point must be a scalar, got {x_zp}")
+    if w_zp is not None and w_zp.numel() not in (1, m):
+        raise ShapeInferenceError(f"{node.describe()}: w_zero_point {w_zp} must be a scalar or have {m} elements")
+
+
+def _infer_conv_integer(node, inputs):
+    _quant_conv_attrs(node)
+    need(node, inputs, 2, optional=2)
+    x, w = inputs[0], inputs[1]
+    x_zp, w_zp = (inputs[i] if len(inputs) > i else None for i in (2, 3))
+    quant_dtype(node, x, "x")
+    quant_dtype(node, w, "w")
+    same_pair(node, x, x_zp, "x and x_zero_point")
+    same_pair(node, w, w_zp, "w and w_zero_point")
+    out = _conv_geometry(node, x.shape, w.shape)
+    _check_zero_points(node, x_zp, w_zp, w.shape[0])
+    return [TensorType("int32", (x.shape[0], w.shape[0], *out))]
+
+
+def _infer_q_linear_conv(node, inputs):
+    _quant_conv_attrs(node)
+    need(node, inputs, 8, optional=1)
+    x, x_scale, x_zp, w, w_scale, w_zp, y_scale, y_zp = inputs[:8]
+    bias = inputs[8] if len(inputs) > 8 else None
+    for t, what in ((x, "x"), (w, "w"), (y_zp, "y_zero_point")):
+        quant_dtype(node, t, what)
+    same_pair(node, x, x_zp, "x and x_zero_point")
+    same_pair(node, w, w_zp, "w and w_zero_point")
+    scale_dtype(node, [x_scale, w_scale, y_scale])
+    out = _conv_geometry(node, x.shape, w.shape)
+    m = w.shape[0]
+    _check_zero_points(node, x_zp, w_zp, m)
+    if x_scale.numel() != 1 or y_scale.numel() != 1 or y_zp.numel() != 1 or w_scale.numel() not in (1, m):
+        raise ShapeInferenceError(f"{node.describe()}: x/y scales and y_zero_point must be scalars and w_scale "
+                                  f"a scalar or have {m} elements")
+    if bias is not None and (bias.dtype != "int32" or bias.shape != (m,)):
+        raise ShapeInferenceError(f"{node.describe()}: B must be int32 of shape ({m},), got {bias}")
+    return [TensorType(y_zp.dtype, (x.shape[0], m, *out))]
+
+
+def pool_type(node, x: TensorType) -> TensorType:
+    """Output type of a MaxPool/AveragePool node on input ``x``."""
+    kernel = ints(node, "kernel_shape")
+    if not kernel or x.rank != len(kernel) + 2:
+        raise ShapeInferenceError(f"{node.describe()} needs kernel_shape with one entry per spatial dim of {x}")
+    strides, pads, dilations = spatial_attrs(node, x.shape[2:], kernel)
+    n, ceil_mode = len(kernel), int(node.attr("ceil_mode", 0))
+    out = [pool_out(node, x.shape[2 + i], kernel[i], strides[i], pads[i], pads[i + n], dilations[i], ceil_mode)
+           for i in range(n)]
+    return TensorType(x.dtype, (*x.shape[:2], *out))
+
+
+def _infer_max_pool(node, inputs):
+    need(node, inputs, 1)
+    want_dtype(node, inputs[0], dtypes.FLOATS | {"int8", "uint8"})
+    y = pool_type(node, inputs[0])
+    if not _wants_indices(node):
+        return [y]
+    if node.version < 8:
+        raise UnsupportedAttributeError(f"{node.describe()} asks for the Indices output, which MaxPool has from opset 8")
+    if int(node.attr("storage_order", 0)) not in (0, 1):
+        raise UnsupportedAttributeError(f"{node.describe()}: storage_order={node.attr('storage_order')} (supported: 0, 1)")
+    return [y, TensorType("int64", y.shape)]
+
+
+def _infer_average_pool(node, inputs):
+    need(node, inputs, 1)
+    want_dtype(node, inputs[0], dtypes.FLOATS)
+    return [pool_type(node, inputs[0])]
+
+
+def _infer_global(node, inputs):
+    need(node, inputs, 1)
+    x = inputs[0]
+    want_dtype(node, x, dtypes.FLOATS)
+    if x.rank < 3:
+        raise ShapeInferenceError(f"{node.describe()} needs (N, C, *spatial), got {x}")
+    return [TensorType(x.dtype, (*x.shape[:2], *([1] * (x.rank - 2))))]
+
+
+# --- cost -------------------------------------------------------------------------------------
+def _conv_flops(node, inputs, outputs):
+    per_output = 2 * int(np.prod(inputs[1].shape[1:]))
+    bias = outputs[0].numel() if len(inputs) > 2 and inputs[2] is not None else 0
+    act = _activation.activation_flops(_activation.activation(node), outputs)
+    return outputs[0].numel() * per_output + bias + act
+
+
+def _conv_integer_flops(node, inputs, outputs):
+    return _conv_flops(node, inputs[:2], outputs)
+
+
+def _q_linear_conv_flops(node, inputs, outputs):
+    return _conv_flops(node, [inputs[0], inputs[3], *inputs[8:]], outputs) + 3 * outputs[0].numel()
+
+
+def _conv_macs(node, inputs, outputs):
+    """Multiply-accumulates of the convolution (bias and activation excluded)."""
+    w = inputs[1]
+    return outputs[0].numel() * (w.numel() // w.shape[0]) if w.shape and w.shape[0] else 0
+
+
+def _taps(node) -> int:
+    taps = 1
+    for k in ints(node, "kernel_shape"):
+        taps *= k
+    return taps
+
+
+def _max_pool_flops(node, inputs, outputs):
+    return outputs[0].numel() * _taps(node)
+
+
+def _average_pool_flops(node, inputs, outputs):
+    return outputs[0].numel() * (_taps(node) + 1)
+
+
+def _global_average_flops(node, inputs, outputs):
+    return inputs[0].numel() + outputs[0].numel()
+
+
+def _global_max_flops(node, inputs, outputs):
+    return inputs[0].numel()
+
+
+_CONV_HELPERS = _WINDOW + _activation.HELPERS
+_QUANT_CONV_HELPERS = _CONV_HELPERS + (k_conv, _q_along, _q_saturate, _q_requantize)
+_POOL_ATTRS = {**WINDOW_ATTRS, "ceil_mode": INT}
+
+OPS = (
+    OpDef("Conv", (1, 11, 22), _infer_conv, k_conv, _conv_flops, _conv_attrs, _CONV_HELPERS,
+          {**WINDOW_ATTRS, "group": INT}, macs=_conv_macs),
+    # internal (never in an imported model): Conv + activation, made by passes/fuse_activation.py
+    OpDef("CuvilFusedConv", (1,), _infer_conv, k_conv, _conv_flops, _conv_attrs, _CONV_HELPERS,
+          {**WINDOW_ATTRS, "group": INT, "activation": STR}, macs=_conv_macs),
+    OpDef("ConvInteger", (10,), _infer_conv_integer, k_conv_integer, _conv_integer_flops, _quant_conv_attrs,
+          _QUANT_CONV_HELPERS, {**WINDOW_ATTRS, "group": INT}),
+    OpDef("QLinearConv", (10,), _infer_q_linear_conv, k_q_linear_conv, _q_linear_conv_flops, _quant_conv_attrs,
+          _QUANT_CONV_HELPERS + (k_conv_integer,), {**WINDOW_ATTRS, "group": INT}),
+    OpDef("MaxPool", (1, 8, 10, 11, 12), _infer_max_pool, k_max_pool, _max_pool_flops, _max_pool_attrs, _WINDOW,
+          {**_POOL_ATTRS, "storage_order": INT}),
+    OpDef("AveragePool", (1, 7, 10, 11, 19), _infer_average_pool, k_average_pool, _average_pool_flops,
+          _average_pool_attrs, _WINDOW, {**_POOL_ATTRS, "count_include_pad": INT}),
+    OpDef("GlobalAveragePool", (1, 22), _infer_global, k_global_average_pool, _global_average_flops),
+    OpDef("GlobalMaxPool", (1, 22), _infer_global, k_global_max_pool, _global_max_flops),
+)
