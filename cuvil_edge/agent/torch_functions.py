@@ -32,6 +32,25 @@ def activation(node: Node) -> Callable[[torch.Tensor], torch.Tensor]:
     return ACTIVATIONS[name]
 
 
+_PAD_MODES = {"constant": "constant", "reflect": "reflect", "edge": "replicate"}
+
+
+def check(node: Node) -> None:
+    """Refuse, when the module is built, what a function could otherwise only refuse mid-training.
+
+    Raises:
+        UnsupportedAttributeError: an activation, Pad mode or dilated AveragePool without a lowering.
+        UnsupportedOpError: MaxPool's Indices output is used.
+    """
+    activation(node)
+    if node.op_type == "MaxPool" and len(node.outputs) > 1 and node.outputs[1]:
+        raise UnsupportedOpError(f"{node.describe()}: MaxPool's Indices output has no training lowering")
+    if node.op_type == "AveragePool" and any(d != 1 for d in node.attr("dilations") or ()):
+        raise UnsupportedAttributeError(f"{node.describe()}: dilated AveragePool has no training lowering")
+    if node.op_type == "Pad" and node.attr("mode", "constant") not in _PAD_MODES:
+        raise UnsupportedAttributeError(f"{node.describe()}: Pad mode {node.attr('mode')!r} has no training lowering")
+
+
 # --- windows (convolution and pooling geometry) ----------------------------------------------
 def window_pads(node: Node, spatial: Any, kernel: Any, strides: Any, dilations: Any) -> list[tuple[int, int]]:
     """(begin, end) padding per spatial axis, auto_pad resolved for this input size."""
@@ -61,12 +80,9 @@ def _pool(node: Node, x: torch.Tensor) -> torch.Tensor:
     native = all(b == e and b <= k // 2 for (b, e), k in zip(pads, kernel))
     padding = tuple(b for b, _ in pads) if native else 0
     if node.op_type == "MaxPool":
-        _only_first_output_of(node)
         if not native:
             x = F.pad(x, torch_pads(pads), value=float("-inf"))
         return (F.max_pool1d, F.max_pool2d, F.max_pool3d)[n - 1](x, kernel, strides, padding, dilations, ceil)
-    if any(d != 1 for d in dilations):
-        raise UnsupportedAttributeError(f"{node.describe()}: dilated AveragePool has no training lowering")
     avg = (F.avg_pool1d, F.avg_pool2d, F.avg_pool3d)[n - 1]
     include = bool(node.attr("count_include_pad", 0))
     if native:
@@ -76,11 +92,6 @@ def _pool(node: Node, x: torch.Tensor) -> torch.Tensor:
         return avg(padded, kernel, strides, 0, ceil)
     mask = F.pad(torch.ones_like(x[:1, :1]), torch_pads(pads))
     return avg(padded, kernel, strides, 0, ceil) / avg(mask, kernel, strides, 0, ceil)
-
-
-def _only_first_output_of(node: Node) -> None:
-    if len(node.outputs) > 1 and node.outputs[1]:
-        raise UnsupportedOpError(f"{node.describe()}: MaxPool's Indices output has no training lowering")
 
 
 # --- functions ------------------------------------------------------------------------------
@@ -214,9 +225,7 @@ def _pad(node: Node, x, pads=None, value=None, axes=None):
     full = [(0, 0)] * x.dim()
     for i, axis in enumerate(axes):
         full[axis] = (int(pads[i]), int(pads[i + len(axes)]))
-    mode = {"constant": "constant", "reflect": "reflect", "edge": "replicate"}.get(node.attr("mode", "constant"))
-    if mode is None:
-        raise UnsupportedAttributeError(f"{node.describe()}: Pad mode {node.attr('mode')!r} has no training lowering")
+    mode = _PAD_MODES[node.attr("mode", "constant")]  # checked by check()
     if mode == "constant":
         return F.pad(x, torch_pads(full), value=value)
     lead = min((i for i, p in enumerate(full) if p != (0, 0)), default=x.dim())

@@ -32,7 +32,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from cuvil_edge.agent.torch_functions import FUNCTIONS, activation, torch_pads, window_pads
+from cuvil_edge.agent.torch_functions import FUNCTIONS, activation, check, torch_pads, window_pads
 from cuvil_edge.errors import UnsupportedOpError
 from cuvil_edge.ir.graph import Graph, Node
 
@@ -94,7 +94,7 @@ class IRTorchModule(nn.Module):
         self._steps = self._plan()
         trained = {name for name in self._source if self._source[name] in self._bound}
         for step in self._steps:
-            used = [name for name in step.inputs if name in trained] if step.key is None else []
+            used = [name for name in step.inputs if name in trained]
             if used:
                 raise UnsupportedOpError(
                     f"{step.node.describe()}: reads {used[0]!r}, a weight trained in a layer elsewhere; per-sample "
@@ -112,6 +112,7 @@ class IRTorchModule(nn.Module):
         for index, node in enumerate(self._graph.nodes):
             if id(node) in self._absorbed:
                 continue
+            check(node)
             builder = _LAYERS.get(node.op_type)
             step = builder(self, node, f"n{index}") if builder is not None else None
             if step is None:

@@ -40,6 +40,8 @@ def train_round(graph: Graph, site: SiteConfig, data: Split, ledger: PrivacyLedg
     Raises:
         BatchMixingError: the training graph mixes samples across the batch (refused before
             anything is reserved).
+        UnsupportedOpError: an op has no torch lowering for training (refused before anything
+            is reserved).
         ReplayError: this round's key was already claimed.
         BudgetExhaustedError: the round would take the site over its budget (nothing reserved).
         PrivacyError: the hyperparameters cannot give the target ε, or the data is unusable.
@@ -53,6 +55,7 @@ def train_round(graph: Graph, site: SiteConfig, data: Split, ledger: PrivacyLedg
     if not local_dp:
         return _train_plain(graph, site, data, seed)
     check_batch_independent(graph)  # per-sample clipping is meaningless if rows mix
+    model = IRTorchModule(graph)  # an op without a training lowering is refused before anything is reserved
     plan = plan_dp_sgd(target_epsilon=p.epsilon_per_round, delta=p.delta, sample_rate=t.sample_rate,
                        epochs=t.local_epochs, expected_batch_size=t.batch_size)
     event = DpSgd(plan.noise_multiplier, plan.sample_rate, plan.steps)
@@ -64,7 +67,6 @@ def train_round(graph: Graph, site: SiteConfig, data: Split, ledger: PrivacyLedg
         )
     reservation = ledger.reserve(event, key=train_key(server_round, package_version), round=server_round)
     try:
-        model = IRTorchModule(graph)
         result = train_dp_sgd(model, data.x, data.y, plan, lr=t.learning_rate, momentum=t.momentum,
                               max_grad_norm=t.max_grad_norm, seed=seed)
     except PrivacyError:

@@ -23,7 +23,7 @@ from cuvil_edge.agent.torch_model import IRTorchModule
 from cuvil_edge.agent.training import train_round
 from cuvil_edge.config import load_site
 from cuvil_edge.datasets.digits import Split
-from cuvil_edge.errors import UnsupportedOpError
+from cuvil_edge.errors import UnsupportedAttributeError, UnsupportedOpError
 from cuvil_edge.frontend import load_model
 from cuvil_edge.ir import interpreter
 from cuvil_edge.ir.graph import Graph, Node, TensorType, Value
@@ -478,12 +478,37 @@ def test_group_norm_cnn_trains_with_dp_sgd_on_a_site(tmp_path):
     assert set(outcome.weights) == {k for k, v in graph.initializers.items() if v.dtype == np.float32}
 
 
-def test_an_op_without_a_training_lowering_is_refused_by_name():
-    graph = onnx_graph([("Conv", ["x", "w"], ["c"], {"kernel_shape": [1, 1]}),
-                        ("Resize", ["c", "", "scales"], ["y"], {"mode": "nearest"})], (3, 4, 4),
-                       {"w": rand(2, 3, 1, 1), "scales": np.array([1, 1, 2, 2], np.float32)}, 13)
-    with pytest.raises(UnsupportedOpError, match=r"node 'resize1' \(Resize\).*op Resize has no training lowering"):
-        IRTorchModule(graph)
+def resized() -> Graph:
+    return onnx_graph([("Conv", ["x", "w"], ["c"], {"kernel_shape": [1, 1]}),
+                       ("Resize", ["c", "", "scales"], ["y"], {"mode": "nearest"})], (3, 4, 4),
+                      {"w": rand(2, 3, 1, 1), "scales": f32(1, 1, 2, 2)}, 13)
+
+
+REFUSED = {
+    "op": (resized, UnsupportedOpError, r"node 'resize1' \(Resize\).*op Resize has no training lowering"),
+    "maxpool-indices": (lambda: onnx_graph([("MaxPool", ["x"], ["y", "i"], {"kernel_shape": [2, 2]})], (3, 4, 4),
+                                           {}, 13, (3, 2, 2)),
+                        UnsupportedOpError, r"node 'maxpool0' \(MaxPool\): MaxPool's Indices output"),
+    "dilated-average-pool": (lambda: conv_then("AveragePool", {"kernel_shape": [2, 2], "dilations": [2, 2]},
+                                               opset=19), UnsupportedAttributeError, r"averagepool1.*dilated"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(REFUSED))
+def test_what_has_no_training_lowering_is_refused_when_the_module_is_built(case):
+    make, error, message = REFUSED[case]
+    with pytest.raises(error, match=message):
+        IRTorchModule(make())
+
+
+def test_a_model_that_cannot_train_spends_no_budget(tmp_path):
+    site = load_site(SITE)
+    ledger = PrivacyLedger(tmp_path / "ledger.sqlite", site=site.site, epsilon_budget=site.privacy.epsilon_budget,
+                           delta=site.privacy.delta)
+    data = Split(rand(8, 3, 4, 4), np.zeros(8, np.int64))
+    with pytest.raises(UnsupportedOpError, match="Resize"):
+        train_round(resized(), site, data, ledger, 1, 1, seed=0)
+    assert ledger.spent() == 0
 
 
 def test_a_weight_read_outside_its_layer_is_refused():
