@@ -5,8 +5,8 @@ The generated (unpruned) module is target-independent:
 * a header comment and ``import numpy as np``;
 * every capability constant as a module-level ``TARGET_X = ...`` with the
   reference value (the pruner substitutes the target's values and drops these);
-* the TEMPLATE of every op in the registry, deduplicated (the pruner removes
-  the functions the graph does not use);
+* the TEMPLATE of every op the graph uses, deduplicated (the pruner removes the
+  functions no call reaches);
 * per call site of an op-contract kernel, a copy specialised for that node: its static
   attributes (and absent optional inputs) substituted as literals and the branches they decide
   pruned (``prune.specialise_function``); identical copies are shared, the generic kernel is
@@ -80,41 +80,61 @@ def batch_plan(graph: Graph) -> BatchPlan:
 
 
 @lru_cache(maxsize=1)
-def template_functions() -> tuple[tuple[str, str], ...]:
-    """(op type, template source) for every registered op, sorted by op type, deduplicated.
-    Computed once per process (the registry is fixed once loaded).
+def _template_index() -> tuple[dict[str, str], dict[str, tuple[str, ...]]]:
+    """Every top-level definition of every op's template, once: (key -> source text, op type ->
+    the keys its template defines, in order). A key is the defined name (a name defined twice
+    must be defined identically). Computed once per process (the registry is fixed once loaded).
 
     Raises:
-        BuildError: two templates define the same top-level name differently, or a
-            template reuses a reserved name.
+        BuildError: a template is not valid Python, two templates define the same top-level name
+            differently, or a template reuses a reserved name.
     """
-    seen: dict[str, tuple[str, str]] = {}
-    out: list[tuple[str, str]] = []
+    texts: dict[str, str] = {}
+    owner: dict[str, tuple[str, str]] = {}
+    per_op: dict[str, tuple[str, ...]] = {}
     for op_type, module in sorted(ops.registry().items()):
+        template = module.TEMPLATE
         try:
-            tree = ast.parse(module.TEMPLATE)
+            tree = ast.parse(template)
         except SyntaxError as e:
             raise BuildError(f"TEMPLATE of op {op_type} is not valid Python: {e}") from e
-        kept = []
-        for stmt in tree.body:
-            text = ast.unparse(stmt)
-            for name in _defined_names(stmt):
+        keys = []
+        for index, stmt in enumerate(tree.body):
+            canonical = ast.unparse(stmt)
+            names = _defined_names(stmt)
+            for name in names:
                 if name in RESERVED or name in DEFAULT_CAPABILITIES:
                     raise BuildError(f"TEMPLATE of op {op_type} defines reserved name {name!r}; rename it")
-                if name in seen and seen[name][1] != text:
-                    raise BuildError(f"ops {seen[name][0]} and {op_type} both define {name!r} differently")
-            if all(n in seen for n in _defined_names(stmt)) and _defined_names(stmt):
-                continue  # identical definition already pasted
-            for name in _defined_names(stmt):
-                seen[name] = (op_type, text)
-            kept.append(stmt)
-        if kept:
-            lines = module.TEMPLATE.strip("\n").splitlines()
-            if len(kept) == len(tree.body):
-                out.append((op_type, "\n".join(lines)))
-            else:
-                out.append((op_type, "\n\n".join(ast.get_source_segment(module.TEMPLATE, s) or "" for s in kept)))
-    return tuple(out)
+                if name in owner and owner[name][1] != canonical:
+                    raise BuildError(f"ops {owner[name][0]} and {op_type} both define {name!r} differently")
+            key = names[0] if names else f"{op_type}:{index}"
+            if key not in texts:
+                texts[key] = ast.get_source_segment(template, stmt) or canonical
+                for name in names:
+                    owner[name] = (op_type, canonical)
+            keys.append(key)
+        per_op[op_type] = tuple(keys)
+    return texts, per_op
+
+
+def templates_for(op_types) -> list[tuple[str, str]]:
+    """(op type, source) of the templates ``op_types`` need, sorted by op type; a definition
+    shared by several ops is given once, under the first of them."""
+    texts, per_op = _template_index()
+    done: set[str] = set()
+    out = []
+    for op_type in sorted(set(op_types)):
+        keys = [k for k in per_op[op_type] if k not in done]
+        done.update(keys)
+        if keys:
+            out.append((op_type, "\n\n\n".join(texts[k] for k in keys)))
+    return out
+
+
+@lru_cache(maxsize=1)
+def template_functions() -> tuple[tuple[str, str], ...]:
+    """(op type, template source) for every registered op, sorted by op type, deduplicated."""
+    return tuple(templates_for(ops.registry()))
 
 
 @lru_cache(maxsize=1)
@@ -152,7 +172,10 @@ def generate_source(graph: Graph) -> str:
         "BUILT_FOR = {'target': TARGET_NAME, 'arch': TARGET_ARCH, 'simd_bits': TARGET_SIMD_BITS, "
         "'fp16': COMPUTE_FP16, 'static_batch': TARGET_STATIC_BATCH if TARGET_STATIC_SHAPES else None}",
     ]
-    for op_type, text in template_functions():
+    for node in graph.nodes:
+        ops.get(node.op_type, node.describe())  # an unknown op is refused here, naming the node
+    used = {node.op_type for node in graph.nodes}
+    for op_type, text in templates_for(used):  # the pruner would drop the others' anyway
         parts.append(f"\n# --- op {op_type}\n{text}")
     specialised = Specialiser()
     forward = _forward_source(graph, specialised)
