@@ -13,9 +13,14 @@ gradients for with its standard grad samplers:
 
 A weight may be an initializer or a pure reshape of one (Identity, Reshape, Unsqueeze, Squeeze,
 Flatten): torch's exporter shares equal parameters that way, and layers reading one initializer
-share one torch parameter (tied, as in the IR). Every other node runs as a torch function; the
-initializers it reads are constants. After training, :meth:`IRTorchModule.ir_weights` maps the
-trained parameters back to the IR's initializer names and layouts.
+share one torch parameter (tied, as in the IR; export with ``training=TrainingMode.TRAINING`` or
+non-default weights to keep equal parameters apart). Every other node runs as a torch function
+(:mod:`torch_functions`) and the initializers it reads stay constant: a layer scale or PRelu
+slope, BatchNormalization, LayerNorm as torch exports it below opset 17 (ReduceMean ... Mul, Add),
+Gemm with alpha != 1 or transA, a computed weight. An initializer a layer trains that a function
+also reads is refused, since Opacus' per-sample gradients would miss that use. Only nodes the
+logits need run. After training, :meth:`IRTorchModule.ir_weights` maps the trained parameters back
+to the IR's initializer names and layouts.
 
 torch is imported here and only here on the agent side; the inference path
 (verify -> build -> run) never imports this module.

@@ -23,13 +23,14 @@ from cuvil_edge.agent.torch_model import IRTorchModule
 from cuvil_edge.agent.training import train_round
 from cuvil_edge.config import load_site
 from cuvil_edge.datasets.digits import Split
-from cuvil_edge.errors import UnsupportedAttributeError, UnsupportedOpError
+from cuvil_edge.errors import BatchMixingError, UnsupportedAttributeError, UnsupportedOpError
 from cuvil_edge.frontend import load_model
 from cuvil_edge.ir import interpreter
 from cuvil_edge.ir.graph import Graph, Node, TensorType, Value
 from cuvil_edge.ir.infer import build_graph, with_initializers
 from cuvil_edge.passes import optimize
 from cuvil_edge.privacy import PrivacyLedger
+from cuvil_edge.privacy.batch_independence import check_batch_independent
 from cuvil_edge.privacy.dpsgd import DpSgdPlan, train_dp_sgd
 
 RTOL, ATOL = 1e-4, 1e-5
@@ -151,7 +152,8 @@ class EfficientStem(nn.Module):  # TF-style "same" padding as an explicit Pad, G
 class Attention(nn.Module):  # pre-norm multi-head self-attention on (N, S, D)
     def __init__(self, dim: int = 8, heads: int = 2) -> None:
         super().__init__()
-        self.norm, self.qkv, self.proj, self.heads = nn.LayerNorm(dim), nn.Linear(dim, 3 * dim), nn.Linear(dim, dim), heads
+        self.norm, self.qkv, self.proj = nn.LayerNorm(dim), nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
+        self.heads = heads
 
     def forward(self, x):
         n, s, d = x.shape
@@ -358,8 +360,9 @@ FUNCTION_CASES = {
     "prelu": ([node("PRelu", ["x", "slope"])], (2, 3, 3), {"slope": rand(2, 1, 1)}, 13),
     "variadic": ([node("Max", ["x", "a"], "m"), node("Min", ["m", "b", "x"], "n"), node("Mean", ["n", "x"], "o"),
                   node("Sum", ["o", "a", "x"])], (2, 3), {"a": rand(3), "b": rand(2, 1, seed=1)}, 13),
-    "logic-where": ([node("Greater", ["x", "zero"], "g"), node("Less", ["x", "half"], "l"), node("And", ["g", "l"], "a"),
-                     node("Not", ["g"], "ng"), node("Or", ["a", "ng"], "o"), node("Xor", ["o", "l"], "xo"),
+    "logic-where": ([node("Greater", ["x", "zero"], "g"), node("Less", ["x", "half"], "l"),
+                     node("And", ["g", "l"], "a"), node("Not", ["g"], "ng"), node("Or", ["a", "ng"], "o"),
+                     node("Xor", ["o", "l"], "xo"),
                      node("Equal", ["x", "x"], "e"), node("And", ["xo", "e"], "c"), node("Neg", ["x"], "n"),
                      node("Where", ["c", "x", "n"])], (2, 3), {"zero": f32(0.0), "half": f32(0.5)}, 13),
     "expand-tile": ([node("Expand", ["x", "s"], "e"), node("Tile", ["e", "r"])], (1, 3),
@@ -476,6 +479,19 @@ def test_group_norm_cnn_trains_with_dp_sgd_on_a_site(tmp_path):
     assert ledger.spent() == pytest.approx(outcome.epsilon_round)
     assert outcome.steps == 40
     assert set(outcome.weights) == {k for k, v in graph.initializers.items() if v.dtype == np.float32}
+
+
+@pytest.mark.parametrize("case", ["instance-norm", "group-norm-op-18", "group-norm-op-21", "group-norm-torch-export"])
+def test_group_and_instance_norms_keep_samples_apart(case):
+    check_batch_independent(CASES[case][0]())  # the allow-list rows that let train_round take them
+
+
+def test_an_instance_norm_over_the_batch_axis_is_refused():
+    graph = onnx_graph([("Transpose", ["x"], ["t"], {"perm": [1, 0, 2]}),
+                        ("InstanceNormalization", ["t", "s", "b"], ["y"], {})], (3, 4),
+                       {"s": rand(3), "b": rand(3, seed=1)}, 13)
+    with pytest.raises(BatchMixingError, match=r"instancenormalization1.*along axis 1"):
+        check_batch_independent(graph)
 
 
 def resized() -> Graph:
