@@ -44,6 +44,8 @@ EDGE_OPS = frozenset("""
     ReduceMin ReduceProd ReduceL1 ReduceL2 ReduceSumSquare ReduceLogSum ReduceLogSumExp
     InstanceNormalization GroupNormalization LRN ArgMax ArgMin CumSum Trilu Size CastLike DepthToSpace SpaceToDepth
     GatherElements GatherND ScatterElements ScatterND OneHot Tile Range TopK Hardmax Upsample Einsum
+""".split()) | frozenset("""
+    RMSNormalization LpNormalization MeanVarianceNormalization Attention RotaryEmbedding
 """.split())  # issue 11, growing towards every default-domain op ONNX's node suite covers
 
 RTOL, ATOL = 1e-3, 1e-7
