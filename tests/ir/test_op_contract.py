@@ -4,6 +4,8 @@ The rows' numerics against onnxruntime are in test_ops_elementwise.py (cases per
 
 from __future__ import annotations
 
+import ast
+
 import numpy as np
 import pytest
 
@@ -31,8 +33,10 @@ def test_a_kernel_reads_only_numpy_and_its_listed_helpers(op_type):
 @pytest.mark.parametrize("op_type", CONTRACT_OPS)
 def test_compiled_modules_run_the_kernel_functions_own_source(op_type):
     op = ops.registry()[op_type]
-    pasted = "\n".join(text for _, text in codegen.template_functions())  # shared kernels are pasted once
-    assert source_of(op.fn) in pasted
+    pasted = "\n\n".join(text for _, text in codegen.template_functions())  # shared kernels are pasted once
+    functions = {f.name: ast.dump(f) for f in ast.parse(pasted).body if isinstance(f, ast.FunctionDef)}
+    for function in (*op.helpers, op.fn):
+        assert functions[function.__name__] == ast.dump(ast.parse(source_of(function)).body[0])
 
 
 def test_emitted_calls_name_their_attributes():
@@ -52,13 +56,8 @@ def test_a_kernel_is_an_ordinary_importable_function():
     np.testing.assert_allclose(k_softplus(x), [0.0, np.log(2.0), 1000.0])  # no overflow at the ends
 
 
-def test_an_op_defined_twice_is_refused(monkeypatch):
-    import types
-
-    from cuvil_edge.ir.ops import unary
-
-    fake = types.ModuleType("cuvil_edge.ir.ops.fake")
-    fake.OPS = (unary.OPS[0],)
+def _registry_with(monkeypatch, fake):
+    """The registry as it loads with ``fake`` as one more public module of the package."""
     real_import = ops.importlib.import_module
     names = [info for info in ops.pkgutil.iter_modules(ops.__path__)]
 
@@ -70,10 +69,30 @@ def test_an_op_defined_twice_is_refused(monkeypatch):
                         lambda name: fake if name.endswith(".fake") else real_import(name))
     ops.registry.cache_clear()
     try:
-        with pytest.raises(ImportError, match=f"{unary.OPS[0].OP_TYPE} is defined twice"):
-            ops.registry()
+        return ops.registry()
     finally:
         ops.registry.cache_clear()
+
+
+def test_an_op_defined_twice_is_refused(monkeypatch):
+    import types
+
+    from cuvil_edge.ir.ops import unary
+
+    fake = types.ModuleType("cuvil_edge.ir.ops.fake")
+    fake.OPS = (unary.OPS[0],)
+    with pytest.raises(ImportError, match=f"{unary.OPS[0].OP_TYPE} is defined twice"):
+        _registry_with(monkeypatch, fake)
+
+
+def test_a_module_in_the_old_style_is_refused(monkeypatch):
+    import types
+
+    fake = types.ModuleType("cuvil_edge.ir.ops.fake")  # a kernel plus a TEMPLATE string: two definitions
+    fake.OP_TYPE, fake.VERSIONS, fake.TEMPLATE = "Fake", (1,), "def k_fake(x):\n    return x\n"
+    fake.kernel = fake.infer = fake.flops = fake.emit = lambda *a: None
+    with pytest.raises(ImportError, match="fake must list its ops as OpDef rows in OPS"):
+        _registry_with(monkeypatch, fake)
 
 
 HIDDEN_SCALE = 2.0
