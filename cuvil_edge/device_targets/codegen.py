@@ -159,7 +159,7 @@ def generate_source(graph: Graph) -> str:
     """The unpruned, target-independent module source for ``graph``.
 
     Raises:
-        BuildError: a template is invalid or an op's emit() failed.
+        BuildError: a template is invalid, or writing the call of a node failed.
         UnsupportedOpError: a node's op has no module.
     """
     parts = [
@@ -257,12 +257,9 @@ def _forward_source(graph: Graph, specialised: Specialiser) -> str:
         args = [ident(i) if i else "" for i in node.inputs]
         outs = [ident(o) if o else "_" for o in node.outputs]
         try:
-            if isinstance(module, OpDef):
-                call = specialised.call(module, node, args, outs)
-            else:
-                call = module.emit(node, args, outs)
+            call = specialised.call(module, node, args, outs)
         except Exception as e:  # an op module fault must name the node
-            raise BuildError(f"emit() of {node.describe()} failed: {type(e).__name__}: {e}") from e
+            raise BuildError(f"writing the call of {node.describe()} failed: {type(e).__name__}: {e}") from e
         lines.append(f"    # {node.op_type} node {node.name!r}"[:200])
         lines.extend(f"    {line}" for line in call.splitlines())
         dead = [o for o in node.outputs if o and o not in keep and o not in last_use]

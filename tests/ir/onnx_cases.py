@@ -106,10 +106,10 @@ def assert_matches(actual: np.ndarray, expected: np.ndarray) -> None:
 
 
 def run_template(module, node, env: dict, capabilities: dict) -> list:
-    """Execute ``module``'s TEMPLATE with ``capabilities`` and call it the way ``emit`` writes it
-    for ``node``; returns the node's outputs in order (absent optional inputs are ``None``)."""
+    """Execute ``module``'s TEMPLATE with ``capabilities`` and call it as a compiled module does (a
+    copy specialised for ``node``); returns the node's outputs in order (absent optional inputs
+    are ``None``)."""
     from cuvil_edge.device_targets.codegen import Specialiser
-    from cuvil_edge.ir.ops._contract import OpDef
     from cuvil_edge.ir.ops._util import DEFAULT_CAPABILITIES
 
     namespace = {"np": np, **DEFAULT_CAPABILITIES, **capabilities}
@@ -119,11 +119,8 @@ def run_template(module, node, env: dict, capabilities: dict) -> list:
         namespace[f"a{i}"] = env[name] if name else None
         args.append(f"a{i}" if name else "")
     outs = [f"out{i}" for i in range(len(node.outputs))]
-    if isinstance(module, OpDef):  # the call compiled modules make: a copy specialised for node
-        specialiser = Specialiser()
-        call = specialiser.call(module, node, args, outs)
-        exec(compile("\n".join(specialiser.functions), f"<specialised {module.OP_TYPE}>", "exec"), namespace)
-    else:
-        call = module.emit(node, args, outs)
+    specialiser = Specialiser()  # the call compiled modules make: a copy specialised for node
+    call = specialiser.call(module, node, args, outs)
+    exec(compile("\n".join(specialiser.functions), f"<specialised {module.OP_TYPE}>", "exec"), namespace)
     exec(compile(call, "<emit>", "exec"), namespace)
     return [namespace[o] for o in outs]
