@@ -10,20 +10,22 @@ gradients for with its standard grad samplers:
     torch's GroupNorm export: Reshape(x, (0, G, -1)) → InstanceNormalization(scale 1, bias 0)
         → Reshape(·, shape of x) [→ Mul(·, w)] [→ Add(·, b)]  ⇒  nn.GroupNorm(G, C), weight w, bias b
     LayerNormalization                                        ⇒  nn.LayerNorm
+    torch's LayerNorm export below opset 17: ReduceMean(x) → Sub(x, ·) → Pow(·, 2) → ReduceMean
+        → Add(·, eps) → Sqrt → Div [→ Mul(·, w)] [→ Add(·, b)]  ⇒  nn.LayerNorm, weight w, bias b
+    MatMul(x, W) → Add(·, b)                                  ⇒  nn.Linear with bias b
 
 A weight may be an initializer or a pure reshape of one (Identity, Reshape, Unsqueeze, Squeeze,
 Flatten): torch's exporter shares equal parameters that way, and layers reading one initializer
 share one torch parameter (tied, as in the IR; export with ``training=TrainingMode.TRAINING`` or
 non-default weights to keep equal parameters apart). Every other node runs as a torch function
 (:mod:`torch_functions`) and the initializers it reads stay constant: a layer scale or PRelu
-slope, BatchNormalization, LayerNorm as torch exports it below opset 17 (ReduceMean ... Mul, Add),
-Gemm with alpha != 1 or transA, a computed weight. An initializer a layer trains that a function
-also reads is refused, since Opacus' per-sample gradients would miss that use. Only nodes the
-logits need run. After training, :meth:`IRTorchModule.ir_weights` maps the trained parameters back
-to the IR's initializer names and layouts.
+slope, BatchNormalization, Gemm with alpha != 1 or transA, a computed weight. An initializer a
+layer trains that a function also reads is refused, since Opacus' per-sample gradients would miss
+that use. Only nodes the logits need run. After training, :meth:`IRTorchModule.ir_weights` maps
+the trained parameters back to the IR's initializer names and layouts.
 
-torch is imported here and only here on the agent side; the inference path
-(verify -> build -> run) never imports this module.
+torch is imported here (and in :mod:`torch_functions`) and nowhere else on the agent side; the
+inference path (verify -> build -> run) never imports this module.
 """
 
 from __future__ import annotations
@@ -110,10 +112,12 @@ class IRTorchModule(nn.Module):
     # --- planning ------------------------------------------------------------------------
     def _plan(self) -> list[_Step]:
         steps: list[tuple[int, _Step]] = []
-        for index, node in enumerate(self._graph.nodes):
-            step = self._torch_group_norm(node, f"n{index}") if node.op_type == "InstanceNormalization" else None
+        for index, node in enumerate(self._graph.nodes):  # torch's exports of GroupNorm and LayerNorm
+            pattern = {"InstanceNormalization": self._torch_group_norm, "ReduceMean": self._torch_layer_norm}
+            step = pattern[node.op_type](node, f"n{index}") if node.op_type in pattern else None
             if step is not None:  # placed where its input exists; its readers follow its last node
-                steps.append((self._graph.nodes.index(self._producer[node.inputs[0]]), step))
+                first = self._producer.get(node.inputs[0]) if node.op_type == "InstanceNormalization" else node
+                steps.append((self._graph.nodes.index(first), step))
         for index, node in enumerate(self._graph.nodes):
             if id(node) in self._absorbed:
                 continue
@@ -178,22 +182,59 @@ class IRTorchModule(nn.Module):
         post = self._sole_reader(node.outputs[0])
         if post is None or post.op_type != "Reshape" or types[post.outputs[0]].shape != x:
             return None
-        nodes, channels, affine, tail = [pre, node, post], x[1], {}, post
-        for op, attr in (("Mul", "weight"), ("Add", "bias")):  # the affine part, when there is one
+        layer = nn.GroupNorm(grouped[1], x[1], eps=float(node.attr("epsilon", 1e-5)))
+        out = self._absorb_affine(layer, [pre, node, post], lambda view: _is_vector(view, x[1], len(x), 1), key)
+        return _Step(node, (pre.inputs[0],), (out,), _call, key)
+
+    def _absorb_affine(self, layer: nn.Module, nodes: list[Node], fits: Callable[[np.ndarray | None], bool],
+                       key: str) -> str:
+        """Fold Mul(·, w) and Add(·, b) after ``nodes`` into ``layer``'s weight and bias where they
+        follow and ``fits`` them; absorb ``nodes`` and register ``layer``. Returns the last output."""
+        affine, tail = {}, nodes[-1]
+        for op, attr in (("Mul", "weight"), ("Add", "bias")):
             after = self._sole_reader(tail.outputs[0])
-            other = _vector_operand(self, after, tail, op, channels, len(x), 1)
+            other = _operand(self, after, tail, op, fits)
             if other is not None:
                 affine[attr], tail = other, after
                 nodes.append(after)
         self._absorbed |= {id(n) for n in nodes}
-        layer = nn.GroupNorm(grouped[1], channels, eps=float(node.attr("epsilon", 1e-5)))
         for attr in ("weight", "bias"):
             if attr in affine:
                 self._bind(layer, attr, affine[attr])
             else:
                 _freeze(layer, attr, 1.0 if attr == "weight" else 0.0)
         self.layers[key] = layer
-        return _Step(node, (pre.inputs[0],), (tail.outputs[0],), lambda node, layer, x: layer(x), key)
+        return tail.outputs[0]
+
+    def _torch_layer_norm(self, node: Node, key: str) -> _Step | None:
+        """torch's LayerNorm export below opset 17, from the ReduceMean ``node``, as one nn.LayerNorm:
+        ReduceMean(x) → Sub(x, ·) → Pow(·, 2) → ReduceMean → Add(·, eps) → Sqrt → Div(x - mean, ·)
+        [→ Mul(·, w)] [→ Add(·, b)]."""
+        x, inits = node.inputs[0], self._graph.initializers
+        shape, axes = self._graph.types[x].shape, _reduced_axes(node, self._graph)
+        sub = self._sole_reader(node.outputs[0])
+        if axes is None or sub is None or sub.op_type != "Sub" or sub.inputs != (x, node.outputs[0]):
+            return None
+        readers = {n.op_type: n for n in self._readers.get(sub.outputs[0], [])}
+        if set(readers) != {"Pow", "Div"} or len(self._readers[sub.outputs[0]]) != 2 or \
+                sub.outputs[0] in (self.output_name, self.logits_name):
+            return None
+        chain = [readers["Pow"]]
+        for op in ("ReduceMean", "Add", "Sqrt", "Div"):
+            after = self._sole_reader(chain[-1].outputs[0])
+            if after is None or after.op_type != op:
+                return None
+            chain.append(after)
+        pow_, mean, add, _, div = chain
+        eps = _scalar(inits.get(add.inputs[1] if add.inputs[0] == mean.outputs[0] else add.inputs[0]))
+        normalized = tuple(shape[len(shape) - len(axes):])
+        if div is not readers["Div"] or div.inputs[0] != sub.outputs[0] or _scalar(inits.get(pow_.inputs[1])) != 2 \
+                or eps is None or _reduced_axes(mean, self._graph) != axes or axes != tuple(
+                    range(len(shape) - len(axes), len(shape))) or not all(isinstance(d, int) for d in normalized):
+            return None
+        out = self._absorb_affine(nn.LayerNorm(normalized, eps=eps), [node, sub, *chain],
+                                  lambda view: _trails(view, normalized, len(shape)), key)
+        return _Step(node, (x,), (out,), _call, key)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         env: dict[str, Any] = dict(self._consts)
@@ -228,20 +269,45 @@ def _initializer_views(graph: Graph) -> dict[str, str]:
     return source
 
 
-def _vector_operand(module: IRTorchModule, after: Node | None, before: Node, op: str, size: int, rank: int,
-                    axis: int) -> str | None:
-    """The other operand of ``after`` (an ``op`` reading ``before``'s output) when it is a trainable
-    vector of ``size`` entries along ``axis`` of the rank-``rank`` result."""
+def _operand(module: IRTorchModule, after: Node | None, before: Node, op: str,
+             fits: Callable[[np.ndarray | None], bool]) -> str | None:
+    """The other operand of ``after`` (an ``op`` reading ``before``'s output) when it is a weight that ``fits``."""
     if after is None or after.op_type != op or len(after.inputs) != 2:
         return None
     other = after.inputs[1] if after.inputs[0] == before.outputs[0] else after.inputs[0]
-    return other if _is_vector(module._view(other), size, rank, axis) else None
+    return other if fits(module._view(other)) else None
+
+
+def _trails(view: np.ndarray | None, shape: tuple[int, ...], rank: int) -> bool:
+    """``view`` broadcast to rank ``rank`` varies exactly along the trailing axes of ``shape``."""
+    if view is None or view.ndim > rank:
+        return False
+    padded = (1,) * (rank - view.ndim) + view.shape
+    return padded[rank - len(shape):] == shape and all(d == 1 for d in padded[:rank - len(shape)])
+
+
+def _scalar(value: np.ndarray | None) -> float | None:
+    return None if value is None or np.size(value) != 1 else float(np.asarray(value).reshape(-1)[0])
 
 
 def _is_vector(view: np.ndarray | None, size: int, rank: int, axis: int) -> bool:
     if view is None or view.size != size or view.ndim > rank:
         return False
     return size == 1 or ((1,) * (rank - view.ndim) + view.shape)[axis] == size
+
+
+def _call(node: Node, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    return layer(x)
+
+
+def _reduced_axes(node: Node, graph: Graph) -> tuple[int, ...] | None:
+    """The sorted, non-negative axes a ReduceMean keeping its dims reduces (None: unknown or all)."""
+    rank = len(graph.types[node.inputs[0]].shape)
+    axes = node.attr("axes") if node.version < 18 else \
+        (graph.initializers.get(node.inputs[1]) if len(node.inputs) > 1 else None)
+    if axes is None or not int(node.attr("keepdims", 1)) or np.size(axes) == 0:
+        return None
+    return tuple(sorted(int(a) % rank for a in np.asarray(axes).reshape(-1)))
 
 
 def _freeze(layer: nn.Module, attr: str, value: float) -> None:
@@ -291,7 +357,7 @@ def _linear_layer(module: IRTorchModule, node: Node, key: str) -> _Step | None:
     if not gemm:  # MatMul → Add(·, bias): torch's export of a Linear on a batch of sequences
         rank = len(module._graph.types[node.outputs[0]].shape)
         after = module._sole_reader(node.outputs[0])
-        c = _vector_operand(module, after, node, "Add", n, rank, -1) or ""
+        c = _operand(module, after, node, "Add", lambda view: _is_vector(view, n, rank, -1)) or ""
         if c:
             has_bias, tail = True, after
             module._absorbed.add(id(after))
@@ -315,11 +381,11 @@ def _norm_layer(module: IRTorchModule, node: Node, key: str) -> _Step | None:
         return None
     eps = float(node.attr("epsilon", 1e-5))
     if node.op_type == "InstanceNormalization":
-        layer, fn = nn.GroupNorm(x[1], x[1], eps=eps), lambda node, layer, x: layer(x)
+        layer, fn = nn.GroupNorm(x[1], x[1], eps=eps), _call
     else:  # GroupNormalization
         groups = int(node.attr("num_groups"))
         if node.version >= 21:
-            layer, fn = nn.GroupNorm(groups, x[1], eps=eps), lambda node, layer, x: layer(x)
+            layer, fn = nn.GroupNorm(groups, x[1], eps=eps), _call
         else:
             layer, fn = nn.GroupNorm(groups, groups, eps=eps), _per_group
     module._bind(layer, "weight", node.inputs[1])
@@ -349,7 +415,7 @@ def _layer_norm_layer(module: IRTorchModule, node: Node, key: str) -> _Step | No
     else:
         _freeze(layer, "bias", 0.0)
     module.layers[key] = layer
-    return _Step(node, node.inputs[:1], node.outputs[:1], lambda node, layer, x: layer(x), key)
+    return _Step(node, node.inputs[:1], node.outputs[:1], _call, key)
 
 
 def _only_first_output(module: IRTorchModule, node: Node) -> None:

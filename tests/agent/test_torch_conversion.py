@@ -212,6 +212,8 @@ CASES = {
                                                          (3, 6, 6)), 2),
     "layer-norm": (lambda: export(linear_then(nn.LayerNorm(6)), (3, 6)), 4),
     "layer-norm-two-axes": (lambda: export(linear_then(nn.LayerNorm((3, 6))), (3, 6)), 4),
+    "layer-norm-opset-13": (lambda: export(linear_then(nn.LayerNorm(6)), (3, 6), opset=13), 4),
+    "layer-norm-two-axes-opset-13": (lambda: export(linear_then(nn.LayerNorm((3, 6))), (3, 6), opset=13), 4),
     "layer-norm-exported-without-bias": (lambda: export(linear_then(nn.LayerNorm(6, bias=False)), (6,)), 4),
     "layer-norm-no-bias-input": (lambda: onnx_graph(
         [("MatMul", ["x", "w"], ["m"], {}), ("LayerNormalization", ["m", "s"], ["y"], {"axis": 1})],
@@ -241,6 +243,7 @@ CASES = {
     "mobilenetv3-block": (lambda: export(MobileBlock(), (4, 6, 6), opset=18), 12),
     "efficientnet-stem": (lambda: export(EfficientStem(), (3, 7, 7)), 4),
     "attention": (lambda: export(Attention(), (5, 8)), 6),
+    "attention-opset-13": (lambda: export(Attention(), (5, 8), opset=13), 6),
     "optimised-fused-activations": (fused_activations, 12),
 }
 
