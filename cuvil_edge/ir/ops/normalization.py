@@ -1,16 +1,63 @@
-"""Normalisations over spatial axes or channel groups, one table row each (the op contract:
-``_contract.py``): InstanceNormalization, GroupNormalization (the normalisation DP-SGD models use,
-since Opacus refuses BatchNorm) and LRN. float16 is computed in float32 and rounded once.
+"""Normalisations, one table row each (the op contract: ``_contract.py``): BatchNormalization,
+LayerNormalization, InstanceNormalization, GroupNormalization (the normalisation DP-SGD models use,
+since Opacus refuses BatchNorm) and LRN. Instance/Group/LRN compute float16 in float32 and round
+once; BatchNormalization computes in the input dtype, LayerNormalization in ``stash_type``.
+
+BatchNormalization: y = (x - mean) / sqrt(var + epsilon) * scale + B. Inference form (every
+version): mean/var are the running mean/var inputs. Opset 14+ training_mode=1: mean/var are the
+batch statistics over every axis but 1 (population variance), and the optional outputs
+running_mean / running_var are ``input * momentum + batch statistic * (1 - momentum)`` (momentum
+default 0.9). The training outputs of opsets 7-9 (saved mean/var) and extra outputs without
+training_mode are rejected. Opset 7 ``spatial=0`` takes per-(C, *spatial) parameters.
+
+LayerNormalization (opset 17): normalise over axes axis..rank-1, then Y = norm * Scale + B.
+``stash_type`` 1 computes in float32 (otherwise the input dtype); the optional Mean and InvStdDev
+outputs have the reduced shape (size-1 normalised axes) in the stash dtype.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from cuvil_edge.errors import ShapeInferenceError
+from cuvil_edge.errors import ShapeInferenceError, UnsupportedAttributeError
+from cuvil_edge.ir import dtypes
+from cuvil_edge.ir.graph import TensorType
 from cuvil_edge.ir.ops._contract import OpDef
 from cuvil_edge.ir.ops._elementwise import FLOATS, TRANSCENDENTAL, want
-from cuvil_edge.ir.ops._util import FLOAT, INT, need, same_dtype
+from cuvil_edge.ir.ops._util import FLOAT, INT, axis_index, broadcast, need, same_dtype, want_dtype
+
+
+def k_batch_normalization(x, scale, bias, mean, var, epsilon, momentum=0.9, training=False, outputs=1):
+    if training:  # normalise with the batch statistics (population variance), update the running ones
+        axes = (0,) + tuple(range(2, x.ndim))
+        wide = x.astype(np.float64)
+        batch_mean, batch_var = wide.mean(axis=axes), wide.var(axis=axes)
+        use_mean, use_var = batch_mean.astype(mean.dtype), batch_var.astype(var.dtype)
+    else:
+        use_mean, use_var = mean, var
+    shape = scale.shape + (1,) * (x.ndim - 1 - scale.ndim)
+    inv = (scale / np.sqrt(use_var + epsilon)).astype(x.dtype)
+    shift = (bias - use_mean * inv).astype(x.dtype)
+    y = x * inv.reshape(shape) + shift.reshape(shape)
+    if not training:
+        return y
+    running_mean = (mean * momentum + batch_mean * (1 - momentum)).astype(mean.dtype)
+    running_var = (var * momentum + batch_var * (1 - momentum)).astype(var.dtype)
+    results = (y.astype(x.dtype, copy=False), running_mean, running_var)
+    return results[0] if outputs == 1 else results[:outputs]
+
+
+def k_layer_normalization(x, scale, bias=None, axis=-1, epsilon=1e-5, stash=None, outputs=1):
+    first = axis + x.ndim if axis < 0 else axis
+    work = x.astype(stash) if stash is not None else x
+    axes = tuple(range(first, x.ndim))
+    mean = work.mean(axis=axes, keepdims=True)
+    centred = work - mean
+    inv = 1 / np.sqrt((centred * centred).mean(axis=axes, keepdims=True) + epsilon)
+    y = (centred * inv).astype(x.dtype) * scale
+    if bias is not None:
+        y = y + bias
+    return y if outputs == 1 else (y, mean, inv)[:outputs]
 
 
 def k_instance_normalization(x, scale, bias, epsilon):
@@ -43,6 +90,59 @@ def k_lrn(x, size, alpha, beta, bias):
     window = sum(padded[:, i:i + channels] for i in range(size))
     t = w.dtype.type
     return (w / (t(bias) + t(alpha / size) * window) ** t(beta)).astype(x.dtype)
+
+
+def _bn_training(node) -> bool:
+    return node.version >= 14 and bool(int(node.attr("training_mode", 0)))
+
+
+def _infer_batch_normalization(node, inputs):
+    need(node, inputs, 5)
+    x = inputs[0]
+    want_dtype(node, x, dtypes.FLOATS)
+    training = _bn_training(node)
+    if len([o for o in node.outputs if o]) > 1 and not training:
+        raise UnsupportedAttributeError(
+            f"{node.describe()} asks for the training outputs (running/saved mean and var), which are not supported; "
+            "export the model in eval mode")
+    if x.rank < 2:
+        raise ShapeInferenceError(f"{node.describe()} needs X of shape (N, C, ...), got {x}")
+    per_channel = (x.shape[1],) if node.version >= 9 or int(node.attr("spatial", 1)) else x.shape[1:]
+    for name, t in zip(("scale", "B", "mean", "var"), inputs[1:]):
+        want_dtype(node, t, dtypes.FLOATS)
+        if t.shape != per_channel and t.shape != (x.shape[1],):
+            raise ShapeInferenceError(f"{node.describe()}: {name} {t} must have shape {per_channel}")
+    if training:
+        if len(node.outputs) > 3:
+            raise ShapeInferenceError(f"{node.describe()} declares {len(node.outputs)} outputs; training mode has 3")
+        return [x, TensorType(inputs[3].dtype, inputs[3].shape), TensorType(inputs[4].dtype, inputs[4].shape)]
+    return [x]
+
+
+def _bn_attrs(node):
+    return {"epsilon": float(node.attr("epsilon", 1e-5)), "momentum": float(node.attr("momentum", 0.9)),
+            "training": _bn_training(node), "outputs": max(1, len(node.outputs)) if _bn_training(node) else 1}
+
+
+def _ln_attrs(node):
+    stash = int(node.attr("stash_type", 1))
+    if stash not in (1, 0) and stash != dtypes.ONNX_CODE.get("float64"):
+        raise UnsupportedAttributeError(f"{node.describe()}: stash_type {stash} is not supported (1 = float32)")
+    return {"axis": int(node.attr("axis", -1)), "epsilon": float(node.attr("epsilon", 1e-5)),
+            "stash": dtypes.FROM_ONNX_CODE[stash] if stash else None, "outputs": max(1, len(node.outputs))}
+
+
+def _infer_layer_normalization(node, inputs):
+    need(node, inputs, 2, optional=1)
+    x = inputs[0]
+    want_dtype(node, x, dtypes.FLOATS)
+    a = _ln_attrs(node)
+    axis = axis_index(node, a["axis"], x.rank)
+    for what, t in zip(("Scale", "B"), inputs[1:]):
+        if t is not None and (t.dtype != x.dtype or broadcast(node, x.shape, t.shape) != x.shape):
+            raise ShapeInferenceError(f"{node.describe()}: {what} {t} must be {x.dtype} and broadcast to X {x}")
+    stats = TensorType(a["stash"] or x.dtype, x.shape[:axis] + (1,) * (x.rank - axis))
+    return [x, stats, stats][:a["outputs"]]
 
 
 def _check_nc(node, x):
@@ -101,6 +201,11 @@ def _lrn_flops(node, inputs, outputs):
 
 
 OPS = (
+    OpDef("BatchNormalization", (7, 9, 14, 15), _infer_batch_normalization, k_batch_normalization,
+          _per_element(2), _bn_attrs, ATTRS={"epsilon": FLOAT, "momentum": FLOAT, "spatial": INT, "training_mode": INT}),
+    OpDef("LayerNormalization", (17,), _infer_layer_normalization, k_layer_normalization,
+          lambda node, inputs, outputs: 8 * inputs[0].numel(),  # mean, centre, square, mean, scale, shift
+          _ln_attrs, ATTRS={"axis": INT, "epsilon": FLOAT, "stash_type": INT}),
     OpDef("InstanceNormalization", (1, 6, 22), _infer_affine(lambda node, x: x.shape[1]), k_instance_normalization,
           _per_element(8), lambda node: {"epsilon": float(node.attr("epsilon", 1e-5))}, ATTRS={"epsilon": FLOAT}),
     OpDef("GroupNormalization", (18, 21), _infer_affine(_group_count), k_group_normalization, _per_element(8),

@@ -1,4 +1,5 @@
-"""Resize: nearest, (multi)linear or (multi)cubic resampling to ``scales`` or ``sizes``.
+"""Resize: nearest, (multi)linear or (multi)cubic resampling to ``scales`` or ``sizes`` (the op
+contract: ``_contract.py``; one file for one op).
 
 Opset 10 takes (X, scales) with asymmetric coordinates and onnxruntime's "simple" nearest
 rounding (nearest and linear only); from 11 (X, roi, scales, sizes) with
@@ -21,73 +22,32 @@ import numpy as np
 from cuvil_edge.errors import ShapeInferenceError, UnsupportedAttributeError
 from cuvil_edge.ir import dtypes
 from cuvil_edge.ir.graph import MAX_DIM, TensorType
-from cuvil_edge.ir.ops._shape import arg, axes as norm_axes, floats, vector
-from cuvil_edge.ir.ops._util import FLOAT, INT, INTS, STR, ints, need, template_function, text, want_dtype
+from cuvil_edge.ir.ops._contract import OpDef
+from cuvil_edge.ir.ops._shape import axes as norm_axes, floats, vector
+from cuvil_edge.ir.ops._util import FLOAT, INT, INTS, STR, ints, need, text, want_dtype
 
-OP_TYPE = "Resize"
-VERSIONS = (10, 11, 13, 18, 19)
-ATTRS = {"antialias": INT, "axes": INTS, "coordinate_transformation_mode": STR, "cubic_coeff_a": FLOAT,
-         "exclude_outside": INT, "extrapolation_value": FLOAT, "keep_aspect_ratio_policy": STR, "mode": STR,
-         "nearest_mode": STR}
-CONST_INPUTS = (1, 2, 3)
 _COORDS = ("half_pixel", "pytorch_half_pixel", "align_corners", "asymmetric", "tf_half_pixel_for_nn",
            "tf_crop_and_resize")
 
 
-def options(node) -> tuple:
-    """(mode, coordinate mode, nearest mode, axes, keep_aspect_ratio_policy, legacy) after validation."""
-    legacy = node.version < 11
-    mode = text(node, "mode", "nearest")
-    coord = "asymmetric" if legacy else text(node, "coordinate_transformation_mode", "half_pixel")
-    nearest = "simple" if legacy else text(node, "nearest_mode", "round_prefer_floor")
-    policy = text(node, "keep_aspect_ratio_policy", "stretch") if node.version >= 18 else "stretch"
-    coords = _COORDS + (("half_pixel_symmetric",) if node.version >= 19 else ())
-    modes = ("nearest", "linear") if legacy else ("nearest", "linear", "cubic")
-    problems = []
-    if mode not in modes:
-        problems.append(f"mode={mode!r} (supported: {', '.join(modes)})")
-    if coord not in coords + ("asymmetric",):
-        problems.append(f"coordinate_transformation_mode={coord!r} (supported: {', '.join(coords)})")
-    if nearest not in ("simple", "round_prefer_floor", "round_prefer_ceil", "floor", "ceil"):
-        problems.append(f"nearest_mode={nearest!r}")
-    if policy not in ("stretch", "not_larger", "not_smaller"):
-        problems.append(f"keep_aspect_ratio_policy={policy!r}")
-    antialias = int(node.attr("antialias", 0)) if node.version >= 18 else 0
-    if antialias and mode == "nearest":
-        problems.append("antialias=1 with mode='nearest' (antialias needs linear or cubic)")
-    if problems:
-        raise UnsupportedAttributeError(f"{node.describe()}: unsupported {'; '.join(problems)}")
-    axes = tuple(ints(node, "axes")) if node.version >= 18 else ()
-    return mode, coord, nearest, axes, policy, int(legacy)
-
-
-def extras(node) -> tuple:
-    """(cubic_coeff_a, exclude_outside, extrapolation_value, antialias); ONNX's defaults before opset 11."""
-    if node.version < 11:
-        return -0.75, 0, 0.0, 0
-    return (float(node.attr("cubic_coeff_a", -0.75)), int(node.attr("exclude_outside", 0)),
-            float(node.attr("extrapolation_value", 0.0)), int(node.attr("antialias", 0)) if node.version >= 18 else 0)
-
-
-TEMPLATE = '''
+# --- kernel and helpers: plain numpy; the same source runs in compiled modules -----------------
 def _resize_plan(shape, scales, sizes, axes, policy):
     """Per axis (output size, scale) as onnxruntime computes them (float32 arithmetic)."""
     rank = len(shape)
-    axes = [int(a) + rank if int(a) < 0 else int(a) for a in axes] or list(range(rank))
+    along = [int(a) + rank if int(a) < 0 else int(a) for a in axes] or list(range(rank))
     out, scale = list(shape), [np.float32(1)] * rank
     if sizes is not None and len(sizes):
-        sizes = [int(s) for s in sizes]
+        asked = [int(s) for s in sizes]
         if policy != "stretch":
-            ratios = [np.float32(s) / np.float32(shape[a]) for s, a in zip(sizes, axes)]
+            ratios = [np.float32(s) / np.float32(shape[a]) for s, a in zip(asked, along)]
             common = min(ratios) if policy == "not_larger" else max(ratios)
-            sizes = [int(np.floor(common * np.float32(shape[a]) + np.float32(0.5))) for a in axes]
-            for a, s in zip(axes, sizes):
-                out[a], scale[a] = s, np.float32(common)
+            for a in along:
+                out[a], scale[a] = int(np.floor(common * np.float32(shape[a]) + np.float32(0.5))), np.float32(common)
         else:
-            for a, s in zip(axes, sizes):
+            for a, s in zip(along, asked):
                 out[a], scale[a] = s, np.float32(s) / np.float32(shape[a])
     else:
-        for a, s in zip(axes, scales):
+        for a, s in zip(along, scales):
             out[a], scale[a] = int(np.floor(np.float32(s) * np.float32(shape[a]))), np.float32(s)
     return out, scale
 
@@ -128,11 +88,11 @@ def _resize_roi(roi, rank, axes):
     pairs = [(0.0, 1.0)] * rank
     if roi is None or not np.size(roi):
         return pairs
-    roi = [float(v) for v in np.asarray(roi).reshape(-1)]
-    axes = [int(a) + rank if int(a) < 0 else int(a) for a in axes] or list(range(rank))
-    n = len(axes)
-    for i, a in enumerate(axes):
-        pairs[a] = (roi[i], roi[n + i])
+    box = [float(v) for v in np.asarray(roi).reshape(-1)]
+    along = [int(a) + rank if int(a) < 0 else int(a) for a in axes] or list(range(rank))
+    n = len(along)
+    for i, a in enumerate(along):
+        pairs[a] = (box[i], box[n + i])
     return pairs
 
 
@@ -167,11 +127,13 @@ def _resize_weights(coords, size_in, mode, scale, a, exclude, antialias):
     return np.clip(index, 0, size_in - 1), w
 
 
-def k_resize(x, roi, scales, sizes, mode, coord, nearest, axes, policy, a=-0.75, exclude=0, extrapolation=0.0,
-             antialias=0):
-    out, scale = _resize_plan(x.shape, scales, sizes, axes, policy)
+def k_resize(x, roi=None, scales=None, sizes=None, mode="nearest", coord="half_pixel", nearest="round_prefer_floor",
+             axes=(), policy="stretch", a=-0.75, exclude=0, extrapolation=0.0, antialias=0, legacy=False):
+    # opset 10 takes (X, scales): its second input arrives as ``roi``
+    box, factors, wanted = (None, roi, None) if legacy else (roi, scales, sizes)
+    out, scale = _resize_plan(x.shape, None if factors is None or not np.size(factors) else factors, wanted, axes, policy)
     crop = coord == "tf_crop_and_resize"
-    pairs = _resize_roi(roi, x.ndim, axes) if crop else None
+    pairs = _resize_roi(box, x.ndim, axes) if crop else None
     weighted = mode == "cubic" or antialias or crop
     y = x.astype(np.float64) if weighted and mode != "nearest" else x
     for axis in range(x.ndim):
@@ -204,10 +166,42 @@ def k_resize(x, roi, scales, sizes, mode, coord, nearest, axes, policy, a=-0.75,
         if outside is not None and outside.any():
             y = np.where(outside.reshape(shape), np.asarray(extrapolation).astype(y.dtype), y)
     return np.ascontiguousarray(y.astype(x.dtype, copy=False))
-'''
 
-k_resize = template_function(TEMPLATE, "k_resize")
-_plan = template_function(TEMPLATE, "_resize_plan")
+
+# --- inference and attributes -------------------------------------------------------------------
+def options(node) -> tuple:
+    """(mode, coordinate mode, nearest mode, axes, keep_aspect_ratio_policy, legacy) after validation."""
+    legacy = node.version < 11
+    mode = text(node, "mode", "nearest")
+    coord = "asymmetric" if legacy else text(node, "coordinate_transformation_mode", "half_pixel")
+    nearest = "simple" if legacy else text(node, "nearest_mode", "round_prefer_floor")
+    policy = text(node, "keep_aspect_ratio_policy", "stretch") if node.version >= 18 else "stretch"
+    coords = _COORDS + (("half_pixel_symmetric",) if node.version >= 19 else ())
+    modes = ("nearest", "linear") if legacy else ("nearest", "linear", "cubic")
+    problems = []
+    if mode not in modes:
+        problems.append(f"mode={mode!r} (supported: {', '.join(modes)})")
+    if coord not in coords + ("asymmetric",):
+        problems.append(f"coordinate_transformation_mode={coord!r} (supported: {', '.join(coords)})")
+    if nearest not in ("simple", "round_prefer_floor", "round_prefer_ceil", "floor", "ceil"):
+        problems.append(f"nearest_mode={nearest!r}")
+    if policy not in ("stretch", "not_larger", "not_smaller"):
+        problems.append(f"keep_aspect_ratio_policy={policy!r}")
+    antialias = int(node.attr("antialias", 0)) if node.version >= 18 else 0
+    if antialias and mode == "nearest":
+        problems.append("antialias=1 with mode='nearest' (antialias needs linear or cubic)")
+    if problems:
+        raise UnsupportedAttributeError(f"{node.describe()}: unsupported {'; '.join(problems)}")
+    axes = tuple(ints(node, "axes")) if node.version >= 18 else ()
+    return mode, coord, nearest, axes, policy, int(legacy)
+
+
+def extras(node) -> tuple:
+    """(cubic_coeff_a, exclude_outside, extrapolation_value, antialias); ONNX's defaults before opset 11."""
+    if node.version < 11:
+        return -0.75, 0, 0.0, 0
+    return (float(node.attr("cubic_coeff_a", -0.75)), int(node.attr("exclude_outside", 0)),
+            float(node.attr("extrapolation_value", 0.0)), int(node.attr("antialias", 0)) if node.version >= 18 else 0)
 
 
 def _inputs(node, consts):
@@ -223,7 +217,7 @@ def _inputs(node, consts):
     return scales, sizes
 
 
-def infer(node, inputs, consts=None):
+def _infer(node, inputs, consts=None):
     need(node, inputs, 2 if node.version < 11 else 1, optional=0 if node.version < 11 else 3)
     x = inputs[0]
     want_dtype(node, x, dtypes.FLOATS | ({"int8", "uint8", "int32", "int64"} if options(node)[0] == "nearest" else set()))
@@ -243,7 +237,7 @@ def infer(node, inputs, consts=None):
     static = [d if isinstance(d, int) else 1 for d in x.shape]
     plain = [1 if isinstance(v, str) else v for v in given] if sizes is not None else None
     _check_request(node, static, scales, plain, axes, policy)
-    out, _ = _plan(static, scales, plain, axes, policy)
+    out, _ = _resize_plan(static, scales, plain, axes, policy)
     shape = tuple(x.shape[a] if a in symbolic or a not in axes else out[a] for a in range(x.rank))
     if any(d == 0 for d in shape if isinstance(d, int)) and x.numel():
         raise ShapeInferenceError(f"{node.describe()}: output shape {list(shape)} has an empty axis")
@@ -285,22 +279,25 @@ def _check_request(node, static, scales, sizes, axes, policy) -> None:
             raise ShapeInferenceError(f"{node.describe()}: sizes {sizes} give more than {MAX_DIM} elements on an axis")
 
 
-def flops(node, inputs, outputs):
+def _flops(node, inputs, outputs):
     per = {"linear": 4, "cubic": 8}.get(text(node, "mode", "nearest"), 0)
     return per * outputs[0].numel() * max(1, inputs[0].rank - 2)
 
 
-def kernel(node, x, *rest):
+def _attrs(node):
     mode, coord, nearest, axes, policy, legacy = options(node)
-    roi, scales, sizes = (None, rest[0], None) if legacy else (list(rest) + [None] * 3)[:3]
-    scales = None if scales is None or not np.size(scales) else scales
-    return [k_resize(x, roi, scales, sizes, mode, coord, nearest, axes, policy, *extras(node))]
-
-
-def emit(node, args, outs):
-    mode, coord, nearest, axes, policy, legacy = options(node)
-    roi, scales, sizes = ("None", args[1], "None") if legacy else (arg(args, 1), arg(args, 2), arg(args, 3))
-    scales = f"(None if {scales} is None or not np.size({scales}) else {scales})"
     a, exclude, extrapolation, antialias = extras(node)
-    return (f"{outs[0]} = k_resize({args[0]}, {roi}, {scales}, {sizes}, {mode!r}, {coord!r}, {nearest!r}, "
-            f"{axes!r}, {policy!r}, {a!r}, {exclude!r}, {extrapolation!r}, {antialias!r})")
+    if not math.isfinite(extrapolation):
+        extrapolation = str(extrapolation)  # "nan", "inf": a literal the generated module can hold; numpy parses it
+    return {"mode": mode, "coord": coord, "nearest": nearest, "axes": axes, "policy": policy, "a": a,
+            "exclude": exclude, "extrapolation": extrapolation, "antialias": antialias, "legacy": bool(legacy)}
+
+
+OPS = (
+    OpDef("Resize", (10, 11, 13, 18, 19), _infer, k_resize, _flops, _attrs,
+          helpers=(_resize_plan, _resize_coords, _resize_nearest, _resize_roi, _resize_crop_coords, _resize_weights),
+          ATTRS={"antialias": INT, "axes": INTS, "coordinate_transformation_mode": STR, "cubic_coeff_a": FLOAT,
+                 "exclude_outside": INT, "extrapolation_value": FLOAT, "keep_aspect_ratio_policy": STR, "mode": STR,
+                 "nearest_mode": STR},
+          CONST_INPUTS=(1, 2, 3)),
+)

@@ -1,0 +1,224 @@
+"""Ops that rearrange a tensor without computing on it, one table row each (the op contract:
+``_contract.py``): Reshape, Flatten, Squeeze, Unsqueeze, Transpose, Expand, Shape.
+
+Parameters that are attributes at old opsets and inputs at newer ones (Squeeze/Unsqueeze axes
+from opset 13) reach the kernel as keywords (from ``attrs``) or as arguments (the input's value);
+the kernel is one function either way. Constant inputs the output shape depends on are listed in
+``CONST_INPUTS``; they may be symbolic shape vectors (``dtype=object`` arrays such as
+``["batch", -1]``, see ``_shape.py``). Symbols move with their axis.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from cuvil_edge.errors import ShapeInferenceError
+from cuvil_edge.ir.graph import TensorType
+from cuvil_edge.ir.ops._contract import OpDef
+from cuvil_edge.ir.ops._shape import attr_or_input, axes as norm_axes, dims_product, vector
+from cuvil_edge.ir.ops._util import INT, INTS, axis_index, broadcast, dim_product, ints, need
+
+
+# --- kernels: plain numpy; the same source runs in compiled modules ---------------------------
+def k_reshape(x, shape, allowzero):
+    dims = [int(s) for s in shape]
+    if not allowzero:  # 0 copies the input dim
+        dims = [x.shape[i] if s == 0 else s for i, s in enumerate(dims)]
+    return x.reshape(dims)
+
+
+def k_flatten(x, axis):
+    a = axis + x.ndim if axis < 0 else axis
+    left = int(np.prod(x.shape[:a], dtype=np.int64))
+    right = int(np.prod(x.shape[a:], dtype=np.int64))
+    return x.reshape(left, right)
+
+
+def k_squeeze(x, axes=None):
+    if axes is None or len(axes) == 0:
+        return np.squeeze(x)
+    return np.squeeze(x, axis=tuple(int(a) for a in axes))
+
+
+def k_unsqueeze(x, axes):
+    rank = x.ndim + len(axes)
+    at = sorted(int(a) + rank if int(a) < 0 else int(a) for a in axes)
+    return x.reshape(x.shape) if not at else np.expand_dims(x, tuple(at))
+
+
+def k_transpose(x, perm):
+    return np.ascontiguousarray(np.transpose(x, perm or None))
+
+
+def k_expand(x, shape):
+    out = np.broadcast_shapes(x.shape, tuple(int(d) for d in shape))
+    return np.array(np.broadcast_to(x, out))
+
+
+def k_shape(x, start, end):
+    return np.array(x.shape[start:end], dtype=np.int64)
+
+
+# --- Reshape ------------------------------------------------------------------------------------
+def _allowzero(node):
+    return int(node.attr("allowzero", 0)) if node.version >= 14 else 0
+
+
+def _target(node, x, shape):
+    allowzero = _allowzero(node)
+    out = []
+    for i, s in enumerate(shape):
+        if isinstance(s, str):
+            out.append(s)
+        elif s == 0 and not allowzero:
+            if i >= x.rank:
+                raise ShapeInferenceError(f"{node.describe()}: shape entry {i} is 0 but the input {x} has no axis {i}")
+            out.append(x.shape[i])
+        elif s < -1 or (s == -1 and None in out):
+            raise ShapeInferenceError(f"{node.describe()}: bad target shape {shape} (one -1 at most, no other negatives)")
+        else:
+            out.append(None if s == -1 else s)
+    return out
+
+
+def _infer_reshape(node, inputs, consts=None):
+    """0 copies the input dim (unless allowzero=1, opset >= 14) and one -1 takes what is left,
+    symbols included: (batch, 16, 4, 4) -> [-1, 256] is (batch, 256)."""
+    need(node, inputs, 2)
+    x, value = inputs[0], (consts or {}).get(1)
+    if value is None or value.dtype.kind not in "iO" or value.ndim != 1:
+        raise ShapeInferenceError(f"{node.describe()}: the shape input must be a 1-D int64 initializer or Constant")
+    shape = vector(node, consts, 1, "shape", symbols=True)
+    out = _target(node, x, shape)
+    in_size, in_syms = dims_product(x.shape)
+    out_size, out_syms = dims_product(d for d in out if d is not None)
+    left = in_syms - out_syms
+    if out_syms - in_syms:
+        raise ShapeInferenceError(f"{node.describe()}: target {out} names symbols the input {x} lacks")
+    if None in out:
+        if out_size == 0 or in_size % out_size or (left and (len(left) > 1 or in_size != out_size)):
+            raise ShapeInferenceError(
+                f"{node.describe()}: cannot resolve -1 reshaping {x} to {shape}; "
+                "the target hard-codes sizes that depend on a symbolic dim (fix that dim, or use 0 to copy it)")
+        out[out.index(None)] = next(iter(left)) if left else in_size // out_size
+    elif left or in_size != out_size:
+        raise ShapeInferenceError(f"{node.describe()}: cannot reshape {x} to {out}; element counts differ or depend on a symbol")
+    return [TensorType(x.dtype, tuple(out))]
+
+
+# --- Flatten, Transpose, Expand, Shape ---------------------------------------------------------
+def _infer_flatten(node, inputs):
+    """2-D (prod(shape[:axis]), prod(shape[axis:])); axis may be negative (opset >= 11)."""
+    need(node, inputs, 1)
+    x = inputs[0]
+    axis = axis_index(node, node.attr("axis", 1), x.rank, extra=1)
+    return [TensorType(x.dtype, (dim_product(node, x.shape[:axis]), dim_product(node, x.shape[axis:])))]
+
+
+def _perm(node, rank):
+    perm = ints(node, "perm") or list(reversed(range(rank)))
+    if sorted(perm) != list(range(rank)):
+        raise ShapeInferenceError(f"{node.describe()}: perm {perm} is not a permutation of 0..{rank - 1}")
+    return perm
+
+
+def _infer_transpose(node, inputs):
+    """Default perm: reverse the axes."""
+    need(node, inputs, 1)
+    x = inputs[0]
+    return [TensorType(x.dtype, tuple(x.shape[p] for p in _perm(node, x.rank)))]
+
+
+def _infer_expand(node, inputs, consts=None):
+    """Broadcast against the shape input in both directions (a 1 in the shape keeps the input dim)."""
+    need(node, inputs, 2)
+    shape = vector(node, consts, 1, "shape", symbols=True)
+    return [TensorType(inputs[0].dtype, broadcast(node, inputs[0].shape, shape))]
+
+
+def bounds(node, rank: int) -> tuple[int, int]:
+    """The clamped [start, end) of the dims a Shape node returns (from opset 15 start/end, negative
+    from the end)."""
+    start, end = _shape_attrs(node).values()
+    end = rank if end is None else end
+    start, end = (v + rank if v < 0 else v for v in (start, end))
+    return min(max(start, 0), rank), min(max(end, 0), rank)
+
+
+def _shape_attrs(node):
+    """start and end as given (Python slicing clamps them like ONNX); all dims before opset 15."""
+    if node.version < 15:
+        return {"start": 0, "end": None}
+    end = node.attr("end")
+    return {"start": int(node.attr("start", 0)), "end": None if end is None else int(end)}
+
+
+def _infer_shape(node, inputs):
+    need(node, inputs, 1)
+    start, end = bounds(node, inputs[0].rank)
+    return [TensorType("int64", (max(end - start, 0),))]
+
+
+# --- Squeeze, Unsqueeze ------------------------------------------------------------------------
+def _static_axes(node):
+    """The axes attribute before opset 13 (an input from 13)."""
+    axes = node.attr("axes") if node.version < 13 else None
+    return {} if axes is None else {"axes": tuple(int(a) for a in axes)}
+
+
+def _infer_squeeze(node, inputs, consts=None):
+    """Without axes, every size-1 axis (which a symbolic dim makes ambiguous)."""
+    need(node, inputs, 1, optional=1 if node.version >= 13 else 0)
+    x = inputs[0]
+    axes = attr_or_input(node, consts, "axes", 1, 13)
+    if not axes:
+        if x.symbols():
+            raise ShapeInferenceError(
+                f"{node.describe()}: without axes it squeezes every size-1 axis, but {x} has symbolic dims "
+                "that may or may not be 1; give axes explicitly")
+        return [TensorType(x.dtype, tuple(d for d in x.shape if d != 1))]
+    axes = norm_axes(node, axes, x.rank)
+    for a in axes:
+        if x.shape[a] != 1:
+            raise ShapeInferenceError(
+                f"{node.describe()}: axis {a} of {x} is {x.shape[a]!r}, not 1, so it cannot be squeezed"
+                + ("; fix that dim to 1" if isinstance(x.shape[a], str) else ""))
+    return [TensorType(x.dtype, tuple(d for i, d in enumerate(x.shape) if i not in axes))]
+
+
+def _infer_unsqueeze(node, inputs, consts=None):
+    """Axes index the output (negative from its end, opset >= 11)."""
+    need(node, inputs, 2 if node.version >= 13 else 1)
+    x = inputs[0]
+    axes = attr_or_input(node, consts, "axes", 1, 13, required=True)
+    if not axes:
+        raise ShapeInferenceError(f"{node.describe()} needs a non-empty 'axes'")
+    rank = x.rank + len(axes)
+    axes = set(norm_axes(node, axes, rank))
+    dims = iter(x.shape)
+    return [TensorType(x.dtype, tuple(1 if i in axes else next(dims) for i in range(rank)))]
+
+
+def _unsqueeze_attrs(node):
+    return {"axes": tuple(int(a) for a in node.attr("axes", ()))} if node.version < 13 else {}
+
+
+def _zero(node, inputs, outputs):
+    return 0
+
+
+OPS = (
+    OpDef("Reshape", (5, 13, 14, 19, 21), _infer_reshape, k_reshape, _zero,
+          lambda node: {"allowzero": _allowzero(node)}, ATTRS={"allowzero": INT}, CONST_INPUTS=(1,)),
+    OpDef("Flatten", (1, 9, 11, 13, 21), _infer_flatten, k_flatten, _zero,
+          lambda node: {"axis": int(node.attr("axis", 1))}, ATTRS={"axis": INT}),
+    OpDef("Squeeze", (1, 11, 13, 21, 23, 24, 25), _infer_squeeze, k_squeeze, _zero, _static_axes,
+          ATTRS={"axes": INTS}, CONST_INPUTS=(1,)),
+    OpDef("Unsqueeze", (1, 11, 13, 21, 23, 24, 25), _infer_unsqueeze, k_unsqueeze, _zero, _unsqueeze_attrs,
+          ATTRS={"axes": INTS}, CONST_INPUTS=(1,)),
+    OpDef("Transpose", (1, 13, 21, 23, 24, 25), _infer_transpose, k_transpose, _zero,
+          lambda node: {"perm": tuple(ints(node, "perm"))}, ATTRS={"perm": INTS}),
+    OpDef("Expand", (8, 13), _infer_expand, k_expand, _zero, CONST_INPUTS=(1,)),
+    OpDef("Shape", (1, 13, 15, 19, 21, 23, 24, 25), _infer_shape, k_shape, _zero, _shape_attrs,
+          ATTRS={"start": INT, "end": INT}),
+)
