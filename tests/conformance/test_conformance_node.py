@@ -46,6 +46,7 @@ EDGE_OPS = frozenset("""
     GatherElements GatherND ScatterElements ScatterND OneHot Tile Range TopK Hardmax Upsample Einsum
 """.split()) | frozenset("""
     RMSNormalization LpNormalization MeanVarianceNormalization Attention RotaryEmbedding
+    NonZero Compress Unique ReverseSequence EyeLike CenterCropPad
 """.split())  # issue 11, growing towards every default-domain op ONNX's node suite covers
 
 RTOL, ATOL = 1e-3, 1e-7
