@@ -498,3 +498,104 @@ def test_flops(id, op, opset, shapes, attrs, expected):
     node = Node("n0", op, tuple(v.name for v in inputs), ("y",), attrs, opset)
     graph = build_graph(id, inputs, ["y"], [node], {}, opset)
     assert ops.get(op).flops(node, [v.type for v in inputs], [graph.types["y"]]) == expected
+
+
+# --- issue 11: these ops are op-contract rows (one kernel, attrs() as keywords) ------------------
+
+MIGRATED = ("Add", "Sub", "Mul", "Div", "Pow", "Sum", "Equal", "Greater", "Less", "Not", "Where", "Tanh", "Exp", "Log",
+            "Sqrt", "Erf", "LeakyRelu", "HardSigmoid", "Clip", "ReduceMax", "ReduceMean", "ReduceSum", "Cast",
+            "Identity", "Dropout")
+
+
+def test_elementwise_ops_are_table_rows():
+    from cuvil_edge.ir.ops._contract import OpDef
+
+    assert [op for op in MIGRATED if not isinstance(ops.get(op), OpDef)] == []
+
+
+EMITS = [
+    # id, op, opset, node inputs, node outputs, attrs, the call a compiled module makes (unspecialised)
+    ("cast", "Cast", 13, ("x",), ("y",), {"to": 10}, "v9 = k_cast(v0, to='float16')"),
+    ("leakyrelu", "LeakyRelu", 16, ("x",), ("y",), {"alpha": 0.2}, "v9 = k_leaky_relu(v0, alpha=0.2)"),
+    ("hardsigmoid_defaults", "HardSigmoid", 6, ("x",), ("y",), {}, "v9 = k_hard_sigmoid(v0, alpha=0.2, beta=0.5)"),
+    ("clip_attributes", "Clip", 7, ("x",), ("y",), {"min": -0.5},
+     "v9 = k_clip(v0, lo=-0.5, hi=3.4028234663852886e+38)"),
+    ("clip_max_input_only", "Clip", 13, ("x", "", "b"), ("y",), {}, "v9 = k_clip(v0, None, v2)"),
+    ("reduce_sum_axes_attribute", "ReduceSum", 11, ("x",), ("y",), {"axes": [1], "keepdims": 0},
+     "v9 = k_reduce_sum(v0, keepdims=False, noop=0, axes=(1,))"),
+    ("reduce_sum_axes_input", "ReduceSum", 13, ("x", "a"), ("y",), {"noop_with_empty_axes": 1},
+     "v9 = k_reduce_sum(v0, v1, keepdims=True, noop=1)"),
+    ("reduce_max_axes_attribute_opset13", "ReduceMax", 13, ("x",), ("y",), {"axes": [-1]},
+     "v9 = k_reduce_max(v0, keepdims=True, noop=0, axes=(-1,))"),
+    ("reduce_mean_no_axes_opset18", "ReduceMean", 18, ("x",), ("y",), {}, "v9 = k_reduce_mean(v0, keepdims=True, noop=0)"),
+    ("sum_three", "Sum", 13, ("x", "a", "b"), ("y",), {}, "v9 = k_sum(v0, v1, v2)"),
+    ("where", "Where", 16, ("x", "a", "b"), ("y",), {}, "v9 = k_where(v0, v1, v2)"),
+    ("dropout", "Dropout", 13, ("x",), ("y",), {}, "v9 = k_dropout(v0, mask='none')"),
+    ("dropout_mask_opset10", "Dropout", 10, ("x",), ("y", "m"), {"ratio": 0.3}, "v9, v8 = k_dropout(v0, mask='false')"),
+]
+
+
+@pytest.mark.parametrize("id,op,opset,inputs,outputs,attrs,expected", EMITS, ids=[e[0] for e in EMITS])
+def test_emitted_calls_name_their_attributes(id, op, opset, inputs, outputs, attrs, expected):
+    node = Node("n0", op, inputs, outputs, attrs, opset)
+    args = ["v0", "" if not inputs[1:2] or not inputs[1] else "v1", "v2"][:len(inputs)]
+    assert ops.get(op).emit(node, args, ["v9", "v8"][:len(outputs)]) == expected
+
+
+def _literal(value) -> bool:
+    if isinstance(value, tuple):
+        return all(_literal(v) for v in value)
+    return value is None or type(value) in (int, float, bool, str)
+
+
+#: One node per attribute branch of the migrated ops (attribute before / input after an opset...).
+ATTR_NODES = [
+    Node("n0", "Cast", ("x",), ("y",), {"to": 7}, 13),
+    Node("n0", "LeakyRelu", ("x",), ("y",), {"alpha": 0.1}, 6),
+    Node("n0", "HardSigmoid", ("x",), ("y",), {"alpha": 0.3, "beta": 0.4}, 22),
+    Node("n0", "Clip", ("x",), ("y",), {"min": np.float32(-1.0), "max": 2}, 6),
+    Node("n0", "Clip", ("x", "lo", "hi"), ("y",), {}, 13),
+    *(Node("n0", op, ("x",), ("y",), {"axes": [0, -1], "keepdims": np.int64(0)}, 11)
+      for op in ("ReduceMax", "ReduceMean", "ReduceSum")),
+    *(Node("n0", op, ("x", "a"), ("y",), {"noop_with_empty_axes": 1}, 18) for op in ("ReduceMax", "ReduceMean")),
+    Node("n0", "ReduceSum", ("x", "a"), ("y",), {"noop_with_empty_axes": 1}, 13),
+    *(Node("n0", "Dropout", ("x",), outputs, {}, opset) for outputs in (("y",), ("y", ""), ("y", "m"))
+      for opset in (7, 10, 12)),
+]
+
+
+@pytest.mark.parametrize("node", ATTR_NODES, ids=lambda n: f"{n.op_type}_opset{n.version}_{len(n.inputs)}in")
+def test_attrs_are_literals_the_kernel_never_rebinds(node):
+    """The code generator substitutes attrs() values into the kernel body (op contract rules 1, 2)."""
+    import ast
+
+    from cuvil_edge.ir.ops._contract import source_of
+
+    op = ops.get(node.op_type)
+    values = op.attrs(node)
+    assert all(_literal(v) for v in values.values()), values
+    tree = ast.parse(source_of(op.fn))
+    rebound = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load)}
+    assert not rebound & set(values), rebound & set(values)
+
+
+@pytest.mark.parametrize("opset,outputs,mask", [
+    (7, ("y", "m"), np.zeros(3, np.float32)), (10, ("y", "m"), np.zeros(3, BOOL)), (12, ("y", "m"), np.ones(3, BOOL)),
+    (13, ("y", ""), None), (13, ("y",), "absent"),
+], ids=["zeros_opset7", "false_opset10", "true_opset12", "declared_unnamed", "no_mask_output"])
+def test_dropout_mask_follows_the_opset_and_the_declared_outputs(opset, outputs, mask):
+    # prepare
+    node = Node("n0", "Dropout", ("x",), outputs, {}, opset)
+    x = arr(1.5, -2.0, 3.0)
+    dropout = ops.get("Dropout")
+    # act
+    interpreted = dropout.kernel(node, x)
+    compiled = run_template(dropout, node, {"x": x}, {})
+    # assert
+    for got in (interpreted, compiled):
+        assert len(got) == len(outputs) and got[0] is x
+        if mask is None:
+            assert got[1] is None
+        elif not isinstance(mask, str):
+            assert got[1].dtype == mask.dtype
+            np.testing.assert_array_equal(got[1], mask)

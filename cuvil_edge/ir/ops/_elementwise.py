@@ -1,5 +1,5 @@
 """Helpers shared by the elementwise op modules: per-version dtype tables,
-n-way broadcasting, unary/binary inference, costs, and the erf template.
+n-way broadcasting, unary/binary inference, costs, and the kernels' helpers ``_erf64`` and ``_wide``.
 
 A *dtype table* is a tuple of ``(since_version, dtypes)`` pairs in ascending
 order, copied from the ONNX schemas' type constraints (restricted to the dtypes
@@ -15,7 +15,6 @@ import numpy as np
 from cuvil_edge.errors import UnsupportedAttributeError
 from cuvil_edge.ir import dtypes
 from cuvil_edge.ir.graph import Dim, Node, TensorType
-from cuvil_edge.ir.ops._contract import source_of
 from cuvil_edge.ir.ops._util import broadcast, need, same_dtype
 
 FLOATS = dtypes.FLOATS
@@ -75,8 +74,7 @@ def infer_binary(node: Node, inputs, table, out_dtype: str | None = None) -> lis
     return [TensorType(out_dtype or dtype, broadcast(node, inputs[0].shape, inputs[1].shape))]
 
 
-#: ``_erf64`` and ``_wide`` are real functions (the op contract's kernels list them as helpers);
-#: their sources are also the ``*_TEMPLATE`` strings older op modules paste.
+#: ``_erf64`` and ``_wide`` are real functions; the op contract's kernels list them as helpers.
 #: W. J. Cody's rational Chebyshev approximations (SPECFUN CALERF, 1969/1990),
 #: evaluated in float64: relative error below 1e-15 on the whole real line, so
 #: float32/float16 results are correctly rounded except at ties.
@@ -111,12 +109,8 @@ def _erf64(x):
         return np.where(y <= 0.46875, small, np.where(x < 0, -large, large))
 
 
-ERF_TEMPLATE = source_of(_erf64) + "\n"
-
 #: float16 is computed in float32 and rounded once at the end (as onnxruntime's
 #: CPU kernels do), so fp16 results stay within one rounding of the exact value.
 def _wide(x):
     return x.astype(np.float32) if x.dtype == np.float16 else x
 
-
-WIDE_TEMPLATE = source_of(_wide) + "\n"

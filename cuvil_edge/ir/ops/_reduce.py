@@ -1,4 +1,4 @@
-"""Shared logic of ReduceMean / ReduceSum / ReduceMax (private: the name starts with ``_``).
+"""Shared logic of the reductions in ``reduce.py`` (private: the name starts with ``_``).
 
 ``axes`` is an attribute before the opset where it became input 1 (``since``);
 keepdims (default 1) keeps reduced axes as 1; from that opset an empty or absent
@@ -10,25 +10,23 @@ from __future__ import annotations
 from cuvil_edge.errors import ShapeInferenceError
 from cuvil_edge.ir import dtypes
 from cuvil_edge.ir.graph import TensorType
-from cuvil_edge.ir.ops._contract import source_of
 from cuvil_edge.ir.ops._shape import attr_or_input, axes as norm_axes
 from cuvil_edge.ir.ops._util import INT, INTS, need, want_dtype
 
 ATTRS = {"axes": INTS, "keepdims": INT, "noop_with_empty_axes": INT}
 NUMBERS = dtypes.FLOATS | {"int32", "int64", "uint32", "uint64", "int8", "uint8"}
 
+
 def _reduce_axes(x, axes, noop):
+    """The kernels' helper: the axes to reduce (non-negative), or None for the identity (noop)."""
     if axes is None or len(axes) == 0:
         return None if noop else tuple(range(x.ndim))
     return tuple(int(a) + x.ndim if int(a) < 0 else int(a) for a in axes)
 
 
-TEMPLATE = source_of(_reduce_axes) + "\n"
-
-
 def attrs(node, since: int) -> dict:
     """The static attributes of a reduction (op contract): keepdims, noop, and axes while it is an attribute."""
-    out = {"keepdims": int(node.attr("keepdims", 1)), "noop": noop(node, since)}
+    out = {"keepdims": bool(int(node.attr("keepdims", 1))), "noop": noop(node, since)}
     if node.version < since:
         out["axes"] = static_axes(node, since)
     return out
@@ -63,18 +61,3 @@ def infer(node, inputs, consts, since: int, allowed=NUMBERS):
         [d for i, d in enumerate(x.shape) if i not in axes]
     return [TensorType(x.dtype, tuple(shape))]
 
-
-def flops(node, inputs, outputs):
-    return inputs[0].numel()
-
-
-def emit(name, node, args, outs, since: int):
-    axes = static_axes(node, since)
-    source = args[1] if len(args) > 1 and args[1] else repr(axes)
-    return f"{outs[0]} = {name}({args[0]}, {source}, {int(node.attr('keepdims', 1))}, {noop(node, since)})"
-
-
-def kernel(function, node, x, axes, since: int):
-    if node.version < since:
-        axes = static_axes(node, since)
-    return [function(x, axes, int(node.attr("keepdims", 1)), noop(node, since))]

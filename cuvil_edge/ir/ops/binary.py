@@ -1,6 +1,10 @@
 """Elementwise ops of two or more inputs with numpy (multidirectional) broadcasting, one table row
-each (the op contract: ``_contract.py``): Min, Max, Mean, Mod, And, Or, Xor, the bitwise ops,
-BitShift and PRelu.
+each (the op contract: ``_contract.py``): the arithmetic Add, Sub, Mul, Div, Pow; the variadic Sum,
+Min, Max, Mean; the comparisons Equal, Greater, Less (bool output); Where (three inputs); Mod, And,
+Or, Xor, the bitwise ops, BitShift and PRelu.
+
+Integer arithmetic wraps (two's complement, as onnxruntime); integer Div truncates toward zero as C
+does (-7 / 2 = -3); float division by zero gives inf or NaN. Comparisons with NaN are False.
 """
 
 from __future__ import annotations
@@ -10,14 +14,69 @@ import numpy as np
 from cuvil_edge.errors import ShapeInferenceError, UnsupportedAttributeError
 from cuvil_edge.ir.graph import TensorType
 from cuvil_edge.ir.ops._contract import OpDef, per_element
-from cuvil_edge.ir.ops._elementwise import FLOATS, INTS, broadcast_all, infer_binary, infer_unary, want
-from cuvil_edge.ir.ops._util import INT, STR, choice, need, same_dtype
+from cuvil_edge.ir.ops._elementwise import (ALL, ARITH_14, ARITH_OLD, FLOATS, INTS, TRANSCENDENTAL, broadcast_all,
+                                            infer_binary, infer_unary, want)
+from cuvil_edge.ir.ops._util import INT, STR, broadcast, choice, need, same_dtype
 
 NUMERIC = FLOATS | INTS
 UNSIGNED = frozenset({"uint8", "uint16", "uint32", "uint64"})
 
 
 # --- kernels ----------------------------------------------------------------------------------
+def k_add(a, b):
+    return np.asarray(np.add(a, b))
+
+
+def k_sub(a, b):
+    with np.errstate(all="ignore"):
+        return np.asarray(np.subtract(a, b))
+
+
+def k_mul(a, b):
+    return np.asarray(np.multiply(a, b))
+
+
+def k_div(a, b):
+    with np.errstate(all="ignore"):
+        if a.dtype.kind == "f":
+            return np.asarray(np.divide(a, b))
+        q = np.floor_divide(a, b)
+        if a.dtype.kind == "i":  # floor to truncation: +1 where the signs differ and b does not divide a
+            q = q + ((np.remainder(a, b) != 0) & ((a < 0) != (b < 0))).astype(q.dtype)
+        return np.asarray(q)
+
+
+def k_pow(x, y):
+    # C's pow on doubles, converted to x's dtype (integers truncate toward zero: 2 ** -1 = 0), as onnxruntime
+    with np.errstate(all="ignore"):
+        z = np.power(np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64))
+        return np.asarray(z.astype(x.dtype))
+
+
+def k_sum(*xs):
+    y = xs[0]
+    with np.errstate(all="ignore"):
+        for x in xs[1:]:  # left to right
+            y = np.add(y, x)
+    return np.asarray(y)
+
+
+def k_equal(a, b):
+    return np.asarray(np.equal(a, b))
+
+
+def k_greater(a, b):
+    return np.asarray(np.greater(a, b))
+
+
+def k_less(a, b):
+    return np.asarray(np.less(a, b))
+
+
+def k_where(condition, x, y):
+    return np.asarray(np.where(condition, x, y))
+
+
 def k_min(*xs):
     out = xs[0]
     for x in xs[1:]:
@@ -92,12 +151,16 @@ def k_prelu(x, slope, per_channel):
 
 
 # --- inference --------------------------------------------------------------------------------
-def _variadic(table):
+def _variadic(table, broadcast_since=None):
+    """One or more same-dtype inputs, broadcast (from opset ``broadcast_since``: before it, one shape)."""
     def infer(node, inputs):
         if not inputs or any(t is None for t in inputs):
             raise ShapeInferenceError(f"{node.describe()} needs at least one input, none absent")
         dtype = same_dtype(node, inputs)
         want(node, inputs[0], table)
+        if broadcast_since and node.version < broadcast_since and len({t.shape for t in inputs}) > 1:
+            raise ShapeInferenceError(f"{node.describe()} at opset {node.version} needs inputs of one shape, "
+                                      f"got {[str(t) for t in inputs]}; broadcasting needs opset {broadcast_since}")
         return [TensorType(dtype, broadcast_all(node, [t.shape for t in inputs]))]
     return infer
 
@@ -106,6 +169,33 @@ def _binary(table, out_dtype=None):
     def infer(node, inputs):
         return infer_binary(node, inputs, table, out_dtype)
     return infer
+
+
+def _compare(table):
+    """The comparison family: two same-dtype inputs, broadcast; a bool output."""
+    return _binary(table, out_dtype="bool")
+
+
+def _infer_pow(node, inputs):
+    """Opset 7: float base and exponent of one dtype; 12: int32/int64 base, any int or float exponent."""
+    need(node, inputs, 2)
+    if node.version < 12:
+        same_dtype(node, inputs)
+    want(node, inputs[0], ((7, FLOATS), (12, FLOATS | {"int32", "int64"})), "base")
+    want(node, inputs[1], ((7, FLOATS), (12, FLOATS | INTS)), "exponent")
+    return [TensorType(inputs[0].dtype, broadcast(node, inputs[0].shape, inputs[1].shape))]
+
+
+def _infer_where(node, inputs):
+    need(node, inputs, 3)
+    want(node, inputs[0], _BOOL_9, "condition")
+    dtype = same_dtype(node, inputs[1:])
+    want(node, inputs[1], ((9, ALL),))
+    return [TensorType(dtype, broadcast_all(node, [t.shape for t in inputs]))]
+
+
+def _sum_flops(node, inputs, outputs):
+    return (len(inputs) - 1) * outputs[0].numel()
 
 
 def _infer_mod(node, inputs):
@@ -132,9 +222,27 @@ def _shift_attrs(node):
 
 
 _BOOL = ((7, frozenset({"bool"})),)
+_BOOL_9 = ((9, frozenset({"bool"})),)
 _BITS = ((18, INTS),)
+#: Add/Sub/Mul/Div: 13 adds bfloat16 (not an IR dtype); 14 adds int8/int16/uint8/uint16.
+_ARITH = ((7, ARITH_OLD), (14, ARITH_14))
+_ORDERED = ((7, FLOATS), (9, FLOATS | INTS))  # Greater/Less: 9 adds integers, 13 bfloat16
 
 OPS = (
+    OpDef("Add", (7, 13, 14), _binary(_ARITH), k_add, per_element(1)),
+    OpDef("Sub", (7, 13, 14), _binary(_ARITH), k_sub, per_element(1)),
+    OpDef("Mul", (7, 13, 14), _binary(_ARITH), k_mul, per_element(1)),
+    OpDef("Div", (7, 13, 14), _binary(_ARITH), k_div, per_element(1)),
+    # 13, 15: bfloat16 only; exp(y * log(x)): two transcendentals
+    OpDef("Pow", (7, 12, 13, 15), _infer_pow, k_pow, per_element(2 * TRANSCENDENTAL)),
+    # 6: inputs of one shape, 8: broadcast, 13: bfloat16 only; N inputs: N - 1 additions per element
+    OpDef("Sum", (6, 8, 13), _variadic(((6, FLOATS),), broadcast_since=8), k_sum, _sum_flops),
+    # Equal: 7 bool/int32/int64, 11 all, 13 bfloat16 and 19 string (not IR dtypes)
+    OpDef("Equal", (7, 11, 13, 19), _compare(((7, frozenset({"bool", "int32", "int64"})), (11, ALL))), k_equal,
+          per_element(1)),
+    OpDef("Greater", (7, 9, 13), _compare(_ORDERED), k_greater, per_element(1)),
+    OpDef("Less", (7, 9, 13), _compare(_ORDERED), k_less, per_element(1)),
+    OpDef("Where", (9, 16), _infer_where, k_where, per_element(1)),  # 16 adds bfloat16 only
     OpDef("Min", (6, 8, 12, 13), _variadic(((6, FLOATS), (12, NUMERIC))), k_min, per_element(1)),
     OpDef("Max", (6, 8, 12, 13), _variadic(((6, FLOATS), (12, NUMERIC))), k_max, per_element(1)),
     OpDef("Mean", (6, 8, 13), _variadic(((6, FLOATS),)), k_mean, per_element(1)),

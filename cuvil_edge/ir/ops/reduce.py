@@ -1,10 +1,13 @@
-"""Reductions over ``axes``, one table row each (the op contract: ``_contract.py``): ReduceMin,
-ReduceProd, ReduceL1, ReduceL2, ReduceSumSquare, ReduceLogSum, ReduceLogSumExp.
+"""Reductions over ``axes``, one table row each (the op contract: ``_contract.py``): ReduceMax,
+ReduceMean, ReduceSum, ReduceMin, ReduceProd, ReduceL1, ReduceL2, ReduceSumSquare, ReduceLogSum,
+ReduceLogSumExp.
 
-``axes`` is an attribute before opset 18 and input 1 from then on; an empty or absent axes
-reduces every axis unless noop_with_empty_axes=1 (shared rules: ``_reduce.py``). Reducing an
-empty set gives the reduction's identity, as ONNX defines it (+inf / the dtype's maximum / True
-for ReduceMin, 1 for ReduceProd, 0 for the sums, -inf for the logarithms).
+``axes`` is an attribute before opset 18 (ReduceSum: 13) and input 1 from then on; an empty or
+absent axes reduces every axis unless noop_with_empty_axes=1 (shared rules: ``_reduce.py``).
+Reducing an empty set gives the reduction's identity, as ONNX defines it (-inf / the dtype's
+minimum / False for ReduceMax, +inf / the dtype's maximum / True for ReduceMin, 1 for ReduceProd,
+0 for the sums, -inf for the logarithms). ReduceMean of integers is the mean truncated to the
+input dtype.
 """
 
 from __future__ import annotations
@@ -17,83 +20,112 @@ from cuvil_edge.ir.ops._contract import OpDef
 from cuvil_edge.ir.ops._elementwise import TRANSCENDENTAL
 from cuvil_edge.ir.ops._reduce import _reduce_axes
 
+#: The opset from which ``axes`` is input 1 (ReduceSum's changed at 13).
 _SINCE = 18
 
 
-def k_reduce_min(x, axes=None, keepdims=1, noop=0):
-    axes = _reduce_axes(x, axes, noop)
-    if axes is None:
-        return x.copy()
-    high = np.inf if x.dtype.kind == "f" else True if x.dtype.kind == "b" else np.iinfo(x.dtype).max
-    return np.asarray(np.min(x, axis=axes, keepdims=bool(keepdims), initial=high)).astype(x.dtype)
-
-
-def k_reduce_prod(x, axes=None, keepdims=1, noop=0):
-    axes = _reduce_axes(x, axes, noop)
-    if axes is None:
-        return x.copy()
-    return np.asarray(np.prod(x, axis=axes, keepdims=bool(keepdims), dtype=x.dtype))
-
-
-def k_reduce_l1(x, axes=None, keepdims=1, noop=0):
-    axes = _reduce_axes(x, axes, noop)
-    if axes is None:
-        return np.abs(x)
-    return np.asarray(np.sum(np.abs(x), axis=axes, keepdims=bool(keepdims), dtype=x.dtype))
-
-
-def k_reduce_l2(x, axes=None, keepdims=1, noop=0):
-    axes = _reduce_axes(x, axes, noop)
-    w = x.astype(np.float32) if x.dtype == np.float16 else x
-    if axes is None:
-        return np.abs(x)
-    return np.asarray(np.sqrt(np.sum(np.square(w), axis=axes, keepdims=bool(keepdims)))).astype(x.dtype)
-
-
-def k_reduce_sum_square(x, axes=None, keepdims=1, noop=0):
-    axes = _reduce_axes(x, axes, noop)
-    if axes is None:
-        return np.square(x)
-    return np.asarray(np.sum(np.square(x), axis=axes, keepdims=bool(keepdims), dtype=x.dtype))
-
-
-def k_reduce_log_sum(x, axes=None, keepdims=1, noop=0):
-    axes = _reduce_axes(x, axes, noop)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        if axes is None:
-            return np.log(x)
-        return np.asarray(np.log(np.sum(x, axis=axes, keepdims=bool(keepdims), dtype=x.dtype)))
-
-
-def k_reduce_log_sum_exp(x, axes=None, keepdims=1, noop=0):
-    axes = _reduce_axes(x, axes, noop)
-    if axes is None:
+def k_reduce_max(x, axes=None, keepdims=True, noop=0):
+    dims = _reduce_axes(x, axes, noop)
+    if dims is None:
         return x.copy()
     if x.size == 0:
-        return np.asarray(np.sum(x, axis=axes, keepdims=bool(keepdims)) - np.inf).astype(x.dtype)
+        low = -np.inf if x.dtype.kind == "f" else False if x.dtype.kind == "b" else np.iinfo(x.dtype).min
+        return np.asarray(np.max(x, axis=dims, keepdims=keepdims, initial=low)).astype(x.dtype)
+    return np.asarray(x.max(axis=dims, keepdims=keepdims))
+
+
+def k_reduce_mean(x, axes=None, keepdims=True, noop=0):
+    dims = _reduce_axes(x, axes, noop)
+    if dims is None:
+        return x.copy()
+    y = x.mean(axis=dims, keepdims=keepdims, dtype=np.float64 if x.dtype.kind != "f" else None)
+    return np.asarray(y).astype(x.dtype)
+
+
+def k_reduce_sum(x, axes=None, keepdims=True, noop=0):
+    dims = _reduce_axes(x, axes, noop)
+    if dims is None:
+        return x.copy()
+    return np.asarray(x.sum(axis=dims, keepdims=keepdims, dtype=x.dtype))
+
+
+def k_reduce_min(x, axes=None, keepdims=True, noop=0):
+    dims = _reduce_axes(x, axes, noop)
+    if dims is None:
+        return x.copy()
+    high = np.inf if x.dtype.kind == "f" else True if x.dtype.kind == "b" else np.iinfo(x.dtype).max
+    return np.asarray(np.min(x, axis=dims, keepdims=keepdims, initial=high)).astype(x.dtype)
+
+
+def k_reduce_prod(x, axes=None, keepdims=True, noop=0):
+    dims = _reduce_axes(x, axes, noop)
+    if dims is None:
+        return x.copy()
+    return np.asarray(np.prod(x, axis=dims, keepdims=keepdims, dtype=x.dtype))
+
+
+def k_reduce_l1(x, axes=None, keepdims=True, noop=0):
+    dims = _reduce_axes(x, axes, noop)
+    if dims is None:
+        return np.abs(x)
+    return np.asarray(np.sum(np.abs(x), axis=dims, keepdims=keepdims, dtype=x.dtype))
+
+
+def k_reduce_l2(x, axes=None, keepdims=True, noop=0):
+    dims = _reduce_axes(x, axes, noop)
     w = x.astype(np.float32) if x.dtype == np.float16 else x
-    top = np.max(np.where(np.isinf(w), -np.inf, w), axis=axes, keepdims=True)
+    if dims is None:
+        return np.abs(x)
+    return np.asarray(np.sqrt(np.sum(np.square(w), axis=dims, keepdims=keepdims))).astype(x.dtype)
+
+
+def k_reduce_sum_square(x, axes=None, keepdims=True, noop=0):
+    dims = _reduce_axes(x, axes, noop)
+    if dims is None:
+        return np.square(x)
+    return np.asarray(np.sum(np.square(x), axis=dims, keepdims=keepdims, dtype=x.dtype))
+
+
+def k_reduce_log_sum(x, axes=None, keepdims=True, noop=0):
+    dims = _reduce_axes(x, axes, noop)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        if dims is None:
+            return np.log(x)
+        return np.asarray(np.log(np.sum(x, axis=dims, keepdims=keepdims, dtype=x.dtype)))
+
+
+def k_reduce_log_sum_exp(x, axes=None, keepdims=True, noop=0):
+    dims = _reduce_axes(x, axes, noop)
+    if dims is None:
+        return x.copy()
+    if x.size == 0:
+        return np.asarray(np.sum(x, axis=dims, keepdims=keepdims) - np.inf).astype(x.dtype)
+    w = x.astype(np.float32) if x.dtype == np.float16 else x
+    top = np.max(np.where(np.isinf(w), -np.inf, w), axis=dims, keepdims=True)
     top = np.where(np.isfinite(top), top, 0)  # all -inf (or inf) along an axis: no shift
     with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
-        out = np.log(np.sum(np.exp(w - top), axis=axes, keepdims=True)) + top
+        out = np.log(np.sum(np.exp(w - top), axis=dims, keepdims=True)) + top
     if not keepdims:
-        out = np.squeeze(out, axis=axes)
+        out = np.squeeze(out, axis=dims)
     return np.asarray(out).astype(x.dtype)
 
 
-def _row(op_type, fn, versions, allowed, cost=1) -> OpDef:
+def _row(op_type, fn, versions, allowed, cost=1, since=_SINCE) -> OpDef:
     def infer(node, inputs, consts=None):
-        return _reduce.infer(node, inputs, consts, _SINCE, allowed=allowed)
+        return _reduce.infer(node, inputs, consts, since, allowed=allowed)
 
     def flops(node, inputs, outputs):
         return cost * inputs[0].numel()
 
-    return OpDef(op_type, versions, infer, fn, flops, lambda node: _reduce.attrs(node, _SINCE),
+    return OpDef(op_type, versions, infer, fn, flops, lambda node: _reduce.attrs(node, since),
                  helpers=(_reduce_axes,), ATTRS=_reduce.ATTRS, CONST_INPUTS=(1,))
 
 
 _NUMBERS = _reduce.NUMBERS
 OPS = (
+    _row("ReduceMax", k_reduce_max, (1, 11, 12, 13, 18, 20), _NUMBERS | {"bool"}),  # 20: bool
+    _row("ReduceMean", k_reduce_mean, (1, 11, 13, 18), _NUMBERS),
+    _row("ReduceSum", k_reduce_sum, (1, 11, 13), _NUMBERS, since=13),
     _row("ReduceMin", k_reduce_min, (1, 11, 12, 13, 18, 20), _NUMBERS | {"bool"}),
     _row("ReduceProd", k_reduce_prod, (1, 11, 13, 18), _NUMBERS),
     _row("ReduceL1", k_reduce_l1, (1, 11, 13, 18), _NUMBERS, 2),

@@ -1,20 +1,26 @@
-"""Elementwise unary ops, one table row each (the op contract: ``_contract.py``).
+"""Elementwise unary ops, one table row each (the op contract: ``_contract.py``), and the
+one-tensor ops with optional extras: Cast (``to``), Clip (bounds: attributes before opset 11,
+optional inputs from it) and Dropout (inference only; the optional mask output).
 
 Each kernel is the numpy function compiled modules run; results keep the input's dtype (float16
-is computed by numpy's float32 loops and rounded once). Attribute defaults are ONNX's, as float32
-values where the schema stores floats. ``VERSIONS`` lists every opset at which the schema changed;
-here the later ones (13, 22) only add bfloat16, which the IR does not have, so no row branches on
-the version.
+is computed by numpy's float32 loops, or in float32 by ``_wide``, and rounded once). Attribute
+defaults are ONNX's, as float32 values where the schema stores floats (LeakyRelu's and
+HardSigmoid's are the Python floats older modules used: the same float32 after numpy's weak-scalar
+rule). ``VERSIONS`` lists every opset at which the schema changed; where a later one only adds
+bfloat16 / float8 / strings (not IR dtypes) the row does not branch on it.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from cuvil_edge.errors import ShapeInferenceError, UnsupportedAttributeError
+from cuvil_edge.ir import dtypes
 from cuvil_edge.ir.graph import TensorType
 from cuvil_edge.ir.ops._contract import OpDef, no_attrs, per_element
-from cuvil_edge.ir.ops._elementwise import ERF, FLOATS, INTS, SIGNED, TRANSCENDENTAL, _erf64, _wide, infer_unary
-from cuvil_edge.ir.ops._util import FLOAT, INT, STR, choice
+from cuvil_edge.ir.ops._elementwise import (ALL, ERF, FLOATS, INTS, SIGNED, TRANSCENDENTAL, _erf64, _wide, infer_unary,
+                                            want)
+from cuvil_edge.ir.ops._util import FLOAT, INT, STR, choice, need, same_dtype
 
 NUMERIC = FLOATS | INTS
 
@@ -43,6 +49,77 @@ def k_gelu(x, tanh):
         else:
             y = 0.5 * w * (1.0 + _erf64(w * 0.7071067811865476))
         return np.asarray(y.astype(x.dtype))
+
+
+def k_tanh(x):
+    with np.errstate(all="ignore"):
+        return np.asarray(np.tanh(x))
+
+
+def k_exp(x):
+    with np.errstate(all="ignore"):  # overflow gives inf, as onnxruntime
+        return np.asarray(np.exp(x))
+
+
+def k_log(x):
+    with np.errstate(all="ignore"):  # negative gives NaN, 0 gives -inf, as onnxruntime
+        return np.asarray(np.log(x))
+
+
+def k_sqrt(x):
+    with np.errstate(all="ignore"):  # negative gives NaN, as onnxruntime
+        return np.asarray(np.sqrt(x))
+
+
+def k_erf(x):
+    # Cody's approximation in float64 rounded once to x's dtype (integers, opset 9: truncated, as ONNX's reference)
+    return np.asarray(_erf64(x).astype(x.dtype))
+
+
+def k_leaky_relu(x, alpha):
+    w = _wide(x)
+    return np.asarray(np.where(w >= 0, w, w * alpha).astype(x.dtype))
+
+
+def k_hard_sigmoid(x, alpha, beta):
+    w = _wide(x)
+    return np.asarray(np.minimum(np.maximum(w * alpha + beta, 0), 1).astype(x.dtype))
+
+
+def k_not(x):
+    return np.asarray(np.logical_not(x))
+
+
+def k_identity(x):
+    return x  # the same array: kernels never write into their inputs
+
+
+def k_cast(x, to):
+    # floats to ints truncate toward zero; to bool is != 0 (NaN is True); narrowing rounds to nearest even
+    with np.errstate(all="ignore"):
+        return np.asarray(x.astype(to))
+
+
+def k_clip(x, lo=None, hi=None):
+    # lo/hi: the min/max inputs (opset 11+), or the attributes before; None: unbounded. min > max gives max
+    y = x
+    with np.errstate(all="ignore"):
+        if lo is not None:
+            y = np.maximum(y, np.asarray(lo).astype(x.dtype).reshape(()))
+        if hi is not None:
+            y = np.minimum(y, np.asarray(hi).astype(x.dtype).reshape(()))
+    return np.asarray(y)
+
+
+def k_dropout(x, ratio=None, training_mode=None, mask="none"):
+    # inference: y = x (infer refuses training unless its ratio is a constant 0, which is the identity too)
+    if mask == "none":  # the node has no mask output
+        return x
+    if mask == "unused":  # declared without a name
+        return x, None
+    if mask == "zeros":  # opsets 7-9: zeros of x's dtype, as onnxruntime
+        return x, np.zeros(x.shape, dtype=x.dtype)
+    return x, np.full(x.shape, mask == "true")  # 10-11: all False; 12+: all True
 
 
 def k_abs(x):
@@ -200,12 +277,135 @@ def _isinf_attrs(node):
             "detect_positive": int(node.attr("detect_positive", 1))}
 
 
+# --- Cast: ``to`` is an ONNX TensorProto code; 9 string, 13 bfloat16, 19 float8 + saturate, 21 int4/uint4,
+# 23 float4, 24 float8e8m0, 25 int2/uint2, 28 float6: none of them IR dtypes, so the semantics never change.
+def _cast_attrs(node):
+    code = node.attr("to")
+    name = dtypes.FROM_ONNX_CODE.get(code) if isinstance(code, int) else None
+    if name is None:
+        raise UnsupportedAttributeError(
+            f"{node.describe()} casts to ONNX type {code!r}, which the IR does not support; supported: "
+            + ", ".join(f"{c} ({n})" for c, n in sorted(dtypes.FROM_ONNX_CODE.items())))
+    return {"to": name}
+
+
+def _infer_cast(node, inputs):
+    (x,) = infer_unary(node, inputs, ((6, ALL),))
+    return [TensorType(_cast_attrs(node)["to"], x.shape)]
+
+
+# --- Clip: bounds are float attributes before opset 11 (defaults: float32 lowest/highest), optional
+# scalar inputs from it (absent: unbounded); 12 adds integer dtypes.
+FLOAT32_MAX = 3.4028234663852886e38
+
+
+def _clip_attrs(node):
+    if node.version >= 11:
+        return {}
+    return {"lo": float(node.attr("min", -FLOAT32_MAX)), "hi": float(node.attr("max", FLOAT32_MAX))}
+
+
+def _infer_clip(node, inputs):
+    need(node, inputs, 1, optional=2 if node.version >= 11 else 0)
+    same_dtype(node, inputs)
+    want(node, inputs[0], ((6, FLOATS), (12, FLOATS | INTS)))
+    for bound in inputs[1:]:
+        if bound is not None and not (bound.is_static and bound.numel() == 1 and bound.rank <= 1):
+            raise ShapeInferenceError(f"{node.describe()}: min and max must be scalars, got {bound}")
+    return [inputs[0]]
+
+
+# --- Dropout in inference: y = x. The optional mask follows onnxruntime: zeros of x's dtype at opsets
+# 7-9, all False at 10-11, all True from 12 (where ratio and training_mode became inputs).
+# training_mode and ratio must be constants (CONST_INPUTS: the ONNX backend binds them when a model
+# feeds them as graph inputs); training with ratio 0 drops nothing and is the identity; training with
+# ratio > 0 is random and refused. Opset 6 (is_test attribute) is not supported: onnxruntime has no
+# kernel for it either; upgrade the model.
+class TrainingModeNotConstantError(ShapeInferenceError, UnsupportedAttributeError):
+    """training_mode (or, in training, ratio) is not a constant: unsupported as such, and a
+    ShapeInferenceError so that the ONNX backend binds the fed value and imports again."""
+
+
+def _dropout_attrs(node):
+    if len(node.outputs) < 2:
+        return {"mask": "none"}
+    if not node.outputs[1]:
+        return {"mask": "unused"}
+    return {"mask": "zeros" if node.version < 10 else "false" if node.version < 12 else "true"}
+
+
+def _scalar(value):
+    return np.asarray(value).reshape(-1)[0]
+
+
+def _refuse_training(node, training, known, ratio, ratio_known):
+    """Raise unless the node is an identity: not training, or training with a constant ratio of 0."""
+    if not known:
+        raise TrainingModeNotConstantError(
+            f"{node.describe()} may run in training mode (training_mode is not a constant); "
+            "only inference is supported: export the model in eval mode")
+    if training is None or not bool(_scalar(training)):
+        return
+    if not ratio_known:
+        raise TrainingModeNotConstantError(
+            f"{node.describe()} runs in training mode with a ratio that is not a constant; "
+            "only inference (or training with ratio 0) is supported: export the model in eval mode")
+    value = 0.5 if ratio is None else float(_scalar(ratio))
+    if value != 0.0:
+        raise UnsupportedAttributeError(
+            f"{node.describe()} runs in training mode (training_mode True, ratio {value}): random dropout is not "
+            "supported, only inference or training with ratio 0: export the model in eval mode")
+
+
+def _infer_dropout(node, inputs, consts=None):
+    need(node, inputs, 1, optional=2 if node.version >= 12 else 0)
+    want(node, inputs[0], _F)
+    for index, what in ((1, "ratio"), (2, "training_mode")):
+        t = inputs[index] if len(inputs) > index else None
+        if t is not None and not (t.is_static and t.numel() == 1):
+            raise ShapeInferenceError(f"{node.describe()}: {what} must be a scalar, got {t}")
+    if len(inputs) > 1 and inputs[1] is not None:
+        want(node, inputs[1], _F, "ratio")
+    if len(inputs) > 2 and inputs[2] is not None:
+        want(node, inputs[2], ((7, frozenset({"bool"})),), "training_mode")
+        consts = consts or {}
+        has_ratio = len(inputs) > 1 and inputs[1] is not None
+        _refuse_training(node, consts.get(2), 2 in consts, consts.get(1), not has_ratio or 1 in consts)
+    mask = inputs[0].dtype if node.version < 10 else "bool"
+    return [inputs[0], TensorType(mask, inputs[0].shape)]
+
+
+def _infer_identity(node, inputs):
+    need(node, inputs, 1)
+    return [inputs[0]]
+
+
 _F = ((6, FLOATS),)
 _T = TRANSCENDENTAL
 #: ONNX's Selu defaults, as the float32 values the schema stores.
 SELU_ALPHA, SELU_GAMMA = float(np.float32(1.67326319217681884765625)), float(np.float32(1.05070102214813232421875))
 
 OPS = (
+    # 13 adds bfloat16 only (not an IR dtype)
+    _unary("Tanh", k_tanh, (6, 13), _F, _T),
+    _unary("Exp", k_exp, (6, 13), _F, _T),
+    _unary("Log", k_log, (6, 13), _F, _T),
+    _unary("Sqrt", k_sqrt, (6, 13), _F),  # a hardware square root counts as one operation
+    # 9 also allows integer dtypes, 13 floats only
+    _unary("Erf", k_erf, (9, 13), ((9, FLOATS | INTS), (13, FLOATS)), ERF, helpers=(_erf64,)),
+    # 16 / 22 add bfloat16 only
+    _unary("LeakyRelu", k_leaky_relu, (6, 16), _F, 1, _floats(alpha=0.01), {"alpha": FLOAT}, helpers=(_wide,)),
+    _unary("HardSigmoid", k_hard_sigmoid, (6, 22), _F, 3, _floats(alpha=0.2, beta=0.5),  # multiply-add (2), clamp (1)
+           {"alpha": FLOAT, "beta": FLOAT}, helpers=(_wide,)),
+    _unary("Not", k_not, (1,), ((1, frozenset({"bool"})),)),
+    OpDef("Identity", (1, 13, 14, 16, 19, 21), _infer_identity, k_identity, per_element(0)),
+    OpDef("Cast", (6, 9, 13, 19, 21, 23, 24, 25, 28), _infer_cast, k_cast, per_element(1), _cast_attrs,
+          ATTRS={"to": INT, "saturate": INT}),  # saturate only affects float8, which the IR lacks
+    OpDef("Clip", (6, 11, 12, 13), _infer_clip, k_clip, per_element(1), _clip_attrs,
+          ATTRS={"min": FLOAT, "max": FLOAT}),
+    # 13, 22: bfloat16 / float8 only
+    OpDef("Dropout", (7, 10, 12, 13, 22), _infer_dropout, k_dropout, per_element(0), _dropout_attrs,
+          ATTRS={"ratio": FLOAT, "seed": INT}, CONST_INPUTS=(1, 2)),
     # 13 adds bfloat16 (not an IR dtype); 14 adds int8/16/32/64
     _unary("Relu", k_relu, (6, 13, 14), ((6, FLOATS), (14, FLOATS | SIGNED))),
     _unary("Sigmoid", k_sigmoid, (6, 13), _F, _T + 3, helpers=(_wide,)),  # exp, abs, add, divide
