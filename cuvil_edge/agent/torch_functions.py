@@ -98,13 +98,16 @@ def _pool(node: Node, x: torch.Tensor) -> torch.Tensor:
 def _flatten(node: Node, x):
     axis = int(node.attr("axis", 1))
     axis = axis + x.dim() if axis < 0 else axis
-    return x.reshape(math.prod(x.shape[:axis]), -1)
+    return x.reshape(math.prod(x.shape[:axis]), math.prod(x.shape[axis:]))
 
 
 def _reshape(node: Node, x, shape):
     target = [int(s) for s in shape.tolist()]
     if not node.attr("allowzero", 0):
         target = [x.shape[i] if s == 0 else s for i, s in enumerate(target)]
+    if x.numel() == 0 and -1 in target:  # an empty Poisson batch: -1 from the axes that are not empty
+        rest = math.prod(d for d in target if d not in (0, -1))
+        target = [math.prod(d for d in x.shape if d) // rest if d == -1 else d for d in target]
     return x.reshape(target)
 
 
@@ -171,7 +174,8 @@ def _norm(node: Node, x, scale, bias=None):
     groups = int(node.attr("num_groups"))
     if node.version >= 21:
         return F.group_norm(x, groups, scale, bias, eps)
-    return F.group_norm(x.reshape(x.shape[0], groups, -1), groups, scale, bias, eps).reshape(x.shape)
+    grouped = x.reshape(x.shape[0], groups, math.prod(x.shape[1:]) // groups)
+    return F.group_norm(grouped, groups, scale, bias, eps).reshape(x.shape)
 
 
 def _clip(node: Node, x, low=None, high=None):

@@ -395,7 +395,7 @@ def _norm_layer(module: IRTorchModule, node: Node, key: str) -> _Step | None:
 
 
 def _per_group(node: Node, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    return layer(x.reshape(x.shape[0], layer.num_groups, -1)).reshape(x.shape)
+    return layer(x.reshape(x.shape[0], layer.num_groups, math.prod(x.shape[1:]) // layer.num_groups)).reshape(x.shape)
 
 
 def _layer_norm_layer(module: IRTorchModule, node: Node, key: str) -> _Step | None:

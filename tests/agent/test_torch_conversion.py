@@ -93,16 +93,12 @@ def conv_then(op: str, attrs: dict, shape=(3, 9, 9), opset: int = 17, inits: dic
                       {"w": rand(4, 3, 3, 3), "b": rand(4, seed=1), **(inits or {})}, opset)
 
 
-class Seq(nn.Sequential):
-    pass
-
-
 def linear_then(*layers: nn.Module) -> nn.Module:
-    return Seq(nn.Linear(6, 6), *layers)
+    return nn.Sequential(nn.Linear(6, 6), *layers)
 
 
 def conv_block(*layers: nn.Module, channels: int = 6) -> nn.Module:
-    return Seq(nn.Conv2d(3, channels, 3, padding=1), *layers)
+    return nn.Sequential(nn.Conv2d(3, channels, 3, padding=1), *layers)
 
 
 class LinearOnSequence(nn.Module):  # exports MatMul -> Add (the bias) on a 3-D input
@@ -165,7 +161,7 @@ class Attention(nn.Module):  # pre-norm multi-head self-attention on (N, S, D)
 
 def fused_activations() -> Graph:
     """What the coordinator's passes make of Conv/Gemm + activation (fused nodes)."""
-    graph, _ = optimize(export(Seq(
+    graph, _ = optimize(export(nn.Sequential(
         nn.Conv2d(3, 6, 3, padding=1), nn.ReLU(), nn.Conv2d(6, 6, 3, padding=1, groups=3), nn.Hardswish(),
         nn.Conv2d(6, 4, 1), nn.ReLU6(), nn.Conv2d(4, 4, 1), nn.Sigmoid(), nn.Flatten(), nn.Linear(100, 8),
         nn.GELU(), nn.Linear(8, 4), nn.ReLU()), (3, 5, 5), opset=20))
@@ -175,11 +171,11 @@ def fused_activations() -> Graph:
 
 # (case id) -> (graph maker, input shape without the batch, trained initializer count)
 CASES = {
-    "conv2d-strided-depthwise-grouped": (lambda: export(Seq(
+    "conv2d-strided-depthwise-grouped": (lambda: export(nn.Sequential(
         nn.Conv2d(3, 6, 3, stride=2, padding=1), nn.Conv2d(6, 6, 3, padding=2, dilation=2, groups=6),
         nn.Conv2d(6, 4, 1, groups=2)), (3, 9, 9)), 6),
-    "conv1d": (lambda: export(Seq(nn.Conv1d(3, 4, 3, stride=2, padding=1)), (3, 11)), 2),
-    "conv3d": (lambda: export(Seq(nn.Conv3d(2, 3, 3, padding=1)), (2, 4, 5, 5)), 2),
+    "conv1d": (lambda: export(nn.Sequential(nn.Conv1d(3, 4, 3, stride=2, padding=1)), (3, 11)), 2),
+    "conv3d": (lambda: export(nn.Sequential(nn.Conv3d(2, 3, 3, padding=1)), (2, 4, 5, 5)), 2),
     "conv-asymmetric-pads": (lambda: onnx_graph(
         [("Conv", ["x", "w"], ["y"], {"kernel_shape": [3, 3], "pads": [0, 1, 2, 0], "strides": [2, 1]})],
         (3, 8, 7), {"w": rand(4, 3, 3, 3)}, 17), 1),
@@ -189,7 +185,7 @@ CASES = {
     "conv-same-lower": (lambda: onnx_graph(
         [("Conv", ["x", "w"], ["y"], {"kernel_shape": [4, 4], "auto_pad": "SAME_LOWER"})],
         (3, 7, 7), {"w": rand(2, 3, 4, 4)}, 17), 1),
-    "gemm-linear": (lambda: export(Seq(nn.Linear(6, 4)), (6,)), 2),
+    "gemm-linear": (lambda: export(nn.Sequential(nn.Linear(6, 4)), (6,)), 2),
     "gemm-no-transpose-row-bias": (lambda: onnx_graph(
         [("Gemm", ["x", "w", "b"], ["y"], {})], (6,), {"w": rand(6, 4), "b": rand(1, 4)}, 13), 2),
     "gemm-beta-bias-constant": (lambda: onnx_graph(
@@ -269,7 +265,9 @@ def test_module_matches_interpreter_and_weights_round_trip(case):
     shape = graph.inputs[0].type.shape[1:]
     x = np.random.default_rng(1).standard_normal((6, *shape)).astype(np.float32)
     module = IRTorchModule(graph)
-    np.testing.assert_allclose(forward(module, x), interpreter.run(graph, {"x": x})["y"], rtol=RTOL, atol=ATOL)
+    expected = interpreter.run(graph, {"x": x})["y"]
+    np.testing.assert_allclose(forward(module, x), expected, rtol=RTOL, atol=ATOL)
+    assert forward(module, x[:0]).shape == (0, *expected.shape[1:])  # an empty Poisson batch
     before = module.ir_weights()
     assert len(before) == trained, sorted(before)
     for name, value in before.items():
@@ -286,7 +284,7 @@ def test_module_matches_interpreter_and_weights_round_trip(case):
 def test_weights_torch_shares_between_layers_train_as_one_parameter():
     # torch's exporter stores equal parameters once (the second through an Identity): both
     # GroupNorms must then train one parameter, or the IR could not hold the result
-    model = Seq(nn.Conv2d(3, 4, 3, padding=1), nn.GroupNorm(2, 4), nn.Conv2d(4, 4, 3, padding=1), nn.GroupNorm(2, 4))
+    model = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.GroupNorm(2, 4), nn.Conv2d(4, 4, 3, padding=1), nn.GroupNorm(2, 4))
     buffer = io.BytesIO()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -432,9 +430,17 @@ def test_functions_match_interpreter(case):
 
 def group_norm_cnn(classes: int = 3) -> nn.Module:
     """conv -> GroupNorm -> SiLU -> depthwise conv -> GroupNorm -> HardSwish -> pool -> linear."""
-    return Seq(nn.Conv2d(1, 8, 3, padding=1), nn.GroupNorm(2, 8), nn.SiLU(),
+    return nn.Sequential(nn.Conv2d(1, 8, 3, padding=1), nn.GroupNorm(2, 8), nn.SiLU(),
                nn.Conv2d(8, 8, 3, padding=1, groups=8), nn.GroupNorm(4, 8), nn.Hardswish(),
                nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, classes))
+
+
+def test_empty_poisson_batches_take_noisy_steps():
+    module = IRTorchModule(export(group_norm_cnn(), (1, 8, 8)))
+    data = stripes(4, seed=2)
+    plan = DpSgdPlan(noise_multiplier=1.0, sample_rate=0.1, steps=6, expected_batch_size=1, delta=1e-5)
+    result = train_dp_sgd(module, data.x, data.y, plan, lr=0.1, momentum=0.0, max_grad_norm=1.0, seed=0)
+    assert result.empty_batches > 0 and result.steps == 6
 
 
 def test_optimised_group_norm_cnn_matches_interpreter():
