@@ -10,9 +10,8 @@ from onnx import helper, numpy_helper
 from cuvil_edge.errors import UnsupportedAttributeError
 from cuvil_edge.frontend import load_model
 from cuvil_edge.ir import interpreter, ops
-from cuvil_edge.ir.ops._util import DEFAULT_CAPABILITIES
 
-from onnx_cases import In, const, run_ort
+from onnx_cases import In, const, run_ort, run_template
 
 U8, I8, I32, F32 = np.uint8, np.int8, np.int32, np.float32
 
@@ -128,20 +127,25 @@ def test_template_matches_interpreter(case, large_scratch):
     model, x = build(case), feeds(case)
     graph = load_model(model)
     (node,) = graph.nodes
-    module = ops.get(node.op_type)
-    namespace = {"np": np, **DEFAULT_CAPABILITIES, "TARGET_LARGE_SCRATCH": large_scratch}
-    exec(compile(module.TEMPLATE, "<template>", "exec"), namespace)
-    env = {**graph.initializers, **x}
-    args = []
-    for i, name in enumerate(node.inputs):
-        namespace[f"a{i}"] = env[name]
-        args.append(f"a{i}")
-    # act
-    exec(compile(module.emit(node, args, ["out0"]), "<emit>", "exec"), namespace)
+    # act: the call a compiled module makes (op-contract kernels: a copy specialised for the node)
+    (actual,) = run_template(ops.get(node.op_type), node, {**graph.initializers, **x},
+                             {"TARGET_LARGE_SCRATCH": large_scratch})
     # assert
     expected = interpreter.run(graph, x)["y"]
-    assert namespace["out0"].dtype == expected.dtype
-    np.testing.assert_array_equal(namespace["out0"], expected)
+    assert actual.dtype == expected.dtype
+    np.testing.assert_array_equal(actual, expected)
+
+
+@pytest.mark.parametrize("case_id,flops,macs", [
+    ("matmulinteger_u8_zps", 2 * 60, 60),  # (3x4) @ (4x5): 60 multiply-adds
+    ("matmulinteger_i8_u8", 2 * 48, 48),  # batch 2 of (3x4) @ (4x2)
+    ("qlinearmatmul_u8", 2 * 60 + 3 * 15, 60),  # + scale, round and zero point per output
+])
+def test_quantized_matmuls_count_their_multiply_adds(case_id, flops, macs):
+    from cuvil_edge.ir.cost import total_flops, total_macs
+
+    graph = load_model(build(next(c for c in CASES if c[0] == case_id)))
+    assert (total_flops(graph), total_macs(graph)) == (flops, macs)
 
 
 REJECT = [

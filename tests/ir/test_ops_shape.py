@@ -67,6 +67,7 @@ CASES = [
     case("ln_axis1_no_bias", "LayerNormalization", In((B, 3, 4)), const(3, 4), axis=1, epsilon=1e-3, opset=17),
     case("ln_axis_neg2", "LayerNormalization", In((B, 3, 4)), const(3, 4), const(3, 4), axis=-2, opset=17),
     case("ln_three_outputs", "LayerNormalization", In((B, 3, 6)), const(6), const(6), outputs=3, opset=17),
+    case("ln_two_outputs_no_bias", "LayerNormalization", In((B, 3, 6)), const(6), outputs=2, axis=1, opset=17),
     # --- LogSoftmax
     case("logsoftmax11_default", "LogSoftmax", In((B, 3, 4)), opset=11),
     case("logsoftmax11_axis2", "LogSoftmax", In((B, 3, 4)), axis=2, opset=11),
@@ -103,6 +104,9 @@ CASES = [
     case("cos_int64_value", "ConstantOfShape", I64(3, 1, 2), value=numpy_helper.from_array(np.array([7], np.int64), "v")),
     case("cos_f32_value", "ConstantOfShape", I64(4), value=numpy_helper.from_array(np.array([-1.5], np.float32), "v"), opset=20),
     case("cos_int32_value", "ConstantOfShape", I64(2, 2), value=numpy_helper.from_array(np.array([3], np.int32), "v"), opset=21),
+    case("cos_neg_inf_value", "ConstantOfShape", I64(2, 3), value=numpy_helper.from_array(np.array([-np.inf], np.float32), "v")),
+    case("cos_nan_f16_value", "ConstantOfShape", I64(3), value=numpy_helper.from_array(np.array([np.nan], np.float16), "v")),
+    case("cos_f64_big_value", "ConstantOfShape", I64(2), value=numpy_helper.from_array(np.array([1e300], np.float64), "v")),
     # --- Expand
     case("expand_two_way", "Expand", In((B, 1, 4)), I64(3, 1)),
     case("expand_more_dims", "Expand", In((3, 1)), I64(2, 1, 4), opset=8),
@@ -196,6 +200,7 @@ CASES = [
     case("split13_input", "Split", In((B, 5)), I64(2, 3), axis=-1, outputs=2),
     case("split18_num_outputs", "Split", In((7, B)), num_outputs=3, outputs=3, opset=18),
     case("split18_int64", "Split", In((4, 2), np.int64), num_outputs=2, outputs=2, opset=18),
+    case("split_one_output", "Split", In((B, 4)), axis=1, outputs=1),
     # --- Squeeze
     case("squeeze_attr", "Squeeze", In((B, 1, 3, 1)), axes=[1, 3], opset=11),
     case("squeeze_input_neg", "Squeeze", In((B, 1, 3, 1)), I64(-1)),
@@ -216,6 +221,7 @@ CASES = [
     # --- Pad
     case("pad2_attr_constant", "Pad", In((B, 2, 3, 3)), pads=[0, 0, 1, 2, 0, 0, 2, 1], value=1.5, opset=7),
     case("pad2_attr_reflect", "Pad", In((B, 2, 4)), pads=[0, 0, 2, 0, 0, 1], mode="reflect", opset=7),
+    case("pad2_attr_neg_inf", "Pad", In((B, 2, 3)), pads=[0, 1, 0, 0, 2, 1], value=float("-inf"), opset=7),
     case("pad11_constant_value", "Pad", In((B, 2, 3)), I64(0, 0, 1, 0, 0, 2), F32(-2.0), opset=11),
     case("pad11_edge", "Pad", In((B, 2, 3)), I64(0, 1, 2, 0, 1, 1), mode="edge", opset=11),
     case("pad13_negative", "Pad", In((B, 4, 5)), I64(0, -1, 2, 0, 1, -2)),
@@ -367,6 +373,44 @@ def test_template_matches_onnxruntime(c, capabilities):
         # assert
         for got, want in zip(actual, expected):
             assert_matches(got, want)
+
+
+# --- call sites specialise: attributes become literals, the forms a node does not use are pruned --
+
+SPECIALISED = [
+    # id, node, text its specialised kernel must not hold (a pruned form), the call compiled modules make
+    ("bn_inference_drops_training", Node("n0", "BatchNormalization", ("x", "s", "b", "m", "v"), ("y",), {}, 15),
+     "batch_mean", "y0 = k_batch_normalization_1(a0, a1, a2, a3, a4)"),
+    ("pad_reflect_drops_constant", Node("n0", "Pad", ("x", "p"), ("y",), {"mode": "reflect"}, 13),
+     "constant_values", "y0 = k_pad_1(a0, a1)"),
+    ("pad_opset2_pads_inline", Node("n0", "Pad", ("x",), ("y",), {"pads": [1, 0], "value": float("-inf")}, 2),
+     "mode=mode", "y0 = k_pad_1(a0)"),
+    ("resize_nearest_drops_weights", Node("n0", "Resize", ("x", "", "s"), ("y",), {}, 13),
+     "_resize_weights", "y0 = k_resize_1(a0, a2)"),
+    ("resize10_scales_second", Node("n0", "Resize", ("x", "s"), ("y",), {"mode": "linear"}, 10),
+     "_resize_nearest", "y0 = k_resize_1(a0, a1)"),
+    ("split_attr_sizes_inline", Node("n0", "Split", ("x",), ("y", "z"), {"split": [1, 3]}, 11),
+     "-(-dim", "y0, y1 = k_split_1(a0)"),
+    ("ln_one_output", Node("n0", "LayerNormalization", ("x", "s"), ("y",), {}, 17),
+     "outputs", "y0 = k_layer_normalization_1(a0, a1)"),
+]
+
+
+@pytest.mark.parametrize("id,node,pruned,call", SPECIALISED, ids=[s[0] for s in SPECIALISED])
+def test_call_sites_specialise_the_kernel(id, node, pruned, call):
+    """Kernels never rebind an attribute parameter and take only literal attributes, so each call
+    site's copy has them inlined and the branches they decide removed."""
+    from cuvil_edge.device_targets.codegen import Specialiser
+
+    # prepare
+    specialiser = Specialiser()
+    args = [f"a{i}" if name else "" for i, name in enumerate(node.inputs)]
+    # act
+    line = specialiser.call(ops.get(node.op_type), node, args, [f"y{i}" for i in range(len(node.outputs))])
+    # assert
+    (text,) = specialiser.functions
+    body = text[text.index("def "):]  # after the comment naming the values
+    assert line == call and pruned not in body, text
 
 
 # --- infer with symbolic shape vectors (object arrays from Shape of symbolic dims) -----------
