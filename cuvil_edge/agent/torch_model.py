@@ -326,9 +326,12 @@ def _conv_layer(module: IRTorchModule, node: Node, key: str) -> _Step | None:
     out_c, in_c, *kernel = weight.shape
     group, n = int(node.attr("group", 1)), len(kernel)
     has_bias = len(node.inputs) > 2 and module._view(node.inputs[2]) is not None
+    pads = list(node.attr("pads") or [0] * (2 * n))
+    symmetric = node.attr("auto_pad", "NOTSET") == "NOTSET" and pads[:n] == pads[n:]  # else padded per call
     conv = (nn.Conv1d, nn.Conv2d, nn.Conv3d)[n - 1]
     layer = conv(in_c * group, out_c, tuple(kernel), stride=tuple(node.attr("strides") or (1,) * n),
-                 dilation=tuple(node.attr("dilations") or (1,) * n), groups=group, bias=has_bias)
+                 padding=tuple(pads[:n]) if symmetric else 0, dilation=tuple(node.attr("dilations") or (1,) * n),
+                 groups=group, bias=has_bias)
     module._bind(layer, "weight", node.inputs[1])
     if has_bias:
         module._bind(layer, "bias", node.inputs[2])
@@ -338,7 +341,8 @@ def _conv_layer(module: IRTorchModule, node: Node, key: str) -> _Step | None:
 
 
 def _conv_forward(node: Node, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    pads = window_pads(node, x.shape[2:], layer.kernel_size, layer.stride, layer.dilation)
+    pads = [] if any(layer.padding) else window_pads(node, x.shape[2:], layer.kernel_size, layer.stride,
+                                                      layer.dilation)
     y = layer(F.pad(x, torch_pads(pads)) if any(any(p) for p in pads) else x)
     if bias is not None:
         y = y + bias.reshape(1, -1, *(1,) * (y.dim() - 2))
