@@ -28,7 +28,7 @@ from cuvil_edge.device_targets.prune import specialise_function
 from cuvil_edge.errors import BuildError
 from cuvil_edge.ir import ops
 from cuvil_edge.ir.graph import Graph, Node
-from cuvil_edge.ir.ops._contract import OpDef, source_of
+from cuvil_edge.ir.ops._contract import OpDef, source_literal, source_of
 from cuvil_edge.ir.ops._util import DEFAULT_CAPABILITIES
 
 #: Bump when the generated code's shape changes (part of every cache key).
@@ -226,7 +226,7 @@ class Specialiser:
         call_args = [a for index, a in enumerate(args)
                      if index >= len(positional) or positional[index] not in bound]
         call_args = [a if a else "None" for a in call_args]
-        call_args += [f"{k}={v!r}" for k, v in op.attrs(node).items() if k not in bound]
+        call_args += [f"{k}={source_literal(v)}" for k, v in op.attrs(node).items() if k not in bound]
         target = outs[0] if len(outs) == 1 else ", ".join(outs)
         return f"{target} = {name}({', '.join(call_args)})"
 

@@ -80,9 +80,23 @@ class OpDef:
         while args and not args[-1]:
             args = args[:-1]
         call_args = [a if a else "None" for a in args]
-        call_args += [f"{key}={value!r}" for key, value in self.attrs(node).items()]
+        call_args += [f"{key}={source_literal(value)}" for key, value in self.attrs(node).items()]
         target = outs[0] if len(outs) == 1 else ", ".join(outs)
         return f"{target} = {self.fn.__name__}({', '.join(call_args)})"
+
+
+def source_literal(value: Any) -> str:
+    """Python source for an attribute value: ``repr``, except that non-finite floats (whose repr,
+    ``nan``/``inf``, is not an expression) are written as expressions that evaluate to them."""
+    import ast
+    import math
+
+    if isinstance(value, float) and not math.isfinite(value):
+        return ast.unparse(ast.Constant(value))
+    if isinstance(value, tuple):
+        inner = ", ".join(source_literal(v) for v in value)
+        return f"({inner},)" if len(value) == 1 else f"({inner})"
+    return repr(value)
 
 
 @lru_cache(maxsize=None)
