@@ -93,7 +93,7 @@ def test_attributes_are_converted_and_names_generated(tmp_path):
 # --- bad models: one named test each ---------------------------------------------------
 
 
-@pytest.mark.parametrize("op", ["Bernoulli", "StringNormalizer"]  # random and string ops stay out of scope)
+@pytest.mark.parametrize("op", ["Bernoulli", "StringNormalizer"])  # random and string ops stay out of scope
 def test_unsupported_op_names_op_node_and_supported_ops(op):
     # prepare
     model = _model([helper.make_node(op, ["x"], ["y"], name="the_node")])
