@@ -48,7 +48,7 @@ def _infer_rms(node, inputs):
     x, scale = inputs
     want(node, x, ((23, FLOATS),))
     want(node, scale, ((23, FLOATS),), "scale")
-    axis_index(node, int(node.attr("axis", -1)), x.rank)
+    axis_index(node, _rms_attrs(node)["axis"], x.rank)
     if broadcast_all(node, [x.shape, scale.shape]) != tuple(x.shape):
         raise ShapeInferenceError(f"{node.describe()}: scale {scale} must broadcast to X {x} without widening it")
     return [TensorType(scale.dtype, x.shape)]
