@@ -48,7 +48,7 @@ EDGE_OPS = frozenset("""
     RMSNormalization LpNormalization MeanVarianceNormalization Attention RotaryEmbedding
     NonZero Compress Unique ReverseSequence EyeLike CenterCropPad
     HannWindow HammingWindow BlackmanWindow MelWeightMatrix DFT STFT
-    NegativeLogLikelihoodLoss SoftmaxCrossEntropyLoss
+    NegativeLogLikelihoodLoss SoftmaxCrossEntropyLoss GridSample AffineGrid LpPool Col2Im MaxUnpool
 """.split())  # issue 11, growing towards every default-domain op ONNX's node suite covers
 
 RTOL, ATOL = 1e-3, 1e-7
