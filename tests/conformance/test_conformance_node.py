@@ -49,6 +49,7 @@ EDGE_OPS = frozenset("""
     NonZero Compress Unique ReverseSequence EyeLike CenterCropPad
     HannWindow HammingWindow BlackmanWindow MelWeightMatrix DFT STFT
     NegativeLogLikelihoodLoss SoftmaxCrossEntropyLoss GridSample AffineGrid LpPool Col2Im MaxUnpool
+    GreaterOrEqual LessOrEqual Det CumProd TensorScatter Scatter BitCast DynamicQuantizeLinear Swish
 """.split())  # issue 11, growing towards every default-domain op ONNX's node suite covers
 
 RTOL, ATOL = 1e-3, 1e-7

@@ -221,6 +221,26 @@ CASES = [
        kernel_shape=[2, 2], strides=[2, 2], opset=13),
     op("maxunpool_output_shape", "MaxUnpool", Feed((1, 1, 2, 2)), np.array([[[[6, 8], [16, 18]]]]),
        L(1, 1, 5, 5), kernel_shape=[2, 2], strides=[2, 2], opset=22),
+    # --- GreaterOrEqual, LessOrEqual (12, 16), Det (11, 22), CumProd (26), Swish (24)
+    op("greater_or_equal_bcast", "GreaterOrEqual", Feed((3, 4), I32, -2, 3), Feed((4,), I32, -2, 3), opset=13),
+    op("less_or_equal_f16", "LessOrEqual", Feed((2, 5), F16), Feed((2, 1), F16), opset=16),
+    op("det_batch", "Det", Feed((2, 3, 4, 4)), opset=13),
+    op("det_single_matrix", "Det", Feed((3, 3)), opset=22),
+    op("cumprod_axis1", "CumProd", Feed((3, 4)), np.array(1, np.int64), opset=26),
+    op("cumprod_exclusive_reverse", "CumProd", Feed((2, 3, 4), I64, -3, 4), np.array(-1, np.int32), exclusive=1,
+       reverse=1, opset=26),
+    op("swish_alpha", "Swish", Feed((3, 7)), alpha=0.7, opset=24),
+    # --- TensorScatter (24), Scatter (9), BitCast (26), DynamicQuantizeLinear (11)
+    op("tensorscatter_linear", "TensorScatter", Feed((2, 3, 6, 4)), Feed((2, 3, 2, 4)), L(0, 3), opset=24),
+    op("tensorscatter_circular_axis", "TensorScatter", Feed((2, 5, 3)), Feed((2, 3, 3)), L(4, 1), axis=1,
+       mode="circular", opset=24),
+    op("scatter_axis1", "Scatter", Feed((3, 5)), np.array([[0, 4], [2, 1], [3, 3]], np.int64), Feed((3, 2)), axis=1,
+       opset=10),
+    op("bitcast_f32_i32", "BitCast", Feed((3, 4)), to=TensorProto.INT32, opset=26),
+    op("bitcast_i16_f16", "BitCast", Feed((5,), np.int16, 0, 15000), to=TensorProto.FLOAT16, opset=26),
+    op("dynamic_quantize", "DynamicQuantizeLinear", Feed((4, 6)), opset=11, outputs=3),
+    op("dynamic_quantize_positive", "DynamicQuantizeLinear", np.abs(np.random.default_rng(3).normal(size=(8,)))
+       .astype(np.float32), opset=11, outputs=3),
     # --- losses (12, 13, 22)
     op("nll_mean", "NegativeLogLikelihoodLoss", Feed((4, 5)), Feed((4,), I64, 0, 5), opset=13),
     op("nll_weight_ignore_none", "NegativeLogLikelihoodLoss", Feed((3, 5, 2)), Feed((3, 2), I32, 0, 5),
