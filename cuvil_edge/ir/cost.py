@@ -10,7 +10,7 @@ from cuvil_edge.ir.graph import Graph
 
 def node_flops(graph: Graph, bindings: Mapping[str, int] | None = None) -> dict[str, int]:
     """FLOPs of every node (a multiply-add counts 2); unbound symbols count as 1 (e.g. per sample)."""
-    symbols = {d for t in graph.types.values() for d in t.shape if isinstance(d, str)}
+    symbols = {s for t in graph.types.values() for s in t.symbols()}
     bindings = {**{s: 1 for s in symbols}, **(bindings or {})}
     out: dict[str, int] = {}
     for node in graph.nodes:
@@ -30,7 +30,7 @@ def node_macs(graph: Graph, bindings: Mapping[str, int] | None = None) -> dict[s
     next to ``flops`` (Conv, ConvTranspose, Gemm, MatMul, their fused and quantized forms);
     elementwise ops, pooling, bias adds and activations count 0, as the usual "GMAC" figures
     (ResNet-18 at 224x224: 1.82 GMAC) do. Unbound symbols count as 1."""
-    symbols = {d for t in graph.types.values() for d in t.shape if isinstance(d, str)}
+    symbols = {s for t in graph.types.values() for s in t.symbols()}
     bindings = {**{s: 1 for s in symbols}, **(bindings or {})}
     out: dict[str, int] = {}
     for node in graph.nodes:

@@ -28,6 +28,32 @@ MAX_RANK = 64
 AttrValue = Union[int, float, str, list, tuple, np.ndarray]
 
 
+def dim_terms(dim: Dim) -> tuple[int, tuple[str, ...]]:
+    """A dim as (integer coefficient, sorted symbol names): ``7`` is (7, ()), ``"batch"`` is
+    (1, ("batch",)), ``"4*batch"`` is (4, ("batch",)). A symbolic dim is a product of symbols
+    with a coefficient, written ``"4*batch"`` (reshaping the batch into another axis makes one:
+    Swin's windows are ``[4*batch, 16, C]``)."""
+    if isinstance(dim, int):
+        return dim, ()
+    coefficient, symbols = 1, []
+    for part in dim.split("*"):
+        if part.isdigit():
+            coefficient *= int(part)
+        else:
+            symbols.append(part)
+    if not symbols or not all(symbols):  # "4*", "*" or "2*3": not a product of named symbols
+        return 1, (dim,)
+    return coefficient, tuple(sorted(symbols))
+
+
+def make_dim(coefficient: int, symbols) -> Dim:
+    """The dim ``coefficient * prod(symbols)`` in canonical form (an int without symbols)."""
+    symbols = sorted(symbols)
+    if not symbols or coefficient == 0:
+        return coefficient
+    return "*".join(([str(coefficient)] if coefficient != 1 else []) + symbols)
+
+
 @dataclass(frozen=True)
 class TensorType:
     """Element type and shape; a dim is an int >= 0 or a symbol name."""
@@ -44,17 +70,28 @@ class TensorType:
         return all(isinstance(d, int) for d in self.shape)
 
     def symbols(self) -> set[str]:
-        return {d for d in self.shape if isinstance(d, str)}
+        """The symbol names the dims use (``"4*batch"`` uses ``batch``)."""
+        return {name for d in self.shape if isinstance(d, str) for name in dim_terms(d)[1]}
 
     def bind(self, bindings: Mapping[str, int]) -> "TensorType":
         """Replace symbols by sizes (symbols missing from ``bindings`` stay)."""
-        return TensorType(self.dtype, tuple(bindings.get(d, d) if isinstance(d, str) else d for d in self.shape))
+        def bound(d: Dim) -> Dim:
+            if isinstance(d, int):
+                return d
+            if d in bindings:
+                return bindings[d]
+            coefficient, symbols = dim_terms(d)
+            left = [s for s in symbols if s not in bindings]
+            for s in symbols:
+                coefficient *= bindings.get(s, 1)
+            return make_dim(coefficient, left)
+        return TensorType(self.dtype, tuple(bound(d) for d in self.shape))
 
     def numel(self) -> int:
         """Element count of a static type (symbols count as 1)."""
         n = 1
         for d in self.shape:
-            n *= d if isinstance(d, int) else 1
+            n *= dim_terms(d)[0]
         return n
 
     def nbytes(self) -> int:

@@ -107,7 +107,7 @@ _EXPAND = ("shape_values: torch writes expand(x.shape[0], ...) with a shape vect
            "in shape_values.SYMBOLIC, so the shape is unknown and Expand's infer raises")
 _WINDOWS = ("Reshape [batch, H/4, W/4, 4, 4, C] -> [-1, 16, C] (Swin's window partition folds the batch into the "
             "window count) needs a symbolic product such as batch*9, which dims cannot hold; Reshape's infer raises")
-XFAIL: dict[str, str] = {"vit": _EXPAND, "bert": _EXPAND, "swin": _WINDOWS, "swin_runtime_mask": _WINDOWS}
+XFAIL: dict[str, str] = {"vit": _EXPAND, "bert": _EXPAND}
 
 
 def cases() -> list:

@@ -13,7 +13,7 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from cuvil_edge.errors import ShapeInferenceError
-from cuvil_edge.ir.graph import Dim, Node, TensorType
+from cuvil_edge.ir.graph import Dim, Node, TensorType, dim_terms
 
 
 def vector(node: Node, consts, index: int, what: str, *, required: bool = True,
@@ -102,8 +102,7 @@ def dims_product(dims: Iterable[Dim]) -> tuple[int, Counter]:
     every binding of the symbols exactly when both parts are equal."""
     size, symbols = 1, Counter()
     for d in dims:
-        if isinstance(d, str):
-            symbols[d] += 1
-        else:
-            size *= d
+        coefficient, names = dim_terms(d)
+        size *= coefficient
+        symbols.update(names)
     return size, symbols

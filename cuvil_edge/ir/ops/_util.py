@@ -7,7 +7,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from cuvil_edge.errors import ShapeInferenceError, UnsupportedAttributeError
-from cuvil_edge.ir.graph import Dim, Node, TensorType
+from cuvil_edge.ir.graph import Dim, Node, TensorType, dim_terms, make_dim
 
 
 def need(node: Node, inputs: Sequence[TensorType | None], count: int, optional: int = 0) -> None:
@@ -189,21 +189,13 @@ def template_function(template: str, name: str, **capabilities: object):
 
 
 def dim_product(node: Node, dims: Sequence[Dim]) -> Dim:
-    """Product of dims; symbols survive only alone (``[batch, 1] -> batch``)."""
+    """Product of dims: an int, or a symbolic dim (``[batch, 4] -> "4*batch"``, ``[batch, 1] -> batch``)."""
     size, symbols = 1, []
     for d in dims:
-        if isinstance(d, str):
-            symbols.append(d)
-        else:
-            size *= d
-    if not symbols or size == 0:
-        return size
-    if len(symbols) == 1 and size == 1:
-        return symbols[0]
-    raise ShapeInferenceError(
-        f"{node.describe()}: the product of dims {list(dims)} is not a single dim; "
-        "the IR cannot name it. Make those dims static (e.g. fix the batch size) or keep the symbol on its own axis"
-    )
+        coefficient, names = dim_terms(d)
+        size *= coefficient
+        symbols.extend(names)
+    return make_dim(size, symbols)
 
 
 def axis_index(node: Node, axis: int, rank: int, extra: int = 0) -> int:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from cuvil_edge.errors import ShapeInferenceError
-from cuvil_edge.ir.graph import TensorType
+from cuvil_edge.ir.graph import TensorType, make_dim
 from cuvil_edge.ir.ops._contract import OpDef
 from cuvil_edge.ir.ops._shape import attr_or_input, axes as norm_axes, dims_product, vector
 from cuvil_edge.ir.ops._util import INT, INTS, axis_index, broadcast, dim_product, ints, need
@@ -96,11 +96,12 @@ def _infer_reshape(node, inputs, consts=None):
     if out_syms - in_syms:
         raise ShapeInferenceError(f"{node.describe()}: target {out} names symbols the input {x} lacks")
     if None in out:
-        if out_size == 0 or in_size % out_size or (left and (len(left) > 1 or in_size != out_size)):
+        # -1 is what is left: an int, or a symbolic product ((batch, 2, 2, 16) -> [-1, 16] is (4*batch, 16))
+        if out_size == 0 or in_size % out_size or (left and in_size == 0):
             raise ShapeInferenceError(
                 f"{node.describe()}: cannot resolve -1 reshaping {x} to {shape}; "
                 "the target hard-codes sizes that depend on a symbolic dim (fix that dim, or use 0 to copy it)")
-        out[out.index(None)] = next(iter(left)) if left else in_size // out_size
+        out[out.index(None)] = make_dim(in_size // out_size, left.elements())
     elif left or in_size != out_size:
         raise ShapeInferenceError(f"{node.describe()}: cannot reshape {x} to {out}; element counts differ or depend on a symbol")
     return [TensorType(x.dtype, tuple(out))]

@@ -68,7 +68,11 @@ def _scalar(node, consts, index, what):
     value = (consts or {}).get(index)
     if value is None or np.asarray(value).size != 1:
         raise ShapeInferenceError(f"{node.describe()}: {what} must be a constant scalar; it decides the output shape")
-    return np.asarray(value).reshape(())
+    scalar = np.asarray(value).reshape(())
+    if scalar.dtype == object and isinstance(scalar.item(), str):  # a symbolic dim reached it (Shape -> Gather)
+        raise ShapeInferenceError(f"{node.describe()}: {what} is the symbolic dim {scalar.item()!r}, so the output "
+                                  "has no static size; fix that dim when exporting")
+    return scalar
 
 
 def _infer_tile(node, inputs, consts=None):
