@@ -137,10 +137,41 @@ def _identity(node, values, types):
     return None if values[0] is None else _settle(values[0])
 
 
+def _reshape(node, values, types):
+    if values[0] is None or values[1] is None or is_symbolic(values[1]):
+        return None
+    target = [int(d) for d in np.asarray(values[1]).reshape(-1)]
+    data = _obj(values[0])
+    if len(target) == 1 and target[0] in (-1, data.size):
+        return _settle(data.reshape(-1))
+    return None
+
+
+def _equal(node, values, types):
+    a, b = (_obj(v) for v in values[:2])
+    def eq(x, y):
+        if isinstance(x, str) or isinstance(y, str):
+            if isinstance(x, str) and isinstance(y, str) and x == y:
+                return True
+            other = y if isinstance(x, str) else x
+            if isinstance(other, (int, np.integer)) and other < 0:
+                return False  # a dim (even a symbolic one) is >= 0
+            raise ValueError("unknown")
+        return x == y
+    return np.vectorize(eq, otypes=[bool])(a, b)
+
+
+def _where(node, values, types):
+    cond = values[0]
+    if cond is None or is_symbolic(cond):
+        return None
+    return _settle(np.where(np.asarray(cond).astype(bool), _obj(values[1]), _obj(values[2])))
+
+
 #: op -> evaluation of its first output on symbolic vectors (None: unknown).
 SYMBOLIC: dict[str, Callable] = {
     "Gather": _gather, "Unsqueeze": _unsqueeze, "Squeeze": _squeeze, "Concat": _concat,
-    "Slice": _slice, "Cast": _cast, "Identity": _identity,
+    "Slice": _slice, "Cast": _cast, "Identity": _identity, "Reshape": _reshape, "Equal": _equal, "Where": _where,
 }
 
 

@@ -6,11 +6,8 @@ installed), random weights and randomised normalisation statistics.
 
 Each export must contain the ops its style is about, and must run in cuvil-edge: the interpreter
 on the imported and on the optimised graph, and the module compiled for x86-64 from the optimised
-graph (what the coordinator ships) match onnxruntime at batch 1 and 4 (rtol 1e-4, atol 1e-5).
-
-Exports whose symbolic batch the importer cannot yet infer are marked xfail (strict, naming the
-bug); ``test_static_batch_export_matches_onnxruntime`` still checks their numerics from an export
-at a fixed batch of 4."""
+graph (what the coordinator ships) match onnxruntime at batch 1 and 4 (rtol 1e-4, atol 1e-5), from
+one export with a symbolic batch (Swin folds it into the window count: a ``4*batch`` dim)."""
 
 from __future__ import annotations
 
@@ -31,7 +28,6 @@ from onnx import helper, numpy_helper
 
 import export_models as models
 from cuvil_edge.device_targets import build
-from cuvil_edge.errors import ShapeInferenceError
 from cuvil_edge.frontend import load_model
 from cuvil_edge.ir import interpreter
 from cuvil_edge.passes import optimize
@@ -100,41 +96,25 @@ EXPORTS = {
                    dynamic=BERT_AXES),
 }
 
-#: Known failures, each naming its bug (remove the entry once it is fixed: the xfail is strict, and
-#: only a ShapeInferenceError counts as the known failure).
-_EXPAND = ("shape_values: torch writes expand(x.shape[0], ...) with a shape vector Where(Equal(Reshape(s, [-1]), -1), "
-           "ConstantOfShape(Shape(s)) * -1, s) over the Shape-derived s = [batch, ...]; Reshape, Equal and Where are not "
-           "in shape_values.SYMBOLIC, so the shape is unknown and Expand's infer raises")
-_WINDOWS = ("Reshape [batch, H/4, W/4, 4, 4, C] -> [-1, 16, C] (Swin's window partition folds the batch into the "
-            "window count) needs a symbolic product such as batch*9, which dims cannot hold; Reshape's infer raises")
-XFAIL: dict[str, str] = {"vit": _EXPAND, "bert": _EXPAND}
-
-
-def cases() -> list:
-    return [pytest.param(name, marks=pytest.mark.xfail(strict=True, raises=ShapeInferenceError, reason=XFAIL[name]))
-            if name in XFAIL else name for name in EXPORTS]
-
-
 @lru_cache(maxsize=None)
-def exported(name: str, batch: int | None = None) -> bytes:
-    """``name`` exported with a symbolic batch (``batch=None``; traced at batch 2) or at a fixed batch."""
+def exported(name: str) -> bytes:
+    """``name`` exported with a symbolic batch (traced at batch 2)."""
     spec = EXPORTS[name]
     torch.manual_seed(0)
     model = models.randomise_statistics(spec.make()).eval()
-    feeds = spec.feeds(batch or 2, np.random.default_rng(0))
+    feeds = spec.feeds(2, np.random.default_rng(0))
     buffer = io.BytesIO()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         torch.onnx.export(model, tuple(torch.from_numpy(a) for a in feeds.values()), buffer, dynamo=False,
                           opset_version=spec.opset, input_names=list(feeds), output_names=["y"],
-                          dynamic_axes=spec.dynamic if batch is None else None, **spec.options)
+                          dynamic_axes=spec.dynamic, **spec.options)
     return buffer.getvalue()
 
 
 def check_against_onnxruntime(name: str, data: bytes, batches: tuple[int, ...], cache_dir) -> None:
     graph = load_model(data)
-    if len(batches) > 1:
-        assert isinstance(graph.inputs[0].type.shape[0], str), "the batch must stay symbolic"
+    assert isinstance(graph.inputs[0].type.shape[0], str), "the batch must stay symbolic"
     optimized, _ = optimize(graph)
     compiled = build(_Package(optimized, data), "x86-64", cache_dir=cache_dir)
     session = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
@@ -173,12 +153,6 @@ def test_export_contains_the_ops_of_its_style(name):
                                        if n.op_type == "Upsample"} == {b"nearest", b"linear"}
 
 
-@pytest.mark.parametrize("name", cases())
+@pytest.mark.parametrize("name", list(EXPORTS))
 def test_interpreter_and_compiled_module_match_onnxruntime(name, tmp_path):
     check_against_onnxruntime(name, exported(name), BATCHES, tmp_path)
-
-
-@pytest.mark.parametrize("name", sorted(XFAIL))
-def test_static_batch_export_matches_onnxruntime(name, tmp_path):
-    """The numerics of the exports whose symbolic batch is a known failure, from a batch-4 export."""
-    check_against_onnxruntime(name, exported(name, 4), (4,), tmp_path)
