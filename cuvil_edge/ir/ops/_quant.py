@@ -4,9 +4,7 @@ Only int8/uint8 quantized tensors (plus int32 for DequantizeLinear's input and
 the bias of QLinearConv) are supported; float8, int4/int2, int16 and blocked
 quantization raise :class:`UnsupportedAttributeError` naming the node.
 
-The ``_q_*`` functions are the kernels' shared helpers (op contract: listed in ``helpers``);
-``HELPERS_TEMPLATE`` is the source of the first three, pasted by ConvInteger/QLinearConv (identical
-text, so the code generator keeps one copy).
+The ``_q_*`` functions are the kernels' shared helpers (op contract: listed in ``helpers``).
 """
 
 from __future__ import annotations
@@ -17,7 +15,6 @@ import numpy as np
 
 from cuvil_edge.errors import ShapeInferenceError, UnsupportedAttributeError
 from cuvil_edge.ir.graph import Node, TensorType
-from cuvil_edge.ir.ops._contract import source_of
 from cuvil_edge.ir.ops._util import axis_index
 
 QUANT = frozenset({"int8", "uint8"})
@@ -73,7 +70,7 @@ def scale_dtype(node: Node, scales: Sequence[TensorType | None]) -> None:
 
 
 # --- kernel helpers: real functions the quant kernels list as ``helpers`` (compiled modules paste
-# their source); ``HELPERS_TEMPLATE`` is the same source for the modules that still paste text.
+# their source).
 def _q_along(v, ndim, axis):
     """A scale / zero point as an array broadcastable along ``axis`` of an ndim-D tensor."""
     if v.ndim == 0 or v.size == 1:
@@ -110,5 +107,3 @@ def _q_centered_b(b, zero_point):
     wide = b.astype(np.int32)
     return wide if zero_point is None else wide - zero_point.astype(np.int32)
 
-
-HELPERS_TEMPLATE = "\n" + "\n\n\n".join(source_of(f) for f in (_q_along, _q_saturate, _q_requantize)) + "\n"

@@ -85,11 +85,6 @@ def attr_or_input(node: Node, consts, key: str, index: int, since: int, *, requi
     return vector(node, consts, index, key, required=required)
 
 
-def arg(args: Sequence[str], index: int) -> str:
-    """Source text of optional argument ``index`` ("None" when absent)."""
-    return args[index] if index < len(args) and args[index] else "None"
-
-
 def same_rank(node: Node, types: Sequence[TensorType]) -> int:
     ranks = {t.rank for t in types}
     if len(ranks) != 1:

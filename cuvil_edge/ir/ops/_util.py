@@ -175,19 +175,6 @@ DEFAULT_CAPABILITIES: dict[str, object] = {
 }
 
 
-def template_function(template: str, name: str, **capabilities: object):
-    """Compile an op's TEMPLATE and return function ``name`` from it.
-
-    Lets a reference kernel reuse its template when the two are the same
-    algorithm; capability constants default to :data:`DEFAULT_CAPABILITIES`.
-    """
-    import numpy as np
-
-    namespace: dict[str, object] = {"np": np, **DEFAULT_CAPABILITIES, **capabilities}
-    exec(compile(template, f"<template {name}>", "exec"), namespace)
-    return namespace[name]
-
-
 def dim_product(node: Node, dims: Sequence[Dim]) -> Dim:
     """Product of dims: an int, or a symbolic dim (``[batch, 4] -> "4*batch"``, ``[batch, 1] -> batch``)."""
     size, symbols = 1, []
@@ -221,56 +208,3 @@ def choice(node: Node, key: str, default: str, allowed: Sequence[str]) -> str:
         raise UnsupportedAttributeError(f"{node.describe()}: {key} must be one of {', '.join(allowed)} at opset "
                                         f"{node.version}, got {value!r}")
     return value
-
-
-#: Window geometry shared by the Conv and pooling templates (pasted into each;
-#: identical definitions, so pasting twice is harmless).  ``_win_geometry``
-#: fills defaults for empty strides/pads/dilations and
-#: resolves auto_pad and ceil_mode like :func:`spatial_attrs`/:func:`pool_out`;
-#: ``_win_taps`` yields, per kernel tap, the strided (N, C, *out) view of the
-#: input padded with ``fill`` (extra end padding covers ceil_mode windows).
-WINDOW_TEMPLATE = '''
-def _win_geometry(spatial, kernel, strides, pads, dilations, auto_pad, ceil_mode):
-    n = len(kernel)
-    strides = tuple(strides) or (1,) * n
-    dilations = tuple(dilations) or (1,) * n
-    if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
-        begin, end = [], []
-        for i in range(n):
-            out = -(-spatial[i] // strides[i])
-            total = max(0, (out - 1) * strides[i] + dilations[i] * (kernel[i] - 1) + 1 - spatial[i])
-            small, big = total // 2, total - total // 2
-            begin.append(small if auto_pad == "SAME_UPPER" else big)
-            end.append(big if auto_pad == "SAME_UPPER" else small)
-        pads = tuple(begin + end)
-    elif auto_pad == "VALID" or not pads:
-        pads = (0,) * (2 * n)
-    out = []
-    for i in range(n):
-        steps = spatial[i] + pads[i] + pads[i + n] - dilations[i] * (kernel[i] - 1) - 1
-        size = (-(-steps // strides[i]) if ceil_mode else steps // strides[i]) + 1
-        if ceil_mode and (size - 1) * strides[i] >= spatial[i] + pads[i]:
-            size -= 1
-        out.append(size)
-    return strides, tuple(pads), dilations, tuple(out)
-
-
-def _win_taps(x, kernel, strides, pads, dilations, out, fill):
-    n = len(kernel)
-    widths = [(0, 0)] * (x.ndim - n)
-    for i in range(n):
-        need = (out[i] - 1) * strides[i] + dilations[i] * (kernel[i] - 1) + 1 - x.shape[x.ndim - n + i] - pads[i]
-        widths.append((pads[i], max(pads[i + n], need)))
-    padded = np.pad(x, widths, constant_values=fill)
-    lead = (slice(None),) * (x.ndim - n)
-    for tap in np.ndindex(*kernel):
-        yield tap, padded[lead + tuple(
-            slice(t * d, t * d + (o - 1) * s + 1, s) for t, d, o, s in zip(tap, dilations, out, strides))]
-'''
-
-
-def window_args(node: Node) -> str:
-    """Source text of the static ``strides, pads, dilations, auto_pad`` template arguments
-    (empty tuples for absent attributes; ``_win_geometry`` fills the defaults)."""
-    strides, pads, dilations = (tuple(ints(node, key)) for key in ("strides", "pads", "dilations"))
-    return f"{strides!r}, {pads!r}, {dilations!r}, {text(node, 'auto_pad', 'NOTSET')!r}"
