@@ -278,6 +278,10 @@ CASES = [
     op("causal_conv_silu_bias_state", "CausalConvWithState", Feed((2, 3, 5)), Feed((3, 1, 4)), Feed((3,)),
        Feed((2, 3, 3)), activation="silu", opset=27, outputs=2),
     op("causal_conv_plain", "CausalConvWithState", Feed((1, 4, 6)), Feed((4, 1, 2)), opset=27, outputs=2),
+    # --- DeformConv (19, 22)
+    op("deform_conv_plain", "DeformConv", Feed((1, 2, 5, 5)), Feed((3, 2, 3, 3)), Feed((1, 18, 3, 3)), opset=19),
+    op("deform_conv_mask_bias_groups", "DeformConv", Feed((2, 4, 5, 6)), Feed((4, 2, 2, 2)), Feed((2, 16, 5, 3)),
+       Feed((4,)), Feed((2, 8, 5, 3)), group=2, offset_group=2, strides=[1, 2], pads=[1, 0, 0, 0], opset=22),
     # --- losses (12, 13, 22)
     op("nll_mean", "NegativeLogLikelihoodLoss", Feed((4, 5)), Feed((4,), I64, 0, 5), opset=13),
     op("nll_weight_ignore_none", "NegativeLogLikelihoodLoss", Feed((3, 5, 2)), Feed((3, 2), I32, 0, 5),

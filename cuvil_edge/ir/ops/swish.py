@@ -1,13 +1,15 @@
-"""Swish (opset 24): x * sigmoid(alpha * x), the op contract's one-row form (``_contract.py``).
-float16 is computed in float32 and rounded once; the sigmoid never overflows."""
+"""Gated activations, one table row each (the op contract: ``_contract.py``): Swish (opset 24:
+x * sigmoid(alpha * x)) and SwiGLU (opset 28: Swish(A) * B, A and B of one shape). float16 is
+computed in float32 and rounded once; the sigmoid never overflows."""
 
 from __future__ import annotations
 
 import numpy as np
 
+from cuvil_edge.errors import ShapeInferenceError
 from cuvil_edge.ir.ops._contract import OpDef, per_element
 from cuvil_edge.ir.ops._elementwise import FLOATS, TRANSCENDENTAL, infer_unary
-from cuvil_edge.ir.ops._util import FLOAT
+from cuvil_edge.ir.ops._util import FLOAT, need
 
 
 def k_swish(x, alpha):
@@ -17,8 +19,25 @@ def k_swish(x, alpha):
     return np.asarray((w * np.where(z >= 0, 1 / (1 + e), e / (1 + e))).astype(x.dtype))
 
 
+def k_swiglu(a, b, alpha):
+    w = a.astype(np.float32) if a.dtype == np.float16 else a
+    z = w * w.dtype.type(alpha)
+    e = np.exp(-np.abs(z))
+    return np.asarray((w * np.where(z >= 0, 1 / (1 + e), e / (1 + e)) * b.astype(w.dtype)).astype(a.dtype))
+
+
+def _infer_swiglu(node, inputs):
+    need(node, inputs, 2)
+    a, b = inputs
+    if b.dtype != a.dtype or tuple(b.shape) != tuple(a.shape):
+        raise ShapeInferenceError(f"{node.describe()}: A {a} and B {b} must have one dtype and one shape (no broadcast)")
+    return infer_unary(node, [a], ((28, FLOATS),))
+
+
 OPS = (
     OpDef("Swish", (24,), lambda node, inputs: infer_unary(node, inputs, ((24, FLOATS),)), k_swish,
           per_element(TRANSCENDENTAL + 4), lambda node: {"alpha": float(node.attr("alpha", 1.0))},
           ATTRS={"alpha": FLOAT}),
+    OpDef("SwiGLU", (28,), _infer_swiglu, k_swiglu, per_element(TRANSCENDENTAL + 5),
+          lambda node: {"alpha": float(node.attr("alpha", 1.0))}, ATTRS={"alpha": FLOAT}),
 )
