@@ -282,6 +282,16 @@ CASES = [
     op("deform_conv_plain", "DeformConv", Feed((1, 2, 5, 5)), Feed((3, 2, 3, 3)), Feed((1, 18, 3, 3)), opset=19),
     op("deform_conv_mask_bias_groups", "DeformConv", Feed((2, 4, 5, 6)), Feed((4, 2, 2, 2)), Feed((2, 16, 5, 3)),
        Feed((4,)), Feed((2, 8, 5, 3)), group=2, offset_group=2, strides=[1, 2], pads=[1, 0, 0, 0], opset=22),
+    # --- RoiAlign (10, 16, 22)
+    op("roialign_half_pixel", "RoiAlign", Feed((2, 3, 8, 9)), F(0, 0, 5, 4, 1.5, 2, 7.5, 8, 3, 1, 3.5, 1.2).reshape(3, 4),
+       L(0, 1, 1), output_height=3, output_width=2, opset=16),
+    op("roialign_output_half_pixel_ratio", "RoiAlign", Feed((1, 2, 6, 6)), F(0.5, 0.5, 9, 7, 2, 1, 4, 5).reshape(2, 4),
+       L(0, 0), output_height=2, output_width=3, sampling_ratio=2, spatial_scale=0.5,
+       coordinate_transformation_mode="output_half_pixel", opset=16),
+    op("roialign_max", "RoiAlign", Feed((1, 2, 6, 6)), F(0, 0, 5, 5, 1, 2, 4, 3).reshape(2, 4), L(0, 0), mode="max",
+       output_height=2, output_width=2, sampling_ratio=2, opset=16),
+    op("roialign_opset10", "RoiAlign", Feed((1, 1, 5, 5)), F(0, 0, 4, 4).reshape(1, 4), L(0), output_height=2,
+       output_width=2, opset=10),
     # --- losses (12, 13, 22)
     op("nll_mean", "NegativeLogLikelihoodLoss", Feed((4, 5)), Feed((4,), I64, 0, 5), opset=13),
     op("nll_weight_ignore_none", "NegativeLogLikelihoodLoss", Feed((3, 5, 2)), Feed((3, 2), I32, 0, 5),
