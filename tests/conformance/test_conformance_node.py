@@ -51,6 +51,7 @@ EDGE_OPS = frozenset("""
     NegativeLogLikelihoodLoss SoftmaxCrossEntropyLoss GridSample AffineGrid LpPool Col2Im MaxUnpool
     GreaterOrEqual LessOrEqual Det CumProd TensorScatter Scatter BitCast DynamicQuantizeLinear Swish
     NonMaxSuppression RNN GRU LSTM LinearAttention CausalConvWithState DeformConv SwiGLU RoiAlign
+    TfIdfVectorizer
 """.split())  # issue 11, growing towards every default-domain op ONNX's node suite covers
 
 RTOL, ATOL = 1e-3, 1e-7

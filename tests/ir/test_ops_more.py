@@ -292,6 +292,16 @@ CASES = [
        output_height=2, output_width=2, sampling_ratio=2, opset=16),
     op("roialign_opset10", "RoiAlign", Feed((1, 1, 5, 5)), F(0, 0, 4, 4).reshape(1, 4), L(0), output_height=2,
        output_width=2, opset=10),
+    # --- TfIdfVectorizer (9)
+    op("tfidf_tf_skip", "TfIdfVectorizer", Feed((2, 8), I32, 1, 6), mode="TF", min_gram_length=1, max_gram_length=2,
+       max_skip_count=2, ngram_counts=[0, 3], ngram_indexes=[0, 1, 2, 3, 4, 5], pool_int64s=[2, 3, 5, 1, 2, 3, 4, 5, 5],
+       opset=13),
+    op("tfidf_idf_weights_1d", "TfIdfVectorizer", Feed((12,), I64, 1, 5), mode="IDF", min_gram_length=2,
+       max_gram_length=3, max_skip_count=1, ngram_counts=[0, 2, 6], ngram_indexes=[0, 1, 2, 3, 4],
+       pool_int64s=[1, 2, 1, 2, 3, 4, 1, 2, 3], weights=[0.5, 1.5, 2.0, 0.25, 3.0], opset=13),
+    op("tfidf_tfidf", "TfIdfVectorizer", Feed((3, 6), I64, 1, 4), mode="TFIDF", min_gram_length=1,
+       max_gram_length=1, max_skip_count=0, ngram_counts=[0], ngram_indexes=[2, 0, 1], pool_int64s=[1, 2, 3],
+       weights=[2.0, 0.5, 1.0], opset=13),
     # --- losses (12, 13, 22)
     op("nll_mean", "NegativeLogLikelihoodLoss", Feed((4, 5)), Feed((4,), I64, 0, 5), opset=13),
     op("nll_weight_ignore_none", "NegativeLogLikelihoodLoss", Feed((3, 5, 2)), Feed((3, 2), I32, 0, 5),
