@@ -120,16 +120,23 @@ class CuvilBackend(Backend):
 
 
 def _shape_deciding_inputs(proto: onnx.ModelProto) -> list[str]:
-    """Graph inputs that feed an op input listed in its module's ``CONST_INPUTS``."""
-    graph_inputs = {i.name for i in proto.graph.input}
-    found: list[str] = []
-    for node in proto.graph.node:
-        module = ops.registry().get(node.op_type)
-        for index in getattr(module, "CONST_INPUTS", ()):
-            name = node.input[index] if index < len(node.input) else ""
-            if name in graph_inputs and name not in found:
-                found.append(name)
-    return found
+    """Graph inputs whose values reach an op input listed in its module's ``CONST_INPUTS``,
+    directly or through other nodes (``Max(Shape(x), shape) -> ... -> Pad``); a ``Shape``
+    node reads only its input's type, so the walk stops there."""
+    producer = {out: node for node in proto.graph.node for out in node.output if out}
+    pending = [node.input[i] for node in proto.graph.node
+               for i in getattr(ops.registry().get(node.op_type), "CONST_INPUTS", ())
+               if i < len(node.input) and node.input[i]]
+    reached: set[str] = set()
+    while pending:
+        name = pending.pop()
+        if name in reached:
+            continue
+        reached.add(name)
+        node = producer.get(name)
+        if node is not None and node.op_type != "Shape":
+            pending.extend(i for i in node.input if i)
+    return [i.name for i in proto.graph.input if i.name in reached]
 
 
 class _SpecialisingRep(CuvilBackendRep):

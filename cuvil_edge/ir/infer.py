@@ -46,6 +46,8 @@ def topological_order(nodes: Sequence[Node], available: set[str]) -> list[Node]:
     producer: dict[str, Node] = {}
     for n in nodes:
         for out in n.outputs:
+            if not out:  # an optional output the model skips ("Y, '', '', qk")
+                continue
             if out in producer or out in available:
                 raise MalformedModelError(f"value {out!r} is produced twice ({n.describe()}); every value needs one producer")
             producer[out] = n
