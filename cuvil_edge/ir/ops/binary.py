@@ -1,6 +1,6 @@
 """Elementwise ops of two or more inputs with numpy (multidirectional) broadcasting, one table row
 each (the op contract: ``_contract.py``): the arithmetic Add, Sub, Mul, Div, Pow; the variadic Sum,
-Min, Max, Mean; the comparisons Equal, Greater, Less (bool output); Where (three inputs); Mod, And,
+Min, Max, Mean; the comparisons Equal, Greater, Less, GreaterOrEqual, LessOrEqual (bool output); Where (three inputs); Mod, And,
 Or, Xor, the bitwise ops, BitShift and PRelu.
 
 Integer arithmetic wraps (two's complement, as onnxruntime); integer Div truncates toward zero as C
@@ -67,6 +67,14 @@ def k_equal(a, b):
 
 def k_greater(a, b):
     return np.asarray(np.greater(a, b))
+
+
+def k_greater_or_equal(a, b):
+    return np.asarray(np.greater_equal(a, b))
+
+
+def k_less_or_equal(a, b):
+    return np.asarray(np.less_equal(a, b))
 
 
 def k_less(a, b):
@@ -242,6 +250,9 @@ OPS = (
           per_element(1)),
     OpDef("Greater", (7, 9, 13), _compare(_ORDERED), k_greater, per_element(1)),
     OpDef("Less", (7, 9, 13), _compare(_ORDERED), k_less, per_element(1)),
+    # GreaterOrEqual/LessOrEqual: from 12 with every numeric type; 16 adds bfloat16
+    OpDef("GreaterOrEqual", (12, 16), _compare(((12, FLOATS | INTS),)), k_greater_or_equal, per_element(1)),
+    OpDef("LessOrEqual", (12, 16), _compare(((12, FLOATS | INTS),)), k_less_or_equal, per_element(1)),
     OpDef("Where", (9, 16), _infer_where, k_where, per_element(1)),  # 16 adds bfloat16 only
     OpDef("Min", (6, 8, 12, 13), _variadic(((6, FLOATS), (12, NUMERIC))), k_min, per_element(1)),
     OpDef("Max", (6, 8, 12, 13), _variadic(((6, FLOATS), (12, NUMERIC))), k_max, per_element(1)),
