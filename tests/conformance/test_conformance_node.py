@@ -200,8 +200,13 @@ def _passes(case, runner) -> tuple[bool, str]:
         return False, f"{type(e).__name__}: {' '.join(str(e).split())[:160]}"
 
 
-def count(verbose: bool = False) -> dict[str, int]:
+def count(verbose: bool = False) -> dict[str, dict[str, int]]:
+    """Pass counts per suite (node cases plain and expanded, model suites): selected, ours in
+    each mode, onnxruntime. ``verbose`` prints one line per case."""
     import tempfile
+    from types import SimpleNamespace
+
+    from test_conformance_models import data_sets, model_dirs
 
     cache = tempfile.mkdtemp(prefix="cuvil-count-")
     runners = {
@@ -209,19 +214,28 @@ def count(verbose: bool = False) -> dict[str, int]:
         "compiled": lambda m, i: run_ours(m, i, "compiled", cache),
         "onnxruntime": run_ort,
     }
-    totals = {key: 0 for key in runners}
+    suites = {"node cases, plain": {}, "node cases, expanded (function bodies)": {}, "model suites": {}}
     for name, case in node_cases().items():
-        line = []
-        for key, runner in runners.items():
-            ok, why = _passes(case, runner)
-            totals[key] += ok
-            line.append(f"{key}={'ok' if ok else why}")
-        if verbose:
-            print(name, " | ".join(line), flush=True)
-    totals["selected"] = len(node_cases())
+        suites["node cases, expanded (function bodies)" if "_expanded" in name else "node cases, plain"][name] = case
+    for key, folder in model_dirs().items():
+        suites["model suites"][key] = SimpleNamespace(model=onnx.load(str(folder / "model.onnx")),
+                                                      data_sets=data_sets(folder))
+    totals = {}
+    for suite, cases in suites.items():
+        row = {"selected": len(cases), **{key: 0 for key in runners}}
+        for name, case in cases.items():
+            line = []
+            for key, runner in runners.items():
+                ok, why = _passes(case, runner)
+                row[key] += ok
+                line.append(f"{key}={'ok' if ok else why}")
+            if verbose:
+                print(name, " | ".join(line), flush=True)
+        totals[suite] = row
     return totals
 
 
 if __name__ == "__main__":
     sys.path.insert(0, str(HERE))
-    print(count(verbose="-v" in sys.argv))
+    for suite, row in count(verbose="-v" in sys.argv).items():
+        print(f"| {suite} | {row['selected']} | {row['interpreter']} | {row['compiled']} | {row['onnxruntime']} |")

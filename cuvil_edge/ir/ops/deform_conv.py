@@ -66,6 +66,11 @@ def _infer_deform_conv(node, inputs):
     if x.rank != 4 or w.rank != 4 or offset.rank != 4:
         raise ShapeInferenceError(f"{node.describe()}: only 2-D deformable convolution is supported; got X {x}, W {w}")
     attrs = _deform_attrs(node)
+    if len(attrs["strides"]) != 2 or len(attrs["pads"]) != 4 or len(attrs["dilations"]) != 2:
+        raise ShapeInferenceError(f"{node.describe()}: strides and dilations need 2 entries and pads 4 for 2-D "
+                                  f"deformable convolution, got {attrs['strides']}, {attrs['pads']}, {attrs['dilations']}")
+    if min(attrs["strides"] + attrs["dilations"]) < 1 or min(attrs["pads"]) < 0:
+        raise ShapeInferenceError(f"{node.describe()}: strides and dilations must be positive and pads >= 0")
     kernel = tuple(ints(node, "kernel_shape")) or tuple(w.shape[2:])
     if kernel != tuple(w.shape[2:]) or not all(isinstance(d, int) for d in (*x.shape[1:], *w.shape)):
         raise ShapeInferenceError(f"{node.describe()}: channels, spatial sizes and the kernel must be static, and "

@@ -118,7 +118,10 @@ def _infer_topk(node, inputs, consts=None):
         k = node.attr("k")
     else:
         need(node, inputs, 2)
-        k = int(_scalar(node, consts, 1, "k"))
+        k = _scalar(node, consts, 1, "k")
+        if inputs[1].dtype != "int64" or k.dtype.kind not in "iu":
+            raise ShapeInferenceError(f"{node.describe()}: K must be an int64 tensor of one element, got {inputs[1]}")
+        k = int(k)
     if not isinstance(k, int) or k < 0 or (isinstance(x.shape[axis], int) and k > x.shape[axis]):
         raise ShapeInferenceError(f"{node.describe()}: k={k!r} must be in [0, {x.shape[axis]}]")
     shape = tuple(k if i == axis else d for i, d in enumerate(x.shape))
