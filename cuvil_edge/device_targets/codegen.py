@@ -212,17 +212,19 @@ class Specialiser:
         for param in positional[len(args):]:
             if param not in values and param in defaults:
                 values[param] = defaults[param]  # a trailing input not given: its default
-        text, bound = specialise_function(source_of(function), self.PLACEHOLDER, values)
-        if not bound:
+        present = [positional[i] for i, arg in enumerate(args) if arg and i < len(positional)]
+        shown = ", ".join(f"{k}={source_literal(v)}" for k, v in values.items())
+        doc = f"{function.__name__} specialised for {shown or 'its inputs'}"
+        text, bound, changed = specialise_function(source_of(function), self.PLACEHOLDER, values, present,
+                                                   doc[:400])
+        if not changed:
             return op.emit(node, args, outs)
         name = self._names.get(text)
         if name is None:
             self._count[function.__name__] = self._count.get(function.__name__, 0) + 1
             name = f"{function.__name__}_{self._count[function.__name__]}"
             self._names[text] = name
-            shown = ", ".join(f"{k}={values[k]!r}" for k in bound)
-            self.functions.append(f"\n\n# {function.__name__} for {shown}"[:240] + "\n"
-                                  + text.replace(self.PLACEHOLDER, name, 1))
+            self.functions.append("\n\n" + text.replace(self.PLACEHOLDER, name, 1))
         call_args = [a for index, a in enumerate(args)
                      if index >= len(positional) or positional[index] not in bound]
         call_args = [a if a else "None" for a in call_args]

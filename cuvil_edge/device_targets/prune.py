@@ -21,7 +21,7 @@ from __future__ import annotations
 import ast
 import io
 import operator
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 from cuvil_edge.errors import BuildError
 
@@ -285,14 +285,17 @@ def _join(body: list[ast.stmt], chunks: list[str]) -> str:
     return "".join(out)
 
 
-def specialise_function(source: str, name: str, values: Mapping[str, object]) -> tuple[str, tuple[str, ...]]:
-    """One call site's copy of a kernel: the parameters in ``values`` become literals and the
-    branches they decide are pruned (:class:`Fold`).
+def specialise_function(source: str, name: str, values: Mapping[str, object], present: Iterable[str] = (),
+                        doc: str | None = None) -> tuple[str, tuple[str, ...], bool]:
+    """One call site's copy of a kernel: the parameters in ``values`` become literals, the
+    parameters in ``present`` are known to hold arrays (``p is None`` is False), and the branches
+    these decide are pruned (:class:`Fold`).
 
-    ``source`` holds a single ``def``; the copy is renamed ``name``. A parameter is substituted only
-    when its value is a plain literal (or a tuple of them) and the body never rebinds it; the
-    others stay parameters. Returns the copy's source and the names of the parameters substituted
-    (the call site drops those arguments).
+    ``source`` holds a single ``def``; the copy is renamed ``name`` and, with ``doc``, gets that
+    docstring. A parameter is substituted only when its value is a plain literal (or a tuple of
+    them) and the body never rebinds it; the others stay parameters. Returns the copy's source,
+    the names of the parameters substituted (the call site drops those arguments), and whether
+    anything was specialised at all.
 
     Raises:
         BuildError: ``source`` is not one function definition.
@@ -307,13 +310,15 @@ def specialise_function(source: str, name: str, values: Mapping[str, object]) ->
               if isinstance(a, ast.arg)}
     args = function.args
     if args.vararg is not None or args.kwarg is not None:
-        return source, ()
-    chosen = {k: v for k, v in values.items() if k not in rebound and k not in nested and _is_literal(v)}
+        return source, (), False
     params = [a.arg for a in (*args.posonlyargs, *args.args, *args.kwonlyargs)]
-    chosen = {k: v for k, v in chosen.items() if k in params}
-    if not chosen:
-        function.name = name
-        return ast.unparse(tree), ()
+    fixed = rebound | nested
+    chosen = {k: v for k, v in values.items() if k in params and k not in fixed and _is_literal(v)}
+    arrays = {p for p in present if p in params and p not in fixed and p not in chosen}
+    binder = _Bind(chosen, arrays)
+    function = binder.visit(function)
+    if not chosen and not binder.changed:
+        return source, (), False
     # drop the substituted parameters, keeping each remaining one's default
     positional = [*args.posonlyargs, *args.args]
     defaults = dict(zip([a.arg for a in positional][len(positional) - len(args.defaults):], args.defaults))
@@ -326,8 +331,13 @@ def specialise_function(source: str, name: str, values: Mapping[str, object]) ->
     kw = [(a, d) for a, d in zip(args.kwonlyargs, args.kw_defaults) if a.arg not in chosen]
     args.kwonlyargs, args.kw_defaults = [a for a, _ in kw], [d for _, d in kw]
     function.name = name
-    body = Fold().visit(_Bind(chosen).visit(function))
-    return ast.unparse(ast.fix_missing_locations(body)), tuple(chosen)
+    if doc is not None:
+        body = function.body
+        has_doc = body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) \
+            and isinstance(body[0].value.value, str)
+        function.body = [ast.Expr(ast.Constant(doc))] + (body[1:] if has_doc else body)
+    function = Fold().visit(function)
+    return ast.unparse(ast.fix_missing_locations(function)), tuple(chosen), True
 
 
 def _is_literal(value: object) -> bool:
@@ -337,14 +347,24 @@ def _is_literal(value: object) -> bool:
 
 
 class _Bind(ast.NodeTransformer):
-    """Loads of the given parameters become literals."""
+    """Loads of the given parameters become literals; ``p is None`` / ``p is not None`` of a
+    parameter known to hold an array become False / True."""
 
-    def __init__(self, values: Mapping[str, object]):
-        self.values = values
+    def __init__(self, values: Mapping[str, object], arrays: set[str] = frozenset()):
+        self.values, self.arrays, self.changed = values, arrays, False
 
     def visit_Name(self, node: ast.Name) -> ast.AST:
         if isinstance(node.ctx, ast.Load) and node.id in self.values:
+            self.changed = True
             return ast.copy_location(_literal_node(self.values[node.id]), node)
+        return node
+
+    def visit_Compare(self, node: ast.Compare) -> ast.AST:
+        self.generic_visit(node)
+        if (len(node.ops) == 1 and isinstance(node.ops[0], (ast.Is, ast.IsNot)) and isinstance(node.left, ast.Name)
+                and node.left.id in self.arrays and literal(node.comparators[0]) is None):
+            self.changed = True
+            return _const(isinstance(node.ops[0], ast.IsNot), node)
         return node
 
 

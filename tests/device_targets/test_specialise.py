@@ -36,12 +36,14 @@ def k_demo(x, b=None, *, scale, mode, flip):
 
 
 def test_literal_parameters_are_substituted_and_their_branches_pruned():
-    text, bound = specialise_function(KERNEL, "k_demo_1", {"scale": 3.0, "mode": "twice", "flip": 0, "b": None})
-    assert sorted(bound) == ["b", "flip", "mode", "scale"]
+    text, bound, changed = specialise_function(KERNEL, "k_demo_1", {"scale": 3.0, "mode": "twice", "flip": 0,
+                                                                    "b": None}, doc="for the demo")
+    assert sorted(bound) == ["b", "flip", "mode", "scale"] and changed
     function = ast.parse(text).body[0]
     assert function.name == "k_demo_1"
     assert [a.arg for a in function.args.args + function.args.kwonlyargs] == ["x"]
     assert "if" not in text and "mode" not in text and "flip" not in text
+    assert ast.get_docstring(function) == "for the demo"
     namespace = {}
     exec(text, namespace)
     assert namespace["k_demo_1"](np.float32(2)) == 12.0
@@ -49,15 +51,22 @@ def test_literal_parameters_are_substituted_and_their_branches_pruned():
 
 def test_a_parameter_the_kernel_rebinds_or_a_non_literal_stays_a_parameter():
     rebinding = "def k(x, *, axis):\n    if axis < 0:\n        axis += x.ndim\n    return x.sum(axis=axis)\n"
-    text, bound = specialise_function(rebinding, "k_1", {"axis": -1})
-    assert bound == () and "axis" in ast.parse(text).body[0].args.kwonlyargs[0].arg
-    text, bound = specialise_function(KERNEL, "k_2", {"scale": np.float32(2), "mode": "x", "flip": [1]})
+    text, bound, changed = specialise_function(rebinding, "k_1", {"axis": -1})
+    assert (text, bound, changed) == (rebinding, (), False)
+    text, bound, _ = specialise_function(KERNEL, "k_2", {"scale": np.float32(2), "mode": "x", "flip": [1]})
     assert bound == ("mode",)  # a numpy scalar and a list are not literals the generated code may hold
+
+
+def test_an_input_known_to_be_given_prunes_its_none_checks():
+    text, bound, changed = specialise_function(KERNEL, "k_3", {"scale": 1.0, "mode": "x", "flip": 0}, present=["b"])
+    assert changed and "is not None" not in text and "y = y + b" in text
+    text, bound, changed = specialise_function(KERNEL, "k_4", {}, present=["b"])
+    assert changed and bound == () and "is not None" not in text
 
 
 def test_varargs_kernels_are_left_alone():
     source = "def k(*xs):\n    return xs[0]\n"
-    assert specialise_function(source, "k_1", {}) == (source, ())
+    assert specialise_function(source, "k_1", {}) == (source, (), False)
 
 
 def test_source_that_is_not_one_function_is_refused():
@@ -91,15 +100,25 @@ def _function(source: str, name: str) -> ast.FunctionDef:
     return next(s for s in ast.parse(source).body if isinstance(s, ast.FunctionDef) and s.name == name)
 
 
+def _code(source: str, name: str) -> str:
+    """Function ``name``'s code without its docstring (which names the values it was specialised for)."""
+    function = _function(source, name)
+    if ast.get_docstring(function) is not None:
+        function.body = function.body[1:]
+    return ast.unparse(function)
+
+
 def test_static_attributes_are_substituted_and_dead_branches_pruned():
     source = prune(generate_source(load_model(_model(11))), DEFAULT_CAPABILITIES)
-    conv = ast.unparse(_function(source, "k_conv_1"))
+    conv = _code(source, "k_conv_1")
     assert "SAME" not in conv and "_win_same_pads" not in conv  # explicit pads: no auto_pad branch
     assert "auto_pad" not in conv and "(1, 1, 1, 1)" in conv
     assert "_activate" not in conv  # a plain Conv: the activation call is gone
-    gemm = ast.unparse(_function(source, "k_gemm_1"))
+    assert "is not None" not in conv and "b.reshape" in conv  # conv1 is given its bias
+    assert "specialised for" in ast.get_docstring(_function(source, "k_conv_1"))  # survives pruning
+    gemm = _code(source, "k_gemm_1")
     assert "trans_a" not in gemm and "a @ b.T" in gemm and "alpha" not in gemm
-    softmax = ast.unparse(_function(source, "k_softmax_1"))
+    softmax = _code(source, "k_softmax_1")
     assert "legacy" not in softmax and "reshape" in softmax  # opset 11: the 2-D flattening only
     # the generic kernels are unused and the pruner dropped them
     assert "def k_conv(" not in source and "def k_gemm(" not in source
@@ -110,9 +129,9 @@ def test_static_attributes_are_substituted_and_dead_branches_pruned():
 
 def test_opset_13_softmax_and_same_padding_keep_their_own_branches():
     source = prune(generate_source(load_model(_model(13, "SAME_UPPER"))), DEFAULT_CAPABILITIES)
-    conv = ast.unparse(_function(source, "k_conv_1"))
+    conv = _code(source, "k_conv_1")
     assert "_win_same_pads" in conv and "True" in conv  # SAME_UPPER: pads from the input size, upper
-    softmax = ast.unparse(_function(source, "k_softmax_1"))
+    softmax = _code(source, "k_softmax_1")
     assert "reshape(int(" not in softmax
 
 

@@ -3,6 +3,8 @@ infer with symbolic shape vectors, and typed errors for bad attributes."""
 
 from __future__ import annotations
 
+import ast
+
 import numpy as np
 import onnx
 import pytest
@@ -409,7 +411,9 @@ def test_call_sites_specialise_the_kernel(id, node, pruned, call):
     line = specialiser.call(ops.get(node.op_type), node, args, [f"y{i}" for i in range(len(node.outputs))])
     # assert
     (text,) = specialiser.functions
-    body = text[text.index("def "):]  # after the comment naming the values
+    function = ast.parse(text).body[0]
+    assert "specialised for" in ast.get_docstring(function)  # the docstring names the values
+    body = ast.unparse(function.body[1:])
     assert line == call and pruned not in body, text
 
 
