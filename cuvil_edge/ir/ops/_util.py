@@ -185,6 +185,18 @@ def dim_product(node: Node, dims: Sequence[Dim]) -> Dim:
     return make_dim(size, symbols)
 
 
+def data_dependent_dim(node: Node, what: str = "count") -> str:
+    """The symbol naming a length of ``node``'s first output that only the data decides (NonZero,
+    Unique, NonMaxSuppression): ``<output>.count``.
+
+    Raises:
+        ShapeInferenceError: the node names no first output.
+    """
+    if not node.outputs or not node.outputs[0]:
+        raise ShapeInferenceError(f"{node.describe()} must name its first output; its length depends on the data")
+    return f"{node.outputs[0]}.{what}"
+
+
 def axis_index(node: Node, axis: int, rank: int, extra: int = 0) -> int:
     """``axis`` in ``-rank..rank-1+extra`` normalised to ``0..rank-1+extra`` (negative counts from the end)."""
     if not -rank <= axis < rank + extra:

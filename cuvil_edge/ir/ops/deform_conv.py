@@ -81,9 +81,9 @@ def _infer_deform_conv(node, inputs):
     out = [pool_out(node, x.shape[2 + i], kernel[i], attrs["strides"][i], attrs["pads"][i], attrs["pads"][i + 2],
                     attrs["dilations"][i]) for i in range(2)]
     taps = og * kernel[0] * kernel[1]
-    if offset.shape[1] != 2 * taps or tuple(offset.shape[2:]) != tuple(out):
+    if offset.shape[1] != 2 * taps or tuple(offset.shape[2:]) != tuple(out):  # offset.rank == 4: checked above
         raise ShapeInferenceError(f"{node.describe()}: offset must be [N, {2 * taps}, {out[0]}, {out[1]}], got {offset}")
-    if mask is not None and (mask.shape[1] != taps or tuple(mask.shape[2:]) != tuple(out)):
+    if mask is not None and (mask.rank != 4 or mask.shape[1] != taps or tuple(mask.shape[2:]) != tuple(out)):
         raise ShapeInferenceError(f"{node.describe()}: mask must be [N, {taps}, {out[0]}, {out[1]}], got {mask}")
     if bias is not None and (bias.rank != 1 or bias.shape[0] != w.shape[0]):
         raise ShapeInferenceError(f"{node.describe()}: B must be a vector of {w.shape[0]}, got {bias}")

@@ -12,7 +12,7 @@ import numpy as np
 from cuvil_edge.errors import ShapeInferenceError
 from cuvil_edge.ir.graph import TensorType
 from cuvil_edge.ir.ops._contract import OpDef
-from cuvil_edge.ir.ops._util import INT, need
+from cuvil_edge.ir.ops._util import INT, data_dependent_dim, need
 
 
 def _nms_overlaps(boxes, center_point_box, iou_threshold):
@@ -68,7 +68,7 @@ def _infer_nms(node, inputs):
                                             ("score_threshold", "float32"))):
         if t is not None and (t.dtype != dtype or t.rank > 1):
             raise ShapeInferenceError(f"{node.describe()}: {what} must be a {dtype} scalar, got {t}")
-    return [TensorType("int64", (f"{node.outputs[0]}.count", 3))]
+    return [TensorType("int64", (data_dependent_dim(node), 3))]
 
 
 def _nms_flops(node, inputs, outputs):

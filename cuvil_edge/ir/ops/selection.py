@@ -16,7 +16,7 @@ from cuvil_edge.ir.graph import TensorType
 from cuvil_edge.ir.ops._contract import OpDef, per_element
 from cuvil_edge.ir.ops._elementwise import ALL, want
 from cuvil_edge.ir.ops._shape import vector
-from cuvil_edge.ir.ops._util import INT, INTS, axis_index, dim_product, ints, need
+from cuvil_edge.ir.ops._util import INT, INTS, axis_index, data_dependent_dim, dim_product, ints, need
 
 #: EyeLike's dtypes (the IR's numeric types and bool).
 EYE = ALL
@@ -95,7 +95,7 @@ def k_center_crop_pad(x, shape, axes):
 # --- inference and attributes -----------------------------------------------------------------
 def _count(node, what="count"):
     """The symbol naming a data-dependent length of ``node``'s first output."""
-    return f"{node.outputs[0]}.{what}"
+    return data_dependent_dim(node, what)
 
 
 def _infer_non_zero(node, inputs):

@@ -192,6 +192,8 @@ def _infer_stft(node, inputs, consts=None):
     if len(inputs) > 3 and inputs[3] is not None:
         size = _scalar_int(node, consts, 3, "frame_length")
     elif window is not None:
+        if window.rank != 1:
+            raise ShapeInferenceError(f"{node.describe()}: window must be a vector, got {window}")
         size = window.shape[0]
     else:
         size = x.shape[1]

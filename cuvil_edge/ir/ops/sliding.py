@@ -178,6 +178,9 @@ def _infer_max_unpool(node, inputs, consts=None):
     if len(inputs) > 2 and inputs[2] is not None:
         return [TensorType(x.dtype, tuple(vector(node, consts, 2, "output_shape")))]
     stride, pad = attrs["strides"] or (1,) * n, attrs["pads"] or (0,) * (2 * n)
+    if len(stride) != n or len(pad) != 2 * n or min(stride) < 1 or min(pad) < 0:
+        raise ShapeInferenceError(f"{node.describe()}: strides {list(stride)} and pads {list(pad)} must give {n} "
+                                  f"positive strides and {2 * n} pads >= 0")
     spatial = []
     for i in range(n):
         if not isinstance(x.shape[2 + i], int):

@@ -42,10 +42,16 @@ def _tfidf_attrs(node):
         raise UnsupportedAttributeError(f"{node.describe()}: string pools are unsupported (the IR has no strings); "
                                         "map tokens to integer ids and use pool_int64s")
     pool, starts, indexes = ints(node, "pool_int64s"), ints(node, "ngram_counts"), ints(node, "ngram_indexes")
+    missing = [key for key in ("min_gram_length", "max_gram_length", "max_skip_count", "mode") if node.attr(key) is None]
+    if missing:
+        raise UnsupportedAttributeError(f"{node.describe()}: the required attributes {missing} are missing")
     min_n, max_n = int(node.attr("min_gram_length")), int(node.attr("max_gram_length"))
     if not indexes or not 1 <= min_n <= max_n or len(starts) < 1:
         raise UnsupportedAttributeError(f"{node.describe()}: needs ngram_indexes and 1 <= min_gram_length <= "
                                         f"max_gram_length, got {min_n}, {max_n}")
+    if starts[0] != 0 or any(b < a for a, b in zip(starts, starts[1:])) or starts[-1] > len(pool):
+        raise UnsupportedAttributeError(f"{node.describe()}: ngram_counts {starts} must start at 0 and rise to at most "
+                                        f"the pool's {len(pool)} entries")
     grams, ngram_id = [], 0
     for i, start in enumerate(starts):  # section i holds the n-grams of length i + 1
         end = starts[i + 1] if i + 1 < len(starts) else len(pool)
