@@ -46,19 +46,29 @@ def random_array(shape: tuple, dtype: Any, rng: np.random.Generator) -> np.ndarr
     return rng.integers(low, 6, size=shape).astype(dtype)
 
 
-def build_model(c: Case) -> bytes:
-    """One node named "n0" reading in0, in1 ... and writing "y"."""
+def node_inputs(args, is_feed) -> tuple[list, list, list[str]]:
+    """(graph inputs, initializers, the node's input names) for a one-node model reading
+    in0, in1 ...: an arg for which ``is_feed`` holds (with ``shape`` and ``dtype``) is a graph
+    input, an array an initializer, None an omitted optional input ("")."""
     inputs, inits, names = [], [], []
-    out_dtype = np.float32
-    for i, a in enumerate(c.args):
+    for i, a in enumerate(args):
+        if a is None:
+            names.append("")
+            continue
         name = f"in{i}"
         names.append(name)
-        if isinstance(a, In):
-            inputs.append(helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(np.dtype(a.dtype)), list(a.shape)))
+        if is_feed(a):
+            code = helper.np_dtype_to_tensor_dtype(np.dtype(a.dtype))
+            inputs.append(helper.make_tensor_value_info(name, code, list(a.shape)))
         else:
-            inits.append(numpy_helper.from_array(a, name))
-        if i == 0:
-            out_dtype = a.dtype
+            inits.append(numpy_helper.from_array(np.asarray(a), name))
+    return inputs, inits, names
+
+
+def build_model(c: Case) -> bytes:
+    """One node named "n0" reading in0, in1 ... and writing "y"."""
+    inputs, inits, names = node_inputs(c.args, lambda a: isinstance(a, In))
+    out_dtype = c.args[0].dtype if c.args else np.float32
     node = helper.make_node(c.op, names, ["y"], name="n0", **c.attrs)
     if c.op == "Constant":
         out_dtype = np.float32 if "value_float" in c.attrs or "value_floats" in c.attrs else np.int64

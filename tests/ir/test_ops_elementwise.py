@@ -16,7 +16,7 @@ from cuvil_edge.ir import interpreter, ops
 from cuvil_edge.ir.graph import Node, TensorType, Value
 from cuvil_edge.ir.infer import build_graph
 
-from onnx_cases import Case, In, assert_matches, batches, case, const, feeds_for, ort, run_template
+from onnx_cases import Case, In, assert_matches, batches, case, const, feeds_for, node_inputs, ort, run_template
 
 B = "batch"
 F16, F64, I8, I32, I64, U8, U16, U32, BOOL = (np.float16, np.float64, np.int8, np.int32, np.int64,
@@ -263,18 +263,7 @@ def _outputs(c: Case) -> list[str]:
 
 def build(c: Case) -> bytes:
     """One node "n0" reading in0, in1 ... (None: an omitted optional input); outputs typed by ONNX inference."""
-    inputs, inits, names = [], [], []
-    for i, a in enumerate(c.args):
-        if a is None:
-            names.append("")
-            continue
-        name = f"in{i}"
-        names.append(name)
-        if isinstance(a, In):
-            elem = helper.np_dtype_to_tensor_dtype(np.dtype(a.dtype))
-            inputs.append(helper.make_tensor_value_info(name, elem, list(a.shape)))
-        else:
-            inits.append(numpy_helper.from_array(a, name))
+    inputs, inits, names = node_inputs(c.args, lambda a: isinstance(a, In))
     node = helper.make_node(c.op, names, _outputs(c), name="n0", **c.attrs)
     outs = [helper.make_value_info(o, onnx.TypeProto()) for o in _outputs(c)]
     graph = helper.make_graph([node], c.id, inputs, outs, inits)

@@ -13,6 +13,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from cuvil_edge.errors import ModelError, ShapeInferenceError, UnsupportedAttributeError
 from cuvil_edge.frontend.onnx_backend import CuvilBackend
+from onnx_cases import node_inputs
 
 ort = pytest.importorskip("onnxruntime")
 
@@ -55,18 +56,7 @@ def rng_array(shape, dtype, rng, low=-5, high=6):
 
 
 def model_of(c: Op) -> bytes:
-    inputs, inits, names = [], [], []
-    for i, a in enumerate(c.args):
-        if a is None:
-            names.append("")
-            continue
-        name = f"in{i}"
-        names.append(name)
-        if isinstance(a, Feed):
-            code = helper.np_dtype_to_tensor_dtype(np.dtype(a.dtype))
-            inputs.append(helper.make_tensor_value_info(name, code, list(a.shape)))
-        else:
-            inits.append(numpy_helper.from_array(np.asarray(a), name))
+    inputs, inits, names = node_inputs(c.args, lambda a: isinstance(a, Feed))
     outs = [f"y{i}" for i in range(c.outputs)]
     node = helper.make_node(c.op, names, outs, name="n0", **c.attrs)
     graph = helper.make_graph([node], c.id, inputs, [helper.make_value_info(o, onnx.TypeProto()) for o in outs], inits)
@@ -392,15 +382,7 @@ def test_refuses_with_a_typed_error_naming_the_node(c, error, fragment):
 
 def _unchecked_model(c: Op) -> bytes:
     """The one-node model without ONNX's checker or shape inference: some are invalid on purpose."""
-    inputs, inits, names = [], [], []
-    for i, a in enumerate(c.args):
-        name = f"in{i}"
-        names.append(name)
-        if isinstance(a, Feed):
-            inputs.append(helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(np.dtype(a.dtype)),
-                                                        list(a.shape)))
-        else:
-            inits.append(numpy_helper.from_array(np.asarray(a), name))
+    inputs, inits, names = node_inputs(c.args, lambda a: isinstance(a, Feed))
     node = helper.make_node(c.op, names, ["y0"], name="n0", **c.attrs)
     out = helper.make_tensor_value_info("y0", TensorProto.FLOAT, None)
     out.type.tensor_type.shape.SetInParent()
