@@ -55,12 +55,13 @@ def _rnn_act(name, v, alpha, beta):
 
 
 def _rnn_steps(x, sequence_lens, layout):
-    """The input as [steps, batch, features] (float16 widened) and each row's length."""
+    """The input as [steps, batch, features] (float16 widened), each row's length, steps, batch,
+    the compute dtype's scalar type and the row indices."""
     xs = np.swapaxes(x, 0, 1) if layout else x
     xs = xs.astype(np.float32) if xs.dtype == np.float16 else xs
     steps, batch = xs.shape[0], xs.shape[1]
     lens = np.full(batch, steps, np.int64) if sequence_lens is None else sequence_lens.astype(np.int64).reshape(-1)
-    return xs, lens
+    return xs, lens, steps, batch, xs.dtype.type, np.arange(batch)
 
 
 def _rnn_order(lens, steps, reverse):
@@ -88,10 +89,7 @@ def _rnn_outputs(ys, states, layout, dtype, outputs):
 
 def k_rnn(x, w, r, b=None, sequence_lens=None, initial_h=None, *, hidden, directions, layout, activations,
           alphas, betas, clip, outputs):
-    xs, lens = _rnn_steps(x, sequence_lens, layout)
-    steps, batch = xs.shape[0], xs.shape[1]
-    t = xs.dtype.type
-    rows = np.arange(batch)
+    xs, lens, steps, batch, t, rows = _rnn_steps(x, sequence_lens, layout)
     ys, hs = [], []
     for d, direction in enumerate(directions):
         order = _rnn_order(lens, steps, direction == "reverse")
@@ -114,10 +112,7 @@ def k_rnn(x, w, r, b=None, sequence_lens=None, initial_h=None, *, hidden, direct
 
 def k_gru(x, w, r, b=None, sequence_lens=None, initial_h=None, *, hidden, directions, layout, activations,
           alphas, betas, clip, linear_before_reset, outputs):
-    xs, lens = _rnn_steps(x, sequence_lens, layout)
-    steps, batch = xs.shape[0], xs.shape[1]
-    t = xs.dtype.type
-    rows = np.arange(batch)
+    xs, lens, steps, batch, t, rows = _rnn_steps(x, sequence_lens, layout)
     ys, hs = [], []
     for d, direction in enumerate(directions):
         f, g = activations[2 * d], activations[2 * d + 1]
@@ -154,10 +149,7 @@ def k_gru(x, w, r, b=None, sequence_lens=None, initial_h=None, *, hidden, direct
 
 def k_lstm(x, w, r, b=None, sequence_lens=None, initial_h=None, initial_c=None, p=None, *, hidden, directions,
            layout, activations, alphas, betas, clip, input_forget, outputs):
-    xs, lens = _rnn_steps(x, sequence_lens, layout)
-    steps, batch = xs.shape[0], xs.shape[1]
-    t = xs.dtype.type
-    rows = np.arange(batch)
+    xs, lens, steps, batch, t, rows = _rnn_steps(x, sequence_lens, layout)
     ys, hs, cs = [], [], []
     for d, direction in enumerate(directions):
         f, g, act_h = activations[3 * d], activations[3 * d + 1], activations[3 * d + 2]
