@@ -75,34 +75,54 @@ _WINDOW = (_win_same_pads, _win_out, _win_taps)
 
 # --- kernels ----------------------------------------------------------------------------------
 def k_conv(x, w, b=None, *, strides, pads, dilations, auto_pad, group, activation="none"):
+    t = np.float32 if x.dtype == np.float16 else x.dtype  # float16: computed in float32, rounded once
+    xt, wt = x.astype(t, copy=False), w.astype(t, copy=False)
     n, c, m, kernel = x.shape[0], x.shape[1], w.shape[0], w.shape[2:]
-    st = strides or (1,) * len(kernel)
-    di = dilations or (1,) * len(kernel)
+    k = len(kernel)
+    st = strides or (1,) * k
+    di = dilations or (1,) * k
     if auto_pad == "NOTSET":
-        pd = pads or (0,) * (2 * len(kernel))
+        pd = pads or (0,) * (2 * k)
     else:
         pd = _win_same_pads(x.shape[2:], kernel, st, di, auto_pad == "SAME_UPPER")
     out = _win_out(x.shape[2:], kernel, st, pd, di, 0)
     cg, mg, p = c // group, m // group, 1
     for size in out:
         p *= size
-    taps = _win_taps(x, kernel, st, pd, di, out, 0)
-    wg = w.reshape(group, mg, cg, -1)
-    if TARGET_LARGE_SCRATCH:
-        # im2col: every tap's window side by side, then one batched matmul.
-        cols = np.stack([v.reshape(n, group, cg, p) for _, v in taps], axis=3)
-        y = np.matmul(wg.reshape(group, mg, -1), cols.reshape(n, group, -1, p))
+    if max(kernel, default=1) == 1 and not any(pd):
+        # 1x1: a plain matmul over the (strided) input, no copy at stride 1
+        xs = xt[(slice(None), slice(None)) + tuple(slice(0, (o - 1) * s + 1, s) for o, s in zip(out, st))]
+        y = np.matmul(wt.reshape(group, mg, cg), xs.reshape(n, group, cg, p))
+    elif TARGET_LARGE_SCRATCH or (group == c and mg == 1):
+        # every window as a strided view of the padded input
+        padded = np.pad(xt, [(0, 0), (0, 0)] + [(pd[i], pd[i + k]) for i in range(k)]) if any(pd) else xt
+        spans = tuple(di[i] * (kernel[i] - 1) + 1 for i in range(k))
+        win = np.lib.stride_tricks.sliding_window_view(padded, spans, axis=tuple(range(2, 2 + k)))
+        win = win[(slice(None), slice(None)) + tuple(slice(0, (out[i] - 1) * st[i] + 1, st[i]) for i in range(k))
+                  + tuple(slice(None, None, d) for d in di)]
+        if group == c and mg == 1:
+            # depthwise: accumulate one scaled window per kernel tap (no im2col copy)
+            y = np.zeros((n, c) + out, dtype=t)
+            per_tap = wt.reshape(c, -1)
+            for index, tap in enumerate(np.ndindex(*kernel)):
+                y += win[(Ellipsis,) + tap] * per_tap[:, index].reshape((1, c) + (1,) * k)
+        else:
+            # im2col: the windows copied once, as (n, group, C/G * taps, out), then one batched matmul
+            order = (0, 1) + tuple(range(2 + k, 2 + 2 * k)) + tuple(range(2, 2 + k))
+            cols = win.transpose(order).reshape(n, group, cg * (w.size // (m * cg)), p)
+            y = np.matmul(wt.reshape(group, mg, -1), cols)
     else:
-        # low memory: accumulate one (M/G x C/G) matmul per kernel tap.
-        y = np.zeros((n, group, mg, p), dtype=x.dtype)
-        for index, (_, v) in enumerate(taps):
+        # low memory: accumulate one (M/G x C/G) matmul per kernel tap
+        wg = wt.reshape(group, mg, cg, -1)
+        y = np.zeros((n, group, mg, p), dtype=t)
+        for index, (_, v) in enumerate(_win_taps(xt, kernel, st, pd, di, out, 0)):
             y += np.matmul(wg[:, :, :, index], v.reshape(n, group, cg, p))
     y = y.reshape((n, m) + out)
     if b is not None:
-        y = y + b.reshape((1, m) + (1,) * len(out))
+        y = y + b.astype(t, copy=False).reshape((1, m) + (1,) * len(out))
     if activation != "none":
         y = _activate(y, activation)
-    return y
+    return y.astype(x.dtype, copy=False)
 
 
 def k_conv_integer(x, w, x_zp=None, w_zp=None, *, strides, pads, dilations, auto_pad, group):
