@@ -1,0 +1,534 @@
+"""Compiled module vs onnxruntime vs torch eager, one thread, interleaved (issue 12, item 1).
+
+For each model (bench/compiled_models.py: MLP, the digits CNN, a 28x28 CNN, ResNet-18/50,
+MobileNetV2, EfficientNet-B0, ConvNeXt-pico, a transformer encoder) the torch model is exported to
+ONNX (TorchScript exporter, symbolic batch), imported with ``cuvil_edge.frontend.load_model``,
+optimised with ``cuvil_edge.passes.optimize`` and built for ``x86-64`` into a fresh cache folder
+(``build seconds`` covers load + optimise + a cold build). Then, at each batch size, the three
+runtimes are timed round-robin in one process (each sample times the three one after another, the
+order rotating per sample, so machine noise hits all alike): the compiled module's ``.run(feeds)``,
+an onnxruntime CPU session (intra- and inter-op threads 1) and the torch module under
+``torch.inference_mode()`` (``torch.set_num_threads(1)``); numpy's BLAS is held to one thread with
+threadpoolctl. A sample is the mean of k back-to-back calls (k chosen per runtime in warm-up so a
+sample lasts >= 2 ms: sub-millisecond models are not timed at the clock's resolution); reported are
+the median and interquartile range over the samples, ratios of medians, and the compiled and torch
+outputs' error against onnxruntime's.
+
+The machine's ``OPENBLAS_CORETYPE`` and ``OPENBLAS_L2_SIZE`` make OpenBLAS pick kernels that halve
+sgemm speed, and OpenBLAS reads them when numpy loads: if either is set, this script re-executes
+itself with both removed from the environment before importing numpy (the JSON records what was
+removed).
+
+    .venv/bin/python bench/bench_compiled.py                         # everything (~10 min on 2 cores)
+    .venv/bin/python bench/bench_compiled.py --models mlp,resnet18 --batches 1 --samples 15
+    .venv/bin/python bench/bench_compiled.py --models resnet18 --batches 1 --profile resnet18
+
+``--profile MODEL[,MODEL]`` also times every node of the compiled module (a copy of the generated
+``_forward`` with a clock read around the statements of each node, swapped into the module's
+namespace) and onnxruntime's per-node kernel times (its own profiler), and prints and stores the
+per-op-type breakdown. Results: bench/results/compiled.json and compiled.md (the full run writes
+both; a run with --models/--batches/--samples writes compiled_quick.{json,md} unless --out is given).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+_STRIPPED = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
+if __name__ == "__main__" and any(k in os.environ for k in _STRIPPED):
+    _removed = {k: os.environ[k] for k in _STRIPPED if k in os.environ}
+    _env = {k: v for k, v in os.environ.items() if k not in _STRIPPED}
+    _env["CUVIL_BENCH_REMOVED_ENV"] = json.dumps(_removed)
+    os.execve(sys.executable, [sys.executable, os.path.abspath(__file__), *sys.argv[1:]], _env)
+
+import argparse  # noqa: E402
+import ast  # noqa: E402
+import copy  # noqa: E402
+import hashlib  # noqa: E402
+import io  # noqa: E402
+import platform  # noqa: E402
+import re  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+import warnings  # noqa: E402
+from collections import defaultdict  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Callable  # noqa: E402
+
+import numpy as np  # noqa: E402
+import onnxruntime as ort  # noqa: E402
+import torch  # noqa: E402
+from threadpoolctl import threadpool_info, threadpool_limits  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import compiled_models as cm  # noqa: E402
+
+from cuvil_edge.device_targets import build  # noqa: E402
+from cuvil_edge.frontend import load_model  # noqa: E402
+from cuvil_edge.frontend.demo_model import digits_cnn_onnx  # noqa: E402
+from cuvil_edge.ir import cost  # noqa: E402
+from cuvil_edge.passes import optimize  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parent / "results"
+RUNTIMES = ("compiled", "onnxruntime", "torch")
+SAMPLES_SMALL = 25  # per model and batch, after warm-up
+SAMPLES_BIG_B16 = 15  # the 224x224-class models and the transformer at batch 16
+MIN_SAMPLE_S = 0.002  # a sample is the mean of enough calls to last this long
+WARMUP_CALLS = 3
+PROFILE_RUNS = 15
+
+
+class _Package:
+    """What build() needs: the graph and a payload digest."""
+
+    def __init__(self, graph, data: bytes) -> None:
+        self.graph, self.payload_digest = graph, hashlib.sha256(data).hexdigest()
+
+
+def export(name: str, model: torch.nn.Module) -> tuple[bytes, str]:
+    """The model's ONNX (symbolic batch, traced at batch 2) and its input's name."""
+    if name == "digits_cnn":
+        return digits_cnn_onnx(), "image"
+    buffer = io.BytesIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(model, (torch.from_numpy(cm.example(name, 2)),), buffer, dynamo=False,
+                          opset_version=cm.SPECS[name].opset, input_names=["x"], output_names=["y"],
+                          dynamic_axes={"x": {0: "batch"}, "y": {0: "batch"}})
+    return buffer.getvalue(), "x"
+
+
+def ort_session(data: bytes, profile: bool = False) -> ort.InferenceSession:
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    options.inter_op_num_threads = 1
+    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    if profile:
+        options.enable_profiling = True
+        options.profile_file_prefix = str(Path(tempfile.mkdtemp()) / "ort")
+    return ort.InferenceSession(data, options, providers=["CPUExecutionProvider"])
+
+
+def calls_per_sample(fn: Callable[[], object]) -> int:
+    """Warm ``fn`` up; the number of calls one sample needs to last MIN_SAMPLE_S."""
+    elapsed: list[float] = []
+    while len(elapsed) < WARMUP_CALLS and not (len(elapsed) >= 2 and min(elapsed) > 0.5):
+        start = time.perf_counter()
+        fn()
+        elapsed.append(time.perf_counter() - start)
+    return max(1, int(np.ceil(MIN_SAMPLE_S / max(min(elapsed), 1e-7))))
+
+
+def time_interleaved(fns: dict[str, Callable[[], object]], samples: int) -> dict[str, dict]:
+    """Per runtime: median and IQR (ms per call) over ``samples`` round-robin samples."""
+    calls = {k: calls_per_sample(f) for k, f in fns.items()}
+    times: dict[str, list[float]] = {k: [] for k in fns}
+    order = list(fns)
+    for s in range(samples):
+        for k in order[s % len(order):] + order[:s % len(order)]:
+            f, n = fns[k], calls[k]
+            start = time.perf_counter()
+            for _ in range(n):
+                f()
+            times[k].append((time.perf_counter() - start) / n * 1e3)
+    out = {}
+    for k, ts in times.items():
+        q1, med, q3 = np.percentile(ts, [25, 50, 75])
+        out[k] = {"ms": float(med), "iqr_ms": float(q3 - q1), "calls_per_sample": calls[k]}
+    return out
+
+
+def errors(got: np.ndarray, want: np.ndarray) -> dict[str, float]:
+    """max |got - want| and that over max |want| (relative to the output's scale: an elementwise
+    ratio is dominated by outputs near zero)."""
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    if got.shape != want.shape:
+        return {"max_abs_err": float("nan"), "max_rel_err": float("nan"), "shape_mismatch": True}
+    diff = float(np.max(np.abs(got - want)))
+    return {"max_abs_err": diff, "max_rel_err": diff / max(float(np.max(np.abs(want))), 1e-30)}
+
+
+# ---------------------------------------------------------------- per-node profile of the compiled module
+
+_MARK = re.compile(r"^\s*# (\S+) node (.+)$")
+
+
+def _instrumented(source: str, function: ast.FunctionDef) -> tuple[ast.FunctionDef, list[dict]]:
+    """A copy of ``function`` whose top-level statements are grouped by the node comment before
+    them and each group wrapped in clock reads; the groups' labels."""
+    lines = source.splitlines()
+    marks = []  # (line number, op type, node name) inside the function
+    for lineno in range(function.lineno, (function.end_lineno or function.lineno) + 1):
+        m = _MARK.match(lines[lineno - 1])
+        if m:
+            marks.append((lineno, m.group(1), m.group(2)))
+    groups: list[dict] = []
+    body: list[ast.stmt] = []
+    current: list[ast.stmt] = []
+
+    def flush() -> None:
+        if not current:
+            return
+        idx = len(groups) - 1
+        body.append(ast.parse("_cuv_t0 = _cuv_clock()").body[0])
+        body.extend(current)
+        body.append(ast.parse(f"_cuv_record({idx}, _cuv_clock() - _cuv_t0)").body[0])
+        current.clear()
+
+    label = None
+    for stmt in function.body:
+        before = [m for m in marks if m[0] < stmt.lineno]
+        inside = [m for m in marks if stmt.lineno <= m[0] <= (stmt.end_lineno or stmt.lineno)]
+        if isinstance(stmt, ast.Return):
+            flush()
+            body.append(stmt)
+            continue
+        if inside:  # a compound statement holding several nodes' code: one group for all of them
+            new = ("+".join(sorted({m[1] for m in inside})), ", ".join(m[2] for m in inside))
+        elif before:
+            new = (before[-1][1], before[-1][2])
+        else:
+            new = ("(inputs and weights)", "")
+        if new != label or inside:
+            flush()
+            label = new
+            groups.append({"op_type": new[0], "node": new[1], "kernel": None})
+        call = stmt.value if isinstance(stmt, ast.Assign) else None
+        if isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and groups[-1]["kernel"] is None:
+            groups[-1]["kernel"] = call.func.id
+        current.append(stmt)
+    flush()
+    timed = copy.copy(function)
+    timed.body, timed.decorator_list = body, []
+    return ast.fix_missing_locations(timed), groups
+
+
+def profile_compiled(compiled, feeds: dict[str, np.ndarray], graph, batch: int, runs: int = PROFILE_RUNS) -> dict:
+    """Per node and per op type: median ms over ``runs`` calls of ``compiled.run`` with every
+    function of the module that holds node comments (``_forward``) swapped for a timed copy."""
+    namespace = compiled._entry.__globals__
+    tree = ast.parse(compiled.source)
+    targets = [f for f in tree.body if isinstance(f, ast.FunctionDef)
+               and any(_MARK.match(line) for line in
+                       compiled.source.splitlines()[f.lineno - 1:f.end_lineno])]
+    if not targets:
+        raise SystemExit("profile: no function of the compiled module has '# <Op> node <name>' comments")
+    groups: list[dict] = []
+    timed = {}
+    for function in targets:
+        fn_copy, labels = _instrumented(compiled.source, function)
+        offset = len(groups)
+        # each function records into its own slice of the groups
+        fn_copy = ast.fix_missing_locations(_Offset(offset).visit(fn_copy))
+        groups += labels
+        timed[function.name] = fn_copy
+    acc = np.zeros((runs, len(groups)))
+    row = [0]
+
+    def record(index: int, seconds: float) -> None:
+        acc[row[0], index] += seconds
+
+    originals = {name: namespace[name] for name in timed}
+    namespace["_cuv_clock"], namespace["_cuv_record"] = time.perf_counter, record
+    try:
+        for name, fn_copy in timed.items():
+            exec(compile(ast.Module(body=[fn_copy], type_ignores=[]), compiled.source_path.as_posix(), "exec"),
+                 namespace)
+        compiled.run(feeds)  # warm
+        totals = []
+        for r in range(runs):
+            row[0] = r
+            start = time.perf_counter()
+            compiled.run(feeds)
+            totals.append(time.perf_counter() - start)
+    finally:
+        namespace.update(originals)
+        for key in ("_cuv_clock", "_cuv_record"):
+            namespace.pop(key, None)
+    plain = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        compiled.run(feeds)
+        plain.append(time.perf_counter() - start)
+    try:
+        flops = cost.node_flops(graph, {s: batch for t in graph.types.values() for s in t.symbols()})
+    except Exception:  # noqa: BLE001 - FLOPs are a nicety of the report
+        flops = {}
+    node_ms = np.median(acc, axis=0) * 1e3
+    by_name = {n.name: n for n in graph.nodes}
+    nodes = []
+    for g, ms in zip(groups, node_ms):
+        try:
+            key = ast.literal_eval(g["node"])
+        except (ValueError, SyntaxError):
+            key = g["node"]
+        nodes.append({**g, "node": key, "kind": _kind(graph, by_name.get(key), g["op_type"]), "ms": float(ms),
+                      "flops": int(flops.get(key, 0))})
+    attributed = float(node_ms.sum())
+
+    def table(field: str) -> dict[str, dict]:
+        out: dict[str, dict] = defaultdict(lambda: {"count": 0, "ms": 0.0, "flops": 0})
+        for n in nodes:
+            t = out[n[field]]
+            t["count"] += 1
+            t["ms"] += n["ms"]
+            t["flops"] += n["flops"]
+        for t in out.values():
+            t["share"] = t["ms"] / attributed if attributed else 0.0
+            t["gflops_per_s"] = t["flops"] / (t["ms"] * 1e6) if t["ms"] > 0 and t["flops"] else None
+        return dict(sorted(out.items(), key=lambda kv: -kv[1]["ms"]))
+
+    return {
+        "batch": batch, "runs": runs,
+        "run_ms_plain": float(np.median(plain) * 1e3),
+        "run_ms_instrumented": float(np.median(totals) * 1e3),
+        "nodes_ms": attributed,  # sum of the nodes' medians; shares are of this
+        # run() around _forward, bind_inputs, the clock reads themselves: median over runs
+        "unattributed_ms": float(np.median(np.asarray(totals) - acc.sum(axis=1)) * 1e3),
+        "by_op_type": table("op_type"),
+        "by_kind": table("kind"),  # convolutions split by shape: depthwise / 1x1 / kxk, stride
+        "top_nodes": sorted(nodes, key=lambda n: -n["ms"])[:15],
+    }
+
+
+def _kind(graph, node, op_type: str) -> str:
+    """``op_type``, and for a convolution whether it is depthwise, 1x1 or kxk and its stride."""
+    if node is None or "Conv" not in op_type or len(node.inputs) < 2 or node.inputs[1] not in graph.types:
+        return op_type
+    shape = graph.types[node.inputs[1]].shape
+    if len(shape) < 3:
+        return op_type
+    group = int(node.attr("group", 1) or 1)
+    kernel = "x".join(str(k) for k in shape[2:])
+    strides = node.attr("strides") or ()
+    stride = f" /{max(strides)}" if strides and max(strides) > 1 else ""
+    if group > 1 and group == shape[0]:
+        return f"{op_type} depthwise {kernel}{stride}"
+    return f"{op_type} {kernel}{' grouped' if group > 1 else ''}{stride}"
+
+
+class _Offset(ast.NodeTransformer):
+    """Shift the group index of every _cuv_record call by ``offset``."""
+
+    def __init__(self, offset: int) -> None:
+        self.offset = offset
+
+    def visit_Call(self, node: ast.Call) -> ast.Call:
+        self.generic_visit(node)
+        if isinstance(node.func, ast.Name) and node.func.id == "_cuv_record" and self.offset:
+            node.args[0] = ast.Constant(node.args[0].value + self.offset)
+        return node
+
+
+def profile_onnxruntime(data: bytes, feeds: dict[str, np.ndarray], runs: int = PROFILE_RUNS) -> dict:
+    """onnxruntime's own per-node kernel times (its profiler), ms per run by op type."""
+    session = ort_session(data, profile=True)
+    session.run(None, feeds)
+    for _ in range(runs):
+        session.run(None, feeds)
+    path = session.end_profiling()
+    events = json.loads(Path(path).read_text())
+    per_run: dict[str, list[float]] = defaultdict(list)
+    for e in events:
+        if e.get("cat") == "Node" and e.get("name", "").endswith("_kernel_time"):
+            per_run[e["args"].get("op_name", "?")].append(e["dur"] / 1e3)
+    total_runs = runs + 1
+    by_type = {op: {"count": len(d) // total_runs, "ms": sum(d) / total_runs} for op, d in per_run.items()}
+    Path(path).unlink(missing_ok=True)
+    return dict(sorted(by_type.items(), key=lambda kv: -kv[1]["ms"]))
+
+
+def print_profile(name: str, prof: dict) -> None:
+    c = prof["compiled"]
+    print(f"\nprofile {name} batch {c['batch']}: run {c['run_ms_plain']:.3f} ms plain, "
+          f"{c['run_ms_instrumented']:.3f} ms instrumented, {c['unattributed_ms']:.3f} ms outside the nodes")
+    for title, key in (("op type", "by_op_type"), ("convolutions by kind", "by_kind")):
+        print(f"  {title:36s} {'n':>4s} {'ms':>9s} {'share':>6s} {'GFLOP/s':>8s}")
+        for op, t in c[key].items():
+            if key == "by_kind" and "Conv" not in op:
+                continue
+            rate = f"{t['gflops_per_s']:.1f}" if t["gflops_per_s"] else ""
+            print(f"  {op:36s} {t['count']:4d} {t['ms']:9.3f} {t['share']:6.1%} {rate:>8s}")
+    print("  top nodes: " + "; ".join(f"{n['op_type']} {n['node']} {n['ms']:.3f} ms" for n in c["top_nodes"][:6]))
+    print("  onnxruntime kernels: " + ", ".join(f"{op} {t['ms']:.3f} ms ({t['count']})"
+                                                 for op, t in prof["onnxruntime"].items()))
+
+
+# ---------------------------------------------------------------- driver
+
+
+def bench_model(name: str, batches: list[int], samples: int | None, profile: bool, cache: Path) -> dict:
+    spec = cm.SPECS[name]
+    model = cm.make(name)
+    data, input_name = export(name, model)
+    start = time.perf_counter()
+    graph = load_model(data)
+    optimized, _ = optimize(graph)
+    compiled = build(_Package(optimized, data), "x86-64", cache_dir=cache / name)
+    build_s = time.perf_counter() - start
+    session = ort_session(data)
+    entry: dict = {"title": spec.title, "input_shape": list(spec.shape), "opset": spec.opset,
+                   "onnx_nodes": len(graph.nodes), "optimised_nodes": len(optimized.nodes),
+                   "build_s": build_s, "build_only_s": compiled.build_seconds, "batches": {}}
+    print(f"{name}: {spec.title}, {len(graph.nodes)} -> {len(optimized.nodes)} nodes, built in {build_s:.2f} s",
+          flush=True)
+    with torch.inference_mode():
+        for batch in batches:
+            x = cm.example(name, batch, seed=batch)
+            xt = torch.from_numpy(x)
+            feeds = {input_name: x}
+            want = session.run(None, feeds)[0]
+            got = compiled.run(feeds)[compiled.graph.outputs[0].name]
+            theirs = model(xt).numpy()
+            n = samples if samples is not None else (SAMPLES_BIG_B16 if spec.big and batch > 1 else SAMPLES_SMALL)
+            t = time_interleaved({"compiled": lambda: compiled.run(feeds),
+                                  "onnxruntime": lambda: session.run(None, feeds),
+                                  "torch": lambda: model(xt)}, n)
+            row = {"samples": n, **{f"{k}_ms": v["ms"] for k, v in t.items()},
+                   **{f"{k}_iqr_ms": v["iqr_ms"] for k, v in t.items()},
+                   "calls_per_sample": {k: v["calls_per_sample"] for k, v in t.items()},
+                   "compiled_vs_onnxruntime": t["compiled"]["ms"] / t["onnxruntime"]["ms"],
+                   "compiled_vs_torch": t["compiled"]["ms"] / t["torch"]["ms"],
+                   "compiled_err_vs_onnxruntime": errors(got, want),
+                   "torch_err_vs_onnxruntime": errors(theirs, want)}
+            entry["batches"][str(batch)] = row
+            print(f"  b={batch:<3d} compiled {row['compiled_ms']:9.3f} ms  onnxruntime {row['onnxruntime_ms']:9.3f} ms"
+                  f"  torch {row['torch_ms']:9.3f} ms  vs ORT {row['compiled_vs_onnxruntime']:5.2f}x"
+                  f"  vs torch {row['compiled_vs_torch']:5.2f}x"
+                  f"  rel err {row['compiled_err_vs_onnxruntime']['max_rel_err']:.1e}  ({n} samples)", flush=True)
+    if profile:
+        batch = 1
+        feeds = {input_name: cm.example(name, batch, seed=batch)}
+        entry["profile"] = {"compiled": profile_compiled(compiled, feeds, optimized, batch),
+                            "onnxruntime": profile_onnxruntime(data, feeds)}
+        print_profile(name, entry["profile"])
+    return entry
+
+
+def machine_note() -> dict:
+    cpu = "?"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    blas = [{k: i.get(k) for k in ("internal_api", "version", "architecture", "num_threads")}
+            for i in threadpool_info() if i.get("user_api") == "blas"]
+    return {"cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version(), "numpy": np.__version__,
+            "onnxruntime": ort.__version__, "torch": torch.__version__, "blas": blas,
+            "removed_env": json.loads(os.environ.get("CUVIL_BENCH_REMOVED_ENV", "{}")),
+            "openblas_env_now": {k: os.environ.get(k) for k in _STRIPPED}}
+
+
+def write_markdown(results: dict, path: Path) -> None:
+    m = results["machine"]
+    blas = ", ".join(f"{b['internal_api']} {b['version']} {b['architecture']}" for b in m["blas"])
+    lines = [
+        "# Compiled module vs onnxruntime vs torch eager (one thread)",
+        "",
+        f"Command: `{results['command']}`  ",
+        f"Machine: {m['cpu']}, {m['cores']} cores (shared with other work), Python {m['python']}, numpy {m['numpy']} "
+        f"({blas}), "
+        f"onnxruntime {m['onnxruntime']}, torch {m['torch']}. "
+        f"OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE removed before numpy loaded: {m['removed_env'] or 'none were set'}.  ",
+        f"Date: {results['date']}; wall time {results['wall_s']:.0f} s.",
+        "",
+        "One thread everywhere (threadpoolctl BLAS limit 1, onnxruntime intra/inter-op 1, "
+        "`torch.set_num_threads(1)`); the three runtimes timed round-robin per sample in one process. "
+        "ms = median per call over the samples (a sample is the mean of enough back-to-back calls to last "
+        f">= {MIN_SAMPLE_S * 1e3:g} ms), ± = interquartile range. Samples: {SAMPLES_SMALL} per row, "
+        f"{SAMPLES_BIG_B16} for the 224x224 models and the transformer at batch 16 (unless --samples). "
+        "rel err = max |compiled - onnxruntime| / max |onnxruntime| over the output. "
+        "build = load_model + optimize + a cold build for x86-64. Random weights, BatchNorm statistics "
+        "randomised, eval mode; exported by torch.onnx.export(dynamo=False) at opset 17 (the digits CNN: "
+        "cuvil_edge.frontend.demo_model, opset 13).",
+        "",
+        "Models (bench/compiled_models.py): torchvision layouts written out (torchvision is not installed), "
+        "1000 classes. ResNet-50 is v1.5 (stride in the 3x3). EfficientNet-B0 (SiLU, squeeze-excite, depthwise "
+        "3x3/5x5). The ConvNeXt-style network is timm's ConvNeXt-pico (dims 64-128-256-512, depths 2-2-6-2, "
+        "7x7 depthwise, LayerNorm over channels via permute, GELU, layer scale), not -tiny, so that batch 16 "
+        "fits the run's time budget. The transformer: 4 pre-norm layers, width 256, 8 heads, MLP 1024, "
+        "over (batch, 128, 256) embeddings; torch exports its GELU at opset 17 as Div/Erf/Add/Mul.",
+        "",
+        "| model | batch | onnxruntime ms | torch ms | compiled ms | compiled/ORT | compiled/torch | rel err "
+        "| build s |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name, e in results["models"].items():
+        for batch, r in e["batches"].items():
+            lines.append(
+                f"| {e['title']} | {batch} | {r['onnxruntime_ms']:.3f} ± {r['onnxruntime_iqr_ms']:.3f} "
+                f"| {r['torch_ms']:.3f} ± {r['torch_iqr_ms']:.3f} "
+                f"| {r['compiled_ms']:.3f} ± {r['compiled_iqr_ms']:.3f} "
+                f"| {r['compiled_vs_onnxruntime']:.2f}× | {r['compiled_vs_torch']:.2f}× "
+                f"| {r['compiled_err_vs_onnxruntime']['max_rel_err']:.1e} | {e['build_s']:.2f} |")
+    for name, e in results["models"].items():
+        if "profile" not in e:
+            continue
+        c = e["profile"]["compiled"]
+        lines += ["", f"## Profile: {e['title']}, batch {c['batch']}", "",
+                  f"Compiled run {c['run_ms_plain']:.2f} ms ({c['run_ms_instrumented']:.2f} ms with a clock read "
+                  f"around each node; {c['unattributed_ms']:.2f} ms outside the nodes). Per node the median over "
+                  f"{c['runs']} runs; shares are of the nodes' sum ({c['nodes_ms']:.2f} ms). ↳ rows split the "
+                  "convolutions by kind (depthwise / 1x1 / kxk, /stride). GFLOP/s from cuvil_edge.ir.cost.",
+                  "", "| op type | nodes | ms | share | GFLOP/s |", "|---|---|---|---|---|"]
+        for op, t in c["by_op_type"].items():
+            rate = f"{t['gflops_per_s']:.1f}" if t["gflops_per_s"] else ""
+            lines.append(f"| {op} | {t['count']} | {t['ms']:.3f} | {t['share']:.1%} | {rate} |")
+        for op, t in c["by_kind"].items():
+            if "Conv" in op:
+                rate = f"{t['gflops_per_s']:.1f}" if t["gflops_per_s"] else ""
+                lines.append(f"| ↳ {op} | {t['count']} | {t['ms']:.3f} | {t['share']:.1%} | {rate} |")
+        lines += ["", "onnxruntime's kernels (its profiler, ms per run): " + ", ".join(
+            f"{op} {t['ms']:.3f} ({t['count']})" for op, t in e["profile"]["onnxruntime"].items())]
+    path.write_text("\n".join(lines) + "\n")
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", default=",".join(cm.SPECS), help=f"comma-separated, of {','.join(cm.SPECS)}")
+    parser.add_argument("--batches", default="1,16", help="comma-separated batch sizes")
+    parser.add_argument("--samples", type=int, default=None,
+                        help=f"samples per row (default {SAMPLES_SMALL}; {SAMPLES_BIG_B16} for the big models "
+                             "at batch > 1)")
+    parser.add_argument("--profile", default="", help="comma-separated models to profile per op type (batch 1)")
+    parser.add_argument("--out", default=None,
+                        help="output stem under bench/results (default: compiled, or compiled_quick when "
+                             "--models/--batches/--samples narrow the run)")
+    args = parser.parse_args(argv)
+    models = [m for m in args.models.split(",") if m]
+    unknown = [m for m in models + [p for p in args.profile.split(",") if p] if m not in cm.SPECS]
+    if unknown:
+        parser.error(f"unknown model(s) {unknown}; choose from {list(cm.SPECS)}")
+    profiles = {p for p in args.profile.split(",") if p}
+    models += [p for p in profiles if p not in models]
+    batches = [int(b) for b in args.batches.split(",") if b]
+    full = args.models == parser.get_default("models") and args.batches == "1,16" and args.samples is None
+    stem = args.out or ("compiled" if full else "compiled_quick")
+
+    torch.set_num_threads(1)
+    try:
+        torch.set_num_interop_threads(1)
+    except RuntimeError:
+        pass
+    started = time.perf_counter()
+    results: dict = {"command": "python bench/bench_compiled.py" + "".join(f" {a}" for a in (argv or sys.argv[1:])),
+                     "date": time.strftime("%Y-%m-%d %H:%M:%S"), "machine": machine_note(), "models": {}}
+    with threadpool_limits(1), tempfile.TemporaryDirectory() as cache:
+        results["machine"]["blas"] = machine_note()["blas"]
+        for name in models:
+            results["models"][name] = bench_model(name, batches, args.samples, name in profiles, Path(cache))
+    results["wall_s"] = time.perf_counter() - started
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / f"{stem}.json").write_text(json.dumps(results, indent=2) + "\n")
+    write_markdown(results, RESULTS / f"{stem}.md")
+    print(f"\nwrote {RESULTS / (stem + '.json')} and .md in {results['wall_s']:.0f} s")
+    return results
+
+
+if __name__ == "__main__":
+    main()
