@@ -50,6 +50,7 @@ import hashlib  # noqa: E402
 import io  # noqa: E402
 import platform  # noqa: E402
 import re  # noqa: E402
+import subprocess  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
 import warnings  # noqa: E402
@@ -418,7 +419,17 @@ def machine_note() -> dict:
         pass
     blas = [{k: i.get(k) for k in ("internal_api", "version", "architecture", "num_threads")}
             for i in threadpool_info() if i.get("user_api") == "blas"]
-    return {"cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version(), "numpy": np.__version__,
+    import cuvil_edge
+    root = Path(cuvil_edge.__file__).resolve().parent.parent
+    try:
+        commit = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True,
+                                text=True, timeout=10).stdout.strip()
+        dirty = bool(subprocess.run(["git", "-C", str(root), "status", "--porcelain", "cuvil_edge"],
+                                    capture_output=True, text=True, timeout=10).stdout.strip())
+    except (OSError, subprocess.SubprocessError):
+        commit, dirty = "?", None
+    return {"cpu": cpu, "cores": os.cpu_count(), "cuvil_edge_commit": commit, "cuvil_edge_uncommitted_changes": dirty,
+            "python": platform.python_version(), "numpy": np.__version__,
             "onnxruntime": ort.__version__, "torch": torch.__version__, "blas": blas,
             "removed_env": json.loads(os.environ.get("CUVIL_BENCH_REMOVED_ENV", "{}")),
             "openblas_env_now": {k: os.environ.get(k) for k in _STRIPPED}}
@@ -435,7 +446,8 @@ def write_markdown(results: dict, path: Path) -> None:
         f"({blas}), "
         f"onnxruntime {m['onnxruntime']}, torch {m['torch']}. "
         f"OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE removed before numpy loaded: {m['removed_env'] or 'none were set'}.  ",
-        f"Date: {results['date']}; wall time {results['wall_s']:.0f} s.",
+        f"Date: {results['date']}; wall time {results['wall_s']:.0f} s; cuvil_edge at commit {m['cuvil_edge_commit']}"
+        f"{' with uncommitted changes' if m['cuvil_edge_uncommitted_changes'] else ''}.",
         "",
         "One thread everywhere (threadpoolctl BLAS limit 1, onnxruntime intra/inter-op 1, "
         "`torch.set_num_threads(1)`); the three runtimes timed round-robin per sample in one process. "
