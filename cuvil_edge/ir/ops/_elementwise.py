@@ -79,34 +79,44 @@ def infer_binary(node: Node, inputs, table, out_dtype: str | None = None) -> lis
 #: evaluated in float64: relative error below 1e-15 on the whole real line, so
 #: float32/float16 results are correctly rounded except at ties.
 def _erf64(x):
+    # each element is evaluated only by the approximation of its range (|x| <= 0.46875, <= 4, beyond)
     x = np.asarray(x, dtype=np.float64)
     y = np.abs(x)
+    out = np.empty_like(x)
     with np.errstate(all="ignore"):
-        z = y * y
+        near = y <= 0.46875
+        xs = x[near]
+        z = xs * xs
         num, den = 1.85777706184603153e-1 * z, z
         for a, b in ((3.16112374387056560, 2.36012909523441209e1), (1.13864154151050156e2, 2.44024637934444173e2),
                      (3.77485237685302021e2, 1.28261652607737228e3)):
             num, den = (num + a) * z, (den + b) * z
-        small = x * (num + 3.20937758913846947e3) / (den + 2.84423683343917062e3)
-        t = np.minimum(y, 30.0)
-        num, den = 2.15311535474403846e-8 * t, t
+        out[near] = xs * (num + 3.20937758913846947e3) / (den + 2.84423683343917062e3)
+        far = ~near
+        xf = x[far]
+        t = np.minimum(np.abs(xf), 30.0)
+        erfc = np.empty_like(t)
+        mid = t <= 4.0
+        tm = t[mid]
+        num, den = 2.15311535474403846e-8 * tm, tm
         for c, d in ((5.64188496988670089e-1, 1.57449261107098347e1), (8.88314979438837594, 1.17693950891312499e2),
                      (6.61191906371416295e1, 5.37181101862009858e2), (2.98635138197400131e2, 1.62138957456669019e3),
                      (8.81952221241769090e2, 3.29079923573345963e3), (1.71204761263407058e3, 4.36261909014324716e3),
                      (2.05107837782607147e3, 3.43936767414372164e3)):
-            num, den = (num + c) * t, (den + d) * t
-        mid = (num + 1.23033935479799725e3) / (den + 1.23033935480374942e3)
-        w = 1.0 / (t * t)
+            num, den = (num + c) * tm, (den + d) * tm
+        erfc[mid] = (num + 1.23033935479799725e3) / (den + 1.23033935480374942e3)
+        tb = t[~mid]
+        w = 1.0 / (tb * tb)
         num, den = 1.63153871373020978e-2 * w, w
         for p, q in ((3.05326634961232344e-1, 2.56852019228982242), (3.60344899949804439e-1, 1.87295284992346725),
                      (1.25781726111229246e-1, 5.27905102951428412e-1), (1.60837851487422766e-2, 6.05183413124413191e-2)):
             num, den = (num + p) * w, (den + q) * w
-        big = (5.6418958354775628695e-1 - w * (num + 6.58749161529837803e-4) / (den + 2.33520497626869185e-3)) / t
-        erfc = np.where(t <= 4.0, mid, big)
+        erfc[~mid] = (5.6418958354775628695e-1 - w * (num + 6.58749161529837803e-4) / (den + 2.33520497626869185e-3)) / tb
         u = np.trunc(t * 16.0) / 16.0
         erfc = np.exp(-u * u) * np.exp(-(t - u) * (t + u)) * erfc
         large = (0.5 - erfc) + 0.5
-        return np.where(y <= 0.46875, small, np.where(x < 0, -large, large))
+        out[far] = np.where(xf < 0, -large, large)
+    return out
 
 
 #: float16 is computed in float32 and rounded once at the end (as onnxruntime's
