@@ -8,14 +8,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from cuvil_edge.errors import ModelError, ShapeInferenceError, UnsupportedAttributeError
 from cuvil_edge.frontend.onnx_backend import CuvilBackend
 from onnx_cases import node_inputs
-
-ort = pytest.importorskip("onnxruntime")
 
 F16, F64, I32, I64, BOOL = np.float16, np.float64, np.int32, np.int64, np.bool_
 MODES = ("interpreter", "compiled")

@@ -108,6 +108,16 @@ REFUSED = {
         inits={"zero": np.array([0], I64), "one": np.array([1], I64)}), "'wide' (Expand"),
     "output_is_batch_size": (lambda: graph(("shape", "Shape", ["x"], ["s"]), ("f", "Cast", ["s"], ["y"], {"to": 1})),
                              "'f' (Cast"),
+    # the allow-list rows of issue 11: the batch moved off axis 0 into what they normalise over
+    "instancenorm_over_batch": (lambda: graph(("t", "Transpose", ["x"], ["xt"], {"perm": [1, 2, 0]}),
+                                              ("in", "InstanceNormalization", ["xt", "s", "b"], ["y"]), x=(4, 3, 2),
+                                              inits={"s": np.ones(2, F32), "b": np.zeros(2, F32)}),
+                                "'in' (InstanceNormalization"),
+    "groupnorm_groups_of_samples": (lambda: graph(("t", "Transpose", ["x"], ["xt"], {"perm": [1, 0, 2]}),
+                                                  ("gn", "GroupNormalization", ["xt", "s", "b"], ["y"], {"num_groups": 2}),
+                                                  x=(4, 3, 2), opset=21,
+                                                  inits={"s": np.ones(4, F32), "b": np.zeros(4, F32)}),
+                                    "'gn' (GroupNormalization"),
     "resize_rows": (lambda: graph(("rs", "Resize", ["x", "", "sc"], ["y"], {"mode": "linear"}), x=(4, 1, 2),
                                   inits={"sc": np.array([2, 1, 1], F32)}), "'rs' (Resize"),
 }
