@@ -202,7 +202,8 @@ class Specialiser:
         """The call line for ``node``; adds the specialised kernel it calls when it is new."""
         while args and not args[-1]:
             args = args[:-1]
-        values = dict(op.attrs(node))
+        attrs = dict(op.attrs(node))
+        values = dict(attrs)
         function = op.fn
         positional = list(function.__code__.co_varnames[:function.__code__.co_argcount])
         for index, arg in enumerate(args):
@@ -228,7 +229,7 @@ class Specialiser:
         call_args = [a for index, a in enumerate(args)
                      if index >= len(positional) or positional[index] not in bound]
         call_args = [a if a else "None" for a in call_args]
-        call_args += [f"{k}={source_literal(v)}" for k, v in op.attrs(node).items() if k not in bound]
+        call_args += [f"{k}={source_literal(v)}" for k, v in attrs.items() if k not in bound]
         target = outs[0] if len(outs) == 1 else ", ".join(outs)
         return f"{target} = {name}({', '.join(call_args)})"
 
