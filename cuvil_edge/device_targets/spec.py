@@ -46,6 +46,9 @@ class TargetSpec(BaseModel):
     static_shapes: bool
     static_batch: int = Field(ge=1, le=4096)
     memory_mb: int = Field(gt=0)
+    #: The device builds C kernels with its own compiler (``ir/ops/native_kernels.c``) for the ops
+    #: numpy runs slowly; the generated module keeps the numpy path for when that fails.
+    native_kernels: bool = False
     peak_gflops: dict[str, float]
     memory_bandwidth_gbs: float = Field(gt=0)
 
@@ -100,6 +103,7 @@ class TargetSpec(BaseModel):
             "TARGET_STATIC_BATCH": self.static_batch,
             "TARGET_MEMORY_MB": self.memory_mb,
             "TARGET_LARGE_SCRATCH": self.memory_mb >= 4096,
+            "TARGET_NATIVE": self.native_kernels,
             "COMPUTE_FP16": self.fp16 and precision == "fp16",
         }
 

@@ -171,6 +171,8 @@ DEFAULT_CAPABILITIES: dict[str, object] = {
     "TARGET_STATIC_BATCH": 1,
     "TARGET_MEMORY_MB": 16384,
     "TARGET_LARGE_SCRATCH": True,
+    # the interpreter (the oracle) runs numpy only; targets with a C compiler turn native kernels on
+    "TARGET_NATIVE": False,
     "COMPUTE_FP16": False,
 }
 

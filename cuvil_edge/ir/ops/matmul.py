@@ -26,6 +26,12 @@ from cuvil_edge.ir.ops._util import broadcast, need, same_dtype, want_dtype
 
 # --- kernels: plain numpy; the same source runs in compiled modules ---------------------------
 def k_mat_mul(a, b):
+    if a.ndim > 2 and b.ndim == 2:
+        # one (rows x k) @ (k x n) product: numpy would make one BLAS call per leading index
+        rows = 1
+        for size in a.shape[:-1]:
+            rows *= size
+        return np.matmul(a.reshape(rows, a.shape[-1]), b).reshape(a.shape[:-1] + (b.shape[1],))
     return np.asarray(np.matmul(a, b))
 
 

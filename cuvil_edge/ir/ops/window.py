@@ -21,12 +21,14 @@ from cuvil_edge.ir.graph import TensorType
 from cuvil_edge.ir.ops import _activation
 from cuvil_edge.ir.ops._activation import _activate
 from cuvil_edge.ir.ops._contract import OpDef
+from cuvil_edge.ir.ops._native import _native_lib
 from cuvil_edge.ir.ops._quant import _q_along, _q_requantize, _q_saturate, quant_dtype, same_pair, scale_dtype
 from cuvil_edge.ir.ops._util import (DEFAULT_CAPABILITIES, INT, STR, WINDOW_ATTRS, choice, ints, need, pool_out,
                                      same_dtype, spatial_attrs, want_dtype)
 
 #: The interpreter's capability (targets substitute their own in compiled modules).
 TARGET_LARGE_SCRATCH = DEFAULT_CAPABILITIES["TARGET_LARGE_SCRATCH"]
+TARGET_NATIVE = DEFAULT_CAPABILITIES["TARGET_NATIVE"]
 
 
 # --- helpers the kernels call ---------------------------------------------------------------
@@ -89,6 +91,24 @@ def k_conv(x, w, b=None, *, strides, pads, dilations, auto_pad, group, activatio
     cg, mg, p = c // group, m // group, 1
     for size in out:
         p *= size
+    if TARGET_NATIVE:
+        lib = _native_lib() if k == 2 and group == c and mg == 1 and x.dtype == np.float32 else None
+        if lib is not None:
+            # depthwise 2-D in C: one padded plane at a time, bias and a fused Relu/Clip(0, 6) applied there
+            clamp = activation == "relu" or activation == "relu6"
+            y = np.empty((n, m) + out, dtype=np.float32)
+            xc, wc = np.ascontiguousarray(x), np.ascontiguousarray(w)
+            bc = None if b is None else np.ascontiguousarray(b, dtype=np.float32)
+            if lib.cuvil_depthwise_conv2d_f32(
+                    xc.ctypes.data, wc.ctypes.data, None if bc is None else bc.ctypes.data, y.ctypes.data, n, c,
+                    x.shape[2], x.shape[3], kernel[0], kernel[1], st[0], st[1], di[0], di[1], pd[0], pd[1], out[0],
+                    out[1], (out[0] - 1) * st[0] + di[0] * (kernel[0] - 1) + 1,
+                    (out[1] - 1) * st[1] + di[1] * (kernel[1] - 1) + 1, 0.0 if clamp else -np.inf,
+                    6.0 if activation == "relu6" else np.inf) != 0:
+                raise MemoryError("the native depthwise convolution could not allocate its padded plane")
+            if activation != "none" and activation != "relu" and activation != "relu6":
+                y = _activate(y, activation)
+            return y
     if max(kernel, default=1) == 1 and not any(pd):
         # 1x1: a plain matmul over the (strided) input, no copy at stride 1
         xs = xt[(slice(None), slice(None)) + tuple(slice(0, (o - 1) * s + 1, s) for o, s in zip(out, st))]
@@ -154,6 +174,18 @@ def k_max_pool(x, *, kernel_shape, strides, pads, dilations, auto_pad, ceil_mode
     else:
         pd = _win_same_pads(spatial, kernel_shape, strides, dilations, auto_pad == "SAME_UPPER")
     out = _win_out(spatial, kernel_shape, strides, pd, dilations, ceil_mode)
+    if TARGET_NATIVE and not indices:
+        lib = _native_lib() if len(out) == 2 and x.dtype == np.float32 else None
+        if lib is not None:
+            xc = np.ascontiguousarray(x)
+            y = np.empty(x.shape[:2] + out, dtype=np.float32)
+            if lib.cuvil_max_pool2d_f32(
+                    xc.ctypes.data, y.ctypes.data, x.shape[0] * x.shape[1], x.shape[2], x.shape[3], kernel_shape[0],
+                    kernel_shape[1], strides[0], strides[1], dilations[0], dilations[1], pd[0], pd[1], out[0], out[1],
+                    (out[0] - 1) * strides[0] + dilations[0] * (kernel_shape[0] - 1) + 1,
+                    (out[1] - 1) * strides[1] + dilations[1] * (kernel_shape[1] - 1) + 1) != 0:
+                raise MemoryError("the native max pooling could not allocate its padded plane")
+            return y
     if not indices:
         fill = -np.inf if x.dtype.kind == "f" else np.iinfo(x.dtype).min
         y = None
@@ -439,7 +471,7 @@ OPS = (
           _QUANT_CONV_HELPERS, {**WINDOW_ATTRS, "group": INT}),
     OpDef("QLinearConv", (10,), _infer_q_linear_conv, k_q_linear_conv, _q_linear_conv_flops, _quant_conv_attrs,
           _QUANT_CONV_HELPERS + (k_conv_integer,), {**WINDOW_ATTRS, "group": INT}),
-    OpDef("MaxPool", (1, 8, 10, 11, 12), _infer_max_pool, k_max_pool, _max_pool_flops, _max_pool_attrs, _WINDOW,
+    OpDef("MaxPool", (1, 8, 10, 11, 12), _infer_max_pool, k_max_pool, _max_pool_flops, _max_pool_attrs, _WINDOW + (_native_lib,),
           {**_POOL_ATTRS, "storage_order": INT}),
     OpDef("AveragePool", (1, 7, 10, 11, 19), _infer_average_pool, k_average_pool, _average_pool_flops,
           _average_pool_attrs, _WINDOW, {**_POOL_ATTRS, "count_include_pad": INT}),

@@ -1,0 +1,128 @@
+/* Native kernels for the ops numpy cannot run near the hardware's speed (issue 12).
+ *
+ * Compiled on the device by its own C compiler (cuvil_edge/ir/ops/_native.py) and called through
+ * ctypes from kernels that keep a complete numpy path: a target without a compiler, or a call
+ * outside what these functions handle, runs the numpy code instead.
+ *
+ * Conventions: float32, C-contiguous buffers, int64 sizes, no allocation that outlives a call,
+ * no global state (the functions are reentrant; an agent may run two models at once). Built with
+ * -O3 -march=native but without -ffast-math, so NaN and infinities keep IEEE semantics. On glibc
+ * x86-64 the loops over erff/expf are vectorised through libmvec (declared below, since glibc
+ * declares the vector variants only under -ffast-math); elsewhere they call the scalar functions.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#if defined(CUVIL_MVEC)
+float erff(float) __attribute__((__simd__("notinbranch")));
+float erfcf(float) __attribute__((__simd__("notinbranch")));
+float expf(float) __attribute__((__simd__("notinbranch")));
+#endif
+
+/* Bump when a signature changes: _native.py checks it before binding anything. */
+int64_t cuvil_abi_version(void) { return 1; }
+
+void cuvil_erf_f32(const float *restrict x, float *restrict y, int64_t n) {
+#pragma omp simd
+    for (int64_t i = 0; i < n; i++) y[i] = erff(x[i]);
+}
+
+/* Gelu (erf form) as 0.5 x erfc(-x / sqrt 2): exact where 1 + erf(x / sqrt 2) would cancel (x << 0). */
+void cuvil_gelu_f32(const float *restrict x, float *restrict y, int64_t n) {
+#pragma omp simd
+    for (int64_t i = 0; i < n; i++) {
+        float v = x[i];
+        y[i] = 0.5f * v * erfcf(-0.70710678118654752f * v);
+    }
+}
+
+void cuvil_sigmoid_f32(const float *restrict x, float *restrict y, int64_t n) {
+#pragma omp simd
+    for (int64_t i = 0; i < n; i++) y[i] = 1.0f / (1.0f + expf(-x[i]));
+}
+
+static inline float clampf(float v, float lo, float hi) { return v < lo ? lo : (v > hi ? hi : v); }
+
+/* The padded plane a window op reads: (ph x pw), x's plane at (top, left), `fill` elsewhere. */
+static void pad_plane(const float *restrict src, float *restrict dst, int64_t h, int64_t w, int64_t ph, int64_t pw,
+                      int64_t top, int64_t left, float fill) {
+    for (int64_t i = 0; i < ph * pw; i++) dst[i] = fill;
+    for (int64_t r = 0; r < h && r + top < ph; r++) {
+        int64_t cols = w < pw - left ? w : pw - left;
+        if (cols > 0) memcpy(dst + (r + top) * pw + left, src + r * w, (size_t)cols * sizeof(float));
+    }
+}
+
+/* Depthwise 2-D convolution (group == channels, one filter per channel), NCHW:
+ * y[n, c] = b[c] + sum over taps of w[c, ky, kx] * padded x[n, c] at (oy*sh + ky*dh, ox*sw + kx*dw),
+ * then clamped to [lo, hi] (a fused Relu or Clip; -inf, inf for none). b may be NULL.
+ * The padded plane (ph x pw) covers every window. Returns 0, or -1 when scratch cannot be allocated. */
+int64_t cuvil_depthwise_conv2d_f32(const float *restrict x, const float *restrict w, const float *restrict b,
+                                   float *restrict y, int64_t n, int64_t c, int64_t h, int64_t wd, int64_t kh,
+                                   int64_t kw, int64_t sh, int64_t sw, int64_t dh, int64_t dw, int64_t top,
+                                   int64_t left, int64_t oh, int64_t ow, int64_t ph, int64_t pw, float lo, float hi) {
+    float *plane = malloc((size_t)(ph * pw) * sizeof(float));
+    float *acc = malloc((size_t)ow * sizeof(float));
+    if (!plane || !acc) {
+        free(plane);
+        free(acc);
+        return -1;
+    }
+    for (int64_t p = 0; p < n * c; p++) {
+        int64_t ch = p % c;
+        const float *taps = w + ch * kh * kw;
+        pad_plane(x + p * h * wd, plane, h, wd, ph, pw, top, left, 0.0f);
+        for (int64_t oy = 0; oy < oh; oy++) {
+            float bias = b ? b[ch] : 0.0f;
+            for (int64_t ox = 0; ox < ow; ox++) acc[ox] = bias;
+            for (int64_t ky = 0; ky < kh; ky++) {
+                const float *row = plane + (oy * sh + ky * dh) * pw;
+                for (int64_t kx = 0; kx < kw; kx++) {
+                    const float t = taps[ky * kw + kx];
+                    const float *src = row + kx * dw;
+                    if (sw == 1) {
+#pragma omp simd
+                        for (int64_t ox = 0; ox < ow; ox++) acc[ox] += t * src[ox];
+                    } else {
+                        for (int64_t ox = 0; ox < ow; ox++) acc[ox] += t * src[ox * sw];
+                    }
+                }
+            }
+            float *out = y + p * oh * ow + oy * ow;
+            for (int64_t ox = 0; ox < ow; ox++) out[ox] = clampf(acc[ox], lo, hi);
+        }
+    }
+    free(plane);
+    free(acc);
+    return 0;
+}
+
+/* 2-D max pooling, NCHW, pads read as -inf (never chosen over a real element); NaN propagates as
+ * numpy's maximum does. The padded plane (ph x pw) covers every window, ceil_mode's included. */
+int64_t cuvil_max_pool2d_f32(const float *restrict x, float *restrict y, int64_t planes, int64_t h, int64_t wd,
+                             int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t dh, int64_t dw, int64_t top,
+                             int64_t left, int64_t oh, int64_t ow, int64_t ph, int64_t pw) {
+    float *plane = malloc((size_t)(ph * pw) * sizeof(float));
+    if (!plane) return -1;
+    for (int64_t p = 0; p < planes; p++) {
+        pad_plane(x + p * h * wd, plane, h, wd, ph, pw, top, left, -INFINITY);
+        for (int64_t oy = 0; oy < oh; oy++) {
+            float *out = y + p * oh * ow + oy * ow;
+            for (int64_t ox = 0; ox < ow; ox++) out[ox] = -INFINITY;
+            for (int64_t ky = 0; ky < kh; ky++) {
+                const float *row = plane + (oy * sh + ky * dh) * pw;
+                for (int64_t kx = 0; kx < kw; kx++) {
+                    const float *src = row + kx * dw;
+                    for (int64_t ox = 0; ox < ow; ox++) {
+                        float v = src[ox * sw], m = out[ox];
+                        out[ox] = (v > m || v != v) ? v : m;
+                    }
+                }
+            }
+        }
+    }
+    free(plane);
+    return 0;
+}

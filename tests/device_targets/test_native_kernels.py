@@ -1,0 +1,244 @@
+"""The native kernel path (issue 12 item 3): C kernels compiled on the device, kept or pruned by the
+``TARGET_NATIVE`` capability, equal to onnxruntime and to the numpy path they replace, and never
+required: a missing or damaged library falls back to numpy."""
+
+from __future__ import annotations
+
+import math
+import re
+import threading
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from cuvil_edge.device_targets import build, load_target
+from cuvil_edge.frontend import load_model
+from cuvil_edge.ir import interpreter
+from cuvil_edge.ir.ops import _native
+from cuvil_edge.passes import optimize
+
+HAS_COMPILER = _native._compiler() is not None
+needs_compiler = pytest.mark.skipif(not HAS_COMPILER, reason="no C compiler on PATH: only the numpy path exists")
+NATIVE = load_target("x86-64")
+NUMPY = NATIVE.model_copy(update={"native_kernels": False})
+
+
+class Package:
+    def __init__(self, graph):
+        self.graph, self.payload_digest = graph, "cd" * 32
+
+
+def _model(nodes, inputs, initializers=(), opset=17, output="y"):
+    graph = helper.make_graph(nodes, "native", [helper.make_tensor_value_info(n, TensorProto.FLOAT, s)
+                                                 for n, s in inputs],
+                              [helper.make_tensor_value_info(output, TensorProto.FLOAT, [None] * len(inputs[0][1]))],
+                              [numpy_helper.from_array(a, n) for n, a in initializers])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)]).SerializeToString()
+
+
+def _run_three_ways(tmp_path, model, feeds, fuse=False):
+    """(native compiled, numpy compiled, onnxruntime) outputs of ``model``."""
+    graph = load_model(model)
+    if fuse:
+        graph, _ = optimize(graph)
+    native = build(Package(graph), NATIVE, cache_dir=tmp_path)
+    numpy_only = build(Package(graph), NUMPY, cache_dir=tmp_path)
+    assert native.key != numpy_only.key
+    want = ort.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    return native.run(feeds)["y"], numpy_only.run(feeds)["y"], want, native.source, numpy_only.source
+
+
+def test_the_capability_keeps_or_prunes_the_native_path(tmp_path):
+    x = np.random.default_rng(0).standard_normal((1, 4, 9, 9)).astype(np.float32)
+    w = np.random.default_rng(1).standard_normal((4, 1, 3, 3)).astype(np.float32)
+    model = _model([helper.make_node("Conv", ["x", "w"], ["y"], group=4, pads=[1, 1, 1, 1])],
+                   [("x", [1, 4, 9, 9])], [("w", w)])
+    *_, native_source, numpy_source = _run_three_ways(tmp_path, model, {"x": x})
+    assert "cuvil_depthwise_conv2d_f32" in native_source and "_native_lib" in native_source
+    assert not re.search(r"cuvil_\w+_f32", numpy_source) and "_native_lib" not in numpy_source and "TARGET_NATIVE" not in numpy_source
+    ascend = build(Package(load_model(model)), "ascend-310", cache_dir=tmp_path)
+    assert "_native_lib" not in ascend.source  # a spec without native_kernels: numpy only
+
+
+@needs_compiler
+def test_the_library_builds_here():
+    assert _native.library() is not None, "a C compiler is on PATH but native_kernels.c did not build; see the log"
+
+
+DEPTHWISE = [  # (channels, size, kernel, strides, dilations, pads, auto_pad, bias, activation op)
+    (8, 12, 3, (1, 1), (1, 1), (1, 1, 1, 1), "NOTSET", True, None),
+    (6, 11, 3, (2, 2), (1, 1), (1, 1, 1, 1), "NOTSET", False, "Relu"),
+    (5, 13, 5, (2, 1), (1, 1), (2, 1, 0, 2), "NOTSET", True, "Clip"),
+    (4, 15, 3, (1, 1), (2, 2), (2, 2, 2, 2), "NOTSET", True, "HardSwish"),
+    (3, 9, 7, (1, 1), (1, 1), (3, 3, 3, 3), "NOTSET", True, "Sigmoid"),
+    (4, 10, 3, (2, 2), (1, 1), None, "SAME_UPPER", True, None),
+    (4, 10, 4, (3, 3), (1, 1), None, "SAME_LOWER", False, "Relu"),
+    (2, 6, 3, (1, 1), (1, 1), (0, 0, 0, 0), "VALID", True, None),
+]
+
+
+@needs_compiler
+@pytest.mark.parametrize("case", DEPTHWISE, ids=[f"dw{i}" for i in range(len(DEPTHWISE))])
+def test_depthwise_convolution_matches_onnxruntime_and_the_numpy_path(tmp_path, case):
+    c, size, k, strides, dilations, pads, auto_pad, bias, act = case
+    rng = np.random.default_rng(c * size)
+    x = rng.standard_normal((3, c, size, size + 1)).astype(np.float32)
+    inits = [("w", rng.standard_normal((c, 1, k, k)).astype(np.float32))]
+    if bias:
+        inits.append(("b", rng.standard_normal(c).astype(np.float32)))
+    attrs = {"group": c, "strides": list(strides), "dilations": list(dilations), "auto_pad": auto_pad}
+    if pads is not None and auto_pad == "NOTSET":
+        attrs["pads"] = list(pads)
+    conv_out = "y" if act is None else "t"
+    nodes = [helper.make_node("Conv", ["x", "w"] + (["b"] if bias else []), [conv_out], **attrs)]
+    if act == "Clip":
+        inits += [("lo", np.array(0, np.float32)), ("hi", np.array(6, np.float32))]
+        nodes.append(helper.make_node("Clip", ["t", "lo", "hi"], ["y"]))
+    elif act is not None:
+        nodes.append(helper.make_node(act, ["t"], ["y"]))
+    model = _model(nodes, [("x", [3, c, size, size + 1])], inits)
+    native, numpy_only, want, source, _ = _run_three_ways(tmp_path, model, {"x": x}, fuse=True)
+    assert "cuvil_depthwise_conv2d_f32" in source
+    np.testing.assert_allclose(native, want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(native, numpy_only, rtol=1e-5, atol=1e-5)
+
+
+POOLS = [  # (kernel, strides, dilations, pads, ceil_mode)
+    ((3, 3), (2, 2), (1, 1), (1, 1, 1, 1), 0),
+    ((2, 2), (2, 2), (1, 1), (0, 0, 0, 0), 1),
+    ((3, 2), (1, 2), (2, 1), (2, 0, 1, 1), 0),
+    ((3, 3), (3, 3), (1, 1), (1, 1, 1, 1), 1),
+]
+
+
+@needs_compiler
+@pytest.mark.parametrize("case", POOLS, ids=[f"pool{i}" for i in range(len(POOLS))])
+def test_max_pooling_matches_onnxruntime_and_the_numpy_path(tmp_path, case):
+    kernel, strides, dilations, pads, ceil_mode = case
+    x = np.random.default_rng(7).standard_normal((2, 3, 11, 10)).astype(np.float32)
+    x[0, 0, 0, 0] = np.inf
+    x[1, 2, 5, 5] = -np.inf
+    model = _model([helper.make_node("MaxPool", ["x"], ["y"], kernel_shape=list(kernel), strides=list(strides),
+                                     dilations=list(dilations), pads=list(pads), ceil_mode=ceil_mode)],
+                   [("x", [2, 3, 11, 10])])
+    native, numpy_only, want, source, _ = _run_three_ways(tmp_path, model, {"x": x})
+    assert "cuvil_max_pool2d_f32" in source
+    np.testing.assert_array_equal(native, want)
+    np.testing.assert_array_equal(native, numpy_only)
+
+
+@needs_compiler
+def test_max_pooling_propagates_nan_like_the_numpy_path(tmp_path):
+    x = np.random.default_rng(8).standard_normal((1, 1, 6, 6)).astype(np.float32)
+    x[0, 0, 2, 3] = np.nan
+    model = _model([helper.make_node("MaxPool", ["x"], ["y"], kernel_shape=[3, 3], strides=[1, 1])],
+                   [("x", [1, 1, 6, 6])])
+    native, numpy_only, *_ = _run_three_ways(tmp_path, model, {"x": x})
+    np.testing.assert_array_equal(np.isnan(native), np.isnan(numpy_only))
+    assert np.isnan(native).sum() == 9
+    np.testing.assert_array_equal(native[~np.isnan(native)], numpy_only[~np.isnan(numpy_only)])
+
+
+SPECIAL = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0, 1e-30, -1e-30, 1e-8, 40.0, -40.0, 3.9, -3.9, 0.5, -0.5,
+                    0.46875, -5.5, 88.0, -88.0, 104.0, -104.0], np.float32)
+
+
+def _exact(op, x):
+    """float64 values from Python's math (erf/erfc are accurate to an ulp of a double)."""
+    def one(v):
+        if math.isnan(v):
+            return math.nan
+        if op == "Erf":
+            return math.erf(v)
+        if op == "Gelu":  # 0.5 x erfc(-x / sqrt 2): no cancellation for x << 0
+            return 0.5 * v * math.erfc(-v / math.sqrt(2)) if math.isfinite(v) else (v if v > 0 else math.nan)
+        return 1 / (1 + math.exp(-v)) if v > -700 else 0.0
+    return np.vectorize(one, otypes=[np.float64])(x.astype(np.float64))
+
+
+@needs_compiler
+@pytest.mark.parametrize("op", ["Erf", "Sigmoid", "Gelu"])
+def test_transcendental_kernels_match_exact_values_onnxruntime_and_the_numpy_path(tmp_path, op):
+    rng = np.random.default_rng(3)
+    x = np.concatenate([SPECIAL, (rng.standard_normal(20000) * 4).astype(np.float32)]).reshape(4, -1)
+    x = np.ascontiguousarray(x.T).T  # a non-contiguous input: the kernel copies it once
+    model = _model([helper.make_node(op, ["x"], ["y"])], [("x", list(x.shape))], opset=20 if op == "Gelu" else 17)
+    native, numpy_only, want, source, _ = _run_three_ways(tmp_path, model, {"x": x})
+    assert f"cuvil_{op.lower()}_f32" in source
+    np.testing.assert_array_equal(np.isnan(native), np.isnan(numpy_only))  # gelu(-inf) = -inf * 0 in both
+    exact = _exact(op, x)
+    # a few float32 ulps; libmvec's erfcf drifts to ~1e-5 relative where gelu(x) < 1e-20 (x < -9.5)
+    rtol = 2e-5 if op == "Gelu" else 5e-6
+    np.testing.assert_allclose(native, exact, rtol=rtol, atol=1e-37)
+    # the numpy path rounds 1 + erf in float64, which cancels for x << 0 (gelu(-8) ~ -5e-15): compare absolutely
+    np.testing.assert_allclose(native, numpy_only, rtol=rtol, atol=1e-12)
+    # onnxruntime's own Sigmoid is an approximation good to ~5e-4 relative at its small values
+    np.testing.assert_allclose(native, want, rtol=1e-3 if op == "Sigmoid" else 2e-6, atol=1e-7)
+
+
+@needs_compiler
+def test_gelu_is_accurate_where_one_plus_erf_cancels(tmp_path):
+    x = -np.linspace(3, 12, 901, dtype=np.float32).reshape(1, -1)
+    model = _model([helper.make_node("Gelu", ["x"], ["y"])], [("x", list(x.shape))], opset=20)
+    native, *_ = _run_three_ways(tmp_path, model, {"x": x})
+    np.testing.assert_allclose(native, _exact("Gelu", x), rtol=2e-5)  # relative, down to gelu(-12) ~ -1e-32
+
+
+def test_a_module_built_with_the_capability_runs_without_the_library(tmp_path, monkeypatch):
+    """The library can vanish after the build (cache wiped, no compiler): the numpy path runs."""
+    x = np.random.default_rng(4).standard_normal((2, 6, 10, 10)).astype(np.float32)
+    w = np.random.default_rng(5).standard_normal((6, 1, 3, 3)).astype(np.float32)
+    model = _model([helper.make_node("Conv", ["x", "w"], ["t"], group=6, pads=[1, 1, 1, 1]),
+                    helper.make_node("Erf", ["t"], ["u"]),
+                    helper.make_node("MaxPool", ["u"], ["y"], kernel_shape=[2, 2], strides=[2, 2])],
+                   [("x", [2, 6, 10, 10])], [("w", w)])
+    graph = load_model(model)
+    compiled = build(Package(graph), NATIVE, cache_dir=tmp_path)
+    monkeypatch.setitem(_native._state, "lib", None)
+    np.testing.assert_allclose(compiled.run({"x": x})["y"], interpreter.run(graph, {"x": x})["y"], rtol=1e-6,
+                               atol=1e-7)
+
+
+def test_the_environment_switch_turns_the_library_off(monkeypatch):
+    monkeypatch.setenv("CUVIL_EDGE_NATIVE", "0")
+    assert _native._load() is None
+
+
+def test_no_compiler_means_no_library(monkeypatch, tmp_path):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.delenv("CC", raising=False)
+    assert _native._compiler() is None and _native._load() is None
+
+
+@needs_compiler
+def test_a_damaged_cached_library_is_compiled_again(monkeypatch, tmp_path):
+    monkeypatch.setenv("CUVIL_EDGE_NATIVE_CACHE", str(tmp_path))
+    path = _native._compile(_native._compiler(), tmp_path)
+    path.write_bytes(b"\x7fELF not really a shared object")
+    lib = _native._load()
+    assert lib is not None and lib.cuvil_abi_version() == _native.ABI_VERSION
+    assert path.read_bytes()[:4] == b"\x7fELF" and path.stat().st_size > 1000
+
+
+@needs_compiler
+def test_concurrent_first_uses_compile_without_corrupting_the_cache(tmp_path):
+    """Four processes' worth of first uses at once (threads here): each compile writes a private
+    temporary file and renames it, so every caller gets a complete library."""
+    paths, errors = [], []
+
+    def first_use():
+        try:
+            paths.append(_native._compile(_native._compiler(), tmp_path))
+        except Exception as e:  # noqa: BLE001 - collected and asserted below
+            errors.append(e)
+
+    threads = [threading.Thread(target=first_use) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors and len(set(paths)) == 1
+    assert [p.name for p in tmp_path.iterdir()] == [paths[0].name]  # no temporary file left behind
+    assert paths[0].read_bytes()[:4] == b"\x7fELF"
