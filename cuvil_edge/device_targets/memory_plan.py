@@ -1,0 +1,437 @@
+"""Memory plan of a compiled module: its peak bytes, known before it runs (DESIGN.md §3, "Local build").
+
+It walks the generated ``_forward``: nodes in graph order, a buffer freed when the module ``del``s
+the last name reaching it (:func:`release_schedule`; a view op shares its input's buffer), inputs
+held by the caller's ``feeds``, weights by ``W``. Peak = weights + max over steps of (live
+activations + the kernel's transient *scratch*, one :data:`SCRATCH` row per kernel, checked against
+tracemalloc in tests/device_targets/test_memory_plan.py) + :data:`OVERHEAD_BYTES`. Issue 12 bounds it
+by weights + the two largest simultaneously-live activations + 10 % (:meth:`MemoryPlan.over_bound`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any, Callable, Mapping
+
+import numpy as np
+
+from cuvil_edge.device_targets.spec import TargetSpec, resolve
+from cuvil_edge.errors import BuildError, CuvilError
+from cuvil_edge.ir import dtypes, ops
+from cuvil_edge.ir.graph import Graph, Node, TensorType, dim_terms
+
+#: Python objects one run creates (frames, argument tuples, the feeds and outputs dicts): 1-4 KiB measured.
+OVERHEAD_BYTES = 2048
+
+#: Kernels returning a view of their first input (``reshape``, ``expand_dims``, the array itself):
+#: no allocation, and the input's buffer lives as long as the view.
+VIEW_OPS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Dropout"})
+
+#: One ufunc: numpy's iterator buffers a block when an operand is broadcast (:meth:`Site.buffer`).
+BROADCASTING = frozenset({"Add", "Sub", "Mul", "Div", "Pow", "Equal", "Greater", "GreaterOrEqual", "Less",
+                          "LessOrEqual", "Where", "And", "Or", "Xor", "BitwiseAnd", "BitwiseOr", "BitwiseXor", "Mod",
+                          "PRelu"})
+
+#: Kernels that allocate their outputs only (one numpy call, or views then one copy).
+NO_SCRATCH = frozenset({*VIEW_OPS, "Not", "BitwiseNot", "Relu", "Tanh", "Exp", "Log", "Sqrt", "Abs", "Neg", "Floor",
+                        "Ceil", "Round", "Reciprocal", "Sign", "Sin", "Cos", "Cast", "CastLike", "Transpose", "Expand",
+                        "Shape", "Size", "Concat", "Split", "Slice", "MatMul", "GlobalAveragePool", "GlobalMaxPool",
+                        "ReduceMax", "ReduceSum", "ConstantOfShape", "Tile"})
+
+
+@dataclass(frozen=True)
+class Site:
+    """What a scratch rule sees of one call: runtime types (batch bound, float16 applied) and the
+    kernel paths the target takes (``large_scratch``: im2col; ``native``: the C kernels load)."""
+
+    attrs: Mapping[str, Any]
+    ins: tuple[TensorType | None, ...]
+    outs: tuple[TensorType | None, ...]
+    large_scratch: bool
+    native: bool
+
+    out = property(lambda self: sum(self.nbytes(t) for t in self.outs))  # bytes of the outputs
+    inp = property(lambda self: self.nbytes(self.ins[0]) if self.ins else 0)  # bytes of the first input
+
+    @staticmethod
+    def nbytes(t: TensorType | None) -> int:
+        return 0 if t is None else t.numel() * dtypes.itemsize(t.dtype)
+
+    def input(self, index: int) -> TensorType | None:
+        return self.ins[index] if len(self.ins) > index else None  # None: an absent optional input
+
+    def buffer(self, nbytes: int | None = None, item: int | None = None) -> int:
+        """numpy's iterator buffer for a ufunc with a broadcast or strided operand writing ``nbytes``
+        (default: the first input's size) of ``item``-byte elements (default: the first input's):
+        one block of ``np.getbufsize()`` elements at most (8192 float32: 32 KiB, measured)."""
+        item = item or dtypes.itemsize(self.ins[0].dtype)
+        return min(self.inp if nbytes is None else nbytes, np.getbufsize() * item)
+
+
+def _padded(x: TensorType, kernel, strides, pads, dilations, out, item: int, planes: bool = True) -> int:
+    """Bytes of ``np.pad(x)`` as ``_win_taps``/``k_conv`` make it (the end pad grown for ceil_mode;
+    np.pad copies even with zero pads); ``planes=False``: one plane, what a C kernel allocates."""
+    k, size = len(kernel), math.prod(x.shape[:2]) if planes else 1
+    for i in range(k):
+        need = (out[i] - 1) * strides[i] + dilations[i] * (kernel[i] - 1) + 1 - x.shape[2 + i] - pads[i]
+        size *= x.shape[2 + i] + pads[i] + max(pads[i + k], need)
+    return size * item
+
+
+def _window(s: Site, kernel) -> tuple[tuple, tuple, tuple, tuple]:
+    """(strides, pads, dilations, out spatial) of a window op; SAME pads split as the kernels do."""
+    k, x, out = len(kernel), s.ins[0], tuple(s.outs[0].shape[2:])
+    strides, dilations = tuple(s.attrs.get("strides") or (1,) * k), tuple(s.attrs.get("dilations") or (1,) * k)
+    pads = tuple(s.attrs.get("pads") or (0,) * (2 * k))
+    if s.attrs.get("auto_pad", "NOTSET") not in ("NOTSET", "VALID"):
+        total = [max(0, (out[i] - 1) * strides[i] + dilations[i] * (kernel[i] - 1) + 1 - x.shape[2 + i])
+                 for i in range(k)]
+        pads = tuple(t // 2 for t in total) + tuple(t - t // 2 for t in total)
+    return strides, pads, dilations, out
+
+
+def _activation(kind: str, out: int, native: bool) -> int:
+    """Bytes ``_activate(y, kind)`` holds beside y and its result (_activation.py, unary.py)."""
+    if kind in ("none", "relu", "relu6") or (native and kind in ("sigmoid", "gelu")):
+        return 0
+    # numpy sigmoid: e, the mask (1 byte/element), 1/(1+e), e/(1+e), np.where's result before astype;
+    # numpy GELU: float64 copies and _erf64's temporaries (data-dependent: 74-115 B/element measured)
+    return {"hardswish": out, "sigmoid": 13 * out // 4}.get(kind, 20 * out)
+
+
+def _conv(s: Site) -> int:
+    """k_conv: native depthwise (C, one padded plane); 1x1 as one matmul; im2col (large scratch);
+    numpy depthwise per tap; else one matmul per tap (low memory). Then bias add and activation,
+    each a new array."""
+    x, w = s.ins[0], s.ins[1]
+    kernel, group, kind = tuple(w.shape[2:]), int(s.attrs.get("group", 1)), str(s.attrs.get("activation", "none"))
+    strides, pads, dilations, out_sp = _window(s, kernel)
+    wide = 4 if x.dtype == "float16" else dtypes.itemsize(x.dtype)  # float16 is computed in float32
+    n, c, m, p = x.shape[0], x.shape[1], w.shape[0], math.prod(out_sp)
+    y, depthwise, block = n * m * p * wide, group == c and m == group, s.buffer(n * m * p * wide, wide)
+    if s.native and depthwise and len(kernel) == 2 and x.dtype == "float32":
+        plane = _padded(x, kernel, strides, pads, dilations, out_sp, 4, planes=False)
+        return plane + (0 if kind in ("none", "relu", "relu6") else y + _activation(kind, y, True))
+    held = (x.numel() + w.numel()) * wide if wide != dtypes.itemsize(x.dtype) else 0  # float32 copies
+    if max(kernel, default=1) == 1 and not any(pads):
+        main = y + (n * c * p * wide if any(st != 1 for st in strides) else 0)  # reshape copies a strided x
+    elif s.large_scratch or depthwise:
+        held += _padded(x, kernel, strides, pads, dilations, out_sp, wide) if any(pads) else 0
+        if depthwise:
+            main = 2 * y + block  # y and one broadcast-scaled window per tap
+        else:
+            held += n * c * math.prod(kernel) * p * wide  # the im2col copy, bound to a local
+            main = y
+    else:
+        held += _padded(x, kernel, strides, pads, dilations, out_sp, wide)  # the last tap's view keeps it
+        main = 2 * y + n * c * p * wide  # y, one tap's window copied by reshape, its matmul product
+    tail = 2 * y + block if s.input(2) is not None else y
+    tail = max(tail, 2 * y + _activation(kind, y, s.native) if kind != "none" else 0)
+    if wide != dtypes.itemsize(x.dtype):
+        tail = max(tail, y + s.out)  # the final astype to float16
+    return held + max(main, tail) - s.out
+
+
+def _gemm(s: Site) -> int:
+    """k_gemm: a@b; then y*alpha, y + c*beta (broadcast) and the activation, each a new array."""
+    c, y, kind = s.input(2), s.out, str(s.attrs.get("activation", "none"))
+    phases = [2 * y if s.attrs.get("alpha", 1.0) != 1.0 else y]
+    if c is not None:
+        scaled = s.nbytes(c) if s.attrs.get("beta", 1.0) != 1.0 else 0
+        phases.append(2 * y + scaled + (s.buffer(y) if c.numel() not in (1, s.outs[0].numel()) else 0))
+    if kind != "none":
+        phases.append(2 * y + _activation(kind, y, s.native))
+    return max(phases) - y
+
+
+def _pool(s: Site, average: bool) -> int:
+    """MaxPool: native, one padded plane; numpy, the padded input (the last tap's view keeps it)
+    and a block buffered for the strided taps. AveragePool: also the total before the division."""
+    kernel, x = tuple(s.attrs["kernel_shape"]), s.ins[0]
+    strides, pads, dilations, out_sp = _window(s, kernel)
+    if s.attrs.get("indices"):
+        return 6 * s.out  # np.where per tap: y, index and their replacements
+    if s.native and not average and len(kernel) == 2 and x.dtype == "float32":
+        return _padded(x, kernel, strides, pads, dilations, out_sp, 4, planes=False)
+    padded = _padded(x, kernel, strides, pads, dilations, out_sp, dtypes.itemsize(x.dtype))
+    return padded + s.buffer(s.out) + (s.out if average else 0)  # np.maximum(y, tap, out=y) buffers too
+
+
+def _conv_transpose(s: Site) -> int:
+    """k_conv_transpose: y over the taps' full span, one product per tap (every tap at once with
+    large scratch), then the bias add or the copy of a cropped span."""
+    x, w, y, k = s.ins[0], s.ins[1], s.outs[0], s.ins[0].rank - 2
+    kernel, item, pads = tuple(w.shape[2:]), dtypes.itemsize(x.dtype), tuple(s.attrs.get("pads") or (0,) * 2 * k)
+    st, di = tuple(s.attrs.get("strides") or (1,) * k), tuple(s.attrs.get("dilations") or (1,) * k)
+    span = y.shape[0] * y.shape[1] * item * math.prod(
+        max(pads[i] + y.shape[2 + i], (x.shape[2 + i] - 1) * st[i] + di[i] * (kernel[i] - 1) + 1) for i in range(k))
+    per_tap = x.shape[0] * int(s.attrs.get("group", 1)) * w.shape[1] * math.prod(x.shape[2:]) * item
+    cols, bias = per_tap * math.prod(kernel) if s.large_scratch else 0, s.input(2) is not None
+    copied = bias or span != s.out
+    last = span + cols + (s.out + (s.buffer(s.out) if bias else 0) if copied else 0)
+    return max(span + (cols or per_tap), last) - (s.out if copied else span)
+
+
+def _resize(s: Site, every_axis: bool = False) -> int:
+    """k_resize (nearest): one np.take per resized axis, each result alive while the next is made;
+    ``every_axis``: k_upsample, which takes along every axis, then copies with astype (linear: in
+    float64, each axis holding its input, its float64 copy, three products and a broadcast block)."""
+    x, y = s.ins[0], s.outs[0]
+    shape, sizes, linear = list(x.shape), [], bool(s.attrs.get("linear"))
+    for axis in range(x.rank):
+        if every_axis or y.shape[axis] != x.shape[axis]:
+            shape[axis] = y.shape[axis]
+            sizes.append(math.prod(shape) * (8 if linear else dtypes.itemsize(y.dtype)))
+    if linear:
+        sources = [x.numel() * 8] + sizes[:-1]  # out.astype(float64) copies its input at every axis
+        return max([p + (p if i else 0) + 3 * e + s.buffer(e, 8) for i, (p, e) in enumerate(zip(sources, sizes))]
+                   + [sizes[-1]])  # the last float64 result beside the output's astype copy
+    phases = [a + b for a, b in zip(sizes, sizes[1:])] or sizes or [s.out]
+    return max(phases + [sizes[-1] + s.out] * every_axis) - s.out
+
+
+#: op type -> bytes of transient workspace a call holds beyond its live inputs and its outputs.
+#: Each row is read from the kernel's source in cuvil_edge/ir/ops/: when a kernel changes, change its row.
+SCRATCH: dict[str, Callable[[Site], int]] = {
+    # one ufunc: a block buffered when an operand is broadcast (neither one element nor the output's size)
+    **{op: lambda s: s.buffer(s.out) * any(t is not None and t.numel() not in (1, s.outs[0].numel()) for t in s.ins)
+       for op in BROADCASTING},
+    "Conv": _conv,
+    "CuvilFusedConv": _conv,
+    "Gemm": _gemm,
+    "CuvilFusedGemm": _gemm,
+    "MaxPool": lambda s: _pool(s, False),
+    "AveragePool": lambda s: _pool(s, True),
+    "ConvTranspose": _conv_transpose,
+    "Resize": _resize,
+    "Upsample": lambda s: _resize(s, every_axis=True),
+    # x - max (broadcast) lives while exp makes e; then e / sum (broadcast)
+    "Softmax": lambda s: s.inp + s.buffer(),
+    "LogSoftmax": lambda s: 2 * s.inp + s.buffer(),
+    # x.astype(stash) copies (float32 to float32 too), centred; then centred*inv, its astype copy,
+    # *scale, +bias: four input-sized arrays at once, plus a broadcast block
+    "LayerNormalization": lambda s: 3 * s.inp + s.buffer(),
+    "BatchNormalization": lambda s: s.out + s.buffer(),
+    # w - mean, its square; w - mean, / std, * scale, + bias, astype: two input-sized arrays at once
+    "InstanceNormalization": lambda s: s.inp + s.buffer(),
+    # np.pad(x**2) over channels, the running window sum and its products before the astype copy
+    "LRN": lambda s: s.inp * (s.ins[0].shape[1] + int(s.attrs.get("size", 1)) - 1) // s.ins[0].shape[1] + 2 * s.inp,
+    # np.maximum then np.minimum: the first result lives while the second is made
+    "Clip": lambda s: s.out if s.input(1) is not None and s.input(2) is not None else 0,
+    # x.mean(...), then .astype(x.dtype) copies the (small) result
+    "ReduceMean": lambda s: s.out,
+    # np.where over the int64 indices before np.take
+    "Gather": lambda s: 24 * (s.ins[1].numel() if s.input(1) is not None else 0),
+    # float32 in C: the output only; numpy _erf64: float64 copies and per-range temporaries,
+    # data-dependent (63-103 B/element measured on N(0, 0.1..10)), GELU adds its float64 products
+    "Erf": lambda s: 0 if s.native and s.ins[0].dtype == "float32" else 70 * s.ins[0].numel(),
+    "Gelu": lambda s: 0 if s.native and s.ins[0].dtype == "float32" else 80 * s.ins[0].numel(),
+    "Sigmoid": lambda s: _activation("sigmoid", s.out, s.native and s.ins[0].dtype == "float32"),
+    "HardSwish": lambda s: _activation("hardswish", s.out, s.native),
+    # bytes.fromhex makes the data once more before np.frombuffer(...).copy()
+    "Constant": lambda s: s.out,
+}
+
+
+@dataclass(frozen=True)
+class Step:
+    """One call (or a step of the module's wrapper), in bytes; peak = live + scratch."""
+
+    index: int
+    node: str
+    op_type: str
+    live_bytes: int  # activations alive during the call, its new outputs included
+    scratch_bytes: int
+    after_bytes: int  # alive once the module has deleted what this node read last
+    estimated: bool  # the op has no SCRATCH row: one output-sized temporary assumed
+    peak_bytes = property(lambda self: self.live_bytes + self.scratch_bytes)
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """Planned memory of one build, in bytes: ``peak_bytes`` = weights (+ float16 copies) + the
+    worst step + :data:`OVERHEAD_BYTES`."""
+
+    graph: str
+    target: str
+    precision: str
+    batch: int
+    low_memory: bool  # the target lacks TARGET_LARGE_SCRATCH: kernels take their low-memory paths
+    native: bool  # the plan assumes the C kernels load
+    weights_bytes: int  # the package's initializers (the caller holds them as W)
+    runtime_weights_bytes: int  # copies the module makes each run (float16 builds cast W)
+    steps: tuple[Step, ...]
+    peak_bytes: int
+    peak_step: int
+    largest_live: tuple[tuple[str, int], ...]  # the two largest simultaneously-live activations
+
+    @property
+    def bound_bytes(self) -> int:
+        """Issue 12's bound, before its 10 %: weights + the two largest simultaneously-live activations."""
+        return self.weights_bytes + sum(size for _, size in self.largest_live)
+
+    def over_bound(self, slack: float = 0.10) -> tuple[Step, ...]:
+        """The steps whose planned peak exceeds the bound by more than ``slack``, worst first."""
+        room = self.bound_bytes * (1 + slack) - self.weights_bytes - self.runtime_weights_bytes - OVERHEAD_BYTES
+        return tuple(sorted((s for s in self.steps if s.peak_bytes > room), key=lambda s: -s.peak_bytes))
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready: every field (steps as dicts) and the bound."""
+        return {**asdict(self), "largest_live": [list(p) for p in self.largest_live], "bound_bytes": self.bound_bytes}
+
+    def describe(self) -> str:
+        """A few lines for a build report."""
+        mb = lambda b: f"{b / 2**20:.3f} MiB"  # noqa: E731
+        w = self.steps[self.peak_step] if self.steps else Step(0, "-", "-", 0, 0, 0, False)
+        kernels = ", low-memory kernels" * self.low_memory + ", native kernels" * self.native
+        over, guessed = self.over_bound(), sorted({s.op_type for s in self.steps if s.estimated})
+        return "\n".join([
+            f"memory plan for {self.graph!r} on {self.target} ({self.precision}, batch {self.batch}{kernels}): peak "
+            f"{mb(self.peak_bytes)} = weights {mb(self.weights_bytes + self.runtime_weights_bytes)} + live "
+            f"{mb(w.live_bytes)} + scratch {mb(w.scratch_bytes)} at {w.node!r} ({w.op_type})",
+            f"bound: weights + {' + '.join(f'{n!r} {mb(b)}' for n, b in self.largest_live)} = {mb(self.bound_bytes)}",
+            *(["over the bound + 10 %: " + ", ".join(f"{s.node!r} ({s.op_type}, scratch {mb(s.scratch_bytes)})"
+                                                     for s in over[:5])] if over else []),
+            *([f"scratch estimated (no SCRATCH row): {', '.join(guessed)}"] if guessed else [])])
+
+
+def release_schedule(graph: Graph) -> list[list[str]]:
+    """Per node, the value names the generated ``_forward`` deletes right after it: outputs nobody
+    reads and the inputs it reads last, graph outputs excepted (codegen._forward_source's rule)."""
+    last_use = {name: index for index, node in enumerate(graph.nodes) for name in node.inputs if name}
+    keep = {v.name for v in graph.outputs}
+    schedule = []
+    for index, node in enumerate(graph.nodes):
+        dead = [o for o in node.outputs if o and o not in keep and o not in last_use]
+        dead += [i for i in dict.fromkeys(node.inputs) if i and last_use.get(i) == index and i not in keep]
+        schedule.append(list(dict.fromkeys(dead)))
+    return schedule
+
+
+def plan_memory(graph: Graph, target: TargetSpec | str, *, precision: str = "fp32", batch: int = 1,
+                native: bool | None = None) -> MemoryPlan:
+    """Plan the peak memory of ``graph`` compiled for ``target``, run on ``batch`` samples.
+
+    ``native``: whether the C kernels load where the module runs (None: the target has them and
+    they load in this process, as they would for the module).
+
+    Raises:
+        UnknownTargetError, TargetSpecError: ``target`` names no valid spec.
+        TargetError: the target does not support ``precision``.
+        BuildError: ``batch`` is not a positive int (or not 1 for a graph without a batch dim), the
+            inputs lead with several symbols, a value keeps a symbolic dim other than the batch, or
+            a node's attributes are invalid.
+    """
+    spec = resolve(target)
+    caps = spec.capabilities(precision)
+    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+        raise BuildError(f"batch must be a positive int, got {batch!r}")
+    leading = {name for v in graph.inputs if v.type.shape and isinstance(v.type.shape[0], str)
+               for name in dim_terms(v.type.shape[0])[1]}
+    if len(leading) > 1:
+        raise BuildError(f"graph {graph.name!r} inputs lead with several symbols {sorted(leading)}; the memory plan "
+                         "binds one batch symbol. Export the model with one batch axis shared by its inputs")
+    symbol = leading.pop() if leading else None
+    if symbol is None and batch != 1:
+        raise BuildError(f"graph {graph.name!r} has no symbolic batch dim (its inputs fix it); plan with batch=1")
+    fp16, static = bool(caps["COMPUTE_FP16"]), bool(spec.static_shapes and symbol)
+    if native is None:  # as the module will: the C kernels when the target has them and they load here
+        try:
+            from cuvil_edge.ir.ops._native import library  # lazily: the first call may compile them
+            native = bool(caps.get("TARGET_NATIVE")) and library() is not None
+        except ImportError:  # a tree without the native kernels
+            native = False
+    step = spec.static_batch if static else batch  # static-shape targets run fixed-size chunks
+    bind = lambda size: {symbol: size} if symbol else {}  # noqa: E731
+    full, types = _Types(graph, bind(batch), False), _Types(graph, bind(step), fp16)
+    chunks, out_step = -(-batch // step), sum(types.bytes(v.name) for v in graph.outputs)
+    held = 0  # bytes outside _forward's values: the caller's inputs when the wrapper feeds new arrays
+    if fp16 or static:
+        held = sum(full.bytes(v.name) for v in graph.inputs) + (chunks - 1) * out_step
+        held += sum(_Types(graph, bind(batch), True).bytes(v.name) for v in graph.inputs) if fp16 and static else 0
+        held -= sum(types.bytes(v.name) for v in graph.inputs) if static and batch % step == 0 else 0  # views
+    steps, pair = _simulate(graph, types, bool(caps["TARGET_LARGE_SCRATCH"]), native, held)
+    last = steps[-1].after_bytes if steps else held + sum(types.bytes(v.name) for v in graph.inputs)
+    wrapper = [("(static batch) concatenate chunks", held + (chunks + 1) * out_step)] * static
+    wrapper += [("(float16) cast outputs to float32", last + sum(full.bytes(v.name) for v in graph.outputs))] * fp16
+    steps += [Step(len(steps) + i, name, "(module wrapper)", live, 0, live, False)
+              for i, (name, live) in enumerate(wrapper)]
+    copies = sum(int(a.size) * 2 for a in graph.initializers.values() if fp16 and a.dtype == np.float32)
+    worst = max(range(len(steps)), key=lambda i: steps[i].peak_bytes, default=0)
+    weights = graph.parameter_bytes()
+    peak = weights + copies + (steps[worst].peak_bytes if steps else last) + OVERHEAD_BYTES
+    return MemoryPlan(graph.name, spec.name, precision, batch, not caps["TARGET_LARGE_SCRATCH"], native, weights,
+                      copies, tuple(steps), peak, worst, pair)
+
+
+class _Types(dict):
+    """Runtime types by value name ("" for an absent input): the batch bound; float32 is float16 when
+    the module computes in float16.
+
+    Raises:
+        BuildError: a dim stays symbolic once the batch is bound.
+    """
+
+    def __init__(self, graph: Graph, bindings: Mapping[str, int], fp16: bool) -> None:
+        super().__init__({"": None})
+        for name, t in graph.types.items():
+            if not (t := t.bind(bindings)).is_static:
+                raise BuildError(
+                    f"value {name!r} of graph {graph.name!r} has shape {list(t.shape)}: a dim is neither fixed nor "
+                    f"the batch ({', '.join(bindings) or 'none'}), so its size is unknown before running. Export "
+                    "the model with that axis fixed (e.g. a fixed sequence length)")
+            self[name] = TensorType("float16", t.shape) if fp16 and t.dtype == "float32" else t
+
+    def bytes(self, name: str) -> int:
+        return Site.nbytes(self[name])
+
+
+def _scratch(node: Node, types: _Types, large: bool, native: bool) -> tuple[int, bool]:
+    """(scratch bytes of ``node``'s call, whether estimated).
+
+    Raises:
+        BuildError: the node's attributes cannot be read, or its SCRATCH row does not fit it.
+    """
+    if node.op_type in NO_SCRATCH:
+        return 0, False
+    try:
+        attrs = ops.get(node.op_type, node.describe()).attrs(node)
+        site = Site(attrs, tuple(types[i] for i in node.inputs), tuple(types[o] for o in node.outputs), large, native)
+        rule = SCRATCH.get(node.op_type)
+        return (max(0, int(rule(site))), False) if rule else (site.out, True)
+    except CuvilError:
+        raise
+    except Exception as e:  # a row that does not fit this node must name it
+        raise BuildError(f"memory plan of {node.describe()} failed: {type(e).__name__}: {e}") from e
+
+
+def _simulate(graph: Graph, types: _Types, large: bool, native: bool,
+              held: int) -> tuple[list[Step], tuple[tuple[str, int], ...]]:
+    """The steps of ``_forward``, tracking live buffers; and the two buffers alive together whose
+    sum is largest, as (value name, bytes)."""
+    pinned = {v.name for v in graph.inputs}  # the caller's feeds hold them
+    owner: dict[str, str | None] = {**{k: None for k in graph.initializers}, **{k: k for k in pinned}}
+    size, names = {k: types.bytes(k) for k in pinned}, {k: 1 for k in pinned}  # per buffer: bytes, names reaching it
+    live, steps = sum(size.values()), []
+    pair = tuple(sorted(size.items(), key=lambda kv: -kv[1])[:2])
+    for index, (node, dead) in enumerate(zip(graph.nodes, release_schedule(graph))):
+        for position, out in enumerate(node.outputs):
+            if out and node.op_type in VIEW_OPS and position == 0 and node.inputs and node.inputs[0]:
+                owner[out] = owner.get(node.inputs[0])
+                if owner[out] is not None:
+                    names[owner[out]] += 1
+            elif out:
+                owner[out], size[out], names[out] = out, types.bytes(out), 1
+                live += size[out]
+        scratch, estimated = _scratch(node, types, large, native)
+        during = live
+        now = tuple(sorted(((b, size[b]) for b, n in names.items() if n or b in pinned), key=lambda kv: -kv[1])[:2])
+        pair = now if sum(b for _, b in now) > sum(b for _, b in pair) else pair
+        for name in dead:
+            buffer = owner.get(name)
+            if buffer is not None:
+                names[buffer] -= 1
+                live -= size[buffer] if not names[buffer] and buffer not in pinned else 0
+        steps.append(Step(index, node.name, node.op_type, held + during, scratch, held + live, estimated))
+    return steps, pair
