@@ -3,26 +3,39 @@
 Cache layout (one folder per key)::
 
     <cache_dir>/<key>/module.py   the pruned source that runs, for people to read
+    <cache_dir>/<key>/module.code that source compiled (marshal), so a fresh process skips compile()
     <cache_dir>/<key>/meta.json   what it was built from, and the source's sha256
 
 ``key`` is sha256 over (the graph's structure digest, target name, target spec
 digest, precision, :data:`COMPILER_VERSION`, op templates digest).  The module takes
 the weights as an argument at run time, so its source depends on the graph's structure
 only (:func:`structure_digest`): the next round's package, same model with new weights,
-hits the cache.  Both files are written atomically (temp file + rename), meta.json
+hits the cache.  Every file is written atomically (temp file + rename), meta.json
 last, so a half-written entry is never taken for a hit.
+
+A hit trusts nothing it reads: module.py must match meta.json's sha256, and module.code
+is used only when its header names this Python's bytecode magic number, the sha256 of
+that very source and the sha256 of its own marshalled bytes (anything else: compile the
+source again and rewrite module.code).  marshal, never pickle: it can only build code
+objects and constants.  An agent is a long-lived daemon, so each process also keeps the
+code objects it built or loaded (:data:`_MEMO`, by entry folder) and reuses one when the
+entry's checked source is the one it was compiled from; each CompiledModel still gets
+a module namespace of its own.
 """
 
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import logging
+import marshal
 import threading
 import time
+import types
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping, Protocol, runtime_checkable
+from typing import Any, Callable, Mapping, NamedTuple, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -36,8 +49,9 @@ from cuvil_edge.device_targets.spec import TargetSpec, resolve
 
 logger = logging.getLogger(__name__)
 
-#: Bump when codegen, pruning or the cache layout change in a way that changes built modules.
-COMPILER_VERSION = f"cuvil-edge-compiler/1+codegen{codegen.CODEGEN_VERSION}"
+#: Bump when codegen, pruning or the cache layout change in a way that changes built modules
+#: (2: module.code beside module.py; templates digested by file).
+COMPILER_VERSION = f"cuvil-edge-compiler/2+codegen{codegen.CODEGEN_VERSION}"
 
 
 @runtime_checkable
@@ -140,16 +154,16 @@ def build(
     graph, digest = package.graph, package.payload_digest
     if not isinstance(digest, str) or len(digest) < 16 or any(c not in "0123456789abcdef" for c in digest):
         raise BuildError(f"payload digest {digest!r} is not a lowercase hex string; pass the verified package")
-    with _AST_LOCK:  # the key digests the templates' parsed source
-        try:
-            structure = structure_digest(graph)
-        except ValueError:  # a graph to_dict() cannot describe (a big tensor attribute): key by payload
-            structure = digest
-        key = cache_key(structure, spec, precision)
-    entry = Path(cache_dir) / key
-    source = _read_cached(entry)
-    hit = source is not None
-    if source is None:
+    try:
+        structure = structure_digest(graph)
+    except ValueError:  # a graph to_dict() cannot describe (a big tensor attribute): key by payload
+        structure = digest
+    key = cache_key(structure, spec, precision)
+    entry = Path(cache_dir).absolute() / key
+    path = entry / "module.py"
+    loaded = _load_entry(entry)
+    hit = loaded is not None
+    if loaded is None:
         try:
             if spec.static_shapes:
                 codegen.batch_plan(graph)
@@ -158,23 +172,114 @@ def build(
         except BuildError as e:
             raise BuildError(f"cannot build graph {graph.name!r} for target {spec.name!r}: {e}") from e
         source = f"# target {spec.name}, precision {precision}, {COMPILER_VERSION}, cache key {key}\n" + pruned
-        _write_entry(entry, source, {"payload_digest": digest, "target": spec.name, "target_spec": spec.digest(),
-                                     "precision": precision, "compiler": COMPILER_VERSION, "graph": graph.name})
-    run_fn = _compile(source, entry / "module.py", spec, key)
+        code = _compile(source, path, spec)
+        _write_entry(entry, source, code, {"payload_digest": digest, "target": spec.name,
+                                           "target_spec": spec.digest(), "precision": precision,
+                                           "compiler": COMPILER_VERSION, "graph": graph.name})
+        loaded = _remember(entry, source, code)
+    run_fn = _instantiate(loaded.code, path, spec)
     seconds = time.perf_counter() - start
     logger.info("built %s for %s (%s) in %.3fs%s", graph.name, spec.name, precision, seconds, " (cached)" if hit else "")
-    return CompiledModel(graph, spec, precision, key, source, entry / "module.py", seconds, hit, run_fn)
+    return CompiledModel(graph, spec, precision, key, loaded.source, path, seconds, hit, run_fn)
 
 
-def _compile(source: str, path: Path, spec: TargetSpec, key: str) -> Callable[..., dict]:
-    namespace: dict[str, Any] = {"__name__": f"cuvil_edge_built_{key[:16]}"}
+class _Loaded(NamedTuple):
+    """A checked cache entry: its source, and that source compiled."""
+
+    source: str
+    code: types.CodeType
+
+
+#: The entries this process built or checked, by folder (see the module docstring).
+_MEMO: dict[str, _Loaded] = {}
+_MEMO_LOCK = threading.Lock()
+_MEMO_SIZE = 64  # a daemon sees a handful of models and targets; bounded all the same
+#: module.code header: format tag, this Python's bytecode magic, sha256 of the source, sha256 of the rest.
+_CODE_TAG = b"CUVLCODE"
+_CODE_HEADER = len(_CODE_TAG) + len(importlib.util.MAGIC_NUMBER) + 32 + 32
+
+
+def _remember(entry: Path, source: str, code: types.CodeType) -> _Loaded:
+    loaded = _Loaded(source, code)
+    with _MEMO_LOCK:
+        if len(_MEMO) >= _MEMO_SIZE:
+            _MEMO.pop(next(iter(_MEMO)))  # oldest first
+        _MEMO[str(entry)] = loaded
+    return loaded
+
+
+def _load_entry(entry: Path) -> _Loaded | None:
+    """The entry's source and code if it is complete and intact, else None (a miss). The source is
+    read and checked every time (0.2 ms for ResNet-50); its code comes from this process's memo when
+    the memo holds that same source, else from module.code, else from compile() (and module.code
+    is rewritten)."""
+    source = _read_cached(entry)
+    if source is None:
+        return None
+    with _MEMO_LOCK:
+        known = _MEMO.get(str(entry))
+    if known is not None and known.source == source:
+        return known
+    sha = hashlib.sha256(source.encode()).digest()
+    path = entry / "module.py"
+    code = _read_code(entry / "module.code", sha, path)
+    if code is None:
+        try:
+            code = _compile(source, path, None)
+        except BuildError:
+            logger.warning("cached module %s does not compile; rebuilding", path)
+            return None
+        try:
+            atomic_write(entry / "module.code", _code_bytes(code, sha), mode=0o644)
+        except OSError as e:  # a read-only cache still serves hits, compiling each time
+            logger.warning("cannot rewrite %s: %s", entry / "module.code", e)
+    return _remember(entry, source, code)
+
+
+def _read_code(path: Path, source_sha: bytes, source_path: Path) -> types.CodeType | None:
+    """The code object in ``path`` if its header matches (tag, Python magic, ``source_sha``, its
+    own digest) and it was compiled from ``source_path``, else None."""
     try:
-        with _AST_LOCK:
-            code = compile(source, str(path), "exec")
+        data = path.read_bytes()
+    except OSError:
+        return None
+    tag, magic = _CODE_TAG, importlib.util.MAGIC_NUMBER
+    head, payload = data[:_CODE_HEADER], data[_CODE_HEADER:]
+    if (len(head) != _CODE_HEADER or head[:len(tag)] != tag or head[len(tag):len(tag) + len(magic)] != magic
+            or head[-64:-32] != source_sha or head[-32:] != hashlib.sha256(payload).digest()):
+        logger.info("%s does not match its source or this Python; compiling", path)
+        return None
+    try:
+        code = marshal.loads(payload)
+    except (EOFError, ValueError, TypeError):
+        return None
+    if not isinstance(code, types.CodeType) or code.co_filename != str(source_path):
+        return None  # moved cache folder: recompile so tracebacks name the file that is there
+    return code
+
+
+def _code_bytes(code: types.CodeType, source_sha: bytes) -> bytes:
+    payload = marshal.dumps(code)
+    return _CODE_TAG + importlib.util.MAGIC_NUMBER + source_sha + hashlib.sha256(payload).digest() + payload
+
+
+def _compile(source: str, path: Path, spec: TargetSpec | None) -> types.CodeType:
+    try:
+        with _AST_LOCK:  # compile() builds an AST
+            return compile(source, str(path), "exec")
+    except Exception as e:
+        where = f" for target {spec.name!r}" if spec is not None else ""
+        raise BuildError(f"compiling the module{where} failed: {type(e).__name__}: {e} (source: {path})") from e
+
+
+def _instantiate(code: types.CodeType, path: Path, spec: TargetSpec) -> Callable[..., dict]:
+    """Run the module's code in a namespace of its own; its ``run``."""
+    namespace: dict[str, Any] = {"__name__": f"cuvil_edge_built_{path.parent.name[:16]}"}
+    try:
         exec(code, namespace)  # noqa: S102 - our own generated, pruned source
     except Exception as e:
-        raise BuildError(f"compiling the module for target {spec.name!r} failed: {type(e).__name__}: {e} "
-                         f"(source: {path})") from e
+        raise BuildError(f"loading the module for target {spec.name!r} failed: {type(e).__name__}: {e} "
+                         f"(source: {path}); delete that cache entry and build again") from e
     built_for = namespace.get("BUILT_FOR", {})
     if not callable(namespace.get("run")) or built_for.get("target") != spec.name:
         raise BuildError(f"module {path} is not a build for target {spec.name!r} (BUILT_FOR={built_for!r}); "
@@ -195,11 +300,14 @@ def _read_cached(entry: Path) -> str | None:
     return source
 
 
-def _write_entry(entry: Path, source: str, meta: dict[str, Any]) -> None:
+def _write_entry(entry: Path, source: str, code: types.CodeType, meta: dict[str, Any]) -> None:
+    """module.py, module.code, then meta.json (whose presence and digest make the entry a hit)."""
+    sha = hashlib.sha256(source.encode())
     try:
         entry.mkdir(parents=True, exist_ok=True)
         atomic_write(entry / "module.py", source.encode("utf-8"), mode=0o644)
-        meta = {**meta, "source_sha256": hashlib.sha256(source.encode()).hexdigest()}
+        atomic_write(entry / "module.code", _code_bytes(code, sha.digest()), mode=0o644)
+        meta = {**meta, "source_sha256": sha.hexdigest()}
         atomic_write(entry / "meta.json", (json.dumps(meta, indent=2, sort_keys=True) + "\n").encode("utf-8"), mode=0o644)
     except OSError as e:
         raise BuildError(f"cannot write build cache entry {entry}: {e}; check cache_dir is writable") from e

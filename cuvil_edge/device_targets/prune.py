@@ -10,10 +10,20 @@ Passes, in order (each an :class:`ast.NodeTransformer` or a small walk):
    statements after ``return``/``raise``/``break``/``continue``.
 3. :func:`remove_unused_functions` drops top-level functions (and classes) that
    are not reachable from the roots (``run`` and top-level statements).
+   It runs before the other passes too: they only remove references, so what
+   is unreachable then stays unreachable, and is not folded for nothing.
 
 Top-level statements the passes did not change are copied from the input
 text, so comments inside untouched functions survive; changed ones are
-re-rendered with :func:`ast.unparse`.  Pruning is idempotent.
+re-rendered with :func:`ast.unparse`.  Pruning is idempotent.  Whether a
+statement changed is recorded by the passes themselves (:class:`_Tracking`:
+every node a visit replaces or drops, and the few in-place edits), not found
+by dumping the tree before and after (a quarter of the time pruning took).
+
+:func:`specialise_function` is memoised per process (a kernel, the literal
+values substituted and the docstring fully determine its result): the call
+sites of one model repeat a handful of attribute sets, and a daemon builds the
+same kernels round after round.
 """
 
 from __future__ import annotations
@@ -21,6 +31,7 @@ from __future__ import annotations
 import ast
 import io
 import operator
+import threading
 from typing import Any, Callable, Iterable, Mapping
 
 from cuvil_edge.errors import BuildError
@@ -72,7 +83,21 @@ def _const(value: Any, like: ast.AST) -> ast.expr:
     return ast.copy_location(ast.Constant(value), like)
 
 
-class Substitute(ast.NodeTransformer):
+class _Tracking(ast.NodeTransformer):
+    """A transformer that sets ``changed`` when a visit returns anything but the node it was given
+    (a replacement, a list spliced in, None for a removal); subclasses set it themselves for the
+    in-place edits they make. :func:`prune` resets it per top-level statement."""
+
+    changed = False
+
+    def visit(self, node: ast.AST) -> Any:
+        result = super().visit(node)
+        if result is not node:
+            self.changed = True
+        return result
+
+
+class Substitute(_Tracking):
     """Replace loads of the capability constants by literals; drop their top-level assignments.
 
     Raises:
@@ -85,12 +110,16 @@ class Substitute(ast.NodeTransformer):
             raise BuildError(f"capability constants {bad} are not plain literals")
         self.constants = dict(constants)
 
+    def is_constant_assignment(self, stmt: ast.stmt) -> bool:
+        """A top-level ``TARGET_X = ...`` (the generated module's reference values), which goes."""
+        return isinstance(stmt, ast.Assign) and all(
+            isinstance(t, ast.Name) and t.id in self.constants for t in stmt.targets)
+
     def visit_Module(self, node: ast.Module) -> ast.Module:
         body = []
         for stmt in node.body:
-            if isinstance(stmt, ast.Assign) and all(
-                isinstance(t, ast.Name) and t.id in self.constants for t in stmt.targets
-            ):
+            if self.is_constant_assignment(stmt):
+                self.changed = True
                 continue
             body.append(self.visit(stmt))
         node.body = [s for s in body if s is not None]
@@ -109,7 +138,7 @@ class Substitute(ast.NodeTransformer):
         return _const(self.constants[node.id], node)
 
 
-class Fold(ast.NodeTransformer):
+class Fold(_Tracking):
     """Fold literal expressions and remove branches whose test is a literal."""
 
     def visit_UnaryOp(self, node: ast.UnaryOp) -> ast.AST:
@@ -158,7 +187,9 @@ class Fold(ast.NodeTransformer):
             # a literal that lets evaluation continue contributes nothing
         if len(kept) == 1:
             return kept[0]
-        node.values = kept
+        if len(kept) != len(node.values):
+            self.changed = True
+            node.values = kept
         return node
 
     def visit_IfExp(self, node: ast.IfExp) -> ast.AST:
@@ -173,6 +204,7 @@ class Fold(ast.NodeTransformer):
         test = literal(node.test)
         if test is _MISSING:
             if not node.body:
+                self.changed = True
                 node.body = [ast.Pass()]
             return node
         return (node.body if test else node.orelse) or None
@@ -182,6 +214,7 @@ class Fold(ast.NodeTransformer):
         test = literal(node.test)
         if test is _MISSING or test:
             if not node.body:
+                self.changed = True
                 node.body = [ast.Pass()]
             return node
         return node.orelse or None
@@ -194,9 +227,12 @@ class Fold(ast.NodeTransformer):
             if isinstance(block, list) and block and isinstance(block[0], ast.stmt):
                 for index, stmt in enumerate(block):
                     if isinstance(stmt, _TERMINAL):
-                        del block[index + 1:]
+                        if index + 1 < len(block):
+                            self.changed = True
+                            del block[index + 1:]
                         break
         if not isinstance(node, ast.Module) and getattr(node, "body", None) == []:
+            self.changed = True
             node.body = [ast.Pass()]
         return node
 
@@ -242,26 +278,49 @@ def prune(source: str, constants: Mapping[str, object], *, roots: tuple[str, ...
         tree = ast.parse(source)
     except SyntaxError as e:
         raise BuildError(f"generated source does not parse: {e}") from e
-    lines = io.StringIO(source, newline="").readlines()  # the line breaks ast counts (not \f, \x1c, ...)
-
-    def segment(s):
-        chunk = [line.encode() for line in lines[s.lineno - 1:s.end_lineno]]
-        if not chunk:
-            return None
-        chunk[-1] = chunk[-1][:s.end_col_offset]
-        chunk[0] = chunk[0][s.col_offset:]
-        return b"".join(chunk).decode()
-
-    original = {id(s): (ast.dump(s), segment(s)) for s in tree.body}
-    tree = Fold().visit(Substitute(constants).visit(tree))
-    tree = remove_unused_functions(ast.fix_missing_locations(tree), roots)
+    segment = segmenter(source)
+    # Folding only ever removes references, so what is unreachable now stays unreachable: drop it
+    # before folding (the generic kernels every call site replaced by a specialised copy).
+    tree = remove_unused_functions(tree, roots)
+    substitute, fold = Substitute(constants), Fold()
+    body: list[ast.stmt] = []
+    unchanged: set[int] = set()
+    for stmt in tree.body:
+        if substitute.is_constant_assignment(stmt):
+            continue
+        substitute.changed = fold.changed = False
+        result = fold.visit(substitute.visit(stmt))
+        kept = result if isinstance(result, list) else [] if result is None else [result]
+        if not (substitute.changed or fold.changed):
+            unchanged.add(id(stmt))
+        body.extend(kept)
+    for index, stmt in enumerate(body):  # as Fold does in any block: nothing runs after a raise
+        if isinstance(stmt, _TERMINAL):
+            del body[index + 1:]
+            break
+    tree.body = body
+    tree = remove_unused_functions(tree, roots)  # unparse needs no locations: no fix_missing_locations
     chunks = []
     for stmt in tree.body:
-        before = original.get(id(stmt))
-        same = (before is not None and before[0] == ast.dump(stmt) and before[1] is not None
-                and not getattr(stmt, "decorator_list", None))  # segments start after decorators
-        chunks.append(before[1] if same else ast.unparse(stmt))
+        text = segment(stmt) if id(stmt) in unchanged and not getattr(stmt, "decorator_list", None) else None
+        chunks.append(text if text is not None else ast.unparse(stmt))  # segments start after decorators
     return _header(source) + _join(tree.body, chunks)
+
+
+def segmenter(source: str) -> Callable[[ast.AST], str | None]:
+    """A function giving the exact source text of a node parsed from ``source`` (as
+    :func:`ast.get_source_segment`, which splits the whole source again on every call)."""
+    lines = io.StringIO(source, newline="").readlines()  # the line breaks ast counts (not \f, \x1c, ...)
+
+    def segment(node: ast.AST) -> str | None:
+        chunk = [line.encode() for line in lines[node.lineno - 1:node.end_lineno]]
+        if not chunk:
+            return None
+        chunk[-1] = chunk[-1][:node.end_col_offset]
+        chunk[0] = chunk[0][node.col_offset:]
+        return b"".join(chunk).decode()
+
+    return segment
 
 
 def _header(source: str) -> str:
@@ -297,22 +356,55 @@ def specialise_function(source: str, name: str, values: Mapping[str, object], pr
     the names of the parameters substituted (the call site drops those arguments), and whether
     anything was specialised at all.
 
+    Memoised per process: the result is a function of ``source``, ``name``, ``doc``, the literal
+    entries of ``values`` (by type and exact repr, so ``1``, ``1.0`` and ``True`` differ) and the
+    set ``present``; the other entries of ``values`` are never substituted.
+
     Raises:
         BuildError: ``source`` is not one function definition.
     """
+    key = (source, name, doc, frozenset(present),
+           tuple(sorted((k, _tag(v)) for k, v in values.items() if _is_literal(v))))
+    with _MEMO_LOCK:
+        done = _SPECIALISED.get(key)
+    if done is None:
+        done = _specialise(source, name, values, key[3], doc)
+        with _MEMO_LOCK:
+            if len(_SPECIALISED) >= _MEMO_SIZE:  # a long-lived daemon meets a bounded set of models
+                _SPECIALISED.clear()
+            _SPECIALISED[key] = done
+    return done
+
+
+#: specialise_function's memo: key (see there) -> result (immutable, so shared safely).
+_SPECIALISED: dict[tuple, tuple[str, tuple[str, ...], bool]] = {}
+_MEMO_LOCK = threading.Lock()
+_MEMO_SIZE = 4096
+
+
+def _tag(value: object) -> object:
+    """A hashable key that tells apart values Python calls equal (``1 == 1.0 == True``, ``0.0 == -0.0``)."""
+    if isinstance(value, tuple):
+        return tuple(_tag(v) for v in value)
+    return type(value).__name__, repr(value)
+
+
+def _specialise(source: str, name: str, values: Mapping[str, object], present: Iterable[str],
+                doc: str | None) -> tuple[str, tuple[str, ...], bool]:
     tree = ast.parse(source)
     if len(tree.body) != 1 or not isinstance(tree.body[0], ast.FunctionDef):
         raise BuildError(f"cannot specialise {name!r}: its source is not one function definition")
     function = tree.body[0]
-    rebound = {n.id for n in ast.walk(function) if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load)}
-    nested = {a.arg for inner in ast.walk(function) if inner is not function
-              and isinstance(inner, (ast.FunctionDef, ast.Lambda)) for a in ast.walk(inner.args)
-              if isinstance(a, ast.arg)}
+    fixed: set[str] = set()  # names the body rebinds, and parameters of nested functions and lambdas
+    for n in ast.walk(function):
+        if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load):
+            fixed.add(n.id)
+        elif n is not function and isinstance(n, (ast.FunctionDef, ast.Lambda)):
+            fixed.update(a.arg for a in ast.walk(n.args) if isinstance(a, ast.arg))
     args = function.args
     if args.vararg is not None or args.kwarg is not None:
         return source, (), False
     params = [a.arg for a in (*args.posonlyargs, *args.args, *args.kwonlyargs)]
-    fixed = rebound | nested
     chosen = {k: v for k, v in values.items() if k in params and k not in fixed and _is_literal(v)}
     arrays = {p for p in present if p in params and p not in fixed and p not in chosen}
     binder = _Bind(chosen, arrays)
@@ -337,7 +429,7 @@ def specialise_function(source: str, name: str, values: Mapping[str, object], pr
             and isinstance(body[0].value.value, str)
         function.body = [ast.Expr(ast.Constant(doc))] + (body[1:] if has_doc else body)
     function = Fold().visit(function)
-    return ast.unparse(ast.fix_missing_locations(function)), tuple(chosen), True
+    return ast.unparse(function), tuple(chosen), True  # unparse reads no locations
 
 
 def _is_literal(value: object) -> bool:
