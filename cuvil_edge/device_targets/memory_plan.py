@@ -101,9 +101,10 @@ def _activation(kind: str, out: int, native: bool) -> int:
 
 
 def _conv(s: Site) -> int:
-    """k_conv: native depthwise (C, one padded plane); 1x1 as one matmul; im2col (large scratch);
-    numpy depthwise per tap; else one matmul per tap (low memory). Then bias add and activation,
-    each a new array."""
+    """k_conv: native depthwise (C: one padded plane and an accumulator); 1x1 as one matmul; im2col,
+    in cache-sized blocks of output rows when the whole would pass 2 MiB or the target has little
+    memory (2-D, one group); numpy depthwise per tap; else one matmul per tap (low memory). Then
+    the bias added in place (numpy's broadcast buffer) and the activation, a new array."""
     x, w = s.ins[0], s.ins[1]
     kernel, group, kind = tuple(w.shape[2:]), int(s.attrs.get("group", 1)), str(s.attrs.get("activation", "none"))
     strides, pads, dilations, out_sp = _window(s, kernel)
@@ -112,21 +113,30 @@ def _conv(s: Site) -> int:
     y, depthwise, block = n * m * p * wide, group == c and m == group, s.buffer(n * m * p * wide, wide)
     if s.native and depthwise and len(kernel) == 2 and x.dtype == "float32":
         plane = _padded(x, kernel, strides, pads, dilations, out_sp, 4, planes=False)
-        return plane + (0 if kind in ("none", "relu", "relu6") else y + _activation(kind, y, True))
+        tail = (kernel[1] - 1) * dilations[1] * 4
+        flat = all(st == 1 for st in strides)  # the accumulator spans the padded width
+        acc = (out_sp[0] * plane // (4 * (out_sp[0] + dilations[0] * (kernel[0] - 1))) if flat else out_sp[1]) * 4
+        return plane + tail + acc + (0 if kind in ("none", "relu", "relu6") else y + _activation(kind, y, True))
     held = (x.numel() + w.numel()) * wide if wide != dtypes.itemsize(x.dtype) else 0  # float32 copies
+    taps = math.prod(kernel)
+    tiled = group == 1 and len(kernel) == 2 and (not s.large_scratch or c * taps * p * wide > 1 << 21)
     if max(kernel, default=1) == 1 and not any(pads):
         main = y + (n * c * p * wide if any(st != 1 for st in strides) else 0)  # reshape copies a strided x
-    elif s.large_scratch or depthwise:
+    elif s.large_scratch or depthwise or tiled:
         held += _padded(x, kernel, strides, pads, dilations, out_sp, wide) if any(pads) else 0
         if depthwise:
             main = 2 * y + block  # y and one broadcast-scaled window per tap
+        elif tiled:  # one block of output rows' columns, about 1 MiB
+            rows = max(1, min(out_sp[0], (1 << 20) // (c * taps * out_sp[1] * wide)))
+            held += c * taps * rows * out_sp[1] * wide
+            main = y
         else:
-            held += n * c * math.prod(kernel) * p * wide  # the im2col copy, bound to a local
+            held += n * c * taps * p * wide  # the im2col copy, bound to a local
             main = y
     else:
         held += _padded(x, kernel, strides, pads, dilations, out_sp, wide)  # the last tap's view keeps it
         main = 2 * y + n * c * p * wide  # y, one tap's window copied by reshape, its matmul product
-    tail = 2 * y + block if s.input(2) is not None else y
+    tail = y + block if s.input(2) is not None else y
     tail = max(tail, 2 * y + _activation(kind, y, s.native) if kind != "none" else 0)
     if wide != dtypes.itemsize(x.dtype):
         tail = max(tail, y + s.out)  # the final astype to float16

@@ -242,3 +242,42 @@ def test_concurrent_first_uses_compile_without_corrupting_the_cache(tmp_path):
     assert not errors and len(set(paths)) == 1
     assert [p.name for p in tmp_path.iterdir()] == [paths[0].name]  # no temporary file left behind
     assert paths[0].read_bytes()[:4] == b"\x7fELF"
+
+
+LAYER_NORMS = [  # (shape, axis, bias, scale shape)
+    ((2, 7, 33), -1, True, (33,)),
+    ((3, 5, 6, 8), -2, False, (6, 8)),
+    ((4, 10), 0, True, (4, 10)),
+    ((1, 9, 9, 64), 3, True, (64,)),
+]
+
+
+@needs_compiler
+@pytest.mark.parametrize("case", LAYER_NORMS, ids=[f"ln{i}" for i in range(len(LAYER_NORMS))])
+def test_layer_normalization_matches_onnxruntime_and_the_numpy_path(tmp_path, case):
+    shape, axis, bias, scale_shape = case
+    rng = np.random.default_rng(len(shape) + axis)
+    x = (rng.standard_normal(shape) * 5 + 3).astype(np.float32)
+    inits = [("s", rng.standard_normal(scale_shape).astype(np.float32))]
+    if bias:
+        inits.append(("b", rng.standard_normal(scale_shape).astype(np.float32)))
+    model = _model([helper.make_node("LayerNormalization", ["x", "s"] + (["b"] if bias else []), ["y"], axis=axis,
+                                     epsilon=1e-3)], [("x", list(shape))], inits)
+    native, numpy_only, want, source, _ = _run_three_ways(tmp_path, model, {"x": x})
+    assert "cuvil_layer_norm_f32" in source
+    np.testing.assert_allclose(native, want, rtol=1e-5, atol=2e-5)
+    np.testing.assert_allclose(native, numpy_only, rtol=1e-5, atol=2e-5)
+
+
+@needs_compiler
+def test_layer_normalization_with_statistics_outputs_takes_the_numpy_path(tmp_path):
+    x = np.random.default_rng(9).standard_normal((3, 16)).astype(np.float32)
+    graph = helper.make_graph([helper.make_node("LayerNormalization", ["x", "s"], ["y", "mean", "inv"])], "ln",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 16])],
+                              [helper.make_tensor_value_info(n, TensorProto.FLOAT, [3, None]) for n in ("y", "mean", "inv")],
+                              [numpy_helper.from_array(np.ones(16, np.float32), "s")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+    got = build(Package(load_model(model)), NATIVE, cache_dir=tmp_path).run({"x": x})
+    want = ort.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    for name, expected in zip(("y", "mean", "inv"), want):
+        np.testing.assert_allclose(got[name], expected, rtol=1e-5, atol=1e-6)

@@ -40,6 +40,7 @@ _SIGNATURES = {
     "cuvil_erf_f32": ((_P, _P, _I), None),
     "cuvil_gelu_f32": ((_P, _P, _I), None),
     "cuvil_sigmoid_f32": ((_P, _P, _I), None),
+    "cuvil_layer_norm_f32": ((_P, _P, _P, _P, _I, _I, _F), None),
     "cuvil_depthwise_conv2d_f32": ((_P, _P, _P, _P) + (_I,) * 16 + (_F, _F), _I),
     "cuvil_max_pool2d_f32": ((_P, _P) + (_I,) * 15, _I),
 }

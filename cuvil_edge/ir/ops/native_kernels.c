@@ -43,6 +43,33 @@ void cuvil_sigmoid_f32(const float *restrict x, float *restrict y, int64_t n) {
     for (int64_t i = 0; i < n; i++) y[i] = 1.0f / (1.0f + expf(-x[i]));
 }
 
+/* LayerNormalization over the last d elements of each of `rows` rows:
+ * y = (x - mean) / sqrt(var + epsilon) * scale + bias (bias may be NULL), the sums in double. */
+void cuvil_layer_norm_f32(const float *restrict x, const float *restrict scale, const float *restrict bias,
+                          float *restrict y, int64_t rows, int64_t d, float epsilon) {
+    for (int64_t r = 0; r < rows; r++) {
+        const float *xr = x + r * d;
+        float *yr = y + r * d;
+        double sum = 0.0, squares = 0.0;
+#pragma omp simd reduction(+ : sum)
+        for (int64_t i = 0; i < d; i++) sum += xr[i];
+        const float mean = (float)(sum / (double)d);
+#pragma omp simd reduction(+ : squares)
+        for (int64_t i = 0; i < d; i++) {
+            double c = (double)(xr[i] - mean);
+            squares += c * c;
+        }
+        const float inv = 1.0f / sqrtf((float)(squares / (double)d) + epsilon);
+        if (bias) {
+#pragma omp simd
+            for (int64_t i = 0; i < d; i++) yr[i] = (xr[i] - mean) * inv * scale[i] + bias[i];
+        } else {
+#pragma omp simd
+            for (int64_t i = 0; i < d; i++) yr[i] = (xr[i] - mean) * inv * scale[i];
+        }
+    }
+}
+
 static inline float clampf(float v, float lo, float hi) { return v < lo ? lo : (v > hi ? hi : v); }
 
 /* The padded plane a window op reads: (ph x pw), x's plane at (top, left), `fill` elsewhere. */
@@ -63,35 +90,50 @@ int64_t cuvil_depthwise_conv2d_f32(const float *restrict x, const float *restric
                                    float *restrict y, int64_t n, int64_t c, int64_t h, int64_t wd, int64_t kh,
                                    int64_t kw, int64_t sh, int64_t sw, int64_t dh, int64_t dw, int64_t top,
                                    int64_t left, int64_t oh, int64_t ow, int64_t ph, int64_t pw, float lo, float hi) {
-    float *plane = malloc((size_t)(ph * pw) * sizeof(float));
-    float *acc = malloc((size_t)ow * sizeof(float));
+    /* Stride 1 runs over the padded width: output (oy, ox) sits at oy * pw + ox of a flat
+     * accumulator, so each tap is one long contiguous multiply-add (no short rows on small maps);
+     * the pw - ow extra columns per row are computed and dropped. The plane gets (kw - 1) * dw
+     * extra zeros so the last tap's reads stay inside it. */
+    int64_t tail = (kw - 1) * dw, flat = sh == 1 && sw == 1;
+    float *plane = malloc((size_t)(ph * pw + tail) * sizeof(float));
+    float *acc = malloc((size_t)(flat ? oh * pw : ow) * sizeof(float));
     if (!plane || !acc) {
         free(plane);
         free(acc);
         return -1;
     }
+    for (int64_t i = 0; i < tail; i++) plane[ph * pw + i] = 0.0f;
     for (int64_t p = 0; p < n * c; p++) {
         int64_t ch = p % c;
         const float *taps = w + ch * kh * kw;
+        float bias = b ? b[ch] : 0.0f;
+        float *out = y + p * oh * ow;
         pad_plane(x + p * h * wd, plane, h, wd, ph, pw, top, left, 0.0f);
+        if (flat) {
+            int64_t span = oh * pw;
+            for (int64_t j = 0; j < span; j++) acc[j] = bias;
+            for (int64_t ky = 0; ky < kh; ky++)
+                for (int64_t kx = 0; kx < kw; kx++) {
+                    const float t = taps[ky * kw + kx];
+                    const float *src = plane + ky * dh * pw + kx * dw;
+#pragma omp simd
+                    for (int64_t j = 0; j < span; j++) acc[j] += t * src[j];
+                }
+            for (int64_t oy = 0; oy < oh; oy++)
+                for (int64_t ox = 0; ox < ow; ox++) out[oy * ow + ox] = clampf(acc[oy * pw + ox], lo, hi);
+            continue;
+        }
         for (int64_t oy = 0; oy < oh; oy++) {
-            float bias = b ? b[ch] : 0.0f;
             for (int64_t ox = 0; ox < ow; ox++) acc[ox] = bias;
             for (int64_t ky = 0; ky < kh; ky++) {
                 const float *row = plane + (oy * sh + ky * dh) * pw;
                 for (int64_t kx = 0; kx < kw; kx++) {
                     const float t = taps[ky * kw + kx];
                     const float *src = row + kx * dw;
-                    if (sw == 1) {
-#pragma omp simd
-                        for (int64_t ox = 0; ox < ow; ox++) acc[ox] += t * src[ox];
-                    } else {
-                        for (int64_t ox = 0; ox < ow; ox++) acc[ox] += t * src[ox * sw];
-                    }
+                    for (int64_t ox = 0; ox < ow; ox++) acc[ox] += t * src[ox * sw];
                 }
             }
-            float *out = y + p * oh * ow + oy * ow;
-            for (int64_t ox = 0; ox < ow; ox++) out[ox] = clampf(acc[ox], lo, hi);
+            for (int64_t ox = 0; ox < ow; ox++) out[oy * ow + ox] = clampf(acc[ox], lo, hi);
         }
     }
     free(plane);

@@ -23,8 +23,12 @@ from cuvil_edge.errors import ShapeInferenceError, UnsupportedAttributeError
 from cuvil_edge.ir import dtypes
 from cuvil_edge.ir.graph import TensorType
 from cuvil_edge.ir.ops._contract import OpDef
+from cuvil_edge.ir.ops._native import _native_lib
 from cuvil_edge.ir.ops._elementwise import FLOATS, TRANSCENDENTAL, want
-from cuvil_edge.ir.ops._util import FLOAT, INT, axis_index, broadcast, need, same_dtype, want_dtype
+from cuvil_edge.ir.ops._util import (DEFAULT_CAPABILITIES, FLOAT, INT, axis_index, broadcast, need, same_dtype,
+                                    want_dtype)
+
+TARGET_NATIVE = DEFAULT_CAPABILITIES["TARGET_NATIVE"]
 
 
 def k_batch_normalization(x, scale, bias, mean, var, epsilon, momentum=0.9, training=False, outputs=1):
@@ -49,7 +53,21 @@ def k_batch_normalization(x, scale, bias, mean, var, epsilon, momentum=0.9, trai
 
 def k_layer_normalization(x, scale, bias=None, axis=-1, epsilon=1e-5, stash=None, outputs=1):
     first = axis + x.ndim if axis < 0 else axis
-    work = x.astype(stash) if stash is not None else x
+    if TARGET_NATIVE:
+        size = 1
+        for dim in x.shape[first:]:
+            size *= dim
+        ok = outputs == 1 and x.dtype == np.float32 and stash != "float64" and scale.size == size
+        lib = _native_lib() if ok and (bias is None or bias.size == size) else None
+        if lib is not None:
+            # one pass per row in C (statistics summed in double), scale and bias applied there
+            xc, sc = np.ascontiguousarray(x), np.ascontiguousarray(scale, dtype=np.float32)
+            bc = None if bias is None else np.ascontiguousarray(bias, dtype=np.float32)
+            y = np.empty_like(xc)
+            lib.cuvil_layer_norm_f32(xc.ctypes.data, sc.ctypes.data, None if bc is None else bc.ctypes.data,
+                                     y.ctypes.data, x.size // max(size, 1), size, epsilon)
+            return y
+    work = x.astype(stash, copy=False) if stash is not None else x
     axes = tuple(range(first, x.ndim))
     mean = work.mean(axis=axes, keepdims=True)
     centred = work - mean
@@ -205,7 +223,7 @@ OPS = (
           _per_element(2), _bn_attrs, ATTRS={"epsilon": FLOAT, "momentum": FLOAT, "spatial": INT, "training_mode": INT}),
     OpDef("LayerNormalization", (17,), _infer_layer_normalization, k_layer_normalization,
           lambda node, inputs, outputs: 8 * inputs[0].numel(),  # mean, centre, square, mean, scale, shift
-          _ln_attrs, ATTRS={"axis": INT, "epsilon": FLOAT, "stash_type": INT}),
+          _ln_attrs, (_native_lib,), ATTRS={"axis": INT, "epsilon": FLOAT, "stash_type": INT}),
     OpDef("InstanceNormalization", (1, 6, 22), _infer_affine(lambda node, x: x.shape[1]), k_instance_normalization,
           _per_element(8), lambda node: {"epsilon": float(node.attr("epsilon", 1e-5))}, ATTRS={"epsilon": FLOAT}),
     OpDef("GroupNormalization", (18, 21), _infer_affine(_group_count), k_group_normalization, _per_element(8),

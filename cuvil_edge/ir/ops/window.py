@@ -113,7 +113,7 @@ def k_conv(x, w, b=None, *, strides, pads, dilations, auto_pad, group, activatio
         # 1x1: a plain matmul over the (strided) input, no copy at stride 1
         xs = xt[(slice(None), slice(None)) + tuple(slice(0, (o - 1) * s + 1, s) for o, s in zip(out, st))]
         y = np.matmul(wt.reshape(group, mg, cg), xs.reshape(n, group, cg, p))
-    elif TARGET_LARGE_SCRATCH or (group == c and mg == 1):
+    elif TARGET_LARGE_SCRATCH or (group == c and mg == 1) or (group == 1 and k == 2):
         # every window as a strided view of the padded input
         padded = np.pad(xt, [(0, 0), (0, 0)] + [(pd[i], pd[i + k]) for i in range(k)]) if any(pd) else xt
         spans = tuple(di[i] * (kernel[i] - 1) + 1 for i in range(k))
@@ -126,6 +126,18 @@ def k_conv(x, w, b=None, *, strides, pads, dilations, auto_pad, group, activatio
             per_tap = wt.reshape(c, -1)
             for index, tap in enumerate(np.ndindex(*kernel)):
                 y += win[(Ellipsis,) + tap] * per_tap[:, index].reshape((1, c) + (1,) * k)
+        elif group == 1 and k == 2 and (not TARGET_LARGE_SCRATCH or w.size * p * xt.itemsize > m << 21):
+            # im2col in blocks of output rows whose columns stay in cache (~1 MiB; the whole im2col
+            # would be over 2 MiB, or the target has little memory), one matmul per block into y
+            rows = max(1, min(out[0], (1 << 20) // (w.size // m * out[1] * xt.itemsize)))
+            block = np.empty((c,) + kernel + (rows, out[1]), dtype=t)
+            wm = wt.reshape(m, -1)
+            y = np.empty((n, m, p), dtype=t)
+            for i in range(n):
+                for top in range(0, out[0], rows):
+                    used = block[:, :, :, :min(rows, out[0] - top)]
+                    np.copyto(used, win[i, :, top:top + rows].transpose(0, 3, 4, 1, 2))
+                    np.matmul(wm, used.reshape(w.size // m, -1), out=y[i, :, top * out[1]:top * out[1] + used[0, 0, 0].size])
         else:
             # im2col: the windows copied once, as (n, group, C/G * taps, out), then one batched matmul
             order = (0, 1) + tuple(range(2 + k, 2 + 2 * k)) + tuple(range(2, 2 + k))
@@ -138,8 +150,8 @@ def k_conv(x, w, b=None, *, strides, pads, dilations, auto_pad, group, activatio
         for index, (_, v) in enumerate(_win_taps(xt, kernel, st, pd, di, out, 0)):
             y += np.matmul(wg[:, :, :, index], v.reshape(n, group, cg, p))
     y = y.reshape((n, m) + out)
-    if b is not None:
-        y = y + b.astype(t, copy=False).reshape((1, m) + (1,) * len(out))
+    if b is not None:  # y is this call's own array: add in place
+        y += b.astype(t, copy=False).reshape((1, m) + (1,) * len(out))
     if activation != "none":
         y = _activate(y, activation)
     return y.astype(x.dtype, copy=False)
