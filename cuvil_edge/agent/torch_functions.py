@@ -21,7 +21,7 @@ from cuvil_edge.ir.graph import Node
 
 ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "none": lambda y: y, "relu": F.relu, "relu6": lambda y: torch.clamp(y, 0.0, 6.0), "sigmoid": torch.sigmoid,
-    "hardswish": F.hardswish, "gelu": F.gelu,
+    "hardswish": F.hardswish, "gelu": F.gelu, "swish": F.silu,
 }
 
 
@@ -300,6 +300,7 @@ FUNCTIONS: dict[str, Callable] = {
     "ThresholdedRelu": lambda node, x: torch.where(x > node.attr("alpha", 1.0), x, torch.zeros_like(x)),
     "HardSigmoid": lambda node, x: torch.clamp(node.attr("alpha", 0.2) * x + node.attr("beta", 0.5), 0.0, 1.0),
     "Gelu": lambda node, x: F.gelu(x, approximate=node.attr("approximate", "none")),
+    "Swish": lambda node, x: x * torch.sigmoid(node.attr("alpha", 1.0) * x),
     "PRelu": lambda node, x, slope: torch.where(x < 0, x * slope, x),
     "Shrink": lambda node, x: torch.where(x < -node.attr("lambd", 0.5), x + node.attr("bias", 0.0), torch.where(
         x > node.attr("lambd", 0.5), x - node.attr("bias", 0.0), torch.zeros_like(x))),

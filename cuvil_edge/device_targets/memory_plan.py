@@ -93,11 +93,12 @@ def _window(s: Site, kernel) -> tuple[tuple, tuple, tuple, tuple]:
 
 def _activation(kind: str, out: int, native: bool) -> int:
     """Bytes ``_activate(y, kind)`` holds beside y and its result (_activation.py, unary.py)."""
-    if kind in ("none", "relu", "relu6") or (native and kind in ("sigmoid", "gelu")):
+    if kind in ("none", "relu", "relu6") or (native and kind in ("sigmoid", "gelu", "swish")):
         return 0
     # numpy sigmoid: e, the mask (1 byte/element), 1/(1+e), e/(1+e), np.where's result before astype;
     # numpy GELU: float64 copies and _erf64's temporaries (data-dependent: 74-115 B/element measured)
-    return {"hardswish": out, "sigmoid": 13 * out // 4}.get(kind, 20 * out)
+    # numpy swish: alpha x, e, the mask, the two quotients, np.where's result, the product
+    return {"hardswish": out, "sigmoid": 13 * out // 4, "swish": 21 * out // 4}.get(kind, 20 * out)
 
 
 def _conv(s: Site) -> int:
@@ -116,7 +117,7 @@ def _conv(s: Site) -> int:
         tail = (kernel[1] - 1) * dilations[1] * 4
         flat = all(st == 1 for st in strides)  # the accumulator spans the padded width
         acc = (out_sp[0] * plane // (4 * (out_sp[0] + dilations[0] * (kernel[0] - 1))) if flat else out_sp[1]) * 4
-        return plane + tail + acc + (0 if kind in ("none", "relu", "relu6") else y + _activation(kind, y, True))
+        return plane + tail + acc + (y + _activation(kind, y, True) if kind == "hardswish" else 0)
     held = (x.numel() + w.numel()) * wide if wide != dtypes.itemsize(x.dtype) else 0  # float32 copies
     taps = math.prod(kernel)
     tiled = group == 1 and len(kernel) == 2 and (not s.large_scratch or c * taps * p * wide > 1 << 21)
@@ -136,22 +137,27 @@ def _conv(s: Site) -> int:
     else:
         held += _padded(x, kernel, strides, pads, dilations, out_sp, wide)  # the last tap's view keeps it
         main = 2 * y + n * c * p * wide  # y, one tap's window copied by reshape, its matmul product
-    tail = y + block if s.input(2) is not None else y
-    tail = max(tail, 2 * y + _activation(kind, y, s.native) if kind != "none" else 0)
+    if s.native and wide == 4 and x.dtype in ("float32", "float16") and kind != "hardswish":
+        tail = y  # bias and activation in one native pass, in place
+    else:
+        tail = y + block if s.input(2) is not None else y  # the bias added in place
+        if kind != "none":  # Relu and relu6 in place; the others a new array
+            tail = max(tail, (y if kind in ("relu", "relu6") else 2 * y) + _activation(kind, y, s.native))
     if wide != dtypes.itemsize(x.dtype):
         tail = max(tail, y + s.out)  # the final astype to float16
     return held + max(main, tail) - s.out
 
 
 def _gemm(s: Site) -> int:
-    """k_gemm: a@b; then y*alpha, y + c*beta (broadcast) and the activation, each a new array."""
+    """k_gemm: a@b, scaled by alpha and shifted by c*beta in place (c broadcast through numpy's
+    buffer), then the activation (Relu and relu6 in place, the others a new array)."""
     c, y, kind = s.input(2), s.out, str(s.attrs.get("activation", "none"))
-    phases = [2 * y if s.attrs.get("alpha", 1.0) != 1.0 else y]
+    phases = [y]
     if c is not None:
         scaled = s.nbytes(c) if s.attrs.get("beta", 1.0) != 1.0 else 0
-        phases.append(2 * y + scaled + (s.buffer(y) if c.numel() not in (1, s.outs[0].numel()) else 0))
+        phases.append(y + scaled + (s.buffer(y) if c.numel() not in (1, s.outs[0].numel()) else 0))
     if kind != "none":
-        phases.append(2 * y + _activation(kind, y, s.native))
+        phases.append((y if kind in ("relu", "relu6") else 2 * y) + _activation(kind, y, s.native))
     return max(phases) - y
 
 
@@ -239,6 +245,7 @@ SCRATCH: dict[str, Callable[[Site], int]] = {
     "Gelu": lambda s: 0 if s.native and s.ins[0].dtype == "float32" else 80 * s.ins[0].numel(),
     "Sigmoid": lambda s: _activation("sigmoid", s.out, s.native and s.ins[0].dtype == "float32"),
     "HardSwish": lambda s: _activation("hardswish", s.out, s.native),
+    "Swish": lambda s: _activation("swish", s.out, s.native and s.ins[0].dtype == "float32"),
     # bytes.fromhex makes the data once more before np.frombuffer(...).copy()
     "Constant": lambda s: s.out,
 }

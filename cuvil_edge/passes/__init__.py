@@ -14,13 +14,14 @@ from cuvil_edge.passes.fold_constants import ConstantFolding
 from cuvil_edge.passes.fuse_activation import FuseActivation
 from cuvil_edge.passes.fuse_bias import FuseBias
 from cuvil_edge.passes.fuse_gelu import FuseGelu
+from cuvil_edge.passes.fuse_swish import FuseSwish
 from cuvil_edge.passes.remove_identity import RemoveIdentity
 
 
 def default_passes() -> list[Pass]:
     """The default pipeline, in order: clean up, fold, fuse, clean up."""
     return [RemoveIdentity(), ConstantFolding(), DeadCodeElimination(), CommonSubexpressionElimination(),
-            FoldBatchNorm(), FuseBias(), FuseGelu(), FuseActivation(), DeadCodeElimination()]
+            FoldBatchNorm(), FuseBias(), FuseGelu(), FuseSwish(), FuseActivation(), DeadCodeElimination()]
 
 
 def optimize(graph: Graph, passes: list[Pass] | None = None, max_iterations: int = 8) -> tuple[Graph, OptimizeReport]:
@@ -34,4 +35,4 @@ def optimize(graph: Graph, passes: list[Pass] | None = None, max_iterations: int
 
 __all__ = ["optimize", "default_passes", "Pass", "PassResult", "PassManager", "PassReport", "OptimizeReport",
            "CommonSubexpressionElimination", "DeadCodeElimination", "FoldBatchNorm", "ConstantFolding",
-           "FuseActivation", "FuseBias", "FuseGelu", "RemoveIdentity"]
+           "FuseActivation", "FuseBias", "FuseGelu", "FuseSwish", "RemoveIdentity"]

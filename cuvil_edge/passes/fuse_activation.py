@@ -5,6 +5,7 @@
     Conv → Sigmoid                    ⇒  CuvilFusedConv(activation="sigmoid")
     Conv → HardSwish                  ⇒  CuvilFusedConv(activation="hardswish")
     Conv → Gelu(approximate="none")   ⇒  CuvilFusedConv(activation="gelu")
+    Conv → Swish(alpha=1)             ⇒  CuvilFusedConv(activation="swish")
     Gemm → (the same)                 ⇒  CuvilFusedGemm(activation=...)
 
 Only when the Conv/Gemm output has no other reader and is not a graph output.
@@ -46,6 +47,7 @@ ACTIVATIONS: dict[str, Callable[[Graph, Node], Optional[str]]] = {
     "Sigmoid": lambda graph, node: "sigmoid",
     "HardSwish": lambda graph, node: "hardswish",
     "Gelu": lambda graph, node: "gelu" if str(node.attr("approximate", "none")) == "none" else None,
+    "Swish": lambda graph, node: "swish" if float(node.attr("alpha", 1.0)) == 1.0 else None,
 }
 
 #: producer op -> fused op.

@@ -281,3 +281,61 @@ def test_layer_normalization_with_statistics_outputs_takes_the_numpy_path(tmp_pa
     want = ort.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, {"x": x})
     for name, expected in zip(("y", "mean", "inv"), want):
         np.testing.assert_allclose(got[name], expected, rtol=1e-5, atol=1e-6)
+
+
+EPILOGUES = ["none", "Relu", "Clip", "Sigmoid", "SiLU", "Gelu", "HardSwish"]
+
+
+def _activation_nodes(act, inits):
+    """Nodes turning the conv's output t into y with ``act`` (SiLU as torch writes it)."""
+    if act == "none":
+        return [helper.make_node("Identity", ["t"], ["y"])]
+    if act == "Clip":
+        inits += [("lo", np.array(0, np.float32)), ("hi", np.array(6, np.float32))]
+        return [helper.make_node("Clip", ["t", "lo", "hi"], ["y"])]
+    if act == "SiLU":
+        return [helper.make_node("Sigmoid", ["t"], ["g"]), helper.make_node("Mul", ["t", "g"], ["y"])]
+    if act == "Gelu":  # torch's erf export before opset 20
+        inits += [("r2", np.array(np.sqrt(2), np.float32)), ("one", np.array(1, np.float32)),
+                  ("half", np.array(0.5, np.float32))]
+        return [helper.make_node("Div", ["t", "r2"], ["d"]), helper.make_node("Erf", ["d"], ["e"]),
+                helper.make_node("Add", ["e", "one"], ["a"]), helper.make_node("Mul", ["t", "a"], ["m"]),
+                helper.make_node("Mul", ["m", "half"], ["y"])]
+    return [helper.make_node(act, ["t"], ["y"])]
+
+
+@needs_compiler
+@pytest.mark.parametrize("kernel", [1, 3])
+@pytest.mark.parametrize("act", EPILOGUES)
+def test_the_fused_epilogue_matches_onnxruntime_and_the_numpy_path(tmp_path, kernel, act):
+    """A convolution's bias and fused activation run in one native pass over its output."""
+    rng = np.random.default_rng(kernel * 10 + len(act))
+    x = rng.standard_normal((2, 5, 9, 9)).astype(np.float32)
+    inits = [("w", rng.standard_normal((7, 5, kernel, kernel)).astype(np.float32)),
+             ("b", rng.standard_normal(7).astype(np.float32))]
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["t"], pads=[kernel // 2] * 4)] + _activation_nodes(act, inits)
+    model = _model(nodes, [("x", [2, 5, 9, 9])], inits)
+    native, numpy_only, want, source, _ = _run_three_ways(tmp_path, model, {"x": x}, fuse=True)
+    assert "cuvil_epilogue_f32" in source  # (HardSwish: the numpy kernel applies it at run time)
+    if act in ("SiLU", "Gelu"):
+        assert "Sigmoid" not in source and "k_erf" not in source  # fused into the convolution
+    np.testing.assert_allclose(native, want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(native, numpy_only, rtol=1e-5, atol=1e-5)
+
+
+@needs_compiler
+@pytest.mark.parametrize("alpha", [1.0, 0.5])
+def test_swish_matches_its_formula(tmp_path, alpha):
+    x = np.concatenate([SPECIAL, np.random.default_rng(2).standard_normal(5000).astype(np.float32) * 6])[None]
+    model = _model([helper.make_node("Swish", ["x"], ["y"], alpha=alpha)], [("x", list(x.shape))], opset=24)
+    graph = load_model(model)
+    native = build(Package(graph), NATIVE, cache_dir=tmp_path)
+    numpy_only = build(Package(graph), NUMPY, cache_dir=tmp_path)
+    assert "cuvil_swish_f32" in native.source
+    got, ref = native.run({"x": x})["y"], numpy_only.run({"x": x})["y"]
+    exact = np.vectorize(lambda v: v / (1 + math.exp(-alpha * v)) if -alpha * v < 700 else -0.0 * v,
+                         otypes=[np.float64])(x.astype(np.float64))
+    finite = np.isfinite(exact)
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(ref))
+    np.testing.assert_allclose(got[finite], exact[finite], rtol=5e-6, atol=1e-37)
+    np.testing.assert_allclose(got, ref, rtol=5e-6, atol=1e-30)

@@ -15,11 +15,11 @@ from cuvil_edge.ir.ops._util import FLOAT, INT, STR, broadcast, need, same_dtype
 
 
 def k_gemm(a, b, c=None, *, alpha, beta, trans_a, trans_b, activation="none"):
-    y = (a.T if trans_a else a) @ (b.T if trans_b else b)
+    y = (a.T if trans_a else a) @ (b.T if trans_b else b)  # a new array: scaled and shifted in place
     if alpha != 1.0:
-        y = y * y.dtype.type(alpha)
+        y *= y.dtype.type(alpha)
     if c is not None:
-        y = y + (c if beta == 1.0 else c * c.dtype.type(beta))
+        y += c if beta == 1.0 else c * c.dtype.type(beta)
     if activation != "none":
         y = _activate(y, activation)
     return y

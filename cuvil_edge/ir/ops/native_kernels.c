@@ -22,7 +22,7 @@ float expf(float) __attribute__((__simd__("notinbranch")));
 #endif
 
 /* Bump when a signature changes: _native.py checks it before binding anything. */
-int64_t cuvil_abi_version(void) { return 1; }
+int64_t cuvil_abi_version(void) { return 2; }
 
 void cuvil_erf_f32(const float *restrict x, float *restrict y, int64_t n) {
 #pragma omp simd
@@ -71,6 +71,50 @@ void cuvil_layer_norm_f32(const float *restrict x, const float *restrict scale, 
 }
 
 static inline float clampf(float v, float lo, float hi) { return v < lo ? lo : (v > hi ? hi : v); }
+
+/* Activation codes shared with _native.py's ACTIVATION_CODES. */
+enum { ACT_CLAMP = 0, ACT_SIGMOID = 1, ACT_SWISH = 2, ACT_GELU = 3 };
+
+/* In place over `planes` rows of `size`: y = act(y + b[row % m]) (b may be NULL), the epilogue of a
+ * convolution in one pass over its output: clamp to [lo, hi] (none, Relu, Clip(0, 6)), sigmoid,
+ * swish (y * sigmoid(y)) or GELU (erf form). Returns -1 for an unknown code. */
+int64_t cuvil_epilogue_f32(float *restrict y, const float *restrict b, int64_t planes, int64_t m, int64_t size,
+                                int64_t act, float lo, float hi) {
+    if (act < ACT_CLAMP || act > ACT_GELU) return -1;
+    for (int64_t p = 0; p < planes; p++) {
+        const float bias = b ? b[p % m] : 0.0f;
+        float *row = y + p * size;
+        if (act == ACT_CLAMP) {
+#pragma omp simd
+            for (int64_t i = 0; i < size; i++) row[i] = clampf(row[i] + bias, lo, hi);
+        } else if (act == ACT_SIGMOID) {
+#pragma omp simd
+            for (int64_t i = 0; i < size; i++) row[i] = 1.0f / (1.0f + expf(-(row[i] + bias)));
+        } else if (act == ACT_SWISH) {
+#pragma omp simd
+            for (int64_t i = 0; i < size; i++) {
+                float v = row[i] + bias;
+                row[i] = v / (1.0f + expf(-v));
+            }
+        } else {
+#pragma omp simd
+            for (int64_t i = 0; i < size; i++) {
+                float v = row[i] + bias;
+                row[i] = 0.5f * v * erfcf(-0.70710678118654752f * v);
+            }
+        }
+    }
+    return 0;
+}
+
+/* Swish (opset 24): y = x * sigmoid(alpha x), as x / (1 + exp(-alpha x)). */
+void cuvil_swish_f32(const float *restrict x, float *restrict y, int64_t n, float alpha) {
+#pragma omp simd
+    for (int64_t i = 0; i < n; i++) {
+        float v = x[i];
+        y[i] = v / (1.0f + expf(-alpha * v));
+    }
+}
 
 /* The padded plane a window op reads: (ph x pw), x's plane at (top, left), `fill` elsewhere. */
 static void pad_plane(const float *restrict src, float *restrict dst, int64_t h, int64_t w, int64_t ph, int64_t pw,

@@ -92,6 +92,10 @@ def k_conv(x, w, b=None, *, strides, pads, dilations, auto_pad, group, activatio
     for size in out:
         p *= size
     if TARGET_NATIVE:
+        # the native epilogue's activation (0: clamp, for none/Relu/Clip(0, 6), 1: sigmoid, 2: swish,
+        # 3: GELU; -1: HardSwish, which the numpy kernel applies)
+        code = (0 if activation == "none" or activation == "relu" or activation == "relu6" else
+                1 if activation == "sigmoid" else 2 if activation == "swish" else 3 if activation == "gelu" else -1)
         lib = _native_lib() if k == 2 and group == c and mg == 1 and x.dtype == np.float32 else None
         if lib is not None:
             # depthwise 2-D in C: one padded plane at a time, bias and a fused Relu/Clip(0, 6) applied there
@@ -106,7 +110,9 @@ def k_conv(x, w, b=None, *, strides, pads, dilations, auto_pad, group, activatio
                     (out[1] - 1) * st[1] + di[1] * (kernel[1] - 1) + 1, 0.0 if clamp else -np.inf,
                     6.0 if activation == "relu6" else np.inf) != 0:
                 raise MemoryError("the native depthwise convolution could not allocate its padded plane")
-            if activation != "none" and activation != "relu" and activation != "relu6":
+            if activation == "sigmoid" or activation == "swish" or activation == "gelu":
+                lib.cuvil_epilogue_f32(y.ctypes.data, None, n * m, m, p, code, -np.inf, np.inf)
+            elif activation == "hardswish":
                 y = _activate(y, activation)
             return y
     if max(kernel, default=1) == 1 and not any(pd):
@@ -150,6 +156,15 @@ def k_conv(x, w, b=None, *, strides, pads, dilations, auto_pad, group, activatio
         for index, (_, v) in enumerate(_win_taps(xt, kernel, st, pd, di, out, 0)):
             y += np.matmul(wg[:, :, :, index], v.reshape(n, group, cg, p))
     y = y.reshape((n, m) + out)
+    if TARGET_NATIVE:
+        lib = _native_lib() if t == np.float32 and code >= 0 and (b is not None or activation != "none") else None
+        if lib is not None:
+            # bias and activation in one pass over y (in place) instead of two
+            bc = None if b is None else np.ascontiguousarray(b, dtype=np.float32)
+            lib.cuvil_epilogue_f32(y.ctypes.data, None if bc is None else bc.ctypes.data, n * m, m, p, code,
+                                        0.0 if activation == "relu" or activation == "relu6" else -np.inf,
+                                        6.0 if activation == "relu6" else np.inf)
+            return y.astype(x.dtype, copy=False)
     if b is not None:  # y is this call's own array: add in place
         y += b.astype(t, copy=False).reshape((1, m) + (1,) * len(out))
     if activation != "none":
