@@ -70,13 +70,14 @@ class Site:
 
 
 def _padded(x: TensorType, kernel, strides, pads, dilations, out, item: int, planes: bool = True) -> int:
-    """Bytes of ``np.pad(x)`` as ``_win_taps``/``k_conv`` make it (the end pad grown for ceil_mode;
-    np.pad copies even with zero pads); ``planes=False``: one plane, what a C kernel allocates."""
-    k, size = len(kernel), math.prod(x.shape[:2]) if planes else 1
+    """Bytes of the padded copy ``_win_padded`` makes (the end pad grown for ceil_mode; none when
+    nothing is padded); ``planes=False``: one plane, what a C kernel allocates (always)."""
+    k, size, grown = len(kernel), math.prod(x.shape[:2]) if planes else 1, False
     for i in range(k):
         need = (out[i] - 1) * strides[i] + dilations[i] * (kernel[i] - 1) + 1 - x.shape[2 + i] - pads[i]
         size *= x.shape[2 + i] + pads[i] + max(pads[i + k], need)
-    return size * item
+        grown |= pads[i] > 0 or max(pads[i + k], need) > 0
+    return size * item if grown or not planes else 0
 
 
 def _window(s: Site, kernel) -> tuple[tuple, tuple, tuple, tuple]:
