@@ -138,7 +138,7 @@ def _conv(s: Site) -> int:
     else:
         held += _padded(x, kernel, strides, pads, dilations, out_sp, wide)  # the last tap's view keeps it
         main = 2 * y + n * c * p * wide  # y, one tap's window copied by reshape, its matmul product
-    if s.native and wide == 4 and x.dtype in ("float32", "float16") and kind != "hardswish":
+    if s.native and wide == 4 and x.dtype in ("float32", "float16") and kind != "hardswish" and y >= 4 << 15:
         tail = y  # bias and activation in one native pass, in place
     else:
         tail = y + block if s.input(2) is not None else y  # the bias added in place

@@ -29,8 +29,11 @@ def k_reshape(x, shape, allowzero):
 
 def k_flatten(x, axis):
     a = axis + x.ndim if axis < 0 else axis
-    left = int(np.prod(x.shape[:a], dtype=np.int64))
-    right = int(np.prod(x.shape[a:], dtype=np.int64))
+    left, right = 1, 1  # Python products: np.prod of a tuple costs more than the reshape
+    for size in x.shape[:a]:
+        left *= size
+    for size in x.shape[a:]:
+        right *= size
     return x.reshape(left, right)
 
 

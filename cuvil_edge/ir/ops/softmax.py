@@ -18,7 +18,8 @@ def k_softmax(x, *, axis, legacy):
     v = x.reshape(int(np.prod(x.shape[:axis], dtype=np.int64)), -1) if legacy else x
     on = 1 if legacy else axis
     e = np.exp(v - v.max(axis=on, keepdims=True))
-    return (e / e.sum(axis=on, keepdims=True)).reshape(x.shape)
+    e /= e.sum(axis=on, keepdims=True)  # e is this call's own array
+    return e.reshape(x.shape)
 
 
 def k_log_softmax(x, *, axis, legacy):

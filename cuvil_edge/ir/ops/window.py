@@ -179,7 +179,9 @@ def k_conv(x, w, b=None, *, strides, pads, dilations, auto_pad, group, activatio
             y += np.matmul(wg[:, :, :, index], v.reshape(n, group, cg, p))
     y = y.reshape((n, m) + out)
     if TARGET_NATIVE:
-        lib = _native_lib() if t == np.float32 and code >= 0 and (b is not None or activation != "none") else None
+        # (under ~32k elements numpy's two in-place passes cost less than the foreign call)
+        fits = t == np.float32 and code >= 0 and (b is not None or activation != "none") and y.size >= 1 << 15
+        lib = _native_lib() if fits else None
         if lib is not None:
             # bias and activation in one pass over y (in place) instead of two
             bc = None if b is None else np.ascontiguousarray(b, dtype=np.float32)
