@@ -210,6 +210,21 @@ def _resize(s: Site, every_axis: bool = False) -> int:
 
 #: op type -> bytes of transient workspace a call holds beyond its live inputs and its outputs.
 #: Each row is read from the kernel's source in cuvil_edge/ir/ops/: when a kernel changes, change its row.
+def _native_softmax(s: Site) -> bool:
+    """k_softmax's C path: float32, normalising the trailing dims (legacy, or the last axis)."""
+    rank, axis = len(s.ins[0].shape), int(s.attrs.get("axis", -1))
+    return s.native and s.ins[0].dtype == "float32" and (bool(s.attrs.get("legacy")) or axis % rank == rank - 1)
+
+
+def _native_layer_norm(s: Site) -> bool:
+    """k_layer_normalization's C path: float32, one output, scale (and bias) of the normalised size."""
+    x, rank = s.ins[0], len(s.ins[0].shape)
+    size = math.prod(x.shape[int(s.attrs.get("axis", -1)) % rank:]) if rank else 1
+    bias = s.input(2)
+    return (s.native and x.dtype == "float32" and len(s.outs) == 1 and s.attrs.get("stash") != "float64"
+            and s.ins[1].numel() == size and (bias is None or bias.numel() == size))
+
+
 SCRATCH: dict[str, Callable[[Site], int]] = {
     # one ufunc: a block buffered when an operand is broadcast (neither one element nor the output's size)
     **{op: lambda s: s.buffer(s.out) * any(t is not None and t.numel() not in (1, s.outs[0].numel()) for t in s.ins)
@@ -224,11 +239,11 @@ SCRATCH: dict[str, Callable[[Site], int]] = {
     "Resize": _resize,
     "Upsample": lambda s: _resize(s, every_axis=True),
     # x - max (broadcast) lives while exp makes e; then e / sum (broadcast)
-    "Softmax": lambda s: s.inp + s.buffer(),
+    "Softmax": lambda s: 0 if _native_softmax(s) else s.inp + s.buffer(),  # e, then divided in place
     "LogSoftmax": lambda s: 2 * s.inp + s.buffer(),
     # x.astype(stash) copies (float32 to float32 too), centred; then centred*inv, its astype copy,
     # *scale, +bias: four input-sized arrays at once, plus a broadcast block
-    "LayerNormalization": lambda s: 3 * s.inp + s.buffer(),
+    "LayerNormalization": lambda s: 0 if _native_layer_norm(s) else 3 * s.inp + s.buffer(),
     "BatchNormalization": lambda s: s.out + s.buffer(),
     # w - mean, its square; w - mean, / std, * scale, + bias, astype: two input-sized arrays at once
     "InstanceNormalization": lambda s: s.inp + s.buffer(),

@@ -352,3 +352,32 @@ def test_swish_matches_its_formula(tmp_path, alpha):
     np.testing.assert_array_equal(np.isnan(got), np.isnan(ref))
     np.testing.assert_allclose(got[finite], exact[finite], rtol=5e-6, atol=1e-37)
     np.testing.assert_allclose(got, ref, rtol=5e-6, atol=1e-30)
+
+
+SOFTMAXES = [((3, 4, 50), -1, 13), ((2, 8, 16, 16), 3, 13), ((4, 3, 5), 1, 11), ((6, 20), -1, 11)]
+
+
+@needs_compiler
+@pytest.mark.parametrize("case", SOFTMAXES, ids=[f"softmax{i}" for i in range(len(SOFTMAXES))])
+def test_softmax_matches_onnxruntime_and_the_numpy_path(tmp_path, monkeypatch, case):
+    shape, axis, opset = case
+    x = (np.random.default_rng(len(shape)).standard_normal(shape) * 10).astype(np.float32)
+    x.reshape(-1)[:3] = [80.0, -80.0, 0.0]  # exp(80 - max) would overflow without the shift
+    spy = _Spy(_native.library())
+    monkeypatch.setitem(_native._state, "lib", spy)
+    model = _model([helper.make_node("Softmax", ["x"], ["y"], axis=axis)], [("x", list(shape))], opset=opset)
+    native, numpy_only, want, source, _ = _run_three_ways(tmp_path, model, {"x": x})
+    assert "cuvil_softmax_f32" in spy.called
+    np.testing.assert_allclose(native, want, rtol=2e-6, atol=1e-7)
+    np.testing.assert_allclose(native, numpy_only, rtol=2e-6, atol=1e-7)
+
+
+@needs_compiler
+def test_softmax_over_an_inner_axis_takes_the_numpy_path(tmp_path, monkeypatch):
+    x = np.random.default_rng(5).standard_normal((2, 7, 5)).astype(np.float32)
+    spy = _Spy(_native.library())
+    monkeypatch.setitem(_native._state, "lib", spy)
+    model = _model([helper.make_node("Softmax", ["x"], ["y"], axis=1)], [("x", [2, 7, 5])], opset=13)
+    native, numpy_only, want, *_ = _run_three_ways(tmp_path, model, {"x": x})
+    assert "cuvil_softmax_f32" not in spy.called
+    np.testing.assert_allclose(native, want, rtol=2e-6, atol=1e-7)

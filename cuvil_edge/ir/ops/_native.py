@@ -43,6 +43,7 @@ _SIGNATURES = {
     "cuvil_layer_norm_f32": ((_P, _P, _P, _P, _I, _I, _F), None),
     "cuvil_epilogue_f32": ((_P, _P, _I, _I, _I, _I, _F, _F), _I),
     "cuvil_swish_f32": ((_P, _P, _I, _F), None),
+    "cuvil_softmax_f32": ((_P, _P, _I, _I), None),
     "cuvil_depthwise_conv2d_f32": ((_P, _P, _P, _P) + (_I,) * 16 + (_F, _F), _I),
     "cuvil_max_pool2d_f32": ((_P, _P) + (_I,) * 15, _I),
 }

@@ -8,12 +8,27 @@ import numpy as np
 
 from cuvil_edge.ir import dtypes
 from cuvil_edge.ir.ops._contract import OpDef
-from cuvil_edge.ir.ops._util import INT, axis_index, need, want_dtype
+from cuvil_edge.ir.ops._native import _native_lib
+from cuvil_edge.ir.ops._util import DEFAULT_CAPABILITIES, INT, axis_index, need, want_dtype
+
+TARGET_NATIVE = DEFAULT_CAPABILITIES["TARGET_NATIVE"]
 
 
 def k_softmax(x, *, axis, legacy):
     if x.size == 0:
         return x.copy()
+    if TARGET_NATIVE:
+        first = axis + x.ndim if axis < 0 else axis
+        lib = _native_lib() if x.dtype == np.float32 and (legacy or first == x.ndim - 1) else None
+        if lib is not None:
+            # rows of the normalised (trailing) dims, one pass each in C
+            xc = np.ascontiguousarray(x)
+            y = np.empty_like(xc)
+            size = 1
+            for dim in x.shape[first:]:
+                size *= dim
+            lib.cuvil_softmax_f32(xc.ctypes.data, y.ctypes.data, x.size // size, size)
+            return y
     # legacy: rows = the dims before axis (a negative axis counts from the end in both slicings)
     v = x.reshape(int(np.prod(x.shape[:axis], dtype=np.int64)), -1) if legacy else x
     on = 1 if legacy else axis
@@ -47,6 +62,6 @@ def _flops(node, inputs, outputs):
 
 
 OPS = (
-    OpDef("Softmax", (1, 11, 13), _infer, k_softmax, _flops, _attrs, ATTRS={"axis": INT}),
+    OpDef("Softmax", (1, 11, 13), _infer, k_softmax, _flops, _attrs, (_native_lib,), ATTRS={"axis": INT}),
     OpDef("LogSoftmax", (1, 11, 13), _infer, k_log_softmax, _flops, _attrs, ATTRS={"axis": INT}),
 )
