@@ -43,20 +43,21 @@ void cuvil_sigmoid_f32(const float *restrict x, float *restrict y, int64_t n) {
     for (int64_t i = 0; i < n; i++) y[i] = 1.0f / (1.0f + expf(-x[i]));
 }
 
-/* Softmax over each of `rows` contiguous rows of d: exp(x - max) / sum, the sum in double. */
+/* Softmax over each of `rows` contiguous rows of d: exp(x - max) / sum. A NaN in a row makes the
+ * whole row NaN through the sum (as numpy's), so the max may skip NaNs and vectorise. */
 void cuvil_softmax_f32(const float *restrict x, float *restrict y, int64_t rows, int64_t d) {
     for (int64_t r = 0; r < rows; r++) {
         const float *xr = x + r * d;
         float *yr = y + r * d;
-        float top = -INFINITY;
-        for (int64_t i = 0; i < d; i++) top = xr[i] > top || xr[i] != xr[i] ? xr[i] : top;
-        double total = 0.0;
+        float top = -INFINITY, total = 0.0f;
+#pragma omp simd reduction(max : top)
+        for (int64_t i = 0; i < d; i++) top = xr[i] > top ? xr[i] : top;
 #pragma omp simd reduction(+ : total)
         for (int64_t i = 0; i < d; i++) {
             yr[i] = expf(xr[i] - top);
             total += yr[i];
         }
-        const float scale = (float)(1.0 / total);
+        const float scale = 1.0f / total;
 #pragma omp simd
         for (int64_t i = 0; i < d; i++) yr[i] *= scale;
     }
