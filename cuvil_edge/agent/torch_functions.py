@@ -316,6 +316,7 @@ FUNCTIONS: dict[str, Callable] = {
     "Mod": lambda node, a, b: torch.fmod(a, b) if node.attr("fmod", 0) else torch.remainder(a, b),
     "Where": lambda node, c, a, b: torch.where(c, a, b),
     "MatMul": lambda node, a, b: a @ b, "Gemm": _gemm, "CuvilFusedGemm": _gemm,
+    "CuvilFusedMatMul": lambda node, a, b, c=None: activation(node)(a @ b if c is None else a @ b + c.reshape(-1)),
     "Conv": _conv, "CuvilFusedConv": _conv,
     "MaxPool": _pool, "AveragePool": _pool,
     "GlobalAveragePool": lambda node, x: x.mean(dim=tuple(range(2, x.dim())), keepdim=True),

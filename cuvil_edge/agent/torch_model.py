@@ -4,7 +4,7 @@ Nodes whose weights are float32 initializers become the torch layers Opacus comp
 gradients for with its standard grad samplers:
 
     Conv (1-3-D, grouped, depthwise; CuvilFusedConv)          ⇒  nn.Conv1d/2d/3d (+ its activation)
-    Gemm (alpha 1, no transA), MatMul (CuvilFusedGemm)        ⇒  nn.Linear
+    Gemm (alpha 1, no transA), MatMul (CuvilFusedGemm, CuvilFusedMatMul)  ⇒  nn.Linear
     InstanceNormalization                                     ⇒  nn.GroupNorm(C, C)
     GroupNormalization 21 / 18 (one scale per group)          ⇒  nn.GroupNorm(G, C) / nn.GroupNorm(G, G) on (N, G, -1)
     torch's GroupNorm export: Reshape(x, (0, G, -1)) → InstanceNormalization(scale 1, bias 0)
@@ -43,8 +43,8 @@ from cuvil_edge.agent.torch_functions import FUNCTIONS, activation, check, torch
 from cuvil_edge.errors import UnsupportedOpError
 from cuvil_edge.ir.graph import Graph, Node
 
-TRAINABLE_OPS = ("Conv", "CuvilFusedConv", "Gemm", "CuvilFusedGemm", "MatMul", "InstanceNormalization",
-                 "GroupNormalization", "LayerNormalization")
+TRAINABLE_OPS = ("Conv", "CuvilFusedConv", "Gemm", "CuvilFusedGemm", "MatMul", "CuvilFusedMatMul",
+                 "InstanceNormalization", "GroupNormalization", "LayerNormalization")
 _VIEW_OPS = ("Identity", "Reshape", "Unsqueeze", "Squeeze", "Flatten")
 
 
@@ -350,15 +350,15 @@ def _conv_forward(node: Node, layer: nn.Module, x: torch.Tensor, bias: torch.Ten
 
 
 def _linear_layer(module: IRTorchModule, node: Node, key: str) -> _Step | None:
-    gemm = node.op_type != "MatMul"
+    gemm = node.op_type not in ("MatMul", "CuvilFusedMatMul")
     weight = module._view(node.inputs[1])
     if weight is None or weight.ndim != 2 or (gemm and (node.attr("alpha", 1.0) != 1.0 or node.attr("transA", 0))):
         return None
     transposed = not (gemm and node.attr("transB", 0))
     k, n = weight.shape if transposed else weight.shape[::-1]
-    c, tail = node.inputs[2] if gemm and len(node.inputs) > 2 else "", node
+    c, tail = node.inputs[2] if node.op_type != "MatMul" and len(node.inputs) > 2 else "", node
     has_bias = bool(c) and node.attr("beta", 1.0) == 1.0 and _is_vector(module._view(c), n, 2, -1)
-    if not gemm:  # MatMul → Add(·, bias): torch's export of a Linear on a batch of sequences
+    if node.op_type == "MatMul":  # MatMul → Add(·, bias): torch's export of a Linear on a batch of sequences
         rank = len(module._graph.types[node.outputs[0]].shape)
         after = module._sole_reader(node.outputs[0])
         c = _operand(module, after, node, "Add", lambda view: _is_vector(view, n, rank, -1)) or ""
@@ -429,6 +429,6 @@ def _only_first_output(module: IRTorchModule, node: Node) -> None:
 
 _LAYERS: dict[str, Callable[[IRTorchModule, Node, str], _Step | None]] = {
     "Conv": _conv_layer, "CuvilFusedConv": _conv_layer, "Gemm": _linear_layer, "CuvilFusedGemm": _linear_layer,
-    "MatMul": _linear_layer, "InstanceNormalization": _norm_layer, "GroupNormalization": _norm_layer,
+    "MatMul": _linear_layer, "CuvilFusedMatMul": _linear_layer, "InstanceNormalization": _norm_layer, "GroupNormalization": _norm_layer,
     "LayerNormalization": _layer_norm_layer,
 }

@@ -162,6 +162,19 @@ def _gemm(s: Site) -> int:
     return max(phases) - y
 
 
+def _fused_mat_mul(s: Site) -> int:
+    """k_fused_mat_mul: one product, then the bias (broadcast through numpy's buffer) and the
+    activation in place, or both in one native pass from 32k float32 outputs."""
+    y, kind, bias = s.out, str(s.attrs.get("activation", "none")), s.input(2)
+    if (s.native and s.outs[0].dtype == "float32" and kind != "hardswish" and (bias is not None or kind != "none")
+            and s.outs[0].numel() >= 1 << 15):
+        return 0
+    phases = [y, y + s.buffer(y)] if bias is not None else [y]
+    if kind != "none":
+        phases.append((y if kind in ("relu", "relu6") else 2 * y) + _activation(kind, y, s.native))
+    return max(phases) - y
+
+
 def _pool(s: Site, average: bool) -> int:
     """MaxPool: native, one padded plane; numpy, the padded input (the last tap's view keeps it)
     and a block buffered for the strided taps. AveragePool: also the total before the division."""
@@ -230,6 +243,7 @@ SCRATCH: dict[str, Callable[[Site], int]] = {
     **{op: lambda s: s.buffer(s.out) * any(t is not None and t.numel() not in (1, s.outs[0].numel()) for t in s.ins)
        for op in BROADCASTING},
     "Conv": _conv,
+    "CuvilFusedMatMul": _fused_mat_mul,
     "CuvilFusedConv": _conv,
     "Gemm": _gemm,
     "CuvilFusedGemm": _gemm,

@@ -7,6 +7,7 @@
     Conv → Gelu(approximate="none")   ⇒  CuvilFusedConv(activation="gelu")
     Conv → Swish(alpha=1)             ⇒  CuvilFusedConv(activation="swish")
     Gemm → (the same)                 ⇒  CuvilFusedGemm(activation=...)
+    CuvilFusedMatMul → (the same)     ⇒  CuvilFusedMatMul(activation=...)
 
 Only when the Conv/Gemm output has no other reader and is not a graph output.
 The fused ops live in ``ir/ops/fused_conv.py`` and ``fused_gemm.py``; they keep
@@ -50,8 +51,8 @@ ACTIVATIONS: dict[str, Callable[[Graph, Node], Optional[str]]] = {
     "Swish": lambda graph, node: "swish" if float(node.attr("alpha", 1.0)) == 1.0 else None,
 }
 
-#: producer op -> fused op.
-FUSED = {"Conv": "CuvilFusedConv", "Gemm": "CuvilFusedGemm"}
+#: producer op -> fused op (a CuvilFusedMatMul, made by FuseBias, takes an activation too).
+FUSED = {"Conv": "CuvilFusedConv", "Gemm": "CuvilFusedGemm", "CuvilFusedMatMul": "CuvilFusedMatMul"}
 
 
 class FuseActivation(Pass):
@@ -64,7 +65,8 @@ class FuseActivation(Pass):
         for act in graph.nodes:
             rule = ACTIVATIONS.get(act.op_type)
             prev = producer.get(act.inputs[0]) if rule and act.inputs else None
-            if prev is None or prev.op_type not in FUSED or id(prev) in replace:
+            if (prev is None or prev.op_type not in FUSED or id(prev) in replace
+                    or prev.attr("activation", "none") != "none"):
                 continue
             if sole_user(graph, act.inputs[0], uses) is not act or graph.types[act.inputs[0]].dtype not in (
                     "float16", "float32", "float64"):

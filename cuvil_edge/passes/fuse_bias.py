@@ -3,6 +3,7 @@
     Conv(x, W[, b]) → Add(·, c), c of shape (M,1,..,1) or (1,M,1,..,1)  ⇒  Conv(x, W, b + c)
     Gemm(a, B[, C]) → Add(·, c), c broadcasting to (N,)                 ⇒  Gemm(a, B, β·C + c), β = 1
     MatMul(a, B) → Add(·, c), a and B 2-D, c broadcasting to (N,)        ⇒  Gemm(a, B, c)
+    MatMul(a, B) → Add(·, c), a of rank > 2, B a 2-D weight, c as (N,)   ⇒  CuvilFusedMatMul(a, B, c)
 
 Only when the intermediate has no other reader and is not a graph output; c may be either Add operand.
 """
@@ -56,8 +57,19 @@ def _gemm_like(graph, node, c):
     return "Gemm", base + vec, {"beta": 1.0}
 
 
+def _mat_mul(graph, node, c):
+    a, b, t = (graph.types[name] for name in (*node.inputs[:2], node.outputs[0]))
+    if a.rank == 2 and b.rank == 2:
+        return _gemm_like(graph, node, c)
+    # a Linear on a batch of sequences (torch's export): the weight is a 2-D initializer
+    if a.rank < 3 or b.rank != 2 or node.inputs[1] not in graph.initializers or not isinstance(t.shape[-1], int):
+        return None
+    vec = _channel_vector(c, t.shape[-1], t.rank, t.rank - 1)
+    return None if vec is None else ("CuvilFusedMatMul", vec.astype(np.float64), {})
+
+
 #: producer op -> the fused (op, new bias, attribute changes), or None when c does not fit.
-FUSIONS = {"Conv": _conv, "Gemm": _gemm_like, "MatMul": _gemm_like}
+FUSIONS = {"Conv": _conv, "Gemm": _gemm_like, "MatMul": _mat_mul}
 
 
 class FuseBias(Pass):

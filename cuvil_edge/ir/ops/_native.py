@@ -28,7 +28,7 @@ from pathlib import Path
 logger = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("native_kernels.c")
-ABI_VERSION = 2
+ABI_VERSION = 3
 
 _BASE_FLAGS = ("-O3", "-march=native", "-fno-math-errno", "-fopenmp-simd", "-fPIC", "-shared")
 #: glibc on x86-64 ships vector erff/expf (libmvec); elsewhere the loops call the scalar functions.
@@ -41,7 +41,7 @@ _SIGNATURES = {
     "cuvil_gelu_f32": ((_P, _P, _I), None),
     "cuvil_sigmoid_f32": ((_P, _P, _I), None),
     "cuvil_layer_norm_f32": ((_P, _P, _P, _P, _I, _I, _F), None),
-    "cuvil_epilogue_f32": ((_P, _P, _I, _I, _I, _I, _F, _F), _I),
+    "cuvil_epilogue_f32": ((_P, _P, _I, _I, _I, _I, _I, _F, _F), _I),
     "cuvil_swish_f32": ((_P, _P, _I, _F), None),
     "cuvil_softmax_f32": ((_P, _P, _I, _I), None),
     "cuvil_depthwise_conv2d_f32": ((_P, _P, _P, _P) + (_I,) * 16 + (_F, _F), _I),

@@ -6,6 +6,9 @@ table row each (the op contract: ``_contract.py``):
   (a 1-D a_zero_point is per row, a 1-D b_zero_point per column).
 * QLinearMatMul: y = saturate(rint((a - a_zp) @ (b - b_zp) * a_scale * b_scale / y_scale) + y_zp);
   21 adds float8 inputs and float16/bfloat16 scales (float8 is rejected).
+* CuvilFusedMatMul (made by ``passes/fuse_bias.py``, internal): a Linear on a batch of sequences,
+  MatMul(A, B) + C then an activation, B 2-D and C of B's columns; one product over A's collapsed
+  leading dims, the bias and activation in place (natively in one pass where the target has it).
 
 FLOPs count a multiply-add as 2 (QLinearMatMul adds 3 per output to requantize); MACs are the
 multiply-adds of the product.
@@ -18,10 +21,15 @@ import numpy as np
 from cuvil_edge.errors import ShapeInferenceError
 from cuvil_edge.ir import dtypes
 from cuvil_edge.ir.graph import TensorType
+from cuvil_edge.ir.ops import _activation
+from cuvil_edge.ir.ops._activation import _activate
 from cuvil_edge.ir.ops._contract import OpDef
+from cuvil_edge.ir.ops._native import _native_lib
 from cuvil_edge.ir.ops._quant import (_q_centered_a, _q_centered_b, _q_requantize, _q_saturate, quant_dtype,
                                       same_pair, scale_dtype)
-from cuvil_edge.ir.ops._util import broadcast, need, same_dtype, want_dtype
+from cuvil_edge.ir.ops._util import DEFAULT_CAPABILITIES, STR, broadcast, need, same_dtype, want_dtype
+
+TARGET_NATIVE = DEFAULT_CAPABILITIES["TARGET_NATIVE"]
 
 
 # --- kernels: plain numpy; the same source runs in compiled modules ---------------------------
@@ -33,6 +41,30 @@ def k_mat_mul(a, b):
             rows *= size
         return np.matmul(a.reshape(rows, a.shape[-1]), b).reshape(a.shape[:-1] + (b.shape[1],))
     return np.asarray(np.matmul(a, b))
+
+
+def k_fused_mat_mul(a, b, c=None, *, activation="none"):
+    rows = 1
+    for size in a.shape[:-1]:
+        rows *= size
+    y = np.matmul(a.reshape(rows, a.shape[-1]), b)  # this call's own (rows x N) array
+    if TARGET_NATIVE:
+        code = (0 if activation == "none" or activation == "relu" or activation == "relu6" else
+                1 if activation == "sigmoid" else 2 if activation == "swish" else 3 if activation == "gelu" else -1)
+        fits = y.dtype == np.float32 and code >= 0 and (c is not None or activation != "none") and y.size >= 1 << 15
+        lib = _native_lib() if fits else None
+        if lib is not None:
+            # the bias along each row and the activation in one pass over y
+            cc = None if c is None else np.ascontiguousarray(c, dtype=np.float32)
+            lib.cuvil_epilogue_f32(y.ctypes.data, None if cc is None else cc.ctypes.data, rows, 1, y.shape[1], 1, code,
+                                   0.0 if activation == "relu" or activation == "relu6" else -np.inf,
+                                   6.0 if activation == "relu6" else np.inf)
+            return y.reshape(a.shape[:-1] + (b.shape[1],))
+    if c is not None:
+        y += c.reshape(-1)
+    if activation != "none":
+        y = _activate(y, activation)
+    return y.reshape(a.shape[:-1] + (b.shape[1],))
 
 
 def k_mat_mul_integer(a, b, a_zero_point=None, b_zero_point=None):
@@ -75,6 +107,24 @@ def _infer_mat_mul(node, inputs):
     dtype = same_dtype(node, inputs)
     want_dtype(node, inputs[0], dtypes.FLOATS | {"int32", "int64", "uint32", "uint64"})
     return [_product(node, *inputs, dtype)]
+
+
+def _infer_fused_mat_mul(node, inputs):
+    need(node, inputs, 2, optional=1)
+    _activation.activation(node)
+    dtype = same_dtype(node, inputs)
+    want_dtype(node, inputs[0], dtypes.FLOATS)
+    a, b, c = inputs[0], inputs[1], inputs[2] if len(inputs) > 2 else None
+    if a.rank < 2 or b.rank != 2:
+        raise ShapeInferenceError(f"{node.describe()} needs A of rank >= 2 and a 2-D B, got {a} and {b}")
+    if c is not None and (not isinstance(b.shape[1], int) or c.numel() != b.shape[1]):
+        raise ShapeInferenceError(f"{node.describe()}: the bias {c} must hold one value per column of B {b}")
+    return [_product(node, a, b, dtype)]
+
+
+def _fused_flops(node, inputs, outputs):
+    bias = outputs[0].numel() if len(inputs) > 2 and inputs[2] is not None else 0
+    return 2 * _AB(node, inputs, outputs) + bias + _activation.activation_flops(_activation.activation(node), outputs)
 
 
 def _infer_mat_mul_integer(node, inputs):
@@ -123,6 +173,9 @@ _AB, _QAB = _operands(0, 1), _operands(0, 3)
 
 OPS = (
     OpDef("MatMul", (1, 9, 13), _infer_mat_mul, k_mat_mul, _twice(_AB), macs=_AB),
+    OpDef("CuvilFusedMatMul", (1,), _infer_fused_mat_mul, k_fused_mat_mul, _fused_flops,
+          lambda node: {"activation": _activation.activation(node)}, _activation.HELPERS, {"activation": STR},
+          macs=_AB),
     OpDef("MatMulInteger", (10,), _infer_mat_mul_integer, k_mat_mul_integer, _twice(_AB),
           helpers=(_q_centered_a, _q_centered_b), macs=_AB),
     OpDef("QLinearMatMul", (10, 21), _infer_q_linear_mat_mul, k_q_linear_mat_mul, _twice(_QAB, 3),

@@ -22,7 +22,7 @@ float expf(float) __attribute__((__simd__("notinbranch")));
 #endif
 
 /* Bump when a signature changes: _native.py checks it before binding anything. */
-int64_t cuvil_abi_version(void) { return 2; }
+int64_t cuvil_abi_version(void) { return 3; }
 
 void cuvil_erf_f32(const float *restrict x, float *restrict y, int64_t n) {
 #pragma omp simd
@@ -95,15 +95,21 @@ static inline float clampf(float v, float lo, float hi) { return v < lo ? lo : (
 /* Activation codes shared with _native.py's ACTIVATION_CODES. */
 enum { ACT_CLAMP = 0, ACT_SIGMOID = 1, ACT_SWISH = 2, ACT_GELU = 3 };
 
-/* In place over `planes` rows of `size`: y = act(y + b[row % m]) (b may be NULL), the epilogue of a
- * convolution in one pass over its output: clamp to [lo, hi] (none, Relu, Clip(0, 6)), sigmoid,
- * swish (y * sigmoid(y)) or GELU (erf form). Returns -1 for an unknown code. */
+/* In place over `planes` rows of `size`: y = act(y + bias) (b may be NULL), the epilogue of a
+ * convolution or matrix product in one pass over its output. The bias is b[row % m] (a
+ * convolution's, per output plane) or, with `inner`, b[column] (a Linear's, along each row).
+ * act: clamp to [lo, hi] (none, Relu, Clip(0, 6)), sigmoid, swish (y * sigmoid(y)) or GELU (erf
+ * form). Returns -1 for an unknown code. */
 int64_t cuvil_epilogue_f32(float *restrict y, const float *restrict b, int64_t planes, int64_t m, int64_t size,
-                                int64_t act, float lo, float hi) {
+                           int64_t inner, int64_t act, float lo, float hi) {
     if (act < ACT_CLAMP || act > ACT_GELU) return -1;
     for (int64_t p = 0; p < planes; p++) {
-        const float bias = b ? b[p % m] : 0.0f;
+        float bias = b && !inner ? b[p % m] : 0.0f;
         float *row = y + p * size;
+        if (b && inner) {  /* the row is in cache for the pass below */
+#pragma omp simd
+            for (int64_t i = 0; i < size; i++) row[i] += b[i];
+        }
         if (act == ACT_CLAMP) {
 #pragma omp simd
             for (int64_t i = 0; i < size; i++) row[i] = clampf(row[i] + bias, lo, hi);

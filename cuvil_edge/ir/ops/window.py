@@ -138,7 +138,7 @@ def k_conv(x, w, b=None, *, strides, pads, dilations, auto_pad, group, activatio
                     6.0 if activation == "relu6" else np.inf) != 0:
                 raise MemoryError("the native depthwise convolution could not allocate its padded plane")
             if activation == "sigmoid" or activation == "swish" or activation == "gelu":
-                lib.cuvil_epilogue_f32(y.ctypes.data, None, n * m, m, p, code, -np.inf, np.inf)
+                lib.cuvil_epilogue_f32(y.ctypes.data, None, n * m, m, p, 0, code, -np.inf, np.inf)
             elif activation == "hardswish":
                 y = _activate(y, activation)
             return y
@@ -185,9 +185,9 @@ def k_conv(x, w, b=None, *, strides, pads, dilations, auto_pad, group, activatio
         if lib is not None:
             # bias and activation in one pass over y (in place) instead of two
             bc = None if b is None else np.ascontiguousarray(b, dtype=np.float32)
-            lib.cuvil_epilogue_f32(y.ctypes.data, None if bc is None else bc.ctypes.data, n * m, m, p, code,
-                                        0.0 if activation == "relu" or activation == "relu6" else -np.inf,
-                                        6.0 if activation == "relu6" else np.inf)
+            lib.cuvil_epilogue_f32(y.ctypes.data, None if bc is None else bc.ctypes.data, n * m, m, p, 0, code,
+                                   0.0 if activation == "relu" or activation == "relu6" else -np.inf,
+                                   6.0 if activation == "relu6" else np.inf)
             return y.astype(x.dtype, copy=False)
     if b is not None:  # y is this call's own array: add in place
         y += b.astype(t, copy=False).reshape((1, m) + (1,) * len(out))
