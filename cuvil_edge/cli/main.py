@@ -58,6 +58,13 @@ def _print_compile_report(info, full: bool) -> None:
     console.print(f"nodes: {info.nodes_before} -> {info.nodes_after} ({info.iterations} iterations to a fixed point)")
     console.print(f"total (batch 1): {info.flops:,} FLOPs, {info.macs / 1e9:.3f} GMAC, "
                   f"{info.parameter_bytes:,} parameter bytes")
+    if full and info.memory:
+        mib = lambda b: f"{b / 2**20:,.2f}"  # noqa: E731
+        table = Table("target", "planned peak MiB", "weights MiB", "weights + two largest live MiB",
+                      title="memory plan of one inference (batch 1; device_targets.memory_plan)")
+        for target, peak, weights, bound in info.memory:
+            table.add_row(target, *((mib(peak), mib(weights), mib(bound)) if peak is not None else ("-", "-", bound)))
+        console.print(table)
 
 
 @app.command("inspect")

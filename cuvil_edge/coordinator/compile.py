@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from cuvil_edge.config import load_site
 from cuvil_edge.coordinator.packaging import VersionCounter
-from cuvil_edge.errors import ConfigError
+from cuvil_edge.device_targets import list_targets, load_target
+from cuvil_edge.device_targets.memory_plan import plan_memory
+from cuvil_edge.errors import ConfigError, CuvilError
 from cuvil_edge.frontend import load_model
 from cuvil_edge.ir.cost import node_flops, total_flops, total_macs
 from cuvil_edge.ir.graph import Graph
@@ -35,6 +37,9 @@ class CompileReport:
     flops: int
     macs: int
     parameter_bytes: int
+    #: per target: (target, planned peak bytes at batch 1, weights bytes, the plan's bound) or
+    #: (target, None, None, why it cannot be planned)
+    memory: list[tuple] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -48,8 +53,16 @@ class CompileResult:
 
 
 def _report(graph: Graph, report: OptimizeReport) -> CompileReport:
+    memory = []
+    for target in list_targets():
+        spec = load_target(target)
+        try:  # as the device will build it: its native kernels when its spec has them
+            plan = plan_memory(graph, spec, native=spec.native_kernels)
+            memory.append((target, plan.peak_bytes, plan.weights_bytes, plan.bound_bytes))
+        except CuvilError as e:
+            memory.append((target, None, None, str(e)))
     return CompileReport(report.per_pass(), report.iterations, report.nodes_before, report.nodes_after,
-                         total_flops(graph), total_macs(graph), graph.parameter_bytes())
+                         total_flops(graph), total_macs(graph), graph.parameter_bytes(), memory)
 
 
 def optimize_model(model: Path) -> tuple[Graph, CompileReport]:

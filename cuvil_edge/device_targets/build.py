@@ -97,6 +97,17 @@ class CompiledModel:
             ) from e
         return {v.name: outputs[v.name] for v in self.graph.outputs}
 
+    def memory_plan(self, batch: int = 1):
+        """The planned peak memory of a run on ``batch`` samples: weights + live activations +
+        the kernels' scratch, in the module's order (:func:`memory_plan.plan_memory`).
+
+        Raises:
+            BuildError: ``batch`` does not fit the graph (see plan_memory).
+        """
+        from cuvil_edge.device_targets.memory_plan import plan_memory  # imports build's module lazily
+
+        return plan_memory(self.graph, self.target, precision=self.precision, batch=batch)
+
 
 def structure_digest(graph: Graph) -> str:
     """sha256 of everything code generation reads from ``graph``: its structure (nodes, attributes,
