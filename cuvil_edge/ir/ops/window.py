@@ -226,7 +226,8 @@ def k_max_pool(x, *, kernel_shape, strides, pads, dilations, auto_pad, ceil_mode
         pd = _win_same_pads(spatial, kernel_shape, strides, dilations, auto_pad == "SAME_UPPER")
     out = _win_out(spatial, kernel_shape, strides, pd, dilations, ceil_mode)
     if TARGET_NATIVE and not indices:
-        lib = _native_lib() if len(out) == 2 and x.dtype == np.float32 else None
+        # (planes under 12x12: numpy's few strided maxima over all planes at once cost less)
+        lib = _native_lib() if len(out) == 2 and x.dtype == np.float32 and x.shape[2] * x.shape[3] >= 144 else None
         if lib is not None:
             xc = np.ascontiguousarray(x)
             y = np.empty(x.shape[:2] + out, dtype=np.float32)
