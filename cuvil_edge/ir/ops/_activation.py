@@ -15,7 +15,7 @@ from cuvil_edge.errors import UnsupportedAttributeError
 from cuvil_edge.ir import ops
 from cuvil_edge.ir.graph import Node
 from cuvil_edge.ir.ops._elementwise import _erf64, _wide
-from cuvil_edge.ir.ops._native import _native_lib
+from cuvil_edge.ir.ops._native import _native_lib, _native_map
 from cuvil_edge.ir.ops._util import text
 from cuvil_edge.ir.ops.swish import k_swish
 from cuvil_edge.ir.ops.unary import k_gelu, k_hard_swish, k_sigmoid
@@ -44,7 +44,7 @@ def _activate(y, activation):
 
 
 #: What a kernel that ends with ``_activate`` lists as helpers (callees first).
-HELPERS = (_wide, _erf64, _native_lib, k_sigmoid, k_hard_swish, k_gelu, k_swish, _activate)
+HELPERS = (_wide, _erf64, _native_lib, _native_map, k_sigmoid, k_hard_swish, k_gelu, k_swish, _activate)
 
 
 def activation(node: Node) -> str:

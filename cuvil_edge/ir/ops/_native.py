@@ -25,6 +25,8 @@ import tempfile
 import threading
 from pathlib import Path
 
+import numpy as np
+
 logger = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("native_kernels.c")
@@ -141,3 +143,15 @@ def _native_lib():
     # the helper kernels call (pasted into generated modules, so it imports rather than closes over)
     from cuvil_edge.ir.ops._native import library
     return library()
+
+
+def _native_map(x, name, *args):
+    # the native elementwise function ``name`` over float32 x (a new array), or None where the
+    # library or the dtype does not allow it and the numpy path runs instead
+    lib = _native_lib() if x.dtype == np.float32 else None
+    if lib is None:
+        return None
+    xc = np.ascontiguousarray(x)
+    y = np.empty_like(xc)
+    getattr(lib, name)(xc.ctypes.data, y.ctypes.data, xc.size, *args)
+    return y

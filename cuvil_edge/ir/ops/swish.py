@@ -9,7 +9,7 @@ import numpy as np
 from cuvil_edge.errors import ShapeInferenceError
 from cuvil_edge.ir.ops._contract import OpDef, per_element
 from cuvil_edge.ir.ops._elementwise import FLOATS, TRANSCENDENTAL, infer_unary
-from cuvil_edge.ir.ops._native import _native_lib
+from cuvil_edge.ir.ops._native import _native_lib, _native_map
 from cuvil_edge.ir.ops._util import DEFAULT_CAPABILITIES, FLOAT, need
 
 TARGET_NATIVE = DEFAULT_CAPABILITIES["TARGET_NATIVE"]
@@ -17,11 +17,8 @@ TARGET_NATIVE = DEFAULT_CAPABILITIES["TARGET_NATIVE"]
 
 def k_swish(x, alpha):
     if TARGET_NATIVE:
-        lib = _native_lib() if x.dtype == np.float32 else None
-        if lib is not None:
-            xc = np.ascontiguousarray(x)
-            y = np.empty_like(xc)
-            lib.cuvil_swish_f32(xc.ctypes.data, y.ctypes.data, xc.size, alpha)
+        y = _native_map(x, "cuvil_swish_f32", alpha)
+        if y is not None:
             return y
     w = x.astype(np.float32) if x.dtype == np.float16 else x
     z = w * w.dtype.type(alpha)
@@ -46,7 +43,7 @@ def _infer_swiglu(node, inputs):
 
 OPS = (
     OpDef("Swish", (24,), lambda node, inputs: infer_unary(node, inputs, ((24, FLOATS),)), k_swish,
-          per_element(TRANSCENDENTAL + 4), lambda node: {"alpha": float(node.attr("alpha", 1.0))}, (_native_lib,),
+          per_element(TRANSCENDENTAL + 4), lambda node: {"alpha": float(node.attr("alpha", 1.0))}, (_native_lib, _native_map),
           ATTRS={"alpha": FLOAT}),
     OpDef("SwiGLU", (28,), _infer_swiglu, k_swiglu, per_element(TRANSCENDENTAL + 5),
           lambda node: {"alpha": float(node.attr("alpha", 1.0))}, ATTRS={"alpha": FLOAT}),

@@ -20,7 +20,7 @@ from cuvil_edge.ir.graph import TensorType
 from cuvil_edge.ir.ops._contract import OpDef, no_attrs, per_element
 from cuvil_edge.ir.ops._elementwise import (ALL, ERF, FLOATS, INTS, SIGNED, TRANSCENDENTAL, _erf64, _wide, infer_unary,
                                             want)
-from cuvil_edge.ir.ops._native import _native_lib
+from cuvil_edge.ir.ops._native import _native_lib, _native_map
 from cuvil_edge.ir.ops._util import DEFAULT_CAPABILITIES, FLOAT, INT, STR, choice, need, same_dtype
 
 TARGET_NATIVE = DEFAULT_CAPABILITIES["TARGET_NATIVE"]
@@ -35,11 +35,8 @@ def k_relu(x):
 
 def k_sigmoid(x):
     if TARGET_NATIVE:
-        lib = _native_lib() if x.dtype == np.float32 else None
-        if lib is not None:
-            xc = np.ascontiguousarray(x)
-            y = np.empty_like(xc)
-            lib.cuvil_sigmoid_f32(xc.ctypes.data, y.ctypes.data, xc.size)
+        y = _native_map(x, "cuvil_sigmoid_f32")
+        if y is not None:
             return y
     w = _wide(x)
     e = np.exp(-np.abs(w))  # exp(-|x|): nothing overflows
@@ -53,11 +50,8 @@ def k_hard_swish(x):
 
 def k_gelu(x, tanh):
     if TARGET_NATIVE:
-        lib = _native_lib() if x.dtype == np.float32 and not tanh else None
-        if lib is not None:
-            xc = np.ascontiguousarray(x)
-            y = np.empty_like(xc)
-            lib.cuvil_gelu_f32(xc.ctypes.data, y.ctypes.data, xc.size)
+        y = None if tanh else _native_map(x, "cuvil_gelu_f32")
+        if y is not None:
             return y
     w = np.asarray(x, dtype=np.float64)
     with np.errstate(all="ignore"):
@@ -90,11 +84,8 @@ def k_sqrt(x):
 
 def k_erf(x):
     if TARGET_NATIVE:
-        lib = _native_lib() if x.dtype == np.float32 else None
-        if lib is not None:
-            xc = np.ascontiguousarray(x)
-            y = np.empty_like(xc)
-            lib.cuvil_erf_f32(xc.ctypes.data, y.ctypes.data, xc.size)
+        y = _native_map(x, "cuvil_erf_f32")
+        if y is not None:
             return y
     # Cody's approximation in float64 rounded once to x's dtype (integers, opset 9: truncated, as ONNX's reference)
     return np.asarray(_erf64(x).astype(x.dtype))
@@ -416,7 +407,7 @@ OPS = (
     _unary("Log", k_log, (6, 13), _F, _T),
     _unary("Sqrt", k_sqrt, (6, 13), _F),  # a hardware square root counts as one operation
     # 9 also allows integer dtypes, 13 floats only
-    _unary("Erf", k_erf, (9, 13), ((9, FLOATS | INTS), (13, FLOATS)), ERF, helpers=(_erf64, _native_lib)),
+    _unary("Erf", k_erf, (9, 13), ((9, FLOATS | INTS), (13, FLOATS)), ERF, helpers=(_erf64, _native_lib, _native_map)),
     # 16 / 22 add bfloat16 only
     _unary("LeakyRelu", k_leaky_relu, (6, 16), _F, 1, _floats(alpha=0.01), {"alpha": FLOAT}, helpers=(_wide,)),
     _unary("HardSigmoid", k_hard_sigmoid, (6, 22), _F, 3, _floats(alpha=0.2, beta=0.5),  # multiply-add (2), clamp (1)
@@ -432,9 +423,9 @@ OPS = (
           ATTRS={"ratio": FLOAT, "seed": INT}, CONST_INPUTS=(1, 2)),
     # 13 adds bfloat16 (not an IR dtype); 14 adds int8/16/32/64
     _unary("Relu", k_relu, (6, 13, 14), ((6, FLOATS), (14, FLOATS | SIGNED))),
-    _unary("Sigmoid", k_sigmoid, (6, 13), _F, _T + 3, helpers=(_wide, _native_lib)),  # exp, abs, add, divide
+    _unary("Sigmoid", k_sigmoid, (6, 13), _F, _T + 3, helpers=(_wide, _native_lib, _native_map)),  # exp, abs, add, divide
     _unary("HardSwish", k_hard_swish, (14, 22), ((14, FLOATS),), 4, helpers=(_wide,)),  # mul-add, clamp, multiply
-    _unary("Gelu", k_gelu, (20,), ((20, FLOATS),), _gelu_flops, _gelu_attrs, {"approximate": STR}, helpers=(_erf64, _native_lib)),
+    _unary("Gelu", k_gelu, (20,), ((20, FLOATS),), _gelu_flops, _gelu_attrs, {"approximate": STR}, helpers=(_erf64, _native_lib, _native_map)),
     _unary("Abs", k_abs, (6, 13), ((6, NUMERIC),)),
     _unary("Neg", k_neg, (6, 13), ((6, FLOATS | SIGNED),)),
     _unary("Reciprocal", k_reciprocal, (6, 13), _F),
