@@ -82,6 +82,15 @@ class AgentSection(_Strict):
         return value
 
 
+class LimitsSection(_Strict):
+    """What the site's device can afford (all optional): `cuvil-edge plan` checks every precision
+    against them, and the coordinator does not push a package whose plan breaks one."""
+
+    latency_ms: Optional[float] = Field(default=None, gt=0, description="slowest acceptable inference, batch 1")
+    memory_mb: Optional[float] = Field(default=None, gt=0, description="most memory one inference may take at its peak")
+    download_mb: Optional[float] = Field(default=None, gt=0, description="largest package the site's link should carry")
+
+
 class SiteConfig(_Strict):
     """A site: one edge device or one institution."""
 
@@ -93,6 +102,7 @@ class SiteConfig(_Strict):
     training: TrainingSection = TrainingSection()
     data: DataSection = DataSection()
     agent: AgentSection = AgentSection()
+    limits: LimitsSection = LimitsSection()
 
     @field_validator("target")
     @classmethod

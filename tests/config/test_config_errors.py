@@ -28,6 +28,10 @@ def test_good_site_loads_with_defaults(tmp_path):
     assert site.target == "rpi4"
     assert site.privacy.delta == 1e-5
     assert site.training.batch_size > 0
+    assert site.limits.latency_ms is None and site.limits.memory_mb is None and site.limits.download_mb is None
+    limited = load_site(write(tmp_path, GOOD_SITE + "limits:\n  latency_ms: 50\n  memory_mb: 512\n  download_mb: 8\n",
+                              "limited.yaml"))
+    assert (limited.limits.latency_ms, limited.limits.memory_mb, limited.limits.download_mb) == (50, 512, 8)
 
 
 @pytest.mark.parametrize(
@@ -40,9 +44,11 @@ def test_good_site_loads_with_defaults(tmp_path):
         (GOOD_SITE.replace("epsilon_per_round: 2.0", "epsilon_per_round: 9.0"), "privacy", "must not exceed"),
         (GOOD_SITE.replace("site: hospital-a", "site: Hospital A"), "site", "pattern"),
         (GOOD_SITE + "training:\n  batch_size: 0\n", "training.batch_size", "greater than or equal"),
+        (GOOD_SITE + "limits:\n  memory_mb: 0\n", "limits.memory_mb", "greater than"),
+        (GOOD_SITE + "limits:\n  latency: 5\n", "limits.latency", "unknown key"),
     ],
     ids=["missing-field", "unknown-key", "wrong-type", "unknown-target", "per-round-over-budget", "bad-id",
-         "out-of-range"],
+         "out-of-range", "zero-limit", "misspelt-limit"],
 )
 def test_site_errors_name_file_key_and_expectation(tmp_path, text, key, expected):
     path = write(tmp_path, text)
