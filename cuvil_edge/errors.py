@@ -194,6 +194,10 @@ class TargetError(CuvilError):
     """The target cannot build or run the package."""
 
 
+class PlanError(TargetError):
+    """A site's compile plan does not fit its device or its limits; nothing is pushed to it."""
+
+
 class UnknownTargetError(TargetError, ConfigError):
     """No device target spec has this name."""
 

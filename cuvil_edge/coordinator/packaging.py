@@ -20,7 +20,7 @@ import numpy as np
 from cuvil_edge.atomic import atomic_write
 from cuvil_edge.config.site import SiteConfig
 from cuvil_edge.coordinator.keys import SigningKeys
-from cuvil_edge.errors import KeyFileError, StateError
+from cuvil_edge.errors import KeyFileError, PlanError, StateError
 from cuvil_edge.ir.graph import Graph
 from cuvil_edge.ir.infer import with_initializers
 from cuvil_edge.ir_serialize import SignedRelease, encode_payload, sign_release, write_package
@@ -70,7 +70,7 @@ class PackageFactory:
 
     def __init__(self, graph: Graph, sites: Sequence[SiteConfig], signing_key: SigningKeys, versions: VersionCounter,
                  validity_seconds: int, clock: Callable[[], float] = time.time, package: str = "model",
-                 seal_keys: Mapping[str, Any] | None = None) -> None:
+                 seal_keys: Mapping[str, Any] | None = None, refused: Mapping[str, str] | None = None) -> None:
         if not isinstance(signing_key, SigningKeys):
             raise KeyFileError("PackageFactory needs SigningKeys (coordinator.keys.load_signing_keys), not a bare key")
         self.graph = graph
@@ -81,6 +81,8 @@ class PackageFactory:
         self.clock = clock
         self.package = package
         self.seal_keys = dict(seal_keys or {})
+        #: site -> why its compile plan does not fit (coordinator.plan): it is issued nothing
+        self.refused = dict(refused or {})
         self._release: tuple[str, SignedRelease] | None = None
 
     def graph_with(self, arrays: Mapping[str, np.ndarray]) -> Graph:
@@ -96,7 +98,13 @@ class PackageFactory:
         return self._release[1]
 
     def issue(self, site: str, arrays: Mapping[str, np.ndarray]) -> IssuedPackage:
-        """A freshly versioned, signed package of the model with ``arrays`` for ``site``."""
+        """A freshly versioned, signed package of the model with ``arrays`` for ``site``.
+
+        Raises:
+            PlanError: the site's compile plan does not fit its limits (:attr:`refused`).
+        """
+        if site in self.refused:
+            raise PlanError(f"not pushing to site {site!r}: {self.refused[site]}")
         config = self.sites[site]
         payload = encode_payload(self.graph_with(arrays))
         release = self._release_for(payload)

@@ -15,6 +15,8 @@ log = logging.getLogger(__name__)
 EXHAUSTED_STATUS = "budget exhausted"
 #: Status of a site that replied with an error or not at all (its reason is kept as <phase>-error).
 FAILED_STATUS = "failed"
+#: The site's compile plan does not fit its limits: the coordinator sends it nothing.
+NOT_PUSHED_STATUS = "not pushed"
 
 #: metrics.json ``stopped_early.reason`` when central DP's ``max_epsilon`` ended the run
 #: before the requested rounds (the launcher accepts such a run as complete).

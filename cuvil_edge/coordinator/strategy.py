@@ -24,7 +24,7 @@ from flwr.serverapp.strategy import DifferentialPrivacyClientSideFixedClipping, 
 
 from cuvil_edge.coordinator.evaluation import SiteCounts, clip01, pool
 from cuvil_edge.coordinator.packaging import PackageFactory
-from cuvil_edge.coordinator.report import EXHAUSTED_STATUS, FAILED_STATUS
+from cuvil_edge.coordinator.report import EXHAUSTED_STATUS, FAILED_STATUS, NOT_PUSHED_STATUS
 
 log = logging.getLogger(__name__)
 
@@ -117,6 +117,13 @@ class SitePackages(FedAvg):
             site = self.node_to_site.get(node)
             if site is None:
                 continue  # logged in _resolve_sites; an unknown node gets nothing
+            if site in self.factory.refused:  # its compile plan does not fit: the others go on
+                log.warning("not pushing round %s to site %r: %s", message.content["config"]["server-round"], site,
+                            self.factory.refused[site])
+                stats = self._site_stats(int(message.content["config"]["server-round"]), site)
+                stats["status"] = NOT_PUSHED_STATUS
+                stats["train-error"] = f"not pushed: {self.factory.refused[site]}"
+                continue
             package = self.factory.issue(site, weights)
             # FedAvg shares one RecordDict (and config) across messages: build a fresh one per site.
             config = ConfigRecord(dict(message.content["config"]))

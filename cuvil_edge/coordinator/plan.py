@@ -1,0 +1,165 @@
+"""`cuvil-edge plan`: what the federation's model will cost on each site's device, at each precision,
+and the most accurate precision that fits the site's limits (issue 13, item 5).
+
+Per site and precision (fp32, then fp16, then int8: most accurate first), the plan gives the
+package bytes (the variant's real payload), the planned peak memory of one inference (the build's
+memory plan, with the weights as the device holds them after loading), and, where a cost model is
+given, the predicted inference latency at batch 1 and at the site's training batch and the time of
+one local training round. A precision fits when the target can run it and every limit in the
+site's YAML (``limits``) holds; the plan picks the first that fits and says why the ones before it
+did not. A site nothing fits is flagged with the reasons.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Mapping, Optional, Sequence
+
+from cuvil_edge.config import SiteConfig
+from cuvil_edge.device_targets import load_target
+from cuvil_edge.device_targets.memory_plan import plan_memory
+from cuvil_edge.device_targets.spec import TargetSpec
+from cuvil_edge.errors import CuvilError
+from cuvil_edge.ir.graph import Graph
+from cuvil_edge.ir_serialize import encode_payload
+
+#: Most accurate first: the plan takes the first one that fits.
+PRECISIONS = ("fp32", "fp16", "int8")
+MIB = 2**20
+
+#: (graph, target, precision, batch) -> predicted seconds of one inference on the device.
+Latency = Callable[[Graph, TargetSpec, str, int], float]
+
+
+@dataclass(frozen=True)
+class Option:
+    """One precision on one site."""
+
+    precision: str
+    package_bytes: int
+    peak_bytes: Optional[int]  # None: the memory plan failed (see problems)
+    latency_ms: Optional[float]  # batch 1; None without a cost model
+    train_batch_ms: Optional[float]  # one forward at the site's training batch
+    round_seconds: Optional[float]  # forward + backward (~3x forward) over a local round's steps
+    problems: tuple[str, ...]  # the limits it breaks, or why the target cannot run it
+
+    @property
+    def fits(self) -> bool:
+        return not self.problems
+
+
+@dataclass(frozen=True)
+class SitePlan:
+    site: str
+    target: str
+    options: tuple[Option, ...]
+    chosen: Optional[Option]
+    reason: str
+
+
+def plan_site(site: SiteConfig, variants: Mapping[str, Graph], latency: Optional[Latency] = None,
+              steps_per_round: Optional[int] = None) -> SitePlan:
+    """Plan ``site`` over the model's precision ``variants`` (precision -> the graph that is packaged).
+
+    ``steps_per_round``: DP-SGD steps of one local round (for the round time); None leaves it out.
+    """
+    spec = load_target(site.target)
+    options = []
+    for precision in PRECISIONS:
+        if precision in variants:
+            options.append(_option(site, spec, precision, variants[precision], latency, steps_per_round))
+    chosen = next((o for o in options if o.fits), None)
+    if chosen is None:
+        why = "; ".join(f"{o.precision}: {', '.join(o.problems)}" for o in options)
+        return SitePlan(site.site, spec.name, tuple(options), None, f"nothing fits ({why})")
+    skipped = [f"{o.precision} breaks {', '.join(o.problems)}" for o in options[:options.index(chosen)]]
+    reason = "the most accurate precision" + (f" that fits ({'; '.join(skipped)})" if skipped else
+                                              ", within every limit")
+    return SitePlan(site.site, spec.name, tuple(options), chosen, reason)
+
+
+def _option(site: SiteConfig, spec: TargetSpec, precision: str, graph: Graph, latency: Optional[Latency],
+            steps: Optional[int]) -> Option:
+    problems = []
+    package = len(encode_payload(graph))
+    # the device dequantizes stored fp16/int8 weights once at load; it computes in fp16 only where it can
+    compute = "fp16" if precision == "fp16" and spec.fp16 else "fp32"
+    runnable = _loaded(graph)
+    try:
+        peak = plan_memory(runnable, spec, precision=compute, native=spec.native_kernels).peak_bytes
+    except CuvilError as e:
+        peak = None
+        problems.append(f"no memory plan ({e})")
+    batch_ms = train_ms = round_s = None
+    if latency is not None:
+        batch_ms = latency(runnable, spec, compute, 1) * 1e3
+        train_ms = latency(runnable, spec, compute, site.training.batch_size) * 1e3
+        round_s = 3 * train_ms / 1e3 * steps if steps else None
+    limits = site.limits
+    if limits.download_mb is not None and package > limits.download_mb * MIB:
+        problems.append(f"download {package / MIB:.2f} MiB > limits.download_mb {limits.download_mb:g}")
+    if limits.memory_mb is not None and peak is not None and peak > limits.memory_mb * MIB:
+        problems.append(f"memory {peak / MIB:.2f} MiB > limits.memory_mb {limits.memory_mb:g}")
+    if limits.latency_ms is not None and batch_ms is not None and batch_ms > limits.latency_ms:
+        problems.append(f"latency {batch_ms:.2f} ms > limits.latency_ms {limits.latency_ms:g}")
+    if peak is not None and peak > spec.memory_mb * MIB:
+        problems.append(f"memory {peak / MIB:.2f} MiB > the device's {spec.memory_mb} MiB")
+    return Option(precision, package, peak, batch_ms, train_ms, round_s, tuple(problems))
+
+
+def _loaded(graph: Graph) -> Graph:
+    """The graph as the agent builds it: stored fp16/int8 weights dequantized once at load."""
+    try:
+        from cuvil_edge.passes.quantize import dequantize_at_load
+    except ImportError:  # no quantization support: the graph is already what runs
+        return graph
+    return dequantize_at_load(graph)
+
+
+def precision_variants(graph: Graph) -> dict[str, Graph]:
+    """The model as each precision's package would carry it: fp32 as given, and fp16 (weights stored
+    in half precision) where quantization support is installed. int8 needs calibration data, so it
+    is planned only by callers that have it."""
+    variants = {"fp32": graph}
+    try:
+        from cuvil_edge.passes.quantize import store_fp16
+    except ImportError:
+        return variants
+    variants["fp16"] = store_fp16(graph)
+    return variants
+
+
+def default_latency() -> Optional[Latency]:
+    """The cost model's prediction for one inference, where the cost model is installed."""
+    try:
+        from cuvil_edge.device_targets.cost_model import predict
+    except ImportError:
+        return None
+
+    def latency(graph: Graph, spec: TargetSpec, precision: str, batch: int) -> float:
+        return predict(graph, spec, precision=precision, batch=batch).total_seconds
+
+    return latency
+
+
+def plan_federation(graph: Graph, sites: Sequence[SiteConfig], variants: Optional[Mapping[str, Graph]] = None,
+                    latency: Optional[Latency] = None) -> list[SitePlan]:
+    """:func:`plan_site` for every site over ``variants`` (default: :func:`precision_variants`)."""
+    variants = precision_variants(graph) if variants is None else variants
+    return [plan_site(site, variants, latency) for site in sites]
+
+
+def refusals(plans: Sequence[SitePlan], issued: str = "fp32") -> dict[str, str]:
+    """site -> why the coordinator must not push it the ``issued`` precision (its option breaks a
+    limit or the device); sites whose ``issued`` option fits are absent."""
+    out = {}
+    for plan in plans:
+        option = next((o for o in plan.options if o.precision == issued), None)
+        if option is not None and not option.fits:
+            out[plan.site] = f"its {issued} package breaks its plan: {', '.join(option.problems)}"
+    return out
+
+
+def format_plans(plans: Sequence[SitePlan]) -> list[str]:
+    """One line per site: the choice and why (the table is the CLI's)."""
+    return [f"{p.site} ({p.target}): {p.chosen.precision if p.chosen else 'NOT PUSHED'} — {p.reason}" for p in plans]
