@@ -137,7 +137,7 @@ def default_latency() -> Optional[Latency]:
         return None
 
     def latency(graph: Graph, spec: TargetSpec, precision: str, batch: int) -> float:
-        return predict(graph, spec, precision=precision, batch=batch).total_seconds
+        return predict(graph, spec, precision=precision, batch=batch).seconds
 
     return latency
 
@@ -146,7 +146,9 @@ def plan_federation(graph: Graph, sites: Sequence[SiteConfig], variants: Optiona
                     latency: Optional[Latency] = None) -> list[SitePlan]:
     """:func:`plan_site` for every site over ``variants`` (default: :func:`precision_variants`)."""
     variants = precision_variants(graph) if variants is None else variants
-    return [plan_site(site, variants, latency) for site in sites]
+    # DP-SGD's Poisson steps: local_epochs passes at sample_rate make local_epochs / sample_rate steps
+    return [plan_site(site, variants, latency, round(site.training.local_epochs / site.training.sample_rate))
+            for site in sites]
 
 
 def refusals(plans: Sequence[SitePlan], issued: str = "fp32") -> dict[str, str]:
