@@ -190,7 +190,11 @@ def weight_scales(weight: np.ndarray, axis: int) -> tuple[np.ndarray, np.ndarray
 def activation_params(lo: float, hi: float) -> tuple[np.ndarray, np.ndarray]:
     """(float32 scale, zero point) for a per-tensor range: uint8 for a range that never goes below 0
     (after a Relu), int8 otherwise. The range always includes 0 so that 0 (padding) is exact; a
-    constant range (lo == hi == 0) gets scale 1."""
+    constant range (lo == hi == 0) gets scale 1.
+
+    Raises:
+        PassError: the range is not a finite interval (recalibrate).
+    """
     if not (np.isfinite(lo) and np.isfinite(hi)) or lo > hi:
         raise PassError(f"activation range ({lo}, {hi}) is not a finite interval; recalibrate")
     lo, hi = min(float(lo), 0.0), max(float(hi), 0.0)
