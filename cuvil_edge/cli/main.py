@@ -185,6 +185,7 @@ def _mount_subcommands() -> None:
     """Command groups live in their own modules (one owner each); they are mounted here."""
     from cuvil_edge.cli.agent_cmd import agent_app
     from cuvil_edge.cli.agent_keys_cmd import agent_keys_app
+    from cuvil_edge.cli.calibrate_cmd import calibrate_cmd
     from cuvil_edge.cli.coordinator_cmd import coordinator_app
     from cuvil_edge.cli.keys_cmd import keys_app
     from cuvil_edge.cli.privacy_cmd import privacy_app
@@ -194,6 +195,7 @@ def _mount_subcommands() -> None:
     app.add_typer(agent_app, name="agent")
     app.add_typer(privacy_app, name="privacy")
     app.add_typer(coordinator_app, name="coordinator")
+    app.command("calibrate")(calibrate_cmd)
 
 
 def main(argv: list[str] | None = None) -> int:

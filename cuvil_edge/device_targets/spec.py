@@ -51,6 +51,41 @@ class TargetSpec(BaseModel):
     native_kernels: bool = False
     peak_gflops: dict[str, float]
     memory_bandwidth_gbs: float = Field(gt=0)
+    # --- cost model (cost_model.py; `cuvil-edge calibrate` measures them). Optional: the defaults
+    # describe a generic CPU running the numpy kernels, so older spec files stay valid.
+    #: Python + numpy cost of one node's kernel call in the generated module (argument passing,
+    #: the kernel's own checks, allocating its output): what dominates tiny models.
+    call_overhead_us: float = Field(default=10.0, gt=0)
+    #: the fixed cost of one call per kernel kind (cost_model's kernel labels, e.g. "conv im2col",
+    #: "native"), where it differs from call_overhead_us; a kind not listed costs
+    #: call_overhead_us x cost_model.KIND_FACTORS[kind]
+    kernel_overhead_us: dict[str, float] = Field(default_factory=dict)
+    #: each further numpy call inside one kernel (im2col blocks, depthwise taps, per-sample loops)
+    numpy_call_us: float = Field(default=2.0, ge=0)
+    #: once per run(): binding the feeds, the module's wrapper, the outputs dict
+    run_overhead_us: float = Field(default=20.0, ge=0)
+    #: fraction of peak_gflops a large GEMM reaches; a GEMM dim d scales it by d / (d + gemm_half_dim)
+    gemm_efficiency: float = Field(default=0.6, gt=0, le=1)
+    gemm_half_dim: float = Field(default=16.0, gt=0)
+    #: fraction of memory_bandwidth_gbs numpy's elementwise passes reach (a ufunc reads and writes)
+    memory_efficiency: float = Field(default=0.7, gt=0, le=1)
+    #: a node whose bytes fit in this much cache moves them at cache_bandwidth_gbs (None: no faster)
+    cache_mb: float = Field(default=1.0, ge=0)
+    cache_bandwidth_gbs: float | None = Field(default=None, gt=0)
+    #: the native C kernels' arithmetic rate (depthwise conv, pooling; None: float32 peak / 8)
+    native_gflops: float | None = Field(default=None, gt=0)
+    #: their fixed cost per image plane (padding a plane, the loop around it)
+    native_plane_us: float = Field(default=0.2, ge=0)
+    #: ns per element of an exp-class function (Softmax, Sigmoid, Swish, GELU/Erf, Tanh, Exp; fused
+    #: activations too), native or numpy: these are bound by the function, not by memory
+    transcendental_ns: float = Field(default=2.0, ge=0)
+    #: ns per row of a row-wise kernel (native Softmax/LayerNorm rows; numpy reductions per output
+    #: element): short rows are bound by the loop around them, not by their elements
+    row_ns: float = Field(default=50.0, ge=0)
+    #: host<->device bus of an accelerator target, per direction (None: memory_bandwidth_gbs, as
+    #: for memory shared by CPU and accelerator), and the latency of one transfer
+    transfer_bandwidth_gbs: float | None = Field(default=None, gt=0)
+    transfer_latency_us: float = Field(default=0.0, ge=0)
 
     @field_validator("dtypes", mode="before")
     @classmethod
@@ -71,6 +106,8 @@ class TargetSpec(BaseModel):
             raise ValueError(f"peak_gflops names dtypes {extra} that are not in dtypes")
         if any(v <= 0 for v in self.peak_gflops.values()):
             raise ValueError("peak_gflops values must be positive")
+        if any(v < 0 for v in self.kernel_overhead_us.values()):
+            raise ValueError("kernel_overhead_us values must be >= 0 (microseconds per call)")
         if not self.static_shapes and self.static_batch != 1:
             raise ValueError("static_batch only applies to static_shapes targets; set it to 1")
         return self

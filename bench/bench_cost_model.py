@@ -1,0 +1,277 @@
+"""Cost model vs measurement on this host (issue 13, item 3).
+
+Calibrates this host in-process (:func:`cuvil_edge.device_targets.calibrate.calibrate`, based on
+x86-64, one thread), then for each model (bench/compiled_models.py's nine and five architecture
+exports from tests/architectures) at batch 1 and 16: predicts the compiled latency for the
+calibrated ``host`` spec (:func:`cost_model.predict`), builds the module for that spec and measures
+``.run(feeds)`` (median of >= 7 samples, each the mean of enough calls to last >= 5 ms, in CPU time:
+the machine is shared, and wall time would count other processes' slices; wall medians are kept in
+the JSON). Reports the
+graph-level Spearman rank correlation and mean absolute percentage error, and per node on ResNet-18,
+MobileNetV2 and the transformer (batch 1): each node's time measured by a copy of the generated
+``_forward`` with a clock read around each node's statements (bench_compiled's instrumentation),
+against its prediction.
+
+Like bench_compiled.py, the script re-executes itself without OPENBLAS_CORETYPE/OPENBLAS_L2_SIZE
+(they make OpenBLAS pick slower kernels, and must be unset before numpy loads).
+
+    .venv/bin/python bench/bench_cost_model.py            # ~3 min on 2 cores
+    .venv/bin/python bench/bench_cost_model.py --models mlp,resnet18 --out cost_model_quick
+
+Results: bench/results/cost_model.{json,md,png}.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+_STRIPPED = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
+if __name__ == "__main__" and any(k in os.environ for k in _STRIPPED):
+    _removed = {k: os.environ[k] for k in _STRIPPED if k in os.environ}
+    _env = {k: v for k, v in os.environ.items() if k not in _STRIPPED}
+    _env["CUVIL_BENCH_REMOVED_ENV"] = json.dumps(_removed)
+    os.execve(sys.executable, [sys.executable, os.path.abspath(__file__), *sys.argv[1:]], _env)
+
+import argparse  # noqa: E402
+import ast  # noqa: E402
+import hashlib  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+from scipy.stats import spearmanr  # noqa: E402
+from threadpoolctl import threadpool_limits  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent / "tests" / "architectures"))
+import bench_compiled as bc  # noqa: E402
+import compiled_models as cm  # noqa: E402
+
+from cuvil_edge.device_targets import build  # noqa: E402
+from cuvil_edge.device_targets.calibrate import CLOCK, calibrate  # noqa: E402
+from cuvil_edge.device_targets.cost_model import predict  # noqa: E402
+from cuvil_edge.frontend import load_model  # noqa: E402
+from cuvil_edge.passes import optimize  # noqa: E402
+
+RESULTS = HERE / "results"
+EXPORTS = ("vit", "mobilenetv3", "groupnorm_cnn", "alexnet_lrn", "bert")  # tests/architectures/export_models.py
+PER_NODE = ("resnet18", "mobilenetv2", "transformer")
+SAMPLES, MIN_SAMPLE_S, PROFILE_RUNS = 7, 0.005, 9
+TARGETS = {"graph_spearman": 0.95, "graph_mape": 0.20, "node_spearman": 0.9}
+
+
+def load(name: str) -> tuple[object, bytes, callable]:
+    """(optimised graph, onnx bytes, feeds(batch)) of a bench model or an architecture export."""
+    if name in cm.SPECS:
+        data, input_name = bc.export(name, cm.make(name))
+        feeds = lambda batch: {input_name: cm.example(name, batch, seed=batch)}  # noqa: E731
+    else:
+        import test_exports as te  # imports torch and onnxruntime: only when an export is asked for
+
+        data = te.exported(name)
+        feeds = lambda batch: te.EXPORTS[name].feeds(batch, np.random.default_rng(batch))  # noqa: E731
+    graph, _ = optimize(load_model(data))
+    return graph, data, feeds
+
+
+def measure(fn) -> tuple[float, float]:
+    """(median CPU seconds, median wall seconds) per call over SAMPLES samples, each >= MIN_SAMPLE_S
+    (after warm-up). CPU time (calibrate.CLOCK) is what the model is checked against: on this shared
+    machine wall time also counts the slices other processes get."""
+    fn()
+    start = CLOCK()
+    fn()
+    calls = max(1, int(np.ceil(MIN_SAMPLE_S / max(CLOCK() - start, 1e-7))))
+    cpu, wall = [], []
+    for _ in range(SAMPLES):
+        start, start_wall = CLOCK(), time.perf_counter()
+        for _ in range(calls):
+            fn()
+        cpu.append((CLOCK() - start) / calls)
+        wall.append((time.perf_counter() - start_wall) / calls)
+    return float(np.median(cpu)), float(np.median(wall))
+
+
+def profile_nodes(compiled, feeds) -> dict[tuple[str, ...], float]:
+    """Median seconds per group of nodes (usually one node) over PROFILE_RUNS runs, from a copy of
+    the module's ``_forward`` with clock reads around each node's statements."""
+    namespace = compiled._entry.__globals__
+    tree = ast.parse(compiled.source)
+    function = next(f for f in tree.body if isinstance(f, ast.FunctionDef) and f.name == "_forward")
+    timed, groups = bc._instrumented(compiled.source, function)
+    acc, row = np.zeros((PROFILE_RUNS, len(groups))), [0]
+    original = namespace["_forward"]
+    namespace["_cuv_clock"] = CLOCK
+    namespace["_cuv_record"] = lambda i, s: acc.__setitem__((row[0], i), acc[row[0], i] + s)
+    try:
+        exec(compile(ast.Module(body=[timed], type_ignores=[]), str(compiled.source_path), "exec"), namespace)
+        compiled.run(feeds)
+        for r in range(PROFILE_RUNS):
+            row[0] = r
+            compiled.run(feeds)
+    finally:
+        namespace["_forward"] = original
+    out = {}
+    for group, seconds in zip(groups, np.median(acc, axis=0)):
+        if not group["node"]:
+            continue
+        names = ast.literal_eval(group["node"])
+        out[tuple(names) if isinstance(names, tuple) else (names,)] = float(seconds)
+    return out
+
+
+def bench(name: str, batches: list[int], spec, cache: Path, per_node: bool) -> dict:
+    graph, data, feeds_of = load(name)
+    compiled = build(_Package(graph, data), spec, cache_dir=cache / name)
+    entry = {"nodes": len(graph.nodes), "batches": {}}
+    for batch in batches:
+        feeds = feeds_of(batch)
+        prediction = predict(graph, spec, batch=batch)
+        seconds, wall = measure(lambda: compiled.run(feeds))
+        entry["batches"][str(batch)] = {"predicted_ms": prediction.seconds * 1e3, "measured_ms": seconds * 1e3,
+                                        "measured_wall_ms": wall * 1e3,
+                                        "gflop": prediction.flops / 1e9,
+                                        "error": prediction.seconds / seconds - 1}
+        print(f"  {name:<14} b={batch:<3d} predicted {prediction.seconds * 1e3:10.3f} ms  measured "
+              f"{seconds * 1e3:10.3f} ms  ({prediction.seconds / seconds - 1:+.0%})", flush=True)
+    if per_node:
+        prediction = {n.node: n for n in predict(graph, spec, batch=1).nodes}
+        rows = []
+        for names, seconds in profile_nodes(compiled, feeds_of(1)).items():
+            nodes = [prediction[n] for n in names if n in prediction]
+            rows.append({"nodes": list(names), "op_type": "+".join(n.op_type for n in nodes),
+                         "kernel": "+".join(n.kernel for n in nodes), "bound": nodes[0].bound if nodes else "",
+                         "predicted_ms": sum(n.seconds for n in nodes) * 1e3, "measured_ms": seconds * 1e3})
+        rho = spearmanr([r["predicted_ms"] for r in rows], [r["measured_ms"] for r in rows]).statistic
+        entry["per_node"] = {"spearman": float(rho), "rows": rows}
+        print(f"  {name}: per-node Spearman {rho:.3f} over {len(rows)} nodes", flush=True)
+    return entry
+
+
+class _Package:
+    def __init__(self, graph, data: bytes) -> None:
+        self.graph, self.payload_digest = graph, hashlib.sha256(data).hexdigest()
+
+
+def summarise(models: dict) -> dict:
+    pairs = [(r["predicted_ms"], r["measured_ms"]) for e in models.values() for r in e["batches"].values()]
+    p, m = np.array(pairs).T
+    nodes = {k: e["per_node"]["spearman"] for k, e in models.items() if "per_node" in e}
+    s = {"points": len(pairs), "graph_spearman": float(spearmanr(p, m).statistic),
+         "graph_mape": float(np.mean(np.abs(p - m) / m)), "node_spearman": nodes,
+         "node_spearman_min": min(nodes.values()) if nodes else None}
+    s["targets_met"] = {"graph_spearman": s["graph_spearman"] >= TARGETS["graph_spearman"],
+                        "graph_mape": s["graph_mape"] <= TARGETS["graph_mape"],
+                        "node_spearman": bool(nodes) and s["node_spearman_min"] >= TARGETS["node_spearman"]}
+    return s
+
+
+def plot(results: dict, path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(12, 5.5))
+    ax = axes[0]
+    for batch, marker in (("1", "o"), ("16", "s")):
+        pts = [(r["measured_ms"], r["predicted_ms"], k) for k, e in results["models"].items()
+               for b, r in e["batches"].items() if b == batch]
+        if pts:
+            ax.scatter([q[0] for q in pts], [q[1] for q in pts], marker=marker, label=f"batch {batch}")
+            for x, y, k in pts:
+                ax.annotate(k, (x, y), fontsize=6, alpha=0.7)
+    s = results["summary"]
+    ax.set_title(f"graphs: Spearman {s['graph_spearman']:.3f}, MAPE {s['graph_mape']:.1%}")
+    ax2 = axes[1]
+    for name, e in results["models"].items():
+        if "per_node" in e:
+            rows = e["per_node"]["rows"]
+            ax2.scatter([r["measured_ms"] for r in rows], [r["predicted_ms"] for r in rows], s=8,
+                        label=f"{name} (ρ {e['per_node']['spearman']:.2f})")
+    ax2.set_title("nodes (batch 1)")
+    for a in axes:
+        a.set_xscale("log")
+        a.set_yscale("log")
+        lo, hi = a.get_xlim()
+        a.plot([lo, hi], [lo, hi], "k--", lw=0.7)
+        a.set_xlabel("measured ms")
+        a.set_ylabel("predicted ms")
+        a.legend(fontsize=7)
+    fig.suptitle(f"cost model vs measurement on {results['environment']['cpu']} (one thread)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def write_markdown(results: dict, path: Path) -> None:
+    s, env, spec = results["summary"], results["environment"], results["spec"]
+    ok = lambda b: "met" if b else "NOT met"  # noqa: E731
+    lines = ["# Cost model vs measurement (one thread)", "",
+             f"Command: `{results['command']}`  ",
+             f"Machine: {env['cpu']}, {env['cores']} cores (shared with other work), numpy {env['numpy']}; "
+             f"OpenBLAS env: {env['openblas_env']}; removed by the script: {results['removed_env'] or 'none'}.  ",
+             f"Date: {env['date']}; wall time {results['wall_s']:.0f} s.", "",
+             "The host was calibrated in-process (`calibrate(base='x86-64')`); the spec used: "
+             + ", ".join(f"{k} {v}" for k, v in spec.items() if k not in ("description", "dtypes")) + ".", "",
+             f"**Graph level** ({s['points']} points: {len(results['models'])} models x batch 1 and 16): Spearman "
+             f"**{s['graph_spearman']:.3f}** (target ≥ {TARGETS['graph_spearman']}: {ok(s['targets_met']['graph_spearman'])}), "
+             f"MAPE **{s['graph_mape']:.1%}** (target ≤ {TARGETS['graph_mape']:.0%}: {ok(s['targets_met']['graph_mape'])}).  ",
+             "**Per node** (batch 1; Spearman over the nodes' predicted vs measured ms): "
+             + ", ".join(f"{k} **{v:.3f}**" for k, v in s["node_spearman"].items())
+             + f" (target ≥ {TARGETS['node_spearman']}: {ok(s['targets_met']['node_spearman'])}).", "",
+             "measured = median of %d samples, each the mean of enough calls to last ≥ %g ms." % (
+                 SAMPLES, MIN_SAMPLE_S * 1e3), "",
+             "| model | nodes | batch | GFLOP | predicted ms | measured ms | error |", "|---|---|---|---|---|---|---|"]
+    for name, e in results["models"].items():
+        for batch, r in e["batches"].items():
+            lines.append(f"| {name} | {e['nodes']} | {batch} | {r['gflop']:.3f} | {r['predicted_ms']:.3f} "
+                         f"| {r['measured_ms']:.3f} | {r['error']:+.1%} |")
+    for name, e in results["models"].items():
+        if "per_node" in e:
+            rows = sorted(e["per_node"]["rows"], key=lambda r: -r["measured_ms"])
+            lines += ["", f"## Per node: {name} (batch 1), Spearman {e['per_node']['spearman']:.3f}, top 12 by time",
+                      "", "| node | op | kernel | bound | predicted ms | measured ms |", "|---|---|---|---|---|---|"]
+            lines += [f"| {', '.join(r['nodes'])[:60]} | {r['op_type']} | {r['kernel']} | {r['bound']} "
+                      f"| {r['predicted_ms']:.3f} | {r['measured_ms']:.3f} |" for r in rows[:12]]
+    lines += ["", "![predicted vs measured](cost_model.png)"]
+    path.write_text("\n".join(lines) + "\n")
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", default=",".join([*cm.SPECS, *EXPORTS]))
+    parser.add_argument("--batches", default="1,16")
+    parser.add_argument("--out", default="cost_model", help="output stem under bench/results")
+    args = parser.parse_args(argv)
+    models = [m for m in args.models.split(",") if m]
+    torch.set_num_threads(1)
+    started = time.perf_counter()
+    with threadpool_limits(1), tempfile.TemporaryDirectory() as cache:
+        calibration = calibrate("x86-64")
+        spec = calibration.spec
+        print(f"calibrated: {calibration.environment['openblas_env']}; " + ", ".join(
+            f"{k}={v}" for k, v in spec.model_dump().items() if k.endswith(("_us", "_gbs", "gflops", "_dim",
+                                                                                "efficiency"))), flush=True)
+        results = {"command": "python bench/bench_cost_model.py" + "".join(f" {a}" for a in (argv or sys.argv[1:])),
+                   "environment": calibration.environment, "calibration": calibration.measured,
+                   "removed_env": json.loads(os.environ.get("CUVIL_BENCH_REMOVED_ENV", "{}")),
+                   "spec": spec.model_dump(mode="json"), "models": {}}
+        for name in models:
+            results["models"][name] = bench(name, [int(b) for b in args.batches.split(",")], spec, Path(cache),
+                                            name in PER_NODE)
+    results["summary"] = summarise(results["models"])
+    results["wall_s"] = time.perf_counter() - started
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / f"{args.out}.json").write_text(json.dumps(results, indent=1, default=str) + "\n")
+    write_markdown(results, RESULTS / f"{args.out}.md")
+    plot(results, RESULTS / f"{args.out}.png")
+    print(json.dumps(results["summary"], indent=1))
+    return results
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,450 @@
+"""Calibration: measure this host and write a target spec for it (issue 13, item 2).
+
+`cuvil-edge calibrate` times, on one thread (BLAS held to one thread with threadpoolctl, as the
+benchmarks run): sgemm at the shapes the conv and matmul kernels make (ResNet, MobileNet and
+transformer layers), a large copy (memory bandwidth) and a small one (cache bandwidth), numpy's
+add against that copy (memory efficiency), one small numpy call, and compiled modules built for
+the spec being written: a chain of tiny nodes (per-node and per-run overhead) and a depthwise
+convolution (the native C kernels' rate). The result is a full :class:`TargetSpec` based on
+``--base`` with the measured fields replaced, so :func:`cost_model.predict` for this host can be
+checked against measurement (bench/bench_cost_model.py).
+
+OpenBLAS reads ``OPENBLAS_CORETYPE`` and ``OPENBLAS_L2_SIZE`` when numpy loads; a process cannot
+change that afterwards, so the calibration records whether they were set (they can halve sgemm
+speed; the spec then describes the host as configured).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import os
+import platform
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import yaml
+from pydantic import ValidationError
+
+from cuvil_edge.atomic import atomic_write
+from cuvil_edge.device_targets.spec import TargetSpec, load_target
+from cuvil_edge.errors import TargetSpecError
+
+logger = logging.getLogger(__name__)
+
+#: Environment variables OpenBLAS reads at load time that change its kernels.
+OPENBLAS_ENV = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
+
+#: (m, k, n) of the products the kernels make: im2col blocks and whole im2col of ResNet stages,
+#: MobileNet 1x1 convolutions, transformer projections and attention, classifier heads at batch 16.
+GEMM_SHAPES = ((64, 576, 448), (128, 1152, 784), (256, 2304, 196), (512, 4608, 49), (64, 147, 1792),
+               (96, 32, 12544), (144, 24, 3136), (128, 256, 768), (128, 1024, 256), (128, 32, 128),
+               (16, 512, 1000), (1024, 1024, 1024))
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """The spec written for this host, what was measured, and how."""
+
+    spec: TargetSpec
+    base: str
+    measured: dict[str, Any] = field(default_factory=dict)
+    environment: dict[str, Any] = field(default_factory=dict)
+
+    def to_yaml(self) -> str:
+        """The spec as YAML, with a comment header saying when, where and how it was measured."""
+        env = self.environment
+        header = [
+            f"# {self.spec.name}: measured by `cuvil-edge calibrate --base {self.base}` on {env['date']}",
+            f"# machine: {env['cpu']} ({env['cores']} cores), Python {env['python']}, numpy {env['numpy']}",
+            f"# one thread (BLAS limited to 1 with threadpoolctl: {env['threads_limited']}), CPU time; "
+            f"OpenBLAS env at numpy load: {env['openblas_env']}",
+            f"# peak_gflops.float32: the fastest sgemm of {len(GEMM_SHAPES)} kernel shapes "
+            f"({self.measured['sgemm_best_gflops']:.1f} GFLOP/s); gemm_efficiency/gemm_half_dim fitted to them",
+            "# memory_bandwidth_gbs: np.copyto of 128 MiB (32 with --quick), read + write; memory_efficiency: a + b",
+            "#   of 64 MiB (a new array, as kernels write) over that; cache_bandwidth_gbs: a + b of 512 KiB",
+            "# call/run overhead: compiled modules of 6 and 66 small nodes (Add, Mul, Reshape, Transpose, Relu);",
+            "#   native_gflops / native_plane_us: compiled depthwise 3x3 convs of 32 x 56 x 56 and 512 x 7 x 7;",
+            "#   kernel_overhead_us: per kernel kind, a module of 8 chained calls on tiny tensors; these and",
+            f"#   call_overhead_us x {self.measured['cold_scale']:.2f}, the slow-down of the same calls interleaved;",
+            "#   transcendental_ns / row_ns: Softmax over (64, 1024) / (4096, 16) beyond its call and memory time",
+            "#   other fields, and other dtypes' peaks (scaled), from the base spec",
+        ]
+        body = yaml.safe_dump(self.spec.model_dump(mode="json"), sort_keys=False)
+        return "\n".join(header) + "\n" + body
+
+
+def calibrate(base: str = "x86-64", *, name: str = "host", quick: bool = False,
+              specs_dir: Path | str | None = None) -> Calibration:
+    """Measure this host and return a spec named ``name`` based on the spec ``base``.
+
+    ``quick``: fewer and shorter repeats (seconds instead of ~15 s; for tests, noisier).
+
+    Raises:
+        UnknownTargetError, TargetSpecError: ``base`` names no valid spec, or the measured spec
+            does not validate (the message names the field).
+    """
+    reference = load_target(base, specs_dir=specs_dir)
+    budget = 0.02 if quick else 0.15  # seconds of timing per measurement
+    with _one_thread() as limited:
+        sgemm = {shape: _gemm_gflops(*shape, budget) for shape in (GEMM_SHAPES[:4] + GEMM_SHAPES[-1:]
+                                                                    if quick else GEMM_SHAPES)}
+        copy_gbs = _copy_gbs(32 << 20 if quick else 128 << 20, budget)
+        # kernels allocate their outputs: time a + b (new array) rather than an in-place add
+        cache_gbs = _add_gbs(512 << 10, budget)  # 1.5 MiB moved: the working set of a mid-sized node
+        add_gbs = _add_gbs(32 << 20 if quick else 64 << 20, budget)
+        numpy_call_us = _median_time(lambda a=np.zeros(16, np.float32): np.add(a, a, out=a), budget) * 1e6
+    best = max(sgemm.values())
+    efficiency, half = fit_gemm(sgemm, best)
+    draft = reference.model_copy(update={
+        "name": name, "description": f"this host, measured ({platform.machine()}, one thread), based on {base}",
+        "native_kernels": reference.native_kernels and _native_available(),
+        "peak_gflops": {d: round(best * v / reference.peak_gflops.get("float32", v), 2)
+                        for d, v in reference.peak_gflops.items()},
+        "memory_bandwidth_gbs": round(copy_gbs, 2), "cache_bandwidth_gbs": round(cache_gbs, 2),
+        "cache_mb": _cache_mb(), "memory_efficiency": round(min(1.0, max(0.05, add_gbs / copy_gbs)), 3),
+        "gemm_efficiency": round(efficiency, 3), "gemm_half_dim": round(half, 2),
+        "numpy_call_us": round(numpy_call_us, 3), "memory_mb": _memory_mb(reference.memory_mb),
+    })
+    with _one_thread():
+        call_us, run_us, native, plane_us = _module_costs(draft, budget)
+        update: dict[str, Any] = {"call_overhead_us": round(call_us, 3), "run_overhead_us": round(run_us, 3)}
+        if native is not None:
+            update["native_gflops"], update["native_plane_us"] = round(native, 3), round(plane_us, 4)
+        kinds = _kind_overheads(draft.model_copy(update=update), budget)
+        update["kernel_overhead_us"] = kinds
+        scale = _cold_scale(draft.model_copy(update=update), budget)
+        update["transcendental_ns"] = round(_transcendental_ns(draft.model_copy(update=update), budget), 3)
+        update["row_ns"] = round(_row_ns(draft.model_copy(update=update), budget), 3)
+    update["kernel_overhead_us"] = {k: round(v * scale, 3) for k, v in sorted(kinds.items())}
+    update["call_overhead_us"] = round(call_us * scale, 3)
+    try:
+        spec = TargetSpec.model_validate({**draft.model_dump(), **update})
+    except ValidationError as e:
+        raise TargetSpecError(f"the measured spec for {name!r} is invalid ({e}); is this host under heavy load? "
+                              "Run `cuvil-edge calibrate` again") from e
+    measured = {"sgemm_gflops": {"x".join(map(str, s)): round(g, 2) for s, g in sgemm.items()},
+                "sgemm_best_gflops": best, "copy_gbs": copy_gbs, "cache_copy_gbs": cache_gbs, "add_gbs": add_gbs,
+                "numpy_call_us": numpy_call_us, "call_overhead_us": call_us, "run_overhead_us": run_us,
+                "native_gflops": native, "native_plane_us": plane_us, "kernel_overhead_us": kinds,
+                "cold_scale": scale}
+    return Calibration(spec, base, measured, _environment(limited))
+
+
+def write_spec(calibration: Calibration, path: Path | str) -> Path:
+    """Write the calibrated spec to ``path`` (atomically); it must be named ``<spec name>.yaml``
+    for :func:`load_target` to find it.
+
+    Raises:
+        TargetSpecError: ``path``'s file name does not match the spec name, or it cannot be written.
+    """
+    path = Path(path)
+    if path.suffix != ".yaml" or path.stem != calibration.spec.name:
+        raise TargetSpecError(f"a spec named {calibration.spec.name!r} must be written to "
+                              f"{calibration.spec.name}.yaml (got {path.name}); load_target finds it by name")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(path, calibration.to_yaml().encode("utf-8"), mode=0o644)
+    except OSError as e:
+        raise TargetSpecError(f"cannot write the calibrated spec to {path}: {e}") from e
+    return path
+
+
+def fit_gemm(rates: dict[tuple[int, int, int], float], peak: float) -> tuple[float, float]:
+    """(gemm_efficiency, gemm_half_dim) that best fit the measured GFLOP/s by shape, in log space:
+    rate = peak * efficiency * prod(d / (d + half)) over m, k, n."""
+    shapes, measured = list(rates), np.log(np.array(list(rates.values())))
+    best = (1.0, 16.0, np.inf)
+    for half in np.geomspace(0.5, 256, 80):
+        shape = np.array([sum(np.log(d / (d + half)) for d in s) for s in shapes])
+        scale = float(np.clip(np.mean(measured - np.log(peak) - shape), np.log(0.05), 0.0))
+        error = float(np.sum((measured - np.log(peak) - shape - scale) ** 2))
+        if error < best[2]:
+            best = (float(np.exp(scale)), float(half), error)
+    return best[0], best[1]
+
+
+# ---------------------------------------------------------------- measurements
+
+
+#: The clock every measurement reads: this process's CPU time, not wall time. On one thread they
+#: agree on an idle machine; on a shared one, CPU time leaves out the slices the scheduler gives
+#: to other processes, which would otherwise inflate every figure by the machine's load.
+CLOCK = time.process_time
+
+
+def _median_time(fn: Callable[[], object], budget: float) -> float:
+    """Median CPU seconds per call: samples of enough calls to last ~1 ms, for about ``budget`` seconds."""
+    fn()
+    start = CLOCK()
+    fn()
+    once = max(CLOCK() - start, 1e-7)
+    calls = max(1, int(1e-3 / once))
+    samples = []
+    deadline = CLOCK() + budget
+    while len(samples) < 5 or (CLOCK() < deadline and len(samples) < 200):
+        start = CLOCK()
+        for _ in range(calls):
+            fn()
+        samples.append((CLOCK() - start) / calls)
+    return float(np.median(samples))
+
+
+def _gemm_gflops(m: int, k: int, n: int, budget: float) -> float:
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal((m, k), dtype=np.float32), rng.standard_normal((k, n), dtype=np.float32)
+    out = np.empty((m, n), np.float32)
+    return 2.0 * m * k * n / _median_time(lambda: np.matmul(a, b, out=out), budget) / 1e9
+
+
+def _copy_gbs(nbytes: int, budget: float) -> float:
+    src = np.ones(nbytes // 4, np.float32)
+    dst = np.empty_like(src)
+    return 2.0 * nbytes / _median_time(lambda: np.copyto(dst, src), budget) / 1e9  # read + write
+
+
+def _add_gbs(nbytes: int, budget: float) -> float:
+    a = np.ones(nbytes // 4, np.float32)
+    b = a.copy()
+    return 3.0 * nbytes / _median_time(lambda: np.add(a, b), budget) / 1e9  # two reads, one new array written
+
+
+def _module_costs(spec: TargetSpec, budget: float) -> tuple[float, float, float | None]:
+    """(per-node call µs, per-run µs, native GFLOP/s or None) from modules compiled for ``spec``."""
+    from cuvil_edge.device_targets.build import build  # lazily: build imports codegen
+
+    x = np.ones((1, 8), np.float32)
+    with tempfile.TemporaryDirectory() as cache:
+        times = {}
+        for blocks in (1, 11):  # 6 and 66 nodes
+            model = build(_Package(_probe_chain(blocks)), spec, cache_dir=cache)
+            times[blocks] = _median_time(lambda model=model: model.run({"x": x}), budget)
+        call = max((times[11] - times[1]) / 60, 0.05e-6)
+        run = max(times[1] - 6 * call, 0.0)
+        native = plane = None
+        if spec.native_kernels:  # big planes give the rate, many small ones the cost per plane
+            seconds = {}
+            for c, size in ((32, 56), (512, 7)):
+                model = build(_Package(_depthwise(c, size)), spec, cache_dir=cache)
+                feeds = {"x": np.random.default_rng(0).standard_normal((1, c, size, size), dtype=np.float32)}
+                seconds[c] = max(_median_time(lambda: model.run(feeds), budget) - run - call, 1e-7)
+            native = 2.0 * 9 * 32 * 56 * 56 / seconds[32] / 1e9
+            plane = max(0.0, (seconds[512] - 2.0 * 9 * 512 * 49 / (native * 1e9)) / 512)
+    return call * 1e6, run * 1e6, native, None if plane is None else plane * 1e6
+
+
+#: Per kernel kind, a probe: (op, attributes, the chained value's shape, constant inputs after it).
+#: The kind each probe measures is what cost_model labels its node on the spec being written.
+_PROBES: tuple[tuple[str, dict, tuple[int, ...], tuple[np.ndarray, ...]], ...] = (
+    ("Conv", {"pads": [1, 1, 1, 1]}, (1, 4, 8, 8), (np.full((4, 4, 3, 3), 0.05, np.float32),)),
+    ("Conv", {}, (1, 4, 8, 8), (np.full((4, 4, 1, 1), 0.2, np.float32),)),
+    ("Conv", {"pads": [1, 1, 1, 1], "group": 4}, (1, 4, 8, 8), (np.full((4, 1, 3, 3), 0.1, np.float32),)),
+    ("MatMul", {}, (8, 8), (np.eye(8, dtype=np.float32),)),
+    ("MatMul", {}, (1, 8, 8), (np.eye(8, dtype=np.float32),)),
+    ("Softmax", {"axis": -1}, (1, 8, 8), ()),
+    ("MaxPool", {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]}, (1, 4, 8, 8), ()),
+    ("InstanceNormalization", {}, (1, 4, 8, 8), (np.ones(4, np.float32), np.zeros(4, np.float32))),
+    ("Gather", {"axis": 0}, (8, 8), (np.arange(8, dtype=np.int64),)),
+    ("Reshape", {}, (1, 8, 8), (np.array([1, 8, 8], np.int64),)),
+)
+
+
+def _kind_overheads(spec: TargetSpec, budget: float, count: int = 8) -> dict[str, float]:
+    """µs per call of each probed kernel kind: a module of ``count`` chained calls on tiny tensors,
+    less the run's overhead, the node's predicted work and its extra numpy calls."""
+    from cuvil_edge.device_targets.build import build
+    from cuvil_edge.device_targets.cost_model import kernel_overhead_us, predict
+
+    out: dict[str, float] = {}
+    with tempfile.TemporaryDirectory() as cache:
+        for op, attrs, shape, consts in _PROBES:
+            graph = _chain(op, attrs, shape, consts, count)
+            node = predict(graph, spec).nodes[0]
+            if node.kernel in out:
+                continue
+            model = build(_Package(graph), spec, cache_dir=cache)
+            feeds = {"x": np.random.default_rng(0).standard_normal(shape, dtype=np.float32)}
+            per_call = (_median_time(lambda: model.run(feeds), budget) - spec.run_overhead_us * 1e-6) / count
+            work = node.seconds - node.overhead_s  # tiny, but not nothing
+            extra = node.overhead_s - kernel_overhead_us(spec, node.kernel) * 1e-6  # its loops' numpy calls
+            out[node.kernel] = max(0.0, (per_call - work - max(extra, 0.0)) * 1e6)
+    return out
+
+
+def _chain_parts(op: str, attrs: dict, shape: tuple[int, ...], consts: tuple[np.ndarray, ...], count: int,
+                 prefix: str = ""):
+    """(nodes, initializers, input info, output info) of ``count`` chained ``op`` nodes."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    inits = [numpy_helper.from_array(c, f"{prefix}c{i}") for i, c in enumerate(consts)]
+    x, y = f"{prefix}x", "y" if not prefix else f"{prefix}y"
+    nodes = [helper.make_node(op, [x if i == 0 else f"{prefix}v{i}", *(t.name for t in inits)],
+                              [y if i == count - 1 else f"{prefix}v{i + 1}"], **attrs) for i in range(count)]
+    info = lambda name: helper.make_tensor_value_info(name, TensorProto.FLOAT, list(shape))  # noqa: E731
+    return nodes, inits, info(x), info(y)
+
+
+def _chain(op: str, attrs: dict, shape: tuple[int, ...], consts: tuple[np.ndarray, ...], count: int):
+    """``count`` ``op`` nodes, each fed the previous one's output (same shape) and ``consts``."""
+    from onnx import helper
+
+    nodes, inits, x, y = _chain_parts(op, attrs, shape, consts, count)
+    return _graph(helper.make_graph(nodes, f"probe_{op.lower()}", [x], [y], inits))
+
+
+def _mixed(count: int):
+    """Every probe's chain in one module, their calls interleaved (one of each kind in turn), as a
+    real model's calls are: caches and branch predictors do not stay warm for one kernel."""
+    from onnx import helper
+
+    parts = [_chain_parts(*probe, count, prefix=f"p{i}_") for i, probe in enumerate(_PROBES)]
+    nodes = [part[0][step] for step in range(count) for part in parts]
+    return _graph(helper.make_graph(nodes, "probe_mixed", [p[2] for p in parts], [p[3] for p in parts],
+                                    [t for p in parts for t in p[1]]))
+
+
+def _transcendental_ns(spec: TargetSpec, budget: float) -> float:
+    """ns per element of Softmax over (64, 1024): long rows, so the function's cost shows."""
+    return _softmax_excess(spec, budget, (64, 1024), {"transcendental_ns": 0.0, "row_ns": 0.0}) / (64 * 1024)
+
+
+def _row_ns(spec: TargetSpec, budget: float) -> float:
+    """ns per row of Softmax over (4096, 16): short rows, so the loop around each row shows."""
+    return _softmax_excess(spec, budget, (4096, 16), {"row_ns": 0.0}) / 4096
+
+
+def _softmax_excess(spec: TargetSpec, budget: float, shape: tuple[int, int], zeroed: dict, count: int = 4) -> float:
+    """ns a Softmax call over ``shape`` takes beyond its prediction with the ``zeroed`` fields at 0."""
+    from cuvil_edge.device_targets.build import build
+    from cuvil_edge.device_targets.cost_model import predict
+
+    graph = _chain("Softmax", {"axis": -1}, shape, (), count)
+    rest = predict(graph, spec.model_copy(update=zeroed)).nodes[0].seconds
+    feeds = {"x": np.random.default_rng(0).standard_normal(shape, dtype=np.float32)}
+    with tempfile.TemporaryDirectory() as cache:
+        model = build(_Package(graph), spec, cache_dir=cache)
+        per_call = (_median_time(lambda: model.run(feeds), budget) - spec.run_overhead_us * 1e-6) / count
+    return max(0.0, (per_call - rest) * 1e9)
+
+
+def _cold_scale(spec: TargetSpec, budget: float, count: int = 4) -> float:
+    """Measured over predicted overhead of the interleaved probes (>= 1): how much slower a call is
+    among other kernels than in a loop of its own."""
+    from cuvil_edge.device_targets.build import build
+    from cuvil_edge.device_targets.cost_model import predict
+
+    graph = _mixed(count)
+    prediction = predict(graph, spec)
+    feeds = {v.name: np.random.default_rng(0).standard_normal(tuple(v.type.shape), dtype=np.float32)
+             for v in graph.inputs}
+    with tempfile.TemporaryDirectory() as cache:
+        model = build(_Package(graph), spec, cache_dir=cache)
+        seconds = _median_time(lambda: model.run(feeds), budget)
+    overhead = sum(n.overhead_s for n in prediction.nodes)
+    work = prediction.seconds - overhead - prediction.run_overhead_s
+    return max(1.0, (seconds - prediction.run_overhead_s - work) / overhead)
+
+
+class _Package:
+    """What build() needs: a graph and a payload digest (sha256 of its description)."""
+
+    def __init__(self, graph) -> None:
+        self.graph = graph
+        self.payload_digest = hashlib.sha256(repr(graph.to_dict()).encode()).hexdigest()
+
+
+def _probe_chain(blocks: int):
+    """``blocks`` x (Add, Mul, Reshape, Transpose, Reshape, Relu) on a (1, 8) tensor: the kinds of small
+    calls a real module makes (a broadcast operand, views, a copy), so per-node overhead is typical."""
+    from onnx import TensorProto, helper, numpy_helper  # lazily: only the probe graphs need onnx
+
+    inits = [numpy_helper.from_array(np.full((8,), 0.5, np.float32), "c"),
+             numpy_helper.from_array(np.array([2, 4], np.int64), "s24"),
+             numpy_helper.from_array(np.array([1, 8], np.int64), "s18")]
+    nodes, v = [], "x"
+    for b in range(blocks):
+        steps = [("Add", [v, "c"], {}), ("Mul", [None, "c"], {}), ("Reshape", [None, "s24"], {}),
+                 ("Transpose", [None], {"perm": [1, 0]}), ("Reshape", [None, "s18"], {}), ("Relu", [None], {})]
+        for i, (op, args, attrs) in enumerate(steps):
+            out = "y" if b == blocks - 1 and i == len(steps) - 1 else f"b{b}_{i}"
+            nodes.append(helper.make_node(op, [a or v for a in args], [out], **attrs))
+            v = out
+    return _graph(helper.make_graph(nodes, "probe", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8])],
+                                    [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8])], inits))
+
+
+def _depthwise(c: int, size: int):
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = numpy_helper.from_array(np.full((c, 1, 3, 3), 0.1, np.float32), "w")
+    node = helper.make_node("Conv", ["x", "w"], ["y"], group=c, pads=[1, 1, 1, 1], kernel_shape=[3, 3])
+    shape = [1, c, size, size]
+    return _graph(helper.make_graph([node], "depthwise", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+                                    [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)], [w]))
+
+
+def _graph(onnx_graph):
+    from onnx import helper
+
+    from cuvil_edge.frontend import load_model
+
+    model = helper.make_model(onnx_graph, opset_imports=[helper.make_opsetid("", 17)])
+    return load_model(model.SerializeToString())
+
+
+# ---------------------------------------------------------------- the host
+
+
+@contextlib.contextmanager
+def _one_thread():
+    """BLAS held to one thread (threadpoolctl, a scikit-learn dependency); yields whether it was."""
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:
+        logger.warning("threadpoolctl is not installed: BLAS may use several threads while calibrating")
+        yield False
+        return
+    with threadpool_limits(1):
+        yield True
+
+
+def _native_available() -> bool:
+    try:
+        from cuvil_edge.ir.ops._native import library
+    except ImportError:
+        return False
+    return library() is not None
+
+
+def _cache_mb() -> float:
+    """The per-core L2 cache in MiB (Linux sysfs), else 1."""
+    try:
+        text = Path("/sys/devices/system/cpu/cpu0/cache/index2/size").read_text().strip().upper()
+        return round(int(text.rstrip("K")) / 1024 if text.endswith("K") else int(text.rstrip("M")), 3)
+    except (OSError, ValueError):
+        return 1.0
+
+
+def _memory_mb(default: int) -> int:
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2**20)
+    except (ValueError, OSError, AttributeError):
+        return default
+
+
+def _environment(limited: bool) -> dict[str, Any]:
+    cpu = platform.processor() or platform.machine()
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    env = {k: os.environ[k] for k in OPENBLAS_ENV if k in os.environ}
+    return {"date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "cpu": cpu, "cores": os.cpu_count(),
+            "python": platform.python_version(), "numpy": np.__version__, "threads_limited": limited,
+            "openblas_env": (f"kept {env} (OpenBLAS read them at load)" if env else f"unset ({', '.join(OPENBLAS_ENV)})")}

@@ -1,0 +1,359 @@
+"""Cost model: predicted latency of a build, per node and per graph, from the target spec (issue 13, item 1).
+
+Each node is mapped to the kernel the target's build actually runs (the branches of ``k_conv``,
+``k_mat_mul``, ``k_fused_mat_mul``, ``k_gemm``, the native C kernels), and costed as
+
+    seconds = overhead + max(compute, memory)
+
+* overhead: ``call_overhead_us`` for the node's call in the generated ``_forward``, plus
+  ``numpy_call_us`` for every further numpy call the kernel makes in a Python loop (im2col blocks,
+  depthwise taps, low-memory per-tap products);
+* a GEMM's im2col copies and epilogue passes (bias, activation) run before or after the product, so
+  their traffic adds to ``max(compute, operand traffic)``; a native kernel also pays
+  ``native_plane_us`` per image plane;
+* compute: a GEMM-like kernel's FLOPs over ``peak_gflops[dtype] * gemm_efficiency * f(m) f(k) f(n)``
+  with ``f(d) = d / (d + gemm_half_dim)`` (small dims fill the SIMD registers and caches badly);
+  a native C kernel's FLOPs over ``native_gflops``; numpy's elementwise kernels count as memory;
+* memory: bytes read + written + twice the scratch (each temporary is written, then read), at
+  ``cache_bandwidth_gbs`` when they fit in ``cache_mb``, else ``memory_bandwidth_gbs *
+  memory_efficiency``; a numpy kernel that loops over kernel taps passes over its output once per tap.
+
+The graph adds ``run_overhead_us`` once, and on an accelerator target the host<->device transfer of
+the inputs and outputs (``transfer_bandwidth_gbs``, ``transfer_latency_us`` per direction and
+chunk). The FLOPs are :func:`cuvil_edge.ir.cost.node_flops`; the scratch and the peak memory are the
+build's memory plan (:func:`memory_plan.plan_memory`). ``bench/bench_cost_model.py`` validates the
+model against measured latency on a calibrated host (``cuvil-edge calibrate``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
+
+from cuvil_edge.device_targets.memory_plan import VIEW_OPS, plan_memory
+from cuvil_edge.device_targets.spec import PRECISIONS, TargetSpec, resolve
+from cuvil_edge.errors import BuildError, CuvilError
+from cuvil_edge.ir import cost, dtypes, ops
+from cuvil_edge.ir.graph import Graph, Node, TensorType, dim_terms
+
+Bound = Literal["compute", "memory", "overhead"]
+
+#: Ops with a native C path (float32), besides depthwise conv: elementwise maps, Softmax, LayerNorm.
+NATIVE_OPS = frozenset({"Erf", "Gelu", "Sigmoid", "Swish", "Softmax", "LayerNormalization", "MaxPool"})
+#: GEMM-like ops and the kernel family that costs them.
+CONV_OPS = frozenset({"Conv", "CuvilFusedConv"})
+MATMUL_OPS = frozenset({"MatMul", "CuvilFusedMatMul", "Gemm", "CuvilFusedGemm", "ConvTranspose"})
+#: numpy kernels that loop over window taps, each a pass over the output (when not native).
+TAP_OPS = frozenset({"MaxPool", "AveragePool"})
+#: numpy kernels making several passes and many small calls (statistics, casts, broadcasts).
+NORMALIZATION_OPS = frozenset({"InstanceNormalization", "BatchNormalization", "LRN", "LayerNormalization",
+                               "GroupNormalization", "MeanVarianceNormalization"})
+#: index and broadcast kernels: index normalisation (np.where), then a take or a broadcast copy.
+GATHER_OPS = frozenset({"Gather", "GatherElements", "GatherND", "Expand", "Tile", "ScatterND"})
+#: Ops (and fused activations) that evaluate an exp-class function per element: transcendental_ns each.
+TRANSCENDENTAL_OPS = frozenset({"Softmax", "LogSoftmax", "Sigmoid", "Swish", "Gelu", "Erf", "Tanh", "Exp", "Log",
+                                "Softplus", "Elu", "Selu", "Mish"})
+TRANSCENDENTAL_ACTIVATIONS = frozenset({"sigmoid", "swish", "gelu", "tanh"})
+#: Reductions over axes (means, sums, maxima): numpy's reduction machinery and a keepdims reshape.
+REDUCE_OPS = frozenset({"GlobalAveragePool", "GlobalMaxPool", "ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin",
+                        "ReduceProd", "ReduceL2", "ReduceSumSquare", "ArgMax", "ArgMin"})
+#: Fixed cost of one call per kernel kind, as a multiple of call_overhead_us (a small elementwise
+#: node), for the kinds a spec's kernel_overhead_us does not list. Measured by calibrate on this
+#: repo's host (bench/results/cost_model.json, "kernel_overhead_us" over "call_overhead_us"): the
+#: numpy conv paths build window views, transpose and reshape; a native kernel is a ctypes call
+#: with a dozen arguments; normalisations compute statistics in several calls.
+KIND_FACTORS: dict[str, float] = {
+    "conv im2col": 12.5, "conv im2col blocks": 12.5, "conv per-tap gemm": 12.5, "conv depthwise taps": 12.5,
+    "conv-transpose gemm": 12.5, "conv depthwise native": 9.0, "conv 1x1 gemm": 4.7, "gemm": 1.0,
+    "gemm rows collapsed": 1.6, "gemm batched": 1.5, "native": 2.7, "numpy window taps": 12.0,
+    "normalization": 8.0, "gather": 3.0, "reduce": 5.0, "transpose": 1.5, "elementwise": 1.0, "view": 0.7,
+}
+
+
+@dataclass(frozen=True)
+class NodeCost:
+    """One node's predicted cost over the whole batch (every chunk on a static-batch target)."""
+
+    node: str
+    op_type: str
+    kernel: str  # the kernel path the build runs, e.g. "conv im2col blocks", "gemm", "native", "elementwise"
+    flops: int
+    bytes_read: int  # inputs, weights included (a view op reads nothing)
+    bytes_written: int  # outputs
+    scratch_bytes: int  # the kernel's temporaries (im2col copies, padded planes), from the memory plan
+    gemm: tuple[tuple[int, int, int, int], ...]  # (m, k, n, count) of each product it makes
+    overhead_s: float
+    compute_s: float
+    memory_s: float
+    seconds: float
+    bound: Bound
+
+
+@dataclass(frozen=True)
+class CostPrediction:
+    """Predicted latency of one run of ``graph`` on ``target``; ``seconds`` is the graph total."""
+
+    graph: str
+    target: str
+    precision: str
+    batch: int
+    chunks: int  # runs of the module per call: static-batch targets split the batch
+    nodes: tuple[NodeCost, ...]
+    run_overhead_s: float
+    transfer_bytes: int  # inputs in + outputs out (accelerator targets; 0 on a CPU)
+    transfer_s: float
+    peak_memory_bytes: int  # the build's memory plan
+
+    @property
+    def seconds(self) -> float:
+        """The graph total: the nodes, the run's own overhead, and the host<->device transfers."""
+        return sum(n.seconds for n in self.nodes) + self.run_overhead_s + self.transfer_s
+
+    @property
+    def flops(self) -> int:
+        return sum(n.flops for n in self.nodes)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready: every field, the nodes as dicts, and the totals."""
+        return {**asdict(self), "seconds": self.seconds, "flops": self.flops}
+
+    def describe(self, top: int = 10) -> str:
+        """A few lines for a report: the total and the ``top`` costliest nodes."""
+        lines = [f"{self.graph!r} on {self.target} ({self.precision}, batch {self.batch}): predicted "
+                 f"{self.seconds * 1e3:.3f} ms = nodes {sum(n.seconds for n in self.nodes) * 1e3:.3f} + run "
+                 f"{self.run_overhead_s * 1e3:.3f} + transfer {self.transfer_s * 1e3:.3f} ms; peak memory "
+                 f"{self.peak_memory_bytes / 2**20:.2f} MiB"]
+        for n in sorted(self.nodes, key=lambda n: -n.seconds)[:top]:
+            lines.append(f"  {n.seconds * 1e3:9.3f} ms  {n.bound:<8} {n.kernel:<24} {n.op_type} {n.node!r}")
+        return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class _Work:
+    """What a kernel does: its products, Python-loop calls, memory traffic and native FLOPs."""
+
+    kernel: str
+    gemm: tuple[tuple[int, int, int, int], ...] = ()
+    calls: int = 0  # numpy calls in Python loops beyond the first
+    traffic: int = 0  # bytes moved beyond read + written + 2 x scratch (repeated passes)
+    native: bool = False  # its arithmetic runs in the C kernels at native_gflops
+    planes: int = 0  # image planes a native kernel pads and loops over, native_plane_us each
+    exp_elements: int = 0  # exp-class function evaluations, transcendental_ns each
+    rows: int = 0  # rows of a row-wise kernel (softmax rows, reduction outputs), row_ns each
+
+
+def predict(graph: Graph, target: TargetSpec | str, *, precision: str = "fp32", batch: int = 1) -> CostPrediction:
+    """Predict the latency of ``graph`` built for ``target`` and run on ``batch`` samples.
+
+    Raises:
+        UnknownTargetError, TargetSpecError: ``target`` names no valid spec.
+        TargetError: the target does not support ``precision``.
+        BuildError: ``batch`` is not a positive int (or not 1 for a graph without a batch dim), a
+            value keeps a symbolic dim other than the batch, or a node cannot be costed.
+    """
+    spec = resolve(target)
+    caps = spec.capabilities(precision)
+    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+        raise BuildError(f"batch must be a positive int, got {batch!r}; pass the number of samples per run")
+    native = spec.native_kernels  # the device builds its C kernels (the plan of the device, not of this host)
+    plan = plan_memory(graph, spec, precision=precision, batch=batch, native=native)
+    symbol = _batch_symbol(graph)
+    step = spec.static_batch if spec.static_shapes and symbol else batch
+    chunks = -(-batch // step)
+    bindings = {symbol: step} if symbol else {}
+    flops = cost.node_flops(graph, bindings)
+    scratch = {s.node: s.scratch_bytes for s in plan.steps}
+    fp16, large = bool(caps["COMPUTE_FP16"]), bool(caps["TARGET_LARGE_SCRATCH"])
+    dtype = PRECISIONS[precision]
+    peak = spec.peak_gflops.get(dtype) or spec.peak_gflops.get("float32") or max(spec.peak_gflops.values())
+    rows = []
+    for node in graph.nodes:
+        ins = tuple(_bound(graph, i, bindings, fp16) if i else None for i in node.inputs)
+        outs = tuple(_bound(graph, o, bindings, fp16) if o else None for o in node.outputs)
+        try:
+            work = _work(node, ins, outs, large, native)
+        except CuvilError:
+            raise
+        except Exception as e:  # a node this model cannot read must name itself
+            raise BuildError(f"cost model of {node.describe()} failed: {type(e).__name__}: {e}") from e
+        rows.append(_cost(spec, node, ins, outs, work, flops[node.name], scratch.get(node.name, 0), peak, chunks))
+    transfer_bytes, transfer_s = 0, 0.0
+    if spec.accelerator != "none":
+        full = {symbol: batch} if symbol else {}
+        transfer_bytes = sum(_bytes(v.type.bind(full)) for v in (*graph.inputs, *graph.outputs))
+        bandwidth = spec.transfer_bandwidth_gbs or spec.memory_bandwidth_gbs
+        transfer_s = transfer_bytes / (bandwidth * 1e9) + 2 * chunks * spec.transfer_latency_us * 1e-6
+    return CostPrediction(graph.name, spec.name, precision, batch, chunks, tuple(rows),
+                          spec.run_overhead_us * 1e-6 * chunks, transfer_bytes, transfer_s, plan.peak_bytes)
+
+
+def gemm_seconds(spec: TargetSpec, m: int, k: int, n: int, dtype: str = "float32") -> float:
+    """Compute time of one (m x k) @ (k x n) product on ``spec`` (no overhead, no memory term)."""
+    peak = spec.peak_gflops.get(dtype) or spec.peak_gflops.get("float32") or max(spec.peak_gflops.values())
+    return 2.0 * m * k * n / (peak * 1e9 * gemm_efficiency(spec, m, k, n))
+
+
+def gemm_efficiency(spec: TargetSpec, m: int, k: int, n: int) -> float:
+    """Fraction of peak a product of these dims reaches: each small dim costs d / (d + half)."""
+    h = spec.gemm_half_dim
+    return spec.gemm_efficiency * (m / (m + h)) * (k / (k + h)) * (n / (n + h))
+
+
+def kernel_overhead_us(spec: TargetSpec, kind: str) -> float:
+    """Fixed µs of one call of a ``kind`` kernel on ``spec``: the spec's own figure, else
+    call_overhead_us scaled by :data:`KIND_FACTORS`."""
+    if kind in spec.kernel_overhead_us:
+        return spec.kernel_overhead_us[kind]
+    return spec.call_overhead_us * KIND_FACTORS.get(kind, 1.0)
+
+
+def _cost(spec: TargetSpec, node: Node, ins, outs, work: _Work, flops: int, scratch: int, peak: float,
+          chunks: int) -> NodeCost:
+    view = node.op_type in VIEW_OPS
+    read = 0 if view else sum(_bytes(t) for t in {i: t for i, t in zip(node.inputs, ins) if t is not None}.values())
+    written = 0 if view else sum(_bytes(t) for t in outs)
+    fits = spec.cache_bandwidth_gbs is not None and read + written + scratch <= spec.cache_mb * 2**20
+    bandwidth = 1e9 * (spec.cache_bandwidth_gbs if fits else spec.memory_bandwidth_gbs * spec.memory_efficiency)
+    # BLAS streams its operands in packed panels (no numpy temporaries, no fresh pages per pass):
+    # the plain copy bandwidth, or the cache's when they fit
+    operands = 1e9 * (spec.cache_bandwidth_gbs if fits else spec.memory_bandwidth_gbs)
+    # a GEMM streams its operands while it computes; its im2col copies and epilogue passes come
+    # before or after the product, so they add to it rather than overlap
+    streamed = (read + written) / operands if work.gemm else (read + written + 2 * scratch + work.traffic) / bandwidth
+    serial = (2 * scratch + work.traffic) / bandwidth if work.gemm else 0.0
+    if work.gemm:
+        compute = sum(count * 2.0 * m * k * n / (peak * 1e9 * gemm_efficiency(spec, m, k, n))
+                      for m, k, n, count in work.gemm)
+    elif work.native:
+        rate = spec.native_gflops or spec.peak_gflops.get("float32", peak) / 8
+        compute = flops / (rate * 1e9) + work.planes * spec.native_plane_us * 1e-6
+    else:
+        compute = 0.0  # numpy's elementwise passes: the memory term covers them
+    compute += (work.exp_elements * spec.transcendental_ns + work.rows * spec.row_ns) * 1e-9
+    overhead = (kernel_overhead_us(spec, work.kernel) + work.calls * spec.numpy_call_us) * 1e-6
+    memory = streamed + serial
+    terms = {"overhead": overhead, "compute": compute, "memory": memory}
+    seconds = (overhead + max(compute, streamed) + serial) * chunks
+    return NodeCost(node.name, node.op_type, work.kernel, flops * chunks, read * chunks, written * chunks,
+                    scratch, work.gemm, overhead * chunks, compute * chunks, memory * chunks, seconds,
+                    max(terms, key=terms.__getitem__))  # type: ignore[arg-type]
+
+
+def _work(node: Node, ins, outs, large: bool, native: bool) -> _Work:
+    """The kernel path ``node`` takes on the target, mirroring the kernels' branches."""
+    op = node.op_type
+    if op in CONV_OPS:
+        return _conv(node, ins, outs, large, native)
+    if op in MATMUL_OPS:
+        return _matmul(node, ins, outs, native)
+    if op in VIEW_OPS:
+        return _Work("view")
+    fp32 = ins and ins[0] is not None and ins[0].dtype == "float32"
+    exp = outs[0].numel() if op in TRANSCENDENTAL_OPS and outs and outs[0] is not None else 0
+    if op in NATIVE_OPS and native and fp32 and (op != "MaxPool" or _plane(ins[0]) >= 144):
+        return _Work("native", native=True, planes=math.prod(ins[0].shape[:2]) if op == "MaxPool" else 0,
+                     exp_elements=exp, rows=_rows(node, ins[0]) if op != "MaxPool" else 0)
+    if op in NORMALIZATION_OPS:
+        return _Work("normalization")
+    if op in GATHER_OPS:
+        return _Work("gather")
+    if op in REDUCE_OPS:
+        # numpy's reduction sets up its inner loop per output element: ~3x a native row loop
+        # (GlobalAveragePool over 1280 x 7 x 7: 87 ns per row, vs 29 for native Softmax rows)
+        return _Work("reduce", rows=3 * outs[0].numel())
+    if op == "Transpose":  # a strided copy: each element read from a different cache line
+        return _Work("transpose", traffic=2 * _bytes(outs[0]))
+    if op in TAP_OPS:
+        taps = math.prod(ops.get(op, node.describe()).attrs(node)["kernel_shape"])
+        return _Work("numpy window taps", calls=taps, traffic=2 * taps * _bytes(outs[0]))
+    return _Work("elementwise", exp_elements=exp)
+
+
+def _conv(node: Node, ins, outs, large: bool, native: bool) -> _Work:
+    """k_conv's branches: native depthwise, 1x1 matmul, im2col whole or in blocks, numpy depthwise
+    per tap, low-memory per-tap products; then the epilogue (bias, activation)."""
+    attrs = ops.get(node.op_type, node.describe()).attrs(node)
+    x, w, y = ins[0], ins[1], outs[0]
+    n, c, m, kernel = x.shape[0], x.shape[1], w.shape[0], tuple(w.shape[2:])
+    group, k, taps = int(attrs.get("group", 1)), len(kernel), math.prod(w.shape[2:])
+    cg, mg, out = c // group, m // group, tuple(y.shape[2:])
+    p, item = math.prod(out), 4 if x.dtype == "float16" else dtypes.itemsize(x.dtype)
+    y_bytes = n * m * p * item
+    padded = bool(any(attrs.get("pads") or ())) or attrs.get("auto_pad", "NOTSET") not in ("NOTSET", "VALID")
+    act = str(attrs.get("activation", "none"))
+    exp = n * m * p if act in TRANSCENDENTAL_ACTIVATIONS else 0
+    bias = len(ins) > 2 and ins[2] is not None
+    epilogue = 2 * y_bytes * ((bias + (act != "none")) if not native or y.numel() < 1 << 15 else 1)
+    depthwise = group == c and mg == 1
+    if depthwise and native and k == 2 and x.dtype == "float32":
+        return _Work("conv depthwise native", native=True, planes=n * c, exp_elements=exp)
+    if max(kernel, default=1) == 1 and not padded:
+        return _Work("conv 1x1 gemm", ((mg, cg, p, n * group),), traffic=epilogue, exp_elements=exp)
+    if large or depthwise or (group == 1 and k == 2):
+        if depthwise:  # y += window * w per tap: the product written, then y read and written
+            return _Work("conv depthwise taps", calls=2 * taps, traffic=4 * taps * y_bytes + epilogue,
+                         exp_elements=exp)
+        if group == 1 and k == 2 and (not large or w.numel() * p * item > m << 21):
+            rows = max(1, min(out[0], (1 << 20) // (c * taps * out[1] * item)))
+            blocks = n * -(-out[0] // rows)
+            # each block's strided gather is one more read and write of its columns
+            return _Work("conv im2col blocks", ((m, c * taps, rows * out[1], blocks),), calls=2 * blocks,
+                         traffic=2 * n * c * taps * p * item + epilogue, exp_elements=exp)
+        return _Work("conv im2col", ((mg, cg * taps, p, n * group),), traffic=epilogue, exp_elements=exp)
+    return _Work("conv per-tap gemm", ((mg, cg, p, n * group * taps),), calls=2 * taps,
+                 traffic=2 * taps * y_bytes + epilogue, exp_elements=exp)
+
+
+def _matmul(node: Node, ins, outs, native: bool) -> _Work:
+    """k_mat_mul (one product over collapsed rows when b is 2-D, else numpy's batched loop),
+    k_fused_mat_mul (collapsed rows), k_gemm, k_conv_transpose (one product per tap)."""
+    a, b, y = ins[0], ins[1], outs[0]
+    op = node.op_type
+    act = str(ops.get(op, node.describe()).attrs(node).get("activation", "none")) if op.startswith("Cuvil") else ""
+    exp = y.numel() if act in TRANSCENDENTAL_ACTIVATIONS else 0
+    if op == "ConvTranspose":
+        taps, group = math.prod(b.shape[2:]), int(node.attr("group", 1) or 1)
+        return _Work("conv-transpose gemm", ((b.shape[1], b.shape[0] // group, math.prod(a.shape[2:]),
+                                             a.shape[0] * group * taps),), calls=taps)
+    if op in ("Gemm", "CuvilFusedGemm"):
+        m, k = reversed(a.shape) if node.attr("transA", 0) else a.shape
+        n = b.shape[0] if node.attr("transB", 0) else b.shape[1]
+        return _Work("gemm", ((m, k, n, 1),), traffic=2 * _bytes(y) * (len(ins) > 2), exp_elements=exp)
+    if b.rank == 2 and (a.rank > 2 or op == "CuvilFusedMatMul"):
+        rows = math.prod(a.shape[:-1])
+        epilogue = 2 * _bytes(y) if op == "CuvilFusedMatMul" and len(ins) > 2 else 0
+        return _Work("gemm rows collapsed", ((rows, a.shape[-1], b.shape[-1], 1),), traffic=epilogue,
+                     exp_elements=exp)
+    m = a.shape[-2] if a.rank > 1 else 1
+    n = b.shape[-1] if b.rank > 1 else 1
+    count = math.prod(y.shape[:-2]) if y.rank > 2 else 1
+    return _Work("gemm batched" if count > 1 else "gemm", ((m, a.shape[-1], n, count),))
+
+
+def _rows(node: Node, x: TensorType) -> int:
+    """Rows a row-wise kernel loops over: the elements before its (last, or given) axis."""
+    axis = int(node.attr("axis", -1) or -1) if node.op_type != "Softmax" or node.attr("axis", -1) is not None else -1
+    axis = axis % x.rank if x.rank else 0
+    return math.prod(x.shape[:axis]) if node.op_type == "LayerNormalization" else x.numel() // max(x.shape[-1], 1)
+
+
+def _plane(t: TensorType) -> int:
+    return math.prod(t.shape[2:]) if t.rank >= 4 else 0
+
+
+def _bytes(t: TensorType | None) -> int:
+    return 0 if t is None else t.numel() * dtypes.itemsize(t.dtype)
+
+
+def _bound(graph: Graph, name: str, bindings: dict[str, int], fp16: bool) -> TensorType:
+    """The value's runtime type: the batch bound, float32 stored as float16 in a float16 build."""
+    t = graph.types[name].bind(bindings)
+    return TensorType("float16", t.shape) if fp16 and t.dtype == "float32" else t
+
+
+def _batch_symbol(graph: Graph) -> str | None:
+    """The one symbol the inputs lead with (plan_memory has already refused several)."""
+    leading = {s for v in graph.inputs if v.type.shape and isinstance(v.type.shape[0], str)
+               for s in dim_terms(v.type.shape[0])[1]}
+    return leading.pop() if len(leading) == 1 else None
