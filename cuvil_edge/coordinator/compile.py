@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -9,6 +10,7 @@ from typing import Any
 
 from cuvil_edge.config import load_site
 from cuvil_edge.coordinator.packaging import VersionCounter
+from cuvil_edge.coordinator.precision import load_calibration, with_precision
 from cuvil_edge.device_targets import list_targets, load_target
 from cuvil_edge.device_targets.memory_plan import plan_memory
 from cuvil_edge.errors import ConfigError, CuvilError
@@ -50,6 +52,7 @@ class CompileResult:
     size: int
     nodes: int
     report: CompileReport | None = None
+    precision_note: str = "fp32 weights"
 
 
 def _report(graph: Graph, report: OptimizeReport) -> CompileReport:
@@ -80,19 +83,21 @@ def optimize_model(model: Path) -> tuple[Graph, CompileReport]:
 
 
 def compile_for_site(model: Path, site_file: Path, output: Path, key: Path, validity: int,
-                     versions: Path) -> CompileResult:
-    """Import and optimize ``model`` and write a package signed for the site in ``site_file``.
+                     versions: Path, precision: str = "fp32", calibration: Path | None = None) -> CompileResult:
+    """Import and optimize ``model`` and write a package signed for the site in ``site_file``, its
+    weights at ``precision`` (:mod:`coordinator.precision`).
 
     Raises:
         ModelError: the model is malformed or unsupported.
         PassError: an optimization pass failed (it is named).
-        ConfigError: the site file or key is invalid.
+        ConfigError: the site file, key or calibration file is invalid.
     """
     if not model.is_file():
         raise ConfigError(f"{model}: model file not found")
     site = load_site(site_file)
     keys = load_signing_keys(key)
     graph, report = optimize_model(model)
+    graph, note = with_precision(graph, precision, load_calibration(calibration, graph) if calibration else None)
     counters = VersionCounter(versions)
     version = counters.next(site.site)
     payload = encode_payload(graph)
@@ -101,7 +106,42 @@ def compile_for_site(model: Path, site_file: Path, output: Path, key: Path, vali
     data = write_package(None, site=site.site, target=site.target, version=version, signing_key=keys.coordinator,
                          issued_at=now, expires=now + validity, release=release, payload=payload, roots=keys.roots)
     atomic_write(output, data, mode=0o644)
-    return CompileResult(site.site, site.target, version, len(data), len(graph.nodes), report)
+    return CompileResult(site.site, site.target, version, len(data), len(graph.nodes), report, note)
+
+
+def compile_for_target(model: Path, target: str, output: Path, precision: str = "fp32",
+                       calibration: Path | None = None) -> CompileResult:
+    """Import and optimize ``model``, set its precision, check that ``target`` builds and runs it
+    (a local build and one run on zeros), and write the payload: the IR container a per-site
+    package carries, unsigned (``--site`` signs a package for one site).
+
+    Raises:
+        ModelError, PassError, ConfigError: as :func:`compile_for_site`.
+        TargetError: ``target`` is unknown or cannot build the model (BuildError says why).
+    """
+    import tempfile
+
+    import numpy as np
+
+    from cuvil_edge.device_targets import build
+    from cuvil_edge.passes.quantize import dequantize_at_load
+
+    graph, report = optimize_model(model)
+    graph, note = with_precision(graph, precision, load_calibration(calibration, graph) if calibration else None)
+    spec = load_target(target)
+    payload = encode_payload(graph)
+
+    class _Local:  # what build() needs; the payload's own digest keys the cache
+        def __init__(self, g: Graph) -> None:
+            self.graph, self.payload_digest = g, hashlib.sha256(payload).hexdigest()
+
+    loaded = dequantize_at_load(graph)  # as the agent does before it builds
+    with tempfile.TemporaryDirectory() as cache:
+        compiled = build(_Local(loaded), spec, cache_dir=Path(cache))
+        compiled.run({v.name: np.zeros(tuple(1 if isinstance(d, str) else d for d in v.type.shape), v.type.dtype)
+                      for v in loaded.inputs})
+    atomic_write(output, payload, mode=0o644)
+    return CompileResult("-", spec.name, 0, len(payload), len(graph.nodes), report, note)
 
 
 @dataclass(frozen=True)

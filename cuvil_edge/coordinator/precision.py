@@ -1,0 +1,96 @@
+"""The precision a package carries (issue 13, item 4): fp32 as optimized, fp16 weight storage, or
+int8 QDQ calibrated on sample inputs the coordinator provides (`passes.quantize`).
+
+Calibration samples come from an ``.npz`` file (``--calibration``): one array per model input,
+named as the input, samples along the first axis (a single-input model may name its array
+anything). It is read with ``allow_pickle=False``: a calibration file never runs code. Without
+one, int8 is calibrated on standard-normal inputs of the model's input shape, and the package's
+note says so: the ranges then fit random data, not the sites' records.
+"""
+
+from __future__ import annotations
+
+import zipfile
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+
+from cuvil_edge.errors import ConfigError
+from cuvil_edge.ir.graph import Graph
+
+PRECISIONS = ("fp32", "fp16", "int8")
+#: Samples per calibration batch, and batches drawn when no samples are given.
+BATCH, SYNTHETIC_BATCHES = 32, 4
+
+
+def load_calibration(path: Path, graph: Graph) -> list[dict[str, np.ndarray]]:
+    """Calibration batches (feed dicts of at most :data:`BATCH` samples) from an ``.npz`` file.
+
+    Raises:
+        ConfigError: the file is missing or not an npz of plain arrays, its names do not match the
+            model's inputs, the inputs hold different sample counts, or it holds no sample.
+    """
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            arrays = {name: np.asarray(data[name]) for name in data.files}
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: calibration file not found") from None
+    except (OSError, ValueError, zipfile.BadZipFile) as e:
+        raise ConfigError(f"{path}: not a calibration .npz of plain arrays ({e}); save one with numpy.savez") from e
+    inputs = [v.name for v in graph.inputs]
+    if len(inputs) == 1 and len(arrays) == 1:
+        arrays = {inputs[0]: next(iter(arrays.values()))}
+    if sorted(arrays) != sorted(inputs):
+        raise ConfigError(f"{path}: holds arrays {sorted(arrays)}, but the model's inputs are {inputs}; "
+                          "name one array per input")
+    counts = {name: (a.shape[0] if a.ndim else 0) for name, a in arrays.items()}
+    if len(set(counts.values())) != 1 or not next(iter(counts.values())):
+        raise ConfigError(f"{path}: every input needs the same, non-zero number of samples along axis 0, "
+                          f"got {counts}")
+    total = next(iter(counts.values()))
+    return [{name: a[start:start + BATCH] for name, a in arrays.items()} for start in range(0, total, BATCH)]
+
+
+def synthetic_calibration(graph: Graph, seed: int = 0) -> list[dict[str, np.ndarray]]:
+    """Standard-normal batches shaped like the model's inputs (symbolic dims as :data:`BATCH`).
+
+    Raises:
+        ConfigError: an input is not floating point (its values cannot be made up).
+    """
+    rng = np.random.default_rng(seed)
+    batches = []
+    for _ in range(SYNTHETIC_BATCHES):
+        feeds = {}
+        for value in graph.inputs:
+            if value.type.dtype not in ("float16", "float32", "float64"):
+                raise ConfigError(f"input {value.name!r} is {value.type.dtype}: int8 needs --calibration samples "
+                                  "for it (an .npz with one array per input)")
+            shape = tuple(BATCH if isinstance(d, str) else d for d in value.type.shape)
+            feeds[value.name] = rng.standard_normal(shape).astype(value.type.dtype)
+        batches.append(feeds)
+    return batches
+
+
+def with_precision(graph: Graph, precision: str, calibration: Optional[list[dict[str, np.ndarray]]] = None,
+                   method: str = "minmax") -> tuple[Graph, str]:
+    """``graph`` (optimized) as a ``precision`` package carries it, and a note for the report.
+
+    Raises:
+        ConfigError: an unknown precision, or int8 of a model with non-float inputs and no samples.
+        PassError: quantization failed (no quantizable op, non-finite samples ...; it says which).
+    """
+    if precision not in PRECISIONS:
+        raise ConfigError(f"precision {precision!r} is not one of {', '.join(PRECISIONS)}")
+    from cuvil_edge.passes.quantize import calibrate_ranges, quantize_int8, store_fp16
+
+    if precision == "fp32":
+        return graph, "fp32 weights"
+    if precision == "fp16":
+        return store_fp16(graph), "fp16 weight storage; a target computing in fp32 widens them once at load"
+    samples = calibration if calibration is not None else synthetic_calibration(graph)
+    source = (f"{sum(len(next(iter(b.values()))) for b in samples)} calibration samples" if calibration is not None
+              else "standard-normal inputs (no --calibration given: ranges fit random data, not real records)")
+    quantized = quantize_int8(graph, calibrate_ranges(graph, samples, method))
+    return quantized, (f"int8 weights (per channel) and activations (per tensor, {method} over {source}); "
+                       "dequantized once at load on targets that compute in fp32")
