@@ -24,28 +24,65 @@ DEFAULT_STATE = Path(".cuvil")
 
 
 @app.command("compile")
-def compile_cmd(model: Path = typer.Argument(..., help="ONNX model file"),
+def compile_cmd(model_arg: Optional[Path] = typer.Argument(None, metavar="MODEL", help="ONNX model file"),
+                model: Optional[Path] = typer.Option(None, "--model", help="ONNX model file (instead of MODEL)"),
                 site: Optional[Path] = typer.Option(None, "--site",
-                                                    help="site YAML the package is addressed to (without it: "
-                                                         "import, optimize and report only; nothing is written)"),
+                                                    help="site YAML: write a package signed for that site"),
+                target: Optional[str] = typer.Option(None, "--target",
+                                                     help="device target: with --output, check it builds the model "
+                                                          "and write the unsigned payload; with --report, show the "
+                                                          "predicted cost of every node there"),
                 output: Optional[Path] = typer.Option(None, "-o", "--output", help="package file to write"),
+                quantization: str = typer.Option("fp32", "--enable-quantization",
+                                                 help="weights and activations: fp32, fp16 (weight storage) or int8"),
+                calibration: Optional[Path] = typer.Option(None, "--calibration",
+                                                           help="int8: sample inputs (.npz, one array per input)"),
                 key: Path = typer.Option(DEFAULT_STATE / "keys" / "coordinator.key", help="coordinator private key"),
                 validity: int = typer.Option(86400, help="seconds the package stays valid"),
-                report: bool = typer.Option(False, "--report", help="show what each optimization pass did")) -> None:
-    """Import and optimize MODEL, and write a package signed for one site (with --site)."""
-    from cuvil_edge.coordinator.compile import compile_for_site, optimize_model
+                report: bool = typer.Option(False, "--report", help="show what each optimization pass did, the "
+                                            "memory plan per target, and with --target the cost per node")) -> None:
+    """Import and optimize MODEL; write a package signed for one site (--site) or a payload checked
+    on one target (--target); without either, report only."""
+    from cuvil_edge.coordinator.compile import compile_for_site, compile_for_target, optimize_model
 
-    if site is None:
-        _, info = optimize_model(model)
+    model = model or model_arg
+    if model is None or (model_arg is not None and model != model_arg):
+        raise CuvilConfigError("compile needs one model: MODEL or --model FILE")
+    if site is None and output is None:
+        graph, info = optimize_model(model)
         _print_compile_report(info, full=report)
+        if target is not None:
+            _print_node_costs(graph, target)
         return
     if output is None:
         raise CuvilConfigError("compile --site needs -o/--output, the package file to write")
-    result = compile_for_site(model, site, output, key, validity, versions=DEFAULT_STATE / "versions.json")
+    if site is not None:
+        result = compile_for_site(model, site, output, key, validity, versions=DEFAULT_STATE / "versions.json",
+                                  precision=quantization, calibration=calibration)
+        written = f"for site {result.site} on {result.target}, version {result.version}"
+    elif target is not None:
+        result = compile_for_target(model, target, output, precision=quantization, calibration=calibration)
+        written = f"payload for target {result.target} (built and run there; --site signs a package for one site)"
+    else:
+        raise CuvilConfigError("compile -o needs --site SITE.yaml (a signed package) or --target NAME (a payload)")
     if report and result.report is not None:
         _print_compile_report(result.report, full=True)
-    console.print(f"wrote {output} ({result.size} bytes) for site {result.site} on {result.target}, "
-                  f"version {result.version}, {result.nodes} nodes")
+    console.print(f"wrote {output} ({result.size:,} bytes) {written}, {result.nodes} nodes; {result.precision_note}")
+
+
+def _print_node_costs(graph, target: str) -> None:
+    from cuvil_edge.device_targets.cost_model import predict
+
+    cost = predict(graph, target)
+    table = Table("node", "op", "kernel", "MFLOP", "KiB moved", "ms", "bound",
+                  title=f"predicted cost on {target} (batch 1; device_targets.cost_model)")
+    for n in cost.nodes:
+        table.add_row(n.node, n.op_type, n.kernel, f"{n.flops / 1e6:,.2f}",
+                      f"{(n.bytes_read + n.bytes_written + n.scratch_bytes) / 1024:,.0f}", f"{n.seconds * 1e3:.3f}",
+                      str(getattr(n.bound, "value", n.bound)))
+    console.print(table)
+    console.print(f"predicted total: {cost.seconds * 1e3:.2f} ms per inference, peak memory "
+                  f"{cost.peak_memory_bytes / 2**20:.2f} MiB")
 
 
 def _print_compile_report(info, full: bool) -> None:
@@ -186,6 +223,7 @@ def _mount_subcommands() -> None:
     from cuvil_edge.cli.agent_cmd import agent_app
     from cuvil_edge.cli.agent_keys_cmd import agent_keys_app
     from cuvil_edge.cli.calibrate_cmd import calibrate_cmd
+    from cuvil_edge.cli.plan_cmd import plan_cmd
     from cuvil_edge.cli.coordinator_cmd import coordinator_app
     from cuvil_edge.cli.keys_cmd import keys_app
     from cuvil_edge.cli.privacy_cmd import privacy_app
@@ -196,6 +234,7 @@ def _mount_subcommands() -> None:
     app.add_typer(privacy_app, name="privacy")
     app.add_typer(coordinator_app, name="coordinator")
     app.command("calibrate")(calibrate_cmd)
+    app.command("plan")(plan_cmd)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -74,3 +74,31 @@ def test_precisions_shrink_the_payload_and_say_how(tmp_path, model_file):
     with pytest.raises(ConfigError, match="not one of"):
         with_precision(graph, "int4")
     assert len(synthetic_calibration(graph)) == 4
+
+
+def test_the_seeds_command_line_writes_an_int8_payload(tmp_path, model_file, capsys, monkeypatch):
+    from cuvil_edge.cli.main import main
+
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "net.cpkg"
+    assert main(["compile", "--model", str(model_file), "--target", "rpi4", "--enable-quantization", "int8",
+                 "--output", str(out)]) == 0
+    assert "payload for target rpi4" in capsys.readouterr().out and out.stat().st_size > 0
+    assert main(["compile", str(model_file), "--target", "x86-64", "--report"]) == 0
+    shown = capsys.readouterr().out
+    assert "predicted cost on x86-64" in shown and "predicted total" in shown and "memory plan" in shown
+    assert main(["compile", "--model", str(model_file), "--output", str(out)]) == 2  # neither --site nor --target
+    assert "--site SITE.yaml" in capsys.readouterr().err
+    assert main(["compile", str(model_file), "--model", str(tmp_path / "other.onnx")]) == 2
+    assert main(["compile", "--model", str(model_file), "--target", "rpi4", "--enable-quantization", "int4",
+                 "--output", str(out)]) == 2
+
+
+def test_plan_command_shows_every_site_and_its_choice(capsys):
+    from cuvil_edge.cli.main import main
+
+    root = Path(__file__).resolve().parents[2]
+    assert main(["plan", "--federation", str(root / "configs" / "federation.yaml")]) == 0
+    shown = capsys.readouterr().out
+    assert "compile plan" in shown and all(site in shown for site in ("hospital-a", "factory-b", "fleet-c"))
+    assert "most accurate precision" in shown
