@@ -16,7 +16,7 @@ from cuvil_edge.config.home import versions_file
 from cuvil_edge.errors import StateError
 from cuvil_edge.coordinator.checkpoints import latest_checkpoint, resumed, save_checkpoint
 from cuvil_edge.coordinator.packaging import PackageFactory, VersionCounter
-from cuvil_edge.coordinator.plan import plan_federation, refusals
+from cuvil_edge.coordinator.plan import default_latency, plan_federation, refusals
 from cuvil_edge.coordinator.registry import SiteRegistry
 from cuvil_edge.coordinator.report import STOPPED_CENTRAL_BUDGET, RunReport, show_round_table
 from cuvil_edge.config.federation import FederationConfig
@@ -50,7 +50,7 @@ def run_federation(grid: Grid, spec: RunSpec) -> RunReport:
     graph = load_federation_model(federation.model, federation.seed)
     run_dir = Path(spec.run_dir)
     # each site's compile plan: a site whose (fp32) package breaks its limits is sent nothing
-    refused = refusals(plan_federation(graph, sites, {"fp32": graph}))
+    refused = refusals(plan_federation(graph, sites, {"fp32": graph}, default_latency()))
     for site, why in refused.items():
         log.warning("site %r: %s; the run goes on without it", site, why)
     factory = PackageFactory(graph, sites, load_signing_keys(Path(spec.coordinator_key)),
