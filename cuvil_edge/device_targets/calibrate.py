@@ -41,10 +41,10 @@ logger = logging.getLogger(__name__)
 OPENBLAS_ENV = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
 
 #: (m, k, n) of the products the kernels make: im2col blocks and whole im2col of ResNet stages,
-#: MobileNet 1x1 convolutions, transformer projections and attention, classifier heads at batch 16.
+#: MobileNet 1x1 convolutions (late, narrow stages too), transformer projections and attention, classifier heads at batch 16.
 GEMM_SHAPES = ((64, 576, 448), (128, 1152, 784), (256, 2304, 196), (512, 4608, 49), (64, 147, 1792),
                (96, 32, 12544), (144, 24, 3136), (128, 256, 768), (128, 1024, 256), (128, 32, 128),
-               (16, 512, 1000), (1024, 1024, 1024))
+               (16, 512, 1000), (160, 960, 49), (576, 96, 196), (24, 144, 3136), (1024, 1024, 1024))
 
 
 @dataclass(frozen=True)
@@ -70,7 +70,7 @@ class Calibration:
             "#   of 64 MiB (a new array, as kernels write) over that; cache_bandwidth_gbs: a + b of 512 KiB",
             "# call/run overhead: compiled modules of 6 and 66 small nodes (Add, Mul, Reshape, Transpose, Relu);",
             "#   native_gflops / native_plane_us: compiled depthwise 3x3 convs of 32 x 56 x 56 and 512 x 7 x 7;",
-            "#   kernel_overhead_us: per kernel kind, a module of 8 chained calls on tiny tensors; these and",
+            "#   kernel_overhead_us: per kernel kind, a module of 8 chained calls on small tensors; these and",
             f"#   call_overhead_us x {self.measured['cold_scale']:.2f}, the slow-down of the same calls interleaved;",
             "#   transcendental_ns / row_ns: Softmax over (64, 1024) / (4096, 16) beyond its call and memory time",
             "#   other fields, and other dtypes' peaks (scaled), from the base spec",
@@ -241,16 +241,18 @@ def _module_costs(spec: TargetSpec, budget: float) -> tuple[float, float, float 
 #: Per kernel kind, a probe: (op, attributes, the chained value's shape, constant inputs after it).
 #: The kind each probe measures is what cost_model labels its node on the spec being written.
 _PROBES: tuple[tuple[str, dict, tuple[int, ...], tuple[np.ndarray, ...]], ...] = (
-    ("Conv", {"pads": [1, 1, 1, 1]}, (1, 4, 8, 8), (np.full((4, 4, 3, 3), 0.05, np.float32),)),
-    ("Conv", {}, (1, 4, 8, 8), (np.full((4, 4, 1, 1), 0.2, np.float32),)),
-    ("Conv", {"pads": [1, 1, 1, 1], "group": 4}, (1, 4, 8, 8), (np.full((4, 1, 3, 3), 0.1, np.float32),)),
-    ("MatMul", {}, (8, 8), (np.eye(8, dtype=np.float32),)),
-    ("MatMul", {}, (1, 8, 8), (np.eye(8, dtype=np.float32),)),
-    ("Softmax", {"axis": -1}, (1, 8, 8), ()),
-    ("MaxPool", {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]}, (1, 4, 8, 8), ()),
-    ("InstanceNormalization", {}, (1, 4, 8, 8), (np.ones(4, np.float32), np.zeros(4, np.float32))),
-    ("Gather", {"axis": 0}, (8, 8), (np.arange(8, dtype=np.int64),)),
-    ("Reshape", {}, (1, 8, 8), (np.array([1, 8, 8], np.int64),)),
+    # sizes of the small models people ship (16 channels of 16 x 16; 64-wide rows): the fixed cost
+    # of a call there includes numpy's setup for views, strides and small blocks, not just the call
+    ("Conv", {"pads": [1, 1, 1, 1]}, (1, 16, 16, 16), (np.full((16, 16, 3, 3), 0.02, np.float32),)),
+    ("Conv", {}, (1, 16, 16, 16), (np.full((16, 16, 1, 1), 0.05, np.float32),)),
+    ("Conv", {"pads": [1, 1, 1, 1], "group": 16}, (1, 16, 16, 16), (np.full((16, 1, 3, 3), 0.1, np.float32),)),
+    ("MatMul", {}, (16, 64), (np.eye(64, dtype=np.float32),)),
+    ("MatMul", {}, (1, 16, 64), (np.eye(64, dtype=np.float32),)),
+    ("Softmax", {"axis": -1}, (1, 16, 64), ()),
+    ("MaxPool", {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]}, (1, 16, 8, 8), ()),
+    ("InstanceNormalization", {}, (1, 16, 16, 16), (np.ones(16, np.float32), np.zeros(16, np.float32))),
+    ("Gather", {"axis": 0}, (16, 64), (np.arange(16, dtype=np.int64),)),
+    ("Reshape", {}, (1, 16, 64), (np.array([1, 16, 64], np.int64),)),
 )
 
 
