@@ -5,18 +5,20 @@ Each node is mapped to the kernel the target's build actually runs (the branches
 
     seconds = overhead + max(compute, memory)
 
-* overhead: ``call_overhead_us`` for the node's call in the generated ``_forward``, plus
-  ``numpy_call_us`` for every further numpy call the kernel makes in a Python loop (im2col blocks,
-  depthwise taps, low-memory per-tap products);
-* a GEMM's im2col copies and epilogue passes (bias, activation) run before or after the product, so
-  their traffic adds to ``max(compute, operand traffic)``; a native kernel also pays
-  ``native_plane_us`` per image plane;
+* overhead: the fixed cost of one call of the node's kernel kind (``kernel_overhead_us[kind]``, else
+  ``call_overhead_us * KIND_FACTORS[kind]``), plus ``numpy_call_us`` for every further numpy call
+  the kernel makes in a Python loop (im2col blocks, depthwise taps, low-memory per-tap products);
 * compute: a GEMM-like kernel's FLOPs over ``peak_gflops[dtype] * gemm_efficiency * f(m) f(k) f(n)``
   with ``f(d) = d / (d + gemm_half_dim)`` (small dims fill the SIMD registers and caches badly);
-  a native C kernel's FLOPs over ``native_gflops``; numpy's elementwise kernels count as memory;
+  a native C kernel's FLOPs over ``native_gflops`` plus ``native_plane_us`` per image plane; plus
+  ``transcendental_ns`` per exp-class evaluation (Softmax, sigmoid, GELU, fused activations) and
+  ``row_ns`` per row of a row-wise kernel (native Softmax/LayerNorm rows, numpy reductions);
 * memory: bytes read + written + twice the scratch (each temporary is written, then read), at
   ``cache_bandwidth_gbs`` when they fit in ``cache_mb``, else ``memory_bandwidth_gbs *
-  memory_efficiency``; a numpy kernel that loops over kernel taps passes over its output once per tap.
+  memory_efficiency``; a numpy kernel that loops over kernel taps passes over its output once per
+  tap, a transpose's strided copy counts twice. A GEMM streams its operands during the product (at
+  the plain copy bandwidth); its im2col copies and epilogue passes come before or after it, so
+  their traffic adds to ``max(compute, operand traffic)``.
 
 The graph adds ``run_overhead_us`` once, and on an accelerator target the host<->device transfer of
 the inputs and outputs (``transfer_bandwidth_gbs``, ``transfer_latency_us`` per direction and
