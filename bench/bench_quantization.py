@@ -19,6 +19,8 @@ runs; the fold changes no value), and the fp16 graph likewise. Results: bench/re
 Run::
 
     env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE .venv/bin/python bench/bench_quantization.py
+
+(``--markdown-only`` rewrites the .md from the .json without measuring again.)
 """
 
 from __future__ import annotations
@@ -247,7 +249,12 @@ def markdown(out: dict) -> str:
               "meaningful). int8: per-channel symmetric int8 weights, per-tensor activations (uint8 after a "
               "Relu, int8 otherwise) calibrated on batches of 8; biases stay float32. Small models are dominated "
               "by the package's header and envelope (a few KiB), so their ratios are above the targets, which "
-              "apply to weight-dominated packages.", ""]
+              "apply to weight-dominated packages.", "",
+              "ResNet-18 int8 misses the 99 % agreement target (94 %, min-max): this random-weight network's median "
+              "top-2 margin (0.06) is about the size of the int8 output error (max 0.05), and fp16 rounding alone "
+              "flips 0.8 %. The weights cause most of it: on 64 of the inputs, int8 weights with float activations "
+              "agreed on 93.8 % and the full int8 graph on 90.6 % (a one-off probe, not part of this script). "
+              "A trained ResNet-18 (larger margins) is the fair test; no trained weights are available offline.", ""]
     return "\n".join(lines)
 
 
@@ -259,6 +266,10 @@ def main() -> dict:
 
 
 if __name__ == "__main__":
+    if sys.argv[1:] == ["--markdown-only"]:  # rewrite the .md from the .json (text changes, no rerun)
+        text = markdown(json.loads((RESULTS / "quantization.json").read_text()))
+        (RESULTS / "quantization.md").write_text(text)
+        raise SystemExit(print(text))
     result = main()
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "quantization.json").write_text(json.dumps(result, indent=1) + "\n")
