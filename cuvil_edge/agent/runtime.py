@@ -23,7 +23,9 @@ from cuvil_edge.atomic import atomic_write
 from cuvil_edge.config.site import SiteConfig
 from cuvil_edge.device_targets import CompiledModel, build, load_target
 from cuvil_edge.errors import KeyFileError, PackageSizeError, StateError
+from cuvil_edge.ir.graph import Graph
 from cuvil_edge.ir_serialize import AntiRollbackState, VerifiedPackage, verify_and_accept
+from cuvil_edge.passes.quantize import dequantize_at_load
 from cuvil_edge.privacy import PrivacyLedger
 
 log = logging.getLogger(__name__)
@@ -38,6 +40,14 @@ class Activated:
     model: CompiledModel
     package_bytes: int
     verify_seconds: float
+
+
+@dataclass(frozen=True)
+class _Loaded:
+    """What build() needs: the graph as loaded (weights dequantized) and the package's digest."""
+
+    graph: Graph
+    payload_digest: str
 
 
 class AgentRuntime:
@@ -110,8 +120,10 @@ class AgentRuntime:
                                     seal_key=self.seal_key)
         verify_seconds = time.perf_counter() - start
         self._keep(data, package)
-        model = build(package, self.target.name, cache_dir=self.state_dir / "build-cache",
-                      precision=self.site.precision)
+        # fp16-stored or int8 weights are widened once here, not on every run (and the build cache
+        # then keys on the float structure, so a new round's quantized weights still hit it)
+        model = build(_Loaded(dequantize_at_load(package.graph), package.payload_digest), self.target.name,
+                      cache_dir=self.state_dir / "build-cache", precision=self.site.precision)
         return Activated(package, model, len(data), verify_seconds)
 
     def kept_packages(self) -> list[Path]:

@@ -113,15 +113,25 @@ def structure_digest(graph: Graph) -> str:
     """sha256 of everything code generation reads from ``graph``: its structure (nodes, attributes,
     names, opset), every value's type, and each initializer's dtype and shape, plus the values of
     the non-floating ones (shape and index tensors, which shape inference and batch planning may
-    read). Floating-point weight values are left out: the module receives them when it runs."""
+    read). Floating-point weight values are left out: the module receives them when it runs. So are
+    the values of quantization data (int8 weights, zero points) that only (De)QuantizeLinear reads:
+    its kernels take them at run time, so a new round's int8 package reuses the build."""
     h = hashlib.sha256(json.dumps(graph.to_dict(), sort_keys=True).encode())
     h.update(json.dumps({k: t.to_dict() for k, t in graph.types.items()}, sort_keys=True).encode())
+    readers: dict[str, set[str]] = {}
+    for node in graph.nodes:
+        for name in node.inputs:
+            readers.setdefault(name, set()).add(node.op_type)
     for name in sorted(graph.initializers):
         array = np.asarray(graph.initializers[name])
         h.update(f"\0{name}\0{array.dtype.str}\0{array.shape}".encode())
-        if array.dtype.kind != "f":
+        if array.dtype.kind != "f" and not (readers.get(name) and readers[name] <= _RUNTIME_QUANT_READERS):
             h.update(np.ascontiguousarray(array).tobytes())
     return h.hexdigest()
+
+
+#: Ops whose non-float inputs (quantized values, zero points) reach the kernel at run time only.
+_RUNTIME_QUANT_READERS = frozenset({"QuantizeLinear", "DequantizeLinear"})
 
 
 def cache_key(structure: str, target: TargetSpec, precision: str) -> str:

@@ -47,6 +47,36 @@ def test_activated_package_matches_onnxruntime(setup):
     assert activated.model.target.name == "ascend-310"
 
 
+def test_quantized_packages_are_widened_once_at_load(tmp_path):
+    """An int8 or fp16 package: the agent folds its weight dequantization before it builds (the
+    module computes in fp32 without expanding the weights on every run), and a new round's
+    quantized weights reuse the cached build."""
+    from cuvil_edge.passes import optimize
+    from cuvil_edge.passes.quantize import calibrate_ranges, quantize_int8, store_fp16
+
+    private, public = init_keys(tmp_path / "keys")
+    keys = load_signing_keys(private)
+    agent = AgentRuntime(load_site(SITES / "factory-b.yaml"), tmp_path / "state", public)
+    graph, _ = optimize(load_model(digits_cnn_onnx(3)))
+    x = np.random.default_rng(0).random((16, 1, 8, 8), dtype=np.float32)
+    now = int(time.time())
+    ref = ort.InferenceSession(digits_cnn_onnx(3)).run(None, {"image": x})[0]
+    variants = [store_fp16(graph), quantize_int8(graph, calibrate_ranges(graph, x)),
+                quantize_int8(graph, calibrate_ranges(graph, x * 0.9))]  # the last: other ranges, same structure
+    hits = []
+    for version, variant in enumerate(variants, start=1):
+        activated = agent.activate(write_package(variant, site="factory-b", target="rpi4", version=version,
+                                                 signing_key=keys.coordinator, release_key=keys.release,
+                                                 issued_at=now, expires=now + 60))
+        # the weights' DequantizeLinear / Cast were folded into float32 initializers; activation pairs remain
+        assert not any(n.op_type == "Cast" or (n.op_type == "DequantizeLinear" and n.inputs[0] in variant.initializers)
+                       for n in activated.model.graph.nodes)
+        assert all(a.dtype != np.int8 or a.size == 1 for a in activated.model.graph.initializers.values())
+        np.testing.assert_allclose(activated.model.run({"image": x})["probs"], ref, atol=0.02)
+        hits.append(activated.model.cache_hit)
+    assert hits == [False, False, True]
+
+
 def test_redelivery_is_idempotent_and_older_is_refused(setup):
     agent, package, _ = setup
     first = package(1)
