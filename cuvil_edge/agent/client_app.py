@@ -169,7 +169,8 @@ def train(msg: Message, context: Context) -> Message:
         activated = agent.activate(_package(msg, agent))
         train_data, _ = _local_data(agent, index, count, context)
         ledger = agent.ledger()
-        outcome = train_round(activated.package.graph, agent.site, train_data, ledger,
+        # the graph as loaded: fp16-stored weights widened to the float32 the trainer updates
+        outcome = train_round(activated.model.graph, agent.site, train_data, ledger,
                               int(msg.content["config"]["server-round"]), activated.package.manifest.version,
                               local_dp=_local_dp(context, agent.site))
     except BudgetExhaustedError as e:

@@ -21,6 +21,7 @@ from cuvil_edge.atomic import atomic_write
 from cuvil_edge.config.site import SiteConfig
 from cuvil_edge.coordinator.keys import SigningKeys
 from cuvil_edge.errors import KeyFileError, PlanError, StateError
+from cuvil_edge.passes.quantize import store_fp16
 from cuvil_edge.ir.graph import Graph
 from cuvil_edge.ir.infer import with_initializers
 from cuvil_edge.ir_serialize import SignedRelease, encode_payload, sign_release, write_package
@@ -70,7 +71,8 @@ class PackageFactory:
 
     def __init__(self, graph: Graph, sites: Sequence[SiteConfig], signing_key: SigningKeys, versions: VersionCounter,
                  validity_seconds: int, clock: Callable[[], float] = time.time, package: str = "model",
-                 seal_keys: Mapping[str, Any] | None = None, refused: Mapping[str, str] | None = None) -> None:
+                 seal_keys: Mapping[str, Any] | None = None, refused: Mapping[str, str] | None = None,
+                 precisions: Mapping[str, str] | None = None) -> None:
         if not isinstance(signing_key, SigningKeys):
             raise KeyFileError("PackageFactory needs SigningKeys (coordinator.keys.load_signing_keys), not a bare key")
         self.graph = graph
@@ -83,6 +85,13 @@ class PackageFactory:
         self.seal_keys = dict(seal_keys or {})
         #: site -> why its compile plan does not fit (coordinator.plan): it is issued nothing
         self.refused = dict(refused or {})
+        #: site -> the precision its plan chose (fp32 when absent); int8 needs calibration samples,
+        #: which a federation does not provide yet, so a run issues fp32 or fp16
+        self.precisions = dict(precisions or {})
+        unsupported = {s: p for s, p in self.precisions.items() if p not in ("fp32", "fp16")}
+        if unsupported:
+            raise PlanError(f"sites {unsupported} were planned at a precision a run cannot issue yet; "
+                            "federation runs issue fp32 or fp16 packages")
         self._release: tuple[str, SignedRelease] | None = None
 
     def graph_with(self, arrays: Mapping[str, np.ndarray]) -> Graph:
@@ -106,7 +115,10 @@ class PackageFactory:
         if site in self.refused:
             raise PlanError(f"not pushing to site {site!r}: {self.refused[site]}")
         config = self.sites[site]
-        payload = encode_payload(self.graph_with(arrays))
+        graph = self.graph_with(arrays)
+        if self.precisions.get(site, "fp32") == "fp16":  # half the download; the agent widens it at load
+            graph = store_fp16(graph)
+        payload = encode_payload(graph)
         release = self._release_for(payload)
         now = int(self.clock())
         version = self.versions.next(site)

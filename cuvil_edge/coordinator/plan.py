@@ -151,17 +151,6 @@ def plan_federation(graph: Graph, sites: Sequence[SiteConfig], variants: Optiona
             for site in sites]
 
 
-def refusals(plans: Sequence[SitePlan], issued: str = "fp32") -> dict[str, str]:
-    """site -> why the coordinator must not push it the ``issued`` precision (its option breaks a
-    limit or the device); sites whose ``issued`` option fits are absent."""
-    out = {}
-    for plan in plans:
-        option = next((o for o in plan.options if o.precision == issued), None)
-        if option is not None and not option.fits:
-            out[plan.site] = f"its {issued} package breaks its plan: {', '.join(option.problems)}"
-    return out
-
-
 def format_plans(plans: Sequence[SitePlan]) -> list[str]:
     """One line per site: the choice and why (the table is the CLI's)."""
     return [f"{p.site} ({p.target}): {p.chosen.precision if p.chosen else 'NOT PUSHED'} — {p.reason}" for p in plans]

@@ -16,7 +16,7 @@ from cuvil_edge.config.home import versions_file
 from cuvil_edge.errors import StateError
 from cuvil_edge.coordinator.checkpoints import latest_checkpoint, resumed, save_checkpoint
 from cuvil_edge.coordinator.packaging import PackageFactory, VersionCounter
-from cuvil_edge.coordinator.plan import default_latency, plan_federation, refusals
+from cuvil_edge.coordinator.plan import default_latency, plan_federation, precision_variants
 from cuvil_edge.coordinator.registry import SiteRegistry
 from cuvil_edge.coordinator.report import STOPPED_CENTRAL_BUDGET, RunReport, show_round_table
 from cuvil_edge.config.federation import FederationConfig
@@ -49,15 +49,21 @@ def run_federation(grid: Grid, spec: RunSpec) -> RunReport:
     sites = federation.load_sites()
     graph = load_federation_model(federation.model, federation.seed)
     run_dir = Path(spec.run_dir)
-    # each site's compile plan: a site whose (fp32) package breaks its limits is sent nothing
-    refused = refusals(plan_federation(graph, sites, {"fp32": graph}, default_latency()))
+    # each site's compile plan: the most accurate precision that fits its limits (fp32, else fp16
+    # storage), and a site nothing fits is sent nothing while the run goes on
+    plans = plan_federation(graph, sites, precision_variants(graph), default_latency())
+    refused = {p.site: p.reason for p in plans if p.chosen is None}
+    precisions = {p.site: p.chosen.precision for p in plans if p.chosen is not None}
     for site, why in refused.items():
         log.warning("site %r: %s; the run goes on without it", site, why)
+    for plan in plans:
+        if plan.chosen is not None and plan.chosen.precision != "fp32":
+            log.info("site %r gets %s packages: %s", plan.site, plan.chosen.precision, plan.reason)
     factory = PackageFactory(graph, sites, load_signing_keys(Path(spec.coordinator_key)),
                              VersionCounter(versions_file(Path(spec.home))),
                              federation.package.validity_seconds,
                              seal_keys=SiteRegistry(Path(spec.home)).seal_keys(),  # enrolled sites: sealed
-                             refused=refused)
+                             refused=refused, precisions=precisions)
     sites_strategy, strategy = make_strategy(federation, factory, len(sites))
     test = digits.global_test(federation.dataset.test_fraction)
     report = RunReport(run_dir, sites)

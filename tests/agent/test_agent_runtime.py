@@ -142,3 +142,32 @@ def test_inference_path_imports_neither_torch_nor_onnx(setup):
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "HEAVY []" in out.stdout
+
+
+def test_a_site_trains_on_its_fp16_package_and_returns_every_float32_weight(tmp_path):
+    """The agent trains the graph as loaded (fp16 weights widened), and answers with the same weight
+    names the coordinator sent (the fp32 model's float32 initializers)."""
+    from cuvil_edge.agent.training import train_round
+    from cuvil_edge.datasets.digits import Split
+    from cuvil_edge.passes.quantize import store_fp16
+    from cuvil_edge.privacy import PrivacyLedger
+
+    private, public = init_keys(tmp_path / "keys")
+    keys = load_signing_keys(private)
+    site = load_site(SITES / "factory-b.yaml")
+    site = site.model_copy(update={"training": site.training.model_copy(update={"local_epochs": 1,
+                                                                                "sample_rate": 0.25})})
+    agent = AgentRuntime(site, tmp_path / "state", public)
+    graph = load_model(digits_cnn_onnx(3))
+    now = int(time.time())
+    activated = agent.activate(write_package(store_fp16(graph), site="factory-b", target="rpi4", version=1,
+                                             signing_key=keys.coordinator, release_key=keys.release, issued_at=now,
+                                             expires=now + 60))
+    rng = np.random.default_rng(0)
+    data = Split(rng.random((128, 1, 8, 8), dtype=np.float32), rng.integers(0, 10, 128))
+    ledger = PrivacyLedger(tmp_path / "ledger.sqlite", site=site.site, epsilon_budget=site.privacy.epsilon_budget,
+                           delta=site.privacy.delta)
+    outcome = train_round(activated.model.graph, site, data, ledger, 1, 1, seed=0)
+    sent = {k for k, v in graph.initializers.items() if v.dtype == np.float32}
+    assert set(outcome.weights) == sent
+    assert any(not np.allclose(outcome.weights[k], graph.initializers[k], atol=1e-3) for k in sent)  # it trained

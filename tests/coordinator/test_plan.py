@@ -14,7 +14,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, Rec
 from cuvil_edge.config import load_federation, load_site
 from cuvil_edge.coordinator.keys import init_keys, load_signing_keys
 from cuvil_edge.coordinator.packaging import PackageFactory, VersionCounter
-from cuvil_edge.coordinator.plan import plan_federation, plan_site, refusals
+from cuvil_edge.coordinator.plan import plan_federation, plan_site
 from cuvil_edge.coordinator.report import NOT_PUSHED_STATUS, format_round
 from cuvil_edge.coordinator.strategy import SitePackageFedAvg
 from cuvil_edge.errors import PlanError
@@ -72,7 +72,26 @@ def test_limits_are_checked_and_the_reason_names_them(tmp_path, graph):
 def test_memory_over_the_limit_is_refused(tmp_path, graph):
     plan = plan_site(_site(tmp_path, "  memory_mb: 0.001\n"), {"fp32": graph})
     assert plan.chosen is None and "limits.memory_mb" in plan.reason
-    assert list(refusals([plan])) == ["clinic-x"] and "limits.memory_mb" in refusals([plan])["clinic-x"]
+
+
+def test_a_download_limit_moves_a_site_to_fp16_and_it_is_issued_fp16(tmp_path, graph):
+    from cuvil_edge.coordinator.plan import precision_variants
+    from cuvil_edge.ir_serialize import describe_package
+
+    fp32_bytes = len(encode_payload(graph))
+    site = _site(tmp_path, f"  download_mb: {0.8 * fp32_bytes / 2**20}\n")
+    plan = plan_site(site, precision_variants(graph))
+    assert plan.chosen.precision == "fp16" and "fp32 breaks" in plan.reason and "limits.download_mb" in plan.reason
+    init_keys(tmp_path / "keys")
+    factory = PackageFactory(graph, [site], load_signing_keys(tmp_path / "keys" / "coordinator.key"),
+                             VersionCounter(tmp_path / "versions.json"), 600, precisions={site.site: "fp16"})
+    weights = {k: v for k, v in graph.initializers.items() if v.dtype == np.float32}
+    issued = describe_package(factory.issue(site.site, weights).data, max_bytes=1 << 30).graph
+    assert any(a.dtype == np.float16 for a in issued.initializers.values())
+    assert len(encode_payload(issued)) <= 0.8 * fp32_bytes
+    with pytest.raises(PlanError, match="cannot issue yet"):
+        PackageFactory(graph, [site], load_signing_keys(tmp_path / "keys" / "coordinator.key"),
+                       VersionCounter(tmp_path / "versions.json"), 600, precisions={site.site: "int8"})
 
 
 def test_a_refused_site_is_sent_nothing_and_the_others_still_are(tmp_path, graph, flower_identity):
@@ -99,4 +118,4 @@ def test_a_refused_site_is_sent_nothing_and_the_others_still_are(tmp_path, graph
 def test_the_shipped_federation_plans_every_site(graph):
     federation = load_federation(ROOT / "configs" / "federation.yaml")
     plans = plan_federation(graph, federation.load_sites(), {"fp32": graph})
-    assert [p.chosen.precision for p in plans] == ["fp32"] * len(plans) and refusals(plans) == {}
+    assert [p.chosen.precision for p in plans] == ["fp32"] * len(plans)
