@@ -36,12 +36,11 @@ import json
 import os
 import sys
 
-_STRIPPED = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
-if __name__ == "__main__" and any(k in os.environ for k in _STRIPPED):
-    _removed = {k: os.environ[k] for k in _STRIPPED if k in os.environ}
-    _env = {k: v for k, v in os.environ.items() if k not in _STRIPPED}
-    _env["CUVIL_BENCH_REMOVED_ENV"] = json.dumps(_removed)
-    os.execve(sys.executable, [sys.executable, os.path.abspath(__file__), *sys.argv[1:]], _env)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _clean_env import STRIPPED as _STRIPPED, reexec_without_openblas_env, removed  # noqa: E402
+
+if __name__ == "__main__":
+    reexec_without_openblas_env(__file__)
 
 import argparse  # noqa: E402
 import ast  # noqa: E402
@@ -436,7 +435,7 @@ def machine_note() -> dict:
     return {"cpu": cpu, "cores": os.cpu_count(), "cuvil_edge_commit": commit, "cuvil_edge_uncommitted_changes": dirty,
             "python": platform.python_version(), "numpy": np.__version__,
             "onnxruntime": ort.__version__, "torch": torch.__version__, "blas": blas,
-            "removed_env": json.loads(os.environ.get("CUVIL_BENCH_REMOVED_ENV", "{}")),
+            "removed_env": removed(),
             "openblas_env_now": {k: os.environ.get(k) for k in _STRIPPED}}
 
 

@@ -28,12 +28,11 @@ import json
 import os
 import sys
 
-_STRIPPED = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
-if __name__ == "__main__" and any(k in os.environ for k in _STRIPPED):
-    _removed = {k: os.environ[k] for k in _STRIPPED if k in os.environ}
-    _env = {k: v for k, v in os.environ.items() if k not in _STRIPPED}
-    _env["CUVIL_BENCH_REMOVED_ENV"] = json.dumps(_removed)
-    os.execve(sys.executable, [sys.executable, os.path.abspath(__file__), *sys.argv[1:]], _env)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _clean_env import reexec_without_openblas_env, removed  # noqa: E402
+
+if __name__ == "__main__":
+    reexec_without_openblas_env(__file__)
 
 import argparse  # noqa: E402
 import ast  # noqa: E402
@@ -281,7 +280,7 @@ def main(argv: list[str] | None = None) -> dict:
                                                                                 "efficiency"))), flush=True)
         results = {"command": "python bench/bench_cost_model.py" + "".join(f" {a}" for a in (argv or sys.argv[1:])),
                    "environment": calibration.environment, "calibration": calibration.measured,
-                   "removed_env": json.loads(os.environ.get("CUVIL_BENCH_REMOVED_ENV", "{}")),
+                   "removed_env": removed(),
                    "spec": spec.model_dump(mode="json"), "recalibrate": args.recalibrate, "models": {}}
         for name in models:
             if args.recalibrate and name != models[0]:
