@@ -3,8 +3,8 @@
 Every op is an :class:`~cuvil_edge.ir.ops._contract.OpDef` (see ``_contract.py``): one kernel
 function shared by the interpreter and the code generator, ``attrs(node)`` computed once for both,
 ``infer``, ``flops`` and, for contractions, ``macs``. Modules list their ops in ``OPS``: families
-as table rows (``unary.py``, ``binary.py``, ``reduce.py``, ``window.py``, ...); modules whose name
-starts with ``_`` hold shared helpers and register nothing.
+as table rows (``unary.py``, ``binary.py``, ``reduce.py``, ``window.py``, ``pooling.py``, ...);
+modules whose name starts with ``_`` hold shared helpers and register nothing.
 
 ``VERSIONS`` are the opsets at which ONNX changed an op's schema, oldest first (what was checked
 against the spec). The oldest is the floor: a model below it is refused (:func:`get`). A node's
