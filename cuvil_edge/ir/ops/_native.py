@@ -155,3 +155,19 @@ def _native_map(x, name, *args):
     y = np.empty_like(xc)
     getattr(lib, name)(xc.ctypes.data, y.ctypes.data, xc.size, *args)
     return y
+
+
+def _native_epilogue(y, bias, planes, m, size, inner, activation):
+    # bias and activation in one pass over float32 y, in place (cuvil_epilogue_f32): the bias per
+    # plane (b[row % m], a convolution's) or, with ``inner``, along each row (a Linear's). Returns
+    # False, having done nothing, where the library is missing or the activation is not one it
+    # has (HardSwish): the caller's numpy code runs instead.
+    code = {"none": 0, "relu": 0, "relu6": 0, "sigmoid": 1, "swish": 2, "gelu": 3}.get(activation, -1)
+    lib = _native_lib() if code >= 0 else None
+    if lib is None:
+        return False
+    b = None if bias is None else np.ascontiguousarray(bias, dtype=np.float32)
+    lib.cuvil_epilogue_f32(y.ctypes.data, None if b is None else b.ctypes.data, planes, m, size, inner, code,
+                           0.0 if activation == "relu" or activation == "relu6" else -np.inf,
+                           6.0 if activation == "relu6" else np.inf)
+    return True

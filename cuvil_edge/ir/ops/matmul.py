@@ -24,7 +24,7 @@ from cuvil_edge.ir.graph import TensorType
 from cuvil_edge.ir.ops import _activation
 from cuvil_edge.ir.ops._activation import _activate
 from cuvil_edge.ir.ops._contract import OpDef
-from cuvil_edge.ir.ops._native import _native_lib
+from cuvil_edge.ir.ops._native import _native_epilogue
 from cuvil_edge.ir.ops._quant import (_q_centered_a, _q_centered_b, _q_requantize, _q_saturate, quant_dtype,
                                       same_pair, scale_dtype)
 from cuvil_edge.ir.ops._util import DEFAULT_CAPABILITIES, STR, broadcast, need, same_dtype, want_dtype
@@ -49,16 +49,9 @@ def k_fused_mat_mul(a, b, c=None, *, activation="none"):
         rows *= size
     y = np.matmul(a.reshape(rows, a.shape[-1]), b)  # this call's own (rows x N) array
     if TARGET_NATIVE:
-        code = (0 if activation == "none" or activation == "relu" or activation == "relu6" else
-                1 if activation == "sigmoid" else 2 if activation == "swish" else 3 if activation == "gelu" else -1)
-        fits = y.dtype == np.float32 and code >= 0 and (c is not None or activation != "none") and y.size >= 1 << 15
-        lib = _native_lib() if fits else None
-        if lib is not None:
-            # the bias along each row and the activation in one pass over y
-            cc = None if c is None else np.ascontiguousarray(c, dtype=np.float32)
-            lib.cuvil_epilogue_f32(y.ctypes.data, None if cc is None else cc.ctypes.data, rows, 1, y.shape[1], 1, code,
-                                   0.0 if activation == "relu" or activation == "relu6" else -np.inf,
-                                   6.0 if activation == "relu6" else np.inf)
+        # the bias along each row and the activation in one pass over y (from 32k outputs)
+        fits = y.dtype == np.float32 and (c is not None or activation != "none") and y.size >= 1 << 15
+        if fits and _native_epilogue(y, None if c is None else c.reshape(-1), rows, 1, y.shape[1], 1, activation):
             return y.reshape(a.shape[:-1] + (b.shape[1],))
     if c is not None:
         y += c.reshape(-1)
@@ -174,7 +167,8 @@ _AB, _QAB = _operands(0, 1), _operands(0, 3)
 OPS = (
     OpDef("MatMul", (1, 9, 13), _infer_mat_mul, k_mat_mul, _twice(_AB), macs=_AB),
     OpDef("CuvilFusedMatMul", (1,), _infer_fused_mat_mul, k_fused_mat_mul, _fused_flops,
-          lambda node: {"activation": _activation.activation(node)}, _activation.HELPERS, {"activation": STR},
+          lambda node: {"activation": _activation.activation(node)}, _activation.HELPERS + (_native_epilogue,),
+          {"activation": STR},
           macs=_AB),
     OpDef("MatMulInteger", (10,), _infer_mat_mul_integer, k_mat_mul_integer, _twice(_AB),
           helpers=(_q_centered_a, _q_centered_b), macs=_AB),

@@ -21,7 +21,7 @@ from cuvil_edge.ir.graph import TensorType
 from cuvil_edge.ir.ops import _activation
 from cuvil_edge.ir.ops._activation import _activate
 from cuvil_edge.ir.ops._contract import OpDef
-from cuvil_edge.ir.ops._native import _native_lib
+from cuvil_edge.ir.ops._native import _native_epilogue, _native_lib
 from cuvil_edge.ir.ops._quant import _q_along, _q_requantize, _q_saturate, quant_dtype, same_pair, scale_dtype
 from cuvil_edge.ir.ops._util import (DEFAULT_CAPABILITIES, INT, STR, WINDOW_ATTRS, choice, ints, need, pool_out,
                                      same_dtype, spatial_attrs, want_dtype)
@@ -119,10 +119,6 @@ def k_conv(x, w, b=None, *, strides, pads, dilations, auto_pad, group, activatio
     for size in out:
         p *= size
     if TARGET_NATIVE:
-        # the native epilogue's activation (0: clamp, for none/Relu/Clip(0, 6), 1: sigmoid, 2: swish,
-        # 3: GELU; -1: HardSwish, which the numpy kernel applies)
-        code = (0 if activation == "none" or activation == "relu" or activation == "relu6" else
-                1 if activation == "sigmoid" else 2 if activation == "swish" else 3 if activation == "gelu" else -1)
         lib = _native_lib() if k == 2 and group == c and mg == 1 and x.dtype == np.float32 else None
         if lib is not None:
             # depthwise 2-D in C: one padded plane at a time, bias and a fused Relu/Clip(0, 6) applied there
@@ -138,7 +134,7 @@ def k_conv(x, w, b=None, *, strides, pads, dilations, auto_pad, group, activatio
                     6.0 if activation == "relu6" else np.inf) != 0:
                 raise MemoryError("the native depthwise convolution could not allocate its padded plane")
             if activation == "sigmoid" or activation == "swish" or activation == "gelu":
-                lib.cuvil_epilogue_f32(y.ctypes.data, None, n * m, m, p, 0, code, -np.inf, np.inf)
+                _native_epilogue(y, None, n * m, m, p, 0, activation)
             elif activation == "hardswish":
                 y = _activate(y, activation)
             return y
@@ -179,15 +175,10 @@ def k_conv(x, w, b=None, *, strides, pads, dilations, auto_pad, group, activatio
             y += np.matmul(wg[:, :, :, index], v.reshape(n, group, cg, p))
     y = y.reshape((n, m) + out)
     if TARGET_NATIVE:
-        # (under ~32k elements numpy's two in-place passes cost less than the foreign call)
-        fits = t == np.float32 and code >= 0 and (b is not None or activation != "none") and y.size >= 1 << 15
-        lib = _native_lib() if fits else None
-        if lib is not None:
-            # bias and activation in one pass over y (in place) instead of two
-            bc = None if b is None else np.ascontiguousarray(b, dtype=np.float32)
-            lib.cuvil_epilogue_f32(y.ctypes.data, None if bc is None else bc.ctypes.data, n * m, m, p, 0, code,
-                                   0.0 if activation == "relu" or activation == "relu6" else -np.inf,
-                                   6.0 if activation == "relu6" else np.inf)
+        # bias and activation in one pass over y instead of two (under ~32k elements numpy's two
+        # in-place passes cost less than the foreign call)
+        fits = t == np.float32 and (b is not None or activation != "none") and y.size >= 1 << 15
+        if fits and _native_epilogue(y, b, n * m, m, p, 0, activation):
             return y.astype(x.dtype, copy=False)
     if b is not None:  # y is this call's own array: add in place
         y += b.astype(t, copy=False).reshape((1, m) + (1,) * len(out))
@@ -341,7 +332,7 @@ def _conv_macs(node, inputs, outputs):
     return outputs[0].numel() * (w.numel() // w.shape[0]) if w.shape and w.shape[0] else 0
 
 
-_CONV_HELPERS = _WINDOW + _activation.HELPERS
+_CONV_HELPERS = _WINDOW + _activation.HELPERS + (_native_epilogue,)
 _QUANT_CONV_HELPERS = _CONV_HELPERS + (k_conv, _q_along, _q_saturate, _q_requantize)
 
 OPS = (
