@@ -153,6 +153,20 @@ def rebuild(graph: Graph, nodes: Iterable[Node], initializers: Mapping[str, np.n
     return build_graph(graph.name, graph.inputs, [v.name for v in graph.outputs], list(nodes), inits, graph.opset)
 
 
+def replaced(graph: Graph, replace: Mapping[int, Node | None], changes: list[str],
+             initializers: Mapping[str, np.ndarray] | None = None) -> PassResult:
+    """The result of a rewrite that swaps nodes in place: ``replace`` maps ``id(node)`` to its new
+    node, or to None to drop it; unchanged (and ``graph`` itself) when ``changes`` is empty.
+
+    Raises:
+        ModelError: the rewritten graph is malformed or does not type-check (as :func:`rebuild`).
+    """
+    if not changes:
+        return PassResult(graph, False)
+    nodes = [replace.get(id(n), n) for n in graph.nodes]
+    return PassResult(rebuild(graph, [n for n in nodes if n is not None], initializers), True, changes)
+
+
 def users(graph: Graph) -> dict[str, list[Node]]:
     """Value name -> nodes reading it (a node reading it twice is listed twice)."""
     out: dict[str, list[Node]] = {}
@@ -209,5 +223,5 @@ def initializer(graph: Graph, name: str) -> np.ndarray | None:
     return graph.initializers.get(name) if name else None
 
 
-__all__ = ["Pass", "PassResult", "PassManager", "PassReport", "OptimizeReport", "rebuild", "users",
+__all__ = ["Pass", "PassResult", "PassManager", "PassReport", "OptimizeReport", "rebuild", "replaced", "users",
            "sole_user", "fresh_name", "all_names", "rename_inputs", "with_", "initializer", "check_outputs_kept"]

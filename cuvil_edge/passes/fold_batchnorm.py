@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from cuvil_edge.ir.graph import Graph, Node
-from cuvil_edge.passes._infra import Pass, PassResult, all_names, fresh_name, rebuild, sole_user, users, with_
+from cuvil_edge.passes._infra import Pass, PassResult, all_names, fresh_name, replaced, sole_user, users, with_
 
 
 def _bn_params(graph: Graph, bn: Node):
@@ -81,7 +81,4 @@ class FoldBatchNorm(Pass):
                                       set_attrs=attrs)
             replace[id(bn)] = None
             changes.append(f"folded {bn.describe()} into {prev.describe()}")
-        if not changes:
-            return PassResult(graph, False)
-        nodes = [replace.get(id(n), n) for n in graph.nodes]
-        return PassResult(rebuild(graph, [n for n in nodes if n is not None], inits), True, changes)
+        return replaced(graph, replace, changes, inits)

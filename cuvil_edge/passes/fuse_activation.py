@@ -21,7 +21,7 @@ from typing import Callable, Optional
 import numpy as np
 
 from cuvil_edge.ir.graph import Graph, Node
-from cuvil_edge.passes._infra import Pass, PassResult, rebuild, sole_user, users, with_
+from cuvil_edge.passes._infra import Pass, PassResult, replaced, sole_user, users, with_
 
 
 def _clip_bounds(graph: Graph, node: Node) -> tuple[Optional[float], Optional[float]]:
@@ -78,7 +78,4 @@ class FuseActivation(Pass):
                                       set_attrs={"activation": name})
             replace[id(act)] = None
             changes.append(f"fused {act.describe()} into {prev.describe()} as {FUSED[prev.op_type]}({name})")
-        if not changes:
-            return PassResult(graph, False)
-        nodes = [replace.get(id(n), n) for n in graph.nodes]
-        return PassResult(rebuild(graph, [n for n in nodes if n is not None]), True, changes)
+        return replaced(graph, replace, changes)

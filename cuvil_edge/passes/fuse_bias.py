@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from cuvil_edge.ir.graph import Graph, Node
-from cuvil_edge.passes._infra import Pass, PassResult, all_names, fresh_name, rebuild, sole_user, users, with_
+from cuvil_edge.passes._infra import Pass, PassResult, all_names, fresh_name, replaced, sole_user, users, with_
 
 
 def _channel_vector(c: np.ndarray, channels: int, rank: int, axis: int) -> np.ndarray | None:
@@ -102,7 +102,4 @@ class FuseBias(Pass):
                 replace[id(add)] = None
                 changes.append(f"fused {add.describe()} into {prev.describe()}" + (f" as {op}" if op != prev.op_type else ""))
                 break
-        if not changes:
-            return PassResult(graph, False)
-        nodes = [replace.get(id(n), n) for n in graph.nodes]
-        return PassResult(rebuild(graph, [n for n in nodes if n is not None], inits), True, changes)
+        return replaced(graph, replace, changes, inits)

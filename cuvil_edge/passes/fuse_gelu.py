@@ -17,7 +17,7 @@ import math
 import numpy as np
 
 from cuvil_edge.ir.graph import Graph, Node
-from cuvil_edge.passes._infra import Pass, PassResult, initializer, rebuild, sole_user, users
+from cuvil_edge.passes._infra import Pass, PassResult, initializer, replaced, sole_user, users
 
 GELU_VERSION = 20
 _FLOATS = ("float16", "float32", "float64")
@@ -106,7 +106,4 @@ class FuseGelu(Pass):
             for n in chain[1:]:
                 replace[id(n)] = None
             changes.append(f"{len(chain)} nodes from {chain[-1].describe()} to {chain[0].describe()} -> Gelu")
-        if not changes:
-            return PassResult(graph, False)
-        nodes = [replace.get(id(n), n) for n in graph.nodes]
-        return PassResult(rebuild(graph, [n for n in nodes if n is not None]), True, changes)
+        return replaced(graph, replace, changes)

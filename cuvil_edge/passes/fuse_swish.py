@@ -11,7 +11,7 @@ defines it.
 from __future__ import annotations
 
 from cuvil_edge.ir.graph import Graph, Node
-from cuvil_edge.passes._infra import Pass, PassResult, rebuild, sole_user, users
+from cuvil_edge.passes._infra import Pass, PassResult, replaced, sole_user, users
 
 SWISH_VERSION = 24
 _FLOATS = ("float16", "float32", "float64")
@@ -36,7 +36,4 @@ class FuseSwish(Pass):
             replace[id(mul)] = Node(mul.name, "Swish", (x,), mul.outputs, {"alpha": 1.0}, SWISH_VERSION)
             replace[id(sigmoid)] = None
             changes.append(f"{sigmoid.describe()} and {mul.describe()} -> Swish")
-        if not changes:
-            return PassResult(graph, False)
-        nodes = [replace.get(id(n), n) for n in graph.nodes]
-        return PassResult(rebuild(graph, [n for n in nodes if n is not None]), True, changes)
+        return replaced(graph, replace, changes)
