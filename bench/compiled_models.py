@@ -9,7 +9,9 @@ runs the same weights."""
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable
 
 import numpy as np
@@ -18,6 +20,9 @@ import torch
 from onnx import numpy_helper
 from torch import nn
 from torch.nn import functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "architectures"))
+from export_models import ConvNeXtBlock, LayerNorm2d  # noqa: E402
 
 
 def randomise_statistics(model: nn.Module, seed: int = 0) -> nn.Module:
@@ -236,27 +241,7 @@ class EfficientNetB0(nn.Module):
 # ---------------------------------------------------------------- ConvNeXt
 
 
-class LayerNorm2d(nn.LayerNorm):
-    """LayerNorm over the channels of NCHW: permute to NHWC, normalise, permute back."""
-
-    def forward(self, x):
-        return super().forward(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
-
-
-class ConvNeXtBlock(nn.Module):
-    """7x7 depthwise -> NHWC -> LayerNorm -> Linear 4x -> GELU -> Linear -> layer scale -> NCHW, residual."""
-
-    def __init__(self, dim: int) -> None:
-        super().__init__()
-        self.dwconv = nn.Conv2d(dim, dim, 7, padding=3, groups=dim)
-        self.norm = nn.LayerNorm(dim, eps=1e-6)
-        self.pwconv1, self.act, self.pwconv2 = nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim)
-        self.gamma = nn.Parameter(torch.full((dim,), 1e-6))
-
-    def forward(self, x):
-        y = self.dwconv(x).permute(0, 2, 3, 1)
-        y = self.gamma * self.pwconv2(self.act(self.pwconv1(self.norm(y))))
-        return x + y.permute(0, 3, 1, 2)
+# LayerNorm2d and ConvNeXtBlock: the architecture tests' own (tests/architectures/export_models.py)
 
 
 class ConvNeXt(nn.Module):
