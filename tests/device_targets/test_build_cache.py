@@ -274,3 +274,45 @@ def test_templates_digest_follows_the_kernel_files(tmp_path, monkeypatch):
     before = codegen.templates_digest.__wrapped__()
     kernel.write_text("def k_mine(x):\n    return x + 0\n")
     assert codegen.templates_digest.__wrapped__() != before
+
+
+# --- quantization data: only (De)QuantizeLinear reads it at run time, so its values do not key ------
+def _qdq_graph(q, zero_point, shape=(2, 3)):
+    """x[N, 6] -> Reshape(s) -> Mul(DequantizeLinear(q, scale, zp)) -> y: int8 weights and a zero
+    point that only DequantizeLinear reads, next to a shape that Reshape reads."""
+    nodes = [Node("dq", "DequantizeLinear", ("q", "scale", "zp"), ("k",)),
+             Node("sh", "Reshape", ("x", "s"), ("t",)), Node("mul", "Mul", ("t", "k"), ("y",))]
+    return build_graph("qdq", [Value("x", TensorType("float32", ("N", 6)))], ["y"], nodes,
+                       {"q": np.asarray(q, np.int8).reshape(shape), "scale": np.array(0.05, np.float32),
+                        "zp": np.array(zero_point, np.int8), "s": np.array((-1, *shape), np.int64)}, 13)
+
+
+def test_new_int8_weights_hit_the_cache_and_run_with_their_own_values(tmp_path):
+    """The attack on the exception: a cached module must never compute with the previous
+    package's int8 values (they reach it at run time, like float weights)."""
+    first_graph, second_graph = _qdq_graph(np.arange(6) - 3, 1), _qdq_graph(np.arange(6)[::-1] * 7, -4)
+    first = build(Package(first_graph, _digest(1)), "x86-64", cache_dir=tmp_path)
+    second = build(Package(second_graph, _digest(2)), "x86-64", cache_dir=tmp_path)
+    assert (first.cache_hit, second.cache_hit) == (False, True) and first.key == second.key
+    for model, graph in ((first, first_graph), (second, second_graph)):
+        np.testing.assert_array_equal(model.run({"x": X})["y"], interpreter.run(graph, {"x": X})["y"])
+    assert not np.allclose(second.run({"x": X})["y"], first.run({"x": X})["y"])
+
+
+def test_an_int_tensor_another_op_also_reads_still_keys_the_cache(tmp_path):
+    """Only data that (De)QuantizeLinear alone reads is left out: the same int32 tensor read by any
+    other op (here Gather's indices, shared on purpose) keys the build by its values."""
+    def shared(indices):
+        nodes = [Node("dq", "DequantizeLinear", ("i", "scale"), ("f",)),
+                 Node("pick", "Gather", ("x", "i"), ("y",), {"axis": 1})]
+        return build_graph("shared", [Value("x", TensorType("float32", ("N", 6)))], ["y", "f"], nodes,
+                           {"i": np.array(indices, np.int32), "scale": np.array(1.0, np.float32)}, 13)
+
+    assert BUILD.structure_digest(shared([0, 1])) != BUILD.structure_digest(shared([4, 5]))
+    first = build(Package(shared([0, 1]), _digest(1)), "x86-64", cache_dir=tmp_path)
+    second = build(Package(shared([4, 5]), _digest(2)), "x86-64", cache_dir=tmp_path)
+    assert not second.cache_hit
+    np.testing.assert_array_equal(second.run({"x": X})["y"], X[:, 4:6])
+    assert BUILD.structure_digest(_qdq_graph(np.arange(6), 0)) == BUILD.structure_digest(_qdq_graph(-np.arange(6), 5))
+    assert BUILD.structure_digest(_qdq_graph(np.arange(6), 0)) != BUILD.structure_digest(
+        _qdq_graph(np.arange(6), 0, shape=(3, 2)))
