@@ -35,8 +35,6 @@ def plan_cmd(federation: Path = typer.Option(Path("configs/federation.yaml"), "-
                           number(option.latency_ms, ".2f"), number(option.train_batch_ms, ".1f"),
                           number(option.round_seconds, ".1f"), mark)
     console.print(table)
-    if latency is None:
-        console.print("no cost model installed: latencies are not predicted")
     for plan in plans:
         choice = plan.chosen.precision if plan.chosen else "[bold red]NOT PUSHED[/bold red]"
         console.print(f"{plan.site} ({plan.target}): {choice}: {plan.reason}")

@@ -17,11 +17,13 @@ from typing import Callable, Mapping, Optional, Sequence
 
 from cuvil_edge.config import SiteConfig
 from cuvil_edge.device_targets import load_target
+from cuvil_edge.device_targets.cost_model import predict
 from cuvil_edge.device_targets.memory_plan import plan_memory
 from cuvil_edge.device_targets.spec import TargetSpec
 from cuvil_edge.errors import CuvilError
 from cuvil_edge.ir.graph import Graph
 from cuvil_edge.ir_serialize import encode_payload
+from cuvil_edge.passes.quantize import dequantize_at_load, store_fp16
 
 #: Most accurate first: the plan takes the first one that fits.
 PRECISIONS = ("fp32", "fp16", "int8")
@@ -109,32 +111,17 @@ def _option(site: SiteConfig, spec: TargetSpec, precision: str, graph: Graph, la
 
 def _loaded(graph: Graph) -> Graph:
     """The graph as the agent builds it: stored fp16/int8 weights dequantized once at load."""
-    try:
-        from cuvil_edge.passes.quantize import dequantize_at_load
-    except ImportError:  # no quantization support: the graph is already what runs
-        return graph
     return dequantize_at_load(graph)
 
 
 def precision_variants(graph: Graph) -> dict[str, Graph]:
     """The model as each precision's package would carry it: fp32 as given, and fp16 (weights stored
-    in half precision) where quantization support is installed. int8 needs calibration data, so it
-    is planned only by callers that have it."""
-    variants = {"fp32": graph}
-    try:
-        from cuvil_edge.passes.quantize import store_fp16
-    except ImportError:
-        return variants
-    variants["fp16"] = store_fp16(graph)
-    return variants
+    in half precision). int8 needs calibration data, so it is planned only by callers that have it."""
+    return {"fp32": graph, "fp16": store_fp16(graph)}
 
 
-def default_latency() -> Optional[Latency]:
-    """The cost model's prediction for one inference, where the cost model is installed."""
-    try:
-        from cuvil_edge.device_targets.cost_model import predict
-    except ImportError:
-        return None
+def default_latency() -> Latency:
+    """The cost model's prediction for one inference (device_targets.cost_model)."""
 
     def latency(graph: Graph, spec: TargetSpec, precision: str, batch: int) -> float:
         return predict(graph, spec, precision=precision, batch=batch).seconds
