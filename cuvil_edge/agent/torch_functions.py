@@ -39,7 +39,8 @@ def check(node: Node) -> None:
     """Refuse, when the module is built, what a function could otherwise only refuse mid-training.
 
     Raises:
-        UnsupportedAttributeError: an activation, Pad mode or dilated AveragePool without a lowering.
+        UnsupportedAttributeError: an activation, Pad mode, dilated AveragePool or blocked
+            quantization without a lowering.
         UnsupportedOpError: MaxPool's Indices output is used.
     """
     activation(node)
@@ -47,6 +48,11 @@ def check(node: Node) -> None:
         raise UnsupportedOpError(f"{node.describe()}: MaxPool's Indices output has no training lowering")
     if node.op_type == "AveragePool" and any(d != 1 for d in node.attr("dilations") or ()):
         raise UnsupportedAttributeError(f"{node.describe()}: dilated AveragePool has no training lowering")
+    if node.op_type in ("QuantizeLinear", "DequantizeLinear") and node.attr("block_size", 0):
+        raise UnsupportedAttributeError(f"{node.describe()}: blocked quantization has no training lowering")
+    if node.op_type == "QuantizeLinear" and node.attr("output_dtype", 0):
+        raise UnsupportedAttributeError(f"{node.describe()}: QuantizeLinear's output_dtype has no training lowering; "
+                                        "give the zero point in the dtype wanted")
     if node.op_type == "Pad" and node.attr("mode", "constant") not in _PAD_MODES:
         raise UnsupportedAttributeError(f"{node.describe()}: Pad mode {node.attr('mode')!r} has no training lowering")
 
@@ -214,6 +220,40 @@ def _cast(node: Node, x):
     return x.to(getattr(torch, dtypes.FROM_ONNX_CODE[int(node.attr("to"))]))
 
 
+#: Integer range of a QuantizeLinear output, by its zero point's dtype (uint8 when it has none).
+_QUANT_RANGES = {torch.uint8: (0, 255), torch.int8: (-128, 127)}
+
+
+def _per_axis(node: Node, param: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """A per-tensor (scalar) or per-axis (1-D along ``axis``) QDQ parameter, shaped to broadcast on ``x``."""
+    if param.dim() == 0 or param.numel() == 1:
+        return param.reshape(())
+    axis = int(node.attr("axis", 1)) % x.dim()
+    return param.reshape([-1 if d == axis else 1 for d in range(x.dim())])
+
+
+def _quantize_linear(node: Node, x, scale, zero=None):
+    """Fake quantization for quantization-aware training: the integer values ONNX's QuantizeLinear
+    computes (round half to even, saturate), kept as float so that DequantizeLinear can follow, with
+    the straight-through estimator: inside the range the gradient passes as if rounding were the
+    identity, outside it is zero (the value saturated)."""
+    kind = zero.dtype if zero is not None else torch.uint8
+    if kind not in _QUANT_RANGES:
+        raise UnsupportedAttributeError(f"{node.describe()}: quantization to {kind} has no training lowering "
+                                        "(int8 and uint8 have)")
+    lo, hi = _QUANT_RANGES[kind]
+    z = _per_axis(node, zero, x).to(x.dtype) if zero is not None else 0.0
+    v = x / _per_axis(node, scale, x).to(x.dtype)
+    rounded = v + (torch.round(v) - v).detach()
+    return torch.clamp(rounded + z, lo, hi)
+
+
+def _dequantize_linear(node: Node, q, scale, zero=None):
+    s = _per_axis(node, scale, q).to(scale.dtype)
+    z = _per_axis(node, zero, q).to(scale.dtype) if zero is not None else 0.0
+    return (q.to(scale.dtype) - z) * s
+
+
 def _div(node: Node, a, b):
     integral = not (a.is_floating_point() or b.is_floating_point())
     return torch.div(a, b, rounding_mode="trunc") if integral else a / b
@@ -342,5 +382,6 @@ FUNCTIONS: dict[str, Callable] = {
     "Concat": lambda node, *xs: torch.cat(xs, dim=int(node.attr("axis"))),
     "Expand": lambda node, x, shape: x.expand(torch.broadcast_shapes(x.shape, tuple(shape.tolist()))),
     "Pad": _pad,
+    "QuantizeLinear": _quantize_linear, "DequantizeLinear": _dequantize_linear,
     "Einsum": lambda node, *xs: torch.einsum(node.attr("equation"), *xs),
 }
