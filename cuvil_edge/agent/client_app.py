@@ -34,6 +34,9 @@ app = ClientApp()
 SITE_ERROR_CODE = 4001
 #: Config key Flower's DifferentialPrivacyClientSideFixedClipping adds to train messages.
 CLIPPING_NORM_KEY = "clipping_norm"
+#: Config key naming the weights a train reply carries, when none travel beside the package
+#: (the coordinator's strategy.REPLY_KEYS).
+REPLY_KEYS = "reply-keys"
 
 
 def central_dp(msg: Message) -> bool:
@@ -169,6 +172,7 @@ def train(msg: Message, context: Context) -> Message:
         activated = agent.activate(_package(msg, agent))
         train_data, _ = _local_data(agent, index, count, context)
         ledger = agent.ledger()
+        keys = _reply_keys(msg, activated.model.graph)  # before training: a bad request spends nothing
         # the graph as loaded: fp16-stored weights widened to the float32 the trainer updates
         outcome = train_round(activated.model.graph, agent.site, train_data, ledger,
                               int(msg.content["config"]["server-round"]), activated.package.manifest.version,
@@ -178,10 +182,25 @@ def train(msg: Message, context: Context) -> Message:
     except CuvilError as e:
         return _error(msg, e)
     metrics = MetricRecord(train_metrics(agent.site, outcome, ledger, activated, central=central_dp(msg)))
-    # Same keys in the same order as received (fixedclipping_mod checks this).
-    sent = list(msg.content["arrays"].keys()) or list(outcome.weights)
-    arrays = ArrayRecord({k: Array(outcome.weights[k]) for k in sent})
+    arrays = ArrayRecord({k: Array(outcome.weights[k]) for k in keys})
     return Message(RecordDict({"arrays": arrays, "metrics": metrics}), reply_to=msg)
+
+
+def _reply_keys(msg: Message, graph) -> list[str]:
+    """The weights a train reply carries (the package's float32 weights, as ``train_round`` returns
+    them): the keys received, in their order (fixedclipping_mod checks this), else the ones the
+    coordinator named (a plain round sends no weights beside the package), else all of them.
+
+    Raises:
+        PackageFormatError: a requested weight is not a float32 weight of the package.
+    """
+    weights = [k for k, v in graph.initializers.items() if v.dtype == np.float32]
+    keys = list(msg.content["arrays"].keys()) or [str(k) for k in msg.content["config"].get(REPLY_KEYS, [])]
+    missing = sorted(set(keys) - set(weights))
+    if missing:
+        raise PackageFormatError(f"the coordinator asks for weights {missing[:3]} the package does not hold as "
+                                 "float32; it was issued for another model")
+    return keys or weights
 
 
 def train_metrics(site: SiteConfig, outcome, ledger, activated, *, central: bool) -> dict:

@@ -18,12 +18,15 @@ def plan_cmd(federation: Path = typer.Option(Path("configs/federation.yaml"), "-
     against the site's limits, and the precision chosen (or why nothing fits)."""
     from cuvil_edge.config import load_federation
     from cuvil_edge.coordinator.model import load_federation_model
-    from cuvil_edge.coordinator.plan import default_latency, plan_federation
+    from cuvil_edge.coordinator.plan import default_latency, plan_federation, precision_variants
+    from cuvil_edge.coordinator.precision import federation_calibration
 
     config = load_federation(federation)
     graph = load_federation_model(config.model, config.seed)
     latency = default_latency()
-    plans = plan_federation(graph, config.load_sites(), latency=latency)
+    calibration = federation_calibration(config.quantization.calibration, graph)
+    variants = precision_variants(graph, calibration, config.quantization.method)
+    plans = plan_federation(graph, config.load_sites(), variants, latency)
     table = Table("site", "target", "precision", "package MiB", "peak MiB", "ms (batch 1)", "ms (train batch)",
                   "round s", "fits", title=f"compile plan of {config.model}")
     number = lambda v, spec: "-" if v is None else format(v, spec)  # noqa: E731

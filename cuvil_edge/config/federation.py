@@ -56,6 +56,29 @@ class CentralDpSection(_Strict):
     max_epsilon: Optional[float] = Field(gt=0, allow_inf_nan=False, default=None)
 
 
+class QuantizationSection(_Strict):
+    """int8 packages for sites whose compile plan needs them (`cuvil-edge plan`).
+
+    int8 activations are calibrated on sample inputs the coordinator holds itself (public or
+    synthetic records, never a site's data): an ``.npz`` with one array per model input, samples
+    along axis 0. Without it, int8 is not offered, and a site only int8 would fit is not pushed.
+    """
+
+    calibration: Optional[Path] = None
+    method: Literal["minmax", "percentile"] = "minmax"
+
+    @field_validator("calibration", mode="before")
+    @classmethod
+    def _calibration_file(cls, value: object, info: ValidationInfo) -> object:
+        if isinstance(value, str):
+            path = (Path((info.context or {}).get("base_dir", ".")) / value).resolve()
+            if not path.is_file():
+                raise ValueError(f"calibration file {path} not found; give an .npz of sample inputs "
+                                 "(one array per model input, saved with numpy.savez)")
+            return path
+        return value
+
+
 class FederationConfig(_Strict):
     """One federation: which model goes to which sites for how many rounds."""
 
@@ -75,6 +98,7 @@ class FederationConfig(_Strict):
     #: false, sites train with plain SGD and only their evaluation releases spend.
     local_dp: bool = True
     central_dp: CentralDpSection = CentralDpSection()
+    quantization: QuantizationSection = QuantizationSection()
 
     @field_validator("sites", mode="before")
     @classmethod

@@ -21,7 +21,8 @@ from cuvil_edge.atomic import atomic_write
 from cuvil_edge.config.site import SiteConfig
 from cuvil_edge.coordinator.keys import SigningKeys
 from cuvil_edge.errors import KeyFileError, PlanError, StateError
-from cuvil_edge.passes.quantize import store_fp16
+from cuvil_edge.coordinator.precision import PRECISIONS, with_precision
+from cuvil_edge.passes.quantize import dequantize_at_load
 from cuvil_edge.ir.graph import Graph
 from cuvil_edge.ir.infer import with_initializers
 from cuvil_edge.ir_serialize import SignedRelease, encode_payload, sign_release, write_package
@@ -72,7 +73,9 @@ class PackageFactory:
     def __init__(self, graph: Graph, sites: Sequence[SiteConfig], signing_key: SigningKeys, versions: VersionCounter,
                  validity_seconds: int, clock: Callable[[], float] = time.time, package: str = "model",
                  seal_keys: Mapping[str, Any] | None = None, refused: Mapping[str, str] | None = None,
-                 precisions: Mapping[str, str] | None = None) -> None:
+                 precisions: Mapping[str, str] | None = None,
+                 calibration: Sequence[Mapping[str, np.ndarray]] | None = None,
+                 quantization_method: str = "minmax") -> None:
         if not isinstance(signing_key, SigningKeys):
             raise KeyFileError("PackageFactory needs SigningKeys (coordinator.keys.load_signing_keys), not a bare key")
         self.graph = graph
@@ -85,14 +88,19 @@ class PackageFactory:
         self.seal_keys = dict(seal_keys or {})
         #: site -> why its compile plan does not fit (coordinator.plan): it is issued nothing
         self.refused = dict(refused or {})
-        #: site -> the precision its plan chose (fp32 when absent); int8 needs calibration samples,
-        #: which a federation does not provide yet, so a run issues fp32 or fp16
+        #: site -> the precision its plan chose (fp32 when absent)
         self.precisions = dict(precisions or {})
-        unsupported = {s: p for s, p in self.precisions.items() if p not in ("fp32", "fp16")}
-        if unsupported:
-            raise PlanError(f"sites {unsupported} were planned at a precision a run cannot issue yet; "
-                            "federation runs issue fp32 or fp16 packages")
-        self._release: tuple[str, SignedRelease] | None = None
+        unknown = {s: p for s, p in self.precisions.items() if p not in PRECISIONS}
+        if unknown:
+            raise PlanError(f"sites {unknown} were planned at an unknown precision; use one of {', '.join(PRECISIONS)}")
+        int8 = sorted(s for s, p in self.precisions.items() if p == "int8")
+        if int8 and calibration is None:
+            raise PlanError(f"sites {int8} were planned at int8, which needs calibration samples; give the federation "
+                            "file a quantization.calibration .npz")
+        self.calibration = None if calibration is None else list(calibration)
+        self.quantization_method = quantization_method
+        self._releases: dict[str, SignedRelease] = {}  # payload digest -> its release (one per precision)
+        self._round: tuple[str, dict[str, Graph], dict[str, dict[str, np.ndarray]]] | None = None
 
     def graph_with(self, arrays: Mapping[str, np.ndarray]) -> Graph:
         """The model graph carrying ``arrays`` as its weights."""
@@ -100,11 +108,51 @@ class PackageFactory:
 
     def _release_for(self, payload: bytes) -> SignedRelease:
         digest = hashlib.sha256(payload).hexdigest()
-        if self._release is None or self._release[0] != digest:
+        if digest not in self._releases:
             counter = self.versions.next(f"release:{self.package}")
             targets = sorted({s.target for s in self.sites.values()})
-            self._release = (digest, sign_release(payload, self.package, counter, targets, self.keys.release))
-        return self._release[1]
+            if len(self._releases) >= len(PRECISIONS):  # an older round's payloads are not issued again
+                self._releases.pop(next(iter(self._releases)))
+            self._releases[digest] = sign_release(payload, self.package, counter, targets, self.keys.release)
+        return self._releases[digest]
+
+    def _cached(self, arrays: Mapping[str, np.ndarray]) -> tuple[dict[str, Graph], dict[str, dict[str, np.ndarray]]]:
+        """This round's variants and shipped weights, recomputed when the weights change."""
+        digest = hashlib.sha256()
+        for name in sorted(arrays):
+            value = np.ascontiguousarray(arrays[name])
+            digest.update(f"{name}\0{value.dtype.str}\0{value.shape}\0".encode())
+            digest.update(value.data)
+        key = digest.hexdigest()
+        if self._round is None or self._round[0] != key:
+            self._round = (key, {}, {})
+        return self._round[1], self._round[2]
+
+    def variant(self, site: str, arrays: Mapping[str, np.ndarray]) -> Graph:
+        """The model with ``arrays`` as ``site``'s package carries it: at the precision its plan chose
+        (fp16 storage halves the download; int8 is quantized on the calibration samples, again for
+        every new set of weights, since the activation ranges depend on them)."""
+        precision = self.precisions.get(site, "fp32")
+        if precision == "fp32":
+            return self.graph_with(arrays)
+        variants, _ = self._cached(arrays)
+        if precision not in variants:
+            variants[precision] = with_precision(self.graph_with(arrays), precision, self.calibration,
+                                                 self.quantization_method)[0]
+        return variants[precision]
+
+    def shipped(self, site: str, arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """``arrays`` as ``site`` starts training from them: its package's weights after the agent's
+        load fold (int8 and fp16 rounding included). The coordinator adds each site's update to the
+        exact weights (:meth:`SitePackages.reanchor`), so the rounding never accumulates in the model."""
+        precision = self.precisions.get(site, "fp32")
+        if precision == "fp32":
+            return dict(arrays)
+        _, shipped = self._cached(arrays)
+        if precision not in shipped:
+            loaded = dequantize_at_load(self.variant(site, arrays)).initializers
+            shipped[precision] = {k: np.asarray(loaded[k], dtype=np.asarray(v).dtype) for k, v in arrays.items()}
+        return shipped[precision]
 
     def issue(self, site: str, arrays: Mapping[str, np.ndarray]) -> IssuedPackage:
         """A freshly versioned, signed package of the model with ``arrays`` for ``site``.
@@ -115,10 +163,7 @@ class PackageFactory:
         if site in self.refused:
             raise PlanError(f"not pushing to site {site!r}: {self.refused[site]}")
         config = self.sites[site]
-        graph = self.graph_with(arrays)
-        if self.precisions.get(site, "fp32") == "fp16":  # half the download; the agent widens it at load
-            graph = store_fp16(graph)
-        payload = encode_payload(graph)
+        payload = encode_payload(self.variant(site, arrays))
         release = self._release_for(payload)
         now = int(self.clock())
         version = self.versions.next(site)

@@ -12,10 +12,13 @@ did not. A site nothing fits is flagged with the reasons.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Mapping, Optional, Sequence
 
+import numpy as np
+
 from cuvil_edge.config import SiteConfig
+from cuvil_edge.coordinator.precision import with_precision
 from cuvil_edge.device_targets import load_target
 from cuvil_edge.device_targets.cost_model import predict
 from cuvil_edge.device_targets.memory_plan import plan_memory
@@ -114,10 +117,15 @@ def _loaded(graph: Graph) -> Graph:
     return dequantize_at_load(graph)
 
 
-def precision_variants(graph: Graph) -> dict[str, Graph]:
-    """The model as each precision's package would carry it: fp32 as given, and fp16 (weights stored
-    in half precision). int8 needs calibration data, so it is planned only by callers that have it."""
-    return {"fp32": graph, "fp16": store_fp16(graph)}
+def precision_variants(graph: Graph, calibration: Optional[Sequence[Mapping[str, np.ndarray]]] = None,
+                       method: str = "minmax") -> dict[str, Graph]:
+    """The model as each precision's package would carry it: fp32 as given, fp16 (weights stored in
+    half precision) and, with ``calibration`` samples (feed dicts), int8. int8 needs the samples for
+    its activation ranges, so without them it is not offered."""
+    variants = {"fp32": graph, "fp16": store_fp16(graph)}
+    if calibration is not None:
+        variants["int8"] = with_precision(graph, "int8", list(calibration), method)[0]
+    return variants
 
 
 def default_latency() -> Latency:
@@ -134,8 +142,12 @@ def plan_federation(graph: Graph, sites: Sequence[SiteConfig], variants: Optiona
     """:func:`plan_site` for every site over ``variants`` (default: :func:`precision_variants`)."""
     variants = precision_variants(graph) if variants is None else variants
     # DP-SGD's Poisson steps: local_epochs passes at sample_rate make local_epochs / sample_rate steps
-    return [plan_site(site, variants, latency, round(site.training.local_epochs / site.training.sample_rate))
-            for site in sites]
+    plans = [plan_site(site, variants, latency, round(site.training.local_epochs / site.training.sample_rate))
+             for site in sites]
+    if "int8" in variants:
+        return plans
+    return [replace(p, reason=p.reason + "; int8 was not planned: give the federation file a quantization."
+                    "calibration .npz of sample inputs to offer it") if p.chosen is None else p for p in plans]
 
 
 def format_plans(plans: Sequence[SitePlan]) -> list[str]:

@@ -52,6 +52,12 @@ def load_calibration(path: Path, graph: Graph) -> list[dict[str, np.ndarray]]:
     return [{name: a[start:start + BATCH] for name, a in arrays.items()} for start in range(0, total, BATCH)]
 
 
+def federation_calibration(calibration: Optional[Path], graph: Graph) -> Optional[list[dict[str, np.ndarray]]]:
+    """The federation file's ``quantization.calibration`` samples (None when it gives none: int8 is
+    then not offered to any site)."""
+    return None if calibration is None else load_calibration(calibration, graph)
+
+
 def synthetic_calibration(graph: Graph, seed: int = 0) -> list[dict[str, np.ndarray]]:
     """Standard-normal batches shaped like the model's inputs (symbolic dims as :data:`BATCH`).
 

@@ -129,11 +129,11 @@ def format_round(entry: dict) -> str:
                  f"noisy n={fed['noisy_total']})")
     if not entry["sites"] or entry["round"] == 0:
         return head
-    cols = f"  {'site':<14}{'target':<18}{'status':<18}{'ε spent':>9}{'ε left':>9}{'pkg KiB':>9}{'build ms':>10}{'local acc*':>11}"
+    cols = f"  {'site':<14}{'target':<18}{'prec':<6}{'status':<18}{'ε spent':>9}{'ε left':>9}{'pkg KiB':>9}{'build ms':>10}{'local acc*':>11}"
     lines = [head, cols]
     for site, s in entry["sites"].items():
         lines.append(
-            f"  {site:<14}{s['target']:<18}{s.get('status', 'no reply'):<18}"
+            f"  {site:<14}{s['target']:<18}{s.get('precision', 'fp32'):<6}{s.get('status', 'no reply'):<18}"
             f"{s.get('eps-spent', float('nan')):>9.3f}{s.get('eps-remaining', float('nan')):>9.3f}"
             f"{s.get('package-bytes', 0) / 1024:>9.1f}{1000 * s.get('train-build-seconds', float('nan')):>10.1f}"
             f"{s.get('eval-accuracy', float('nan')):>11.3f}"

@@ -16,6 +16,7 @@ from cuvil_edge.config.home import versions_file
 from cuvil_edge.errors import StateError
 from cuvil_edge.coordinator.checkpoints import latest_checkpoint, resumed, save_checkpoint
 from cuvil_edge.coordinator.packaging import PackageFactory, VersionCounter
+from cuvil_edge.coordinator.precision import federation_calibration
 from cuvil_edge.coordinator.plan import default_latency, plan_federation, precision_variants
 from cuvil_edge.coordinator.registry import SiteRegistry
 from cuvil_edge.coordinator.report import STOPPED_CENTRAL_BUDGET, RunReport, show_round_table
@@ -50,8 +51,12 @@ def run_federation(grid: Grid, spec: RunSpec) -> RunReport:
     graph = load_federation_model(federation.model, federation.seed)
     run_dir = Path(spec.run_dir)
     # each site's compile plan: the most accurate precision that fits its limits (fp32, else fp16
-    # storage), and a site nothing fits is sent nothing while the run goes on
-    plans = plan_federation(graph, sites, precision_variants(graph), default_latency())
+    # storage, else int8 when the federation gives calibration samples), and a site nothing fits is
+    # sent nothing while the run goes on
+    quantization = federation.quantization
+    calibration = federation_calibration(quantization.calibration, graph)
+    plans = plan_federation(graph, sites, precision_variants(graph, calibration, quantization.method),
+                            default_latency())
     refused = {p.site: p.reason for p in plans if p.chosen is None}
     precisions = {p.site: p.chosen.precision for p in plans if p.chosen is not None}
     for site, why in refused.items():
@@ -63,7 +68,8 @@ def run_federation(grid: Grid, spec: RunSpec) -> RunReport:
                              VersionCounter(versions_file(Path(spec.home))),
                              federation.package.validity_seconds,
                              seal_keys=SiteRegistry(Path(spec.home)).seal_keys(),  # enrolled sites: sealed
-                             refused=refused, precisions=precisions)
+                             refused=refused, precisions=precisions, calibration=calibration,
+                             quantization_method=quantization.method)
     sites_strategy, strategy = make_strategy(federation, factory, len(sites))
     test = digits.global_test(federation.dataset.test_fraction)
     report = RunReport(run_dir, sites)

@@ -18,7 +18,7 @@ import logging
 from typing import Iterable
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import DifferentialPrivacyClientSideFixedClipping, FedAvg
 
@@ -32,6 +32,10 @@ log = logging.getLogger(__name__)
 PACKAGE_KEY = "package"
 SITE_KEY = "site"
 EXHAUSTED_METRIC = "budget-exhausted"
+#: The weights a reply carries, when none travel beside the package (a plain round).
+REPLY_KEYS = "reply-keys"
+#: Config key Flower's DifferentialPrivacyClientSideFixedClipping adds to train messages.
+CLIPPING_NORM_KEY = "clipping_norm"
 
 
 def arrays_to_numpy(arrays: ArrayRecord) -> dict[str, np.ndarray]:
@@ -53,6 +57,7 @@ class SitePackages(FedAvg):
         self.central: dict[int, dict] = {}  # round -> central-DP accounting (CentralDpFixedClipping)
         self.evaluations: dict[int, dict] = {}  # round -> pooled federated accuracy (aggregate_evaluate)
         self._sent: list[tuple[Message, str]] = []  # messages of the current phase and their sites
+        self._weights: dict[str, np.ndarray] | None = None  # the global weights the current phase sent
 
     # -- node -> site ---------------------------------------------------------
     def _resolve_sites(self, grid: Grid, node_ids: Iterable[int]) -> None:
@@ -110,7 +115,7 @@ class SitePackages(FedAvg):
     def _personalise(self, messages: Iterable[Message], arrays: ArrayRecord, grid: Grid) -> list[Message]:
         messages = list(messages)
         self._resolve_sites(grid, [m.metadata.dst_node_id for m in messages])
-        weights = arrays_to_numpy(arrays)
+        weights = self._weights = arrays_to_numpy(arrays)
         out = []
         for message in messages:
             node = message.metadata.dst_node_id
@@ -129,11 +134,38 @@ class SitePackages(FedAvg):
             config = ConfigRecord(dict(message.content["config"]))
             config[SITE_KEY] = site
             config[PACKAGE_KEY] = package.data
-            content = RecordDict({"arrays": arrays, "config": config})
+            content = RecordDict({"arrays": self._site_arrays(site, weights, config), "config": config})
             out.append(Message(content=content, dst_node_id=node, message_type=message.metadata.message_type))
-            self._site_stats(int(config["server-round"]), site)["package-bytes"] = len(package.data)
+            stats = self._site_stats(int(config["server-round"]), site)
+            stats["package-bytes"], stats["precision"] = len(package.data), self.factory.precisions.get(site, "fp32")
         self._sent = [(m, self.node_to_site[m.metadata.dst_node_id]) for m in out]
         return out
+
+    def _site_arrays(self, site: str, weights: dict[str, np.ndarray], config: ConfigRecord) -> ArrayRecord:
+        """The weights that travel beside the package. The signed package carries them already, so
+        a plain round sends none (the download is the package alone) and names the weights the
+        reply must carry. Central DP's clipping mod clips (reply - these), so under central DP they
+        are the weights the site starts from: its package's, int8 or fp16 rounding included."""
+        if CLIPPING_NORM_KEY not in config:
+            config[REPLY_KEYS] = list(weights)
+            return ArrayRecord()
+        return ArrayRecord({k: Array(np.asarray(v)) for k, v in self.factory.shipped(site, weights).items()})
+
+    def reanchor(self, server_round: int, replies: list[Message]) -> list[Message]:
+        """Move each reply of a site sent rounded weights (int8 or fp16 package) onto the exact ones:
+        reply + (global - shipped). The site's update is what it trained; the rounding it started
+        from is public and stays out of the model. Replies of fp32 sites are unchanged."""
+        sent = {m.metadata.message_id: site for m, site in self._sent}
+        for reply in replies:
+            site = self._reply_site(reply, sent)
+            if reply.has_error() or self.factory.precisions.get(site, "fp32") == "fp32" or self._weights is None:
+                continue
+            shipped = self.factory.shipped(site, self._weights)
+            record = reply.content["arrays"]
+            reply.content["arrays"] = ArrayRecord({
+                k: Array(a.numpy() + (self._weights[k] - shipped[k]) if k in shipped else a.numpy())
+                for k, a in record.items()})
+        return replies
 
     def _reply_site(self, reply: Message, sent: dict[str, str]) -> str:
         """The site a reply answers: matched by the id of the message it replies to (a reply the
@@ -216,7 +248,8 @@ class SitePackageFedAvg(SitePackages):
     """:class:`SitePackages` that leaves "budget exhausted" replies out of the average."""
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]):
-        return super().aggregate_train(server_round, self._record(server_round, replies, "train"))
+        return super().aggregate_train(server_round, self.reanchor(server_round,
+                                                                   self._record(server_round, replies, "train")))
 
 
 class CentralDpFixedClipping(DifferentialPrivacyClientSideFixedClipping):
@@ -233,7 +266,8 @@ class CentralDpFixedClipping(DifferentialPrivacyClientSideFixedClipping):
     strategy: SitePackages
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]):
-        replies = self.strategy._record(server_round, replies, "train", keep_exhausted=True)
+        replies = self.strategy.reanchor(server_round,
+                                         self.strategy._record(server_round, replies, "train", keep_exhausted=True))
         result = super().aggregate_train(server_round, replies)
         spent = self.privacy_spent()
         central = {"released": result[0] is not None, "noise_multiplier": self.noise_multiplier,

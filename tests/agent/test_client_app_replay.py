@@ -6,8 +6,9 @@ import threading
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
-from flwr.app import ConfigRecord, Context, Message, MessageType, Metadata, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, Metadata, RecordDict
 
 from cuvil_edge.agent import client_app
 from cuvil_edge.config import load_federation, load_site
@@ -36,13 +37,14 @@ def node(tmp_path):
     context = Context(run_id=1, node_id=1, node_config={"partition-id": 0}, state=RecordDict(),
                       run_config={RUN_CONFIG_KEY: str(Path(spec.run_dir) / "run_spec.json")})
 
-    def deliver(server_round: int) -> Message:
-        config = ConfigRecord({"site": site.site, "package": package, "server-round": server_round})
+    def deliver(server_round: int, kind: str = "evaluate", **extra) -> Message:
+        config = ConfigRecord({"site": site.site, "package": package, "server-round": server_round, **extra})
         meta = Metadata(run_id=1, message_id=f"m{time.monotonic_ns()}", src_node_id=0, dst_node_id=1,
                         reply_to_message_id="", group_id="", created_at=time.time(), ttl=600,
-                        message_type=MessageType.EVALUATE)
-        msg = Message(content=RecordDict({"config": config}), metadata=meta)
-        return client_app.evaluate(msg, context)
+                        message_type=MessageType.EVALUATE if kind == "evaluate" else MessageType.TRAIN)
+        content = {"config": config} if kind == "evaluate" else {"config": config, "arrays": ArrayRecord()}
+        msg = Message(content=RecordDict(content), metadata=meta)
+        return (client_app.evaluate if kind == "evaluate" else client_app.train)(msg, context)
 
     ledger = PrivacyLedger(site_state_dir(site, Path(spec.home)) / "ledger.sqlite", site=site.site,
                            epsilon_budget=site.privacy.epsilon_budget, delta=site.privacy.delta)
@@ -76,3 +78,19 @@ def test_two_concurrent_evaluate_deliveries_release_once(node):
     assert all(isinstance(r, Message) for r in replies), replies
     assert sorted(r.has_error() for r in replies) == [False, True]
     assert len(ledger.history()) == 1
+
+
+def test_a_train_reply_carries_exactly_the_weights_the_coordinator_named(node):
+    deliver, ledger = node
+    graph = load_model(digits_cnn_onnx(0))
+    named = sorted(k for k, v in graph.initializers.items() if v.dtype == np.float32)[:2]
+    reply = deliver(1, "train", **{"reply-keys": named})
+    assert not reply.has_error(), reply.error.reason
+    assert list(reply.content["arrays"].keys()) == named
+
+
+def test_a_request_for_weights_the_package_lacks_is_refused_before_any_budget_is_spent(node):
+    deliver, ledger = node
+    reply = deliver(1, "train", **{"reply-keys": ["not-a-weight"]})
+    assert reply.has_error() and "not-a-weight" in reply.error.reason and "another model" in reply.error.reason
+    assert ledger.spent() == 0 and ledger.history() == []

@@ -89,9 +89,12 @@ def test_a_download_limit_moves_a_site_to_fp16_and_it_is_issued_fp16(tmp_path, g
     issued = describe_package(factory.issue(site.site, weights).data, max_bytes=1 << 30).graph
     assert any(a.dtype == np.float16 for a in issued.initializers.values())
     assert len(encode_payload(issued)) <= 0.8 * fp32_bytes
-    with pytest.raises(PlanError, match="cannot issue yet"):
+    with pytest.raises(PlanError, match="needs calibration samples.*quantization.calibration"):
         PackageFactory(graph, [site], load_signing_keys(tmp_path / "keys" / "coordinator.key"),
                        VersionCounter(tmp_path / "versions.json"), 600, precisions={site.site: "int8"})
+    with pytest.raises(PlanError, match="unknown precision"):
+        PackageFactory(graph, [site], load_signing_keys(tmp_path / "keys" / "coordinator.key"),
+                       VersionCounter(tmp_path / "versions.json"), 600, precisions={site.site: "int4"})
 
 
 def test_a_refused_site_is_sent_nothing_and_the_others_still_are(tmp_path, graph, flower_identity):
@@ -119,3 +122,127 @@ def test_the_shipped_federation_plans_every_site(graph):
     federation = load_federation(ROOT / "configs" / "federation.yaml")
     plans = plan_federation(graph, federation.load_sites(), {"fp32": graph})
     assert [p.chosen.precision for p in plans] == ["fp32"] * len(plans)
+
+
+# --- int8 in federation runs ---------------------------------------------------------------------
+def _calibration(graph):
+    from cuvil_edge.datasets import digits
+
+    return [{graph.inputs[0].name: digits.global_test().x[:64]}]  # public samples the coordinator holds
+
+
+def _int8_limit(graph, variants) -> float:
+    """A download limit (MiB) int8 fits and fp16 does not."""
+    sizes = {p: len(encode_payload(g)) for p, g in variants.items()}
+    assert sizes["int8"] < sizes["fp16"] < sizes["fp32"]
+    return (sizes["int8"] + sizes["fp16"]) / 2 / 2**20
+
+
+def test_int8_is_offered_only_with_calibration_samples_and_chosen_when_only_it_fits(tmp_path, graph):
+    from cuvil_edge.coordinator.plan import precision_variants
+
+    variants = precision_variants(graph, _calibration(graph))
+    site = _site(tmp_path, f"  download_mb: {_int8_limit(graph, variants)}\n")
+    plan = plan_federation(graph, [site], variants)[0]
+    assert plan.chosen.precision == "int8"
+    assert "fp32 breaks" in plan.reason and "fp16 breaks" in plan.reason
+    without = plan_federation(graph, [site], precision_variants(graph))[0]
+    assert without.chosen is None and "int8 was not planned" in without.reason
+    assert "quantization.calibration" in without.reason
+
+
+@pytest.fixture()
+def mixed(tmp_path, graph):
+    """A factory and strategy for three sites planned fp32, fp16 and int8."""
+    sites = load_federation(ROOT / "configs" / "federation.yaml").load_sites()
+    init_keys(tmp_path / "keys")
+    precisions = {sites[1].site: "fp16", sites[2].site: "int8"}
+    factory = PackageFactory(graph, sites, load_signing_keys(tmp_path / "keys" / "coordinator.key"),
+                             VersionCounter(tmp_path / "versions.json"), 600, precisions=precisions,
+                             calibration=_calibration(graph))
+    strategy = SitePackageFedAvg(factory, fraction_train=1.0, min_train_nodes=3, min_available_nodes=3)
+    strategy.node_to_site = {11: sites[0].site, 12: sites[1].site, 13: sites[2].site}
+    weights = {k: np.array(v) for k, v in graph.initializers.items() if v.dtype == np.float32}
+    return sites, factory, strategy, weights
+
+
+def _asks(config=None):
+    return [Message(RecordDict({"config": ConfigRecord({"server-round": 1, **(config or {})})}), dst_node_id=n,
+                    message_type=MessageType.TRAIN) for n in (11, 12, 13)]
+
+
+def test_each_site_is_issued_its_precision_and_one_release_serves_every_site_of_a_precision(mixed):
+    from cuvil_edge.ir_serialize import describe_package
+
+    sites, factory, _, weights = mixed
+    issued = {s.site: describe_package(factory.issue(s.site, weights).data, max_bytes=1 << 30) for s in sites}
+    int8 = issued[sites[2].site].graph
+    assert {"QuantizeLinear", "DequantizeLinear"} <= set(int8.op_counts())
+    assert any(a.dtype == np.int8 for a in int8.initializers.values())
+    assert any(a.dtype == np.float16 for a in issued[sites[1].site].graph.initializers.values())
+    releases = {site: d.release.release_counter for site, d in issued.items()}
+    assert len(set(releases.values())) == 3  # three payloads, three releases
+    again = describe_package(factory.issue(sites[2].site, weights).data, max_bytes=1 << 30)
+    assert again.release.release_counter == releases[sites[2].site]  # same payload: the same release, a new version
+    assert again.manifest.version == issued[sites[2].site].manifest.version + 1
+
+
+def test_what_a_site_starts_from_is_its_package_after_the_load_fold(mixed):
+    from cuvil_edge.passes.quantize import dequantize_at_load
+
+    sites, factory, _, weights = mixed
+    assert factory.shipped(sites[0].site, weights).keys() == weights.keys()
+    for site in sites[1:]:
+        shipped = factory.shipped(site.site, weights)
+        loaded = dequantize_at_load(factory.variant(site.site, weights)).initializers
+        assert shipped.keys() == weights.keys()
+        assert all(np.array_equal(shipped[k], loaded[k]) for k in weights)
+        assert any(not np.array_equal(shipped[k], weights[k]) for k in weights)  # rounded
+    moved = {k: v + 0.5 for k, v in weights.items()}  # the next round's weights: quantized again
+    assert not np.array_equal(factory.shipped(sites[2].site, moved)[next(iter(weights))],
+                              factory.shipped(sites[2].site, weights)[next(iter(weights))])
+
+
+def _train_reply(sent: Message, arrays: dict) -> Message:
+    from flwr.app import Metadata, MetricRecord
+
+    meta = Metadata(run_id=1, message_id=f"r{sent.metadata.dst_node_id}", src_node_id=sent.metadata.dst_node_id,
+                    dst_node_id=0, reply_to_message_id=sent.metadata.message_id, group_id="", created_at=0.0,
+                    ttl=600, message_type=MessageType.TRAIN)
+    record = ArrayRecord({k: Array(np.asarray(v, np.float32)) for k, v in arrays.items()})
+    return Message(RecordDict({"arrays": record, "metrics": MetricRecord({"num-examples": 10})}), metadata=meta)
+
+
+def test_a_plain_round_sends_no_weights_beside_the_package_and_names_the_reply_keys(mixed, flower_identity):
+    sites, factory, strategy, weights = mixed
+    arrays = ArrayRecord({k: Array(v) for k, v in weights.items()})
+    for message in strategy._personalise(_asks(), arrays, grid=None):
+        assert len(message.content["arrays"]) == 0
+        assert list(message.content["config"]["reply-keys"]) == list(weights)
+
+
+def test_central_dp_clips_each_site_against_the_weights_it_was_sent(mixed, flower_identity):
+    sites, factory, strategy, weights = mixed
+    arrays = ArrayRecord({k: Array(v) for k, v in weights.items()})
+    sent = strategy._personalise(_asks({"clipping_norm": 1.0}), arrays, grid=None)
+    for message, site in zip(sent, sites):
+        got = {k: a.numpy() for k, a in message.content["arrays"].items()}
+        expected = factory.shipped(site.site, weights)
+        assert got.keys() == expected.keys() and all(np.array_equal(got[k], expected[k]) for k in got)
+
+
+def test_updates_from_rounded_packages_land_on_the_exact_weights(mixed, flower_identity):
+    """reply = shipped + Δ  ⇒  aggregated = weights + mean Δ: the int8/fp16 rounding stays out."""
+    sites, factory, strategy, weights = mixed
+    arrays = ArrayRecord({k: Array(v) for k, v in weights.items()})
+    sent = strategy._personalise(_asks(), arrays, grid=None)
+    for i, message in enumerate(sent):  # the grid gives each message its id
+        message.metadata.__dict__["_message_id"] = f"m{i}"
+    rng = np.random.default_rng(0)
+    deltas = [{k: rng.normal(0, 0.01, v.shape).astype(np.float32) for k, v in weights.items()} for _ in sites]
+    replies = [_train_reply(m, {k: factory.shipped(s.site, weights)[k] + d[k] for k in weights})
+               for m, s, d in zip(sent, sites, deltas)]
+    aggregated, _ = strategy.aggregate_train(1, replies)
+    for k, v in weights.items():
+        expected = v + np.mean([d[k] for d in deltas], axis=0)
+        np.testing.assert_allclose(aggregated[k].numpy(), expected, atol=1e-6)

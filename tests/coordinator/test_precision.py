@@ -102,3 +102,34 @@ def test_plan_command_shows_every_site_and_its_choice(capsys):
     shown = capsys.readouterr().out
     assert "compile plan" in shown and all(site in shown for site in ("hospital-a", "factory-b", "fleet-c"))
     assert "most accurate precision" in shown
+
+
+def test_plan_command_offers_int8_with_the_federations_calibration_file(tmp_path, capsys):
+    from cuvil_edge.cli.main import main
+    from cuvil_edge.datasets import digits
+
+    from cuvil_edge.coordinator.model import load_federation_model
+    from cuvil_edge.coordinator.plan import precision_variants
+    from cuvil_edge.ir_serialize import encode_payload
+
+    root = Path(__file__).resolve().parents[2]
+    graph = load_federation_model("builtin:digits-cnn", 0)
+    sizes = {p: len(encode_payload(g)) for p, g in
+             precision_variants(graph, [{graph.inputs[0].name: digits.global_test().x[:64]}]).items()}
+    (tmp_path / "sites").mkdir()
+    for site in (root / "configs" / "sites").glob("*.yaml"):  # fleet-c: int8 fits, fp16 does not
+        limit = f"limits:\n  download_mb: {(sizes['int8'] + sizes['fp16']) / 2 / 2**20}\n" if site.stem == "fleet-c" else ""
+        (tmp_path / "sites" / site.name).write_text(site.read_text() + limit)
+    federation = tmp_path / "federation.yaml"
+    federation.write_text((root / "configs" / "federation.yaml").read_text())
+    assert main(["plan", "--federation", str(federation)]) == 0
+    shown = " ".join(capsys.readouterr().out.split())
+    assert "fleet-c (ascend-310): NOT PUSHED" in shown and "quantization.calibration" in shown
+    np.savez(tmp_path / "calibration.npz", digits.global_test().x[:64])
+    federation.write_text(federation.read_text() + "quantization:\n  calibration: calibration.npz\n")
+    assert main(["plan", "--federation", str(federation)]) == 0
+    shown = " ".join(capsys.readouterr().out.split())
+    assert "fleet-c (ascend-310): int8" in shown
+    federation.write_text(federation.read_text().replace("calibration.npz", "missing.npz"))
+    assert main(["plan", "--federation", str(federation)]) == 2
+    assert "calibration file" in capsys.readouterr().err

@@ -149,3 +149,38 @@ def test_a_stopped_federation_resumes_from_its_last_checkpoint(tmp_path):
     assert resumed[0]["global_accuracy"] == first[-1]["global_accuracy"]  # the same weights
     assert all(s["status"] == "ok" for s in resumed[1]["sites"].values())  # packages still accepted
     assert (tmp_path / ".cuvil" / "keys" / "root.json").read_bytes() == root
+
+
+def test_sites_planned_at_fp16_and_int8_train_their_packages_and_the_model_learns(tmp_path):
+    """Download limits put factory-b at fp16 and fleet-c at int8 (calibrated on public digits the
+    coordinator holds); every site trains the package it was sent and the global model learns."""
+    import numpy as np
+
+    from cuvil_edge.coordinator.plan import precision_variants
+    from cuvil_edge.coordinator.model import load_federation_model
+    from cuvil_edge.datasets import digits
+    from cuvil_edge.ir_serialize import encode_payload
+
+    configs = tmp_path / "configs"
+    (configs / "sites").mkdir(parents=True)
+    graph = load_federation_model("builtin:digits-cnn", 0)
+    samples = digits.global_test().x[:96]
+    np.savez(configs / "calibration.npz", samples)
+    sizes = {p: len(encode_payload(g)) for p, g in
+             precision_variants(graph, [{graph.inputs[0].name: samples[:32]}]).items()}
+    between = {"factory-b": (sizes["fp16"] + sizes["fp32"]) / 2, "fleet-c": (sizes["int8"] + sizes["fp16"]) / 2}
+    (configs / "federation.yaml").write_text((ROOT / "configs" / "federation.yaml").read_text()
+                                             + "quantization:\n  calibration: calibration.npz\n")
+    for site in (ROOT / "configs" / "sites").glob("*.yaml"):
+        text = site.read_text()
+        if site.stem in between:
+            text += f"limits:\n  download_mb: {between[site.stem] / 2**20}\n"
+        (configs / "sites" / site.name).write_text(text)
+    proc, run_dir = run_demo(tmp_path, 2, configs / "federation.yaml")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rounds = json.loads((run_dir / "metrics.json").read_text())["rounds"]
+    last = rounds[-1]["sites"]
+    assert {s: last[s]["precision"] for s in last} == {"hospital-a": "fp32", "factory-b": "fp16", "fleet-c": "int8"}
+    assert all(stats["status"] == "ok" for stats in last.values()), last
+    assert last["fleet-c"]["package-bytes"] < last["factory-b"]["package-bytes"] < last["hospital-a"]["package-bytes"]
+    assert rounds[-1]["global_accuracy"] > rounds[0]["global_accuracy"] + 0.2
