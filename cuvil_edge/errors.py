@@ -189,6 +189,10 @@ class KeyFileError(ConfigError):
     """A key file is missing, unreadable or of the wrong kind."""
 
 
+class DataError(ConfigError):
+    """A site's own data files (site YAML ``data``) are missing, malformed or do not fit the model."""
+
+
 # --- the target cannot run it -----------------------------------------------
 class TargetError(CuvilError):
     """The target cannot build or run the package."""

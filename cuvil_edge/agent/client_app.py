@@ -24,6 +24,8 @@ from cuvil_edge.config.home import site_state_dir
 from cuvil_edge.config.run_spec import RUN_CONFIG_KEY, RunSpec
 from cuvil_edge.config.site import SiteConfig
 from cuvil_edge.datasets import digits
+from cuvil_edge.datasets.site_files import load_site_data
+from cuvil_edge.ir.graph import Graph
 from cuvil_edge.errors import BudgetExhaustedError, ConfigError, CuvilError, PackageFormatError, PackageSizeError
 
 log = logging.getLogger(__name__)
@@ -100,7 +102,12 @@ def _local_dp(context: Context, site: SiteConfig) -> bool:
     return load_federation(_simulation_spec(context).federation).local_dp
 
 
-def _local_data(agent: AgentRuntime, index: int, count: int, context: Context) -> tuple[digits.Split, digits.Split]:
+def _local_data(agent: AgentRuntime, index: int, count: int, context: Context,
+                graph: Graph) -> tuple[digits.Split, digits.Split]:
+    """(train, eval) records of this site: from its own files when its YAML's ``data`` names them
+    (checked against ``graph``'s input and classes), else the demo's digits partition."""
+    if agent.site.data.kind != "digits-partition":
+        return load_site_data(agent.site.data, graph, cache_dir=agent.state_dir / "data-cache")
     d = DatasetSection() if _deployed(context) else load_federation(_simulation_spec(context).federation).dataset
     part = digits.site_partition(index, count, test_fraction=d.test_fraction, alpha=d.dirichlet_alpha, seed=d.seed,
                                  cache_dir=agent.state_dir / "data-cache")
@@ -170,7 +177,7 @@ def train(msg: Message, context: Context) -> Message:
     try:
         agent, index, count = _agent(context)
         activated = agent.activate(_package(msg, agent))
-        train_data, _ = _local_data(agent, index, count, context)
+        train_data, _ = _local_data(agent, index, count, context, activated.model.graph)
         ledger = agent.ledger()
         keys = _reply_keys(msg, activated.model.graph)  # before training: a bad request spends nothing
         # the graph as loaded: fp16-stored weights widened to the float32 the trainer updates
@@ -230,7 +237,7 @@ def evaluate(msg: Message, context: Context) -> Message:
         pending = reserve_release(eval_mechanism(agent.site), 2, ledger, round=server_round,
                                   key=f"eval-r{server_round}-v{activated.package.manifest.version}")
         try:
-            _, eval_data = _local_data(agent, index, count, context)
+            _, eval_data = _local_data(agent, index, count, context, activated.model.graph)
             correct = agent.correct(activated.model, eval_data.x, eval_data.y)
         except CuvilError:
             pending.abort()  # nothing computed from the data left the process

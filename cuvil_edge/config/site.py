@@ -58,10 +58,51 @@ class TrainingSection(_Strict):
 
 
 class DataSection(_Strict):
-    """Where the site's local data comes from (the demo uses a digits partition)."""
+    """Where the site's local records come from. The agent reads them from this device's own files;
+    nothing from the coordinator decides which data a site reads (the demo's digits partition is
+    computed locally from the federation's public split parameters).
 
-    kind: Literal["digits-partition"] = "digits-partition"
+    ``npz``: arrays ``x`` (records, shaped like the model's input without the batch axis) and ``y``
+    (integer labels). ``csv``: a header row; ``label_column`` and the ``feature_columns`` (default:
+    every other column, in file order) by name. ``image-folder``: one sub-folder per class holding
+    PNG/JPEG files, resized to the model's input. Labels are indices ``0 .. classes-1``, or names
+    listed in ``classes`` (whose order then gives the indices; for image folders, the sub-folder names).
+    """
+
+    kind: Literal["digits-partition", "npz", "csv", "image-folder"] = "digits-partition"
+    path: Optional[Path] = None
+    label_column: Optional[str] = None
+    feature_columns: Optional[list[str]] = None
+    classes: Optional[list[str]] = None
     eval_fraction: float = Field(gt=0, lt=1, default=0.2)
+    seed: int = Field(ge=0, default=0, description="shuffle of the local train / eval split")
+
+    @field_validator("path", mode="before")
+    @classmethod
+    def _relative_to_file(cls, value: object, info: ValidationInfo) -> object:
+        if isinstance(value, str):
+            return (Path((info.context or {}).get("base_dir", Path("."))) / value).resolve()
+        return value
+
+    @model_validator(mode="after")
+    def _complete(self) -> "DataSection":
+        if self.kind == "digits-partition":
+            if self.path is not None or self.label_column or self.feature_columns or self.classes:
+                raise ValueError("kind digits-partition reads no files; path, label_column, feature_columns "
+                                 "and classes belong to kinds npz, csv and image-folder")
+            return self
+        if self.path is None:
+            raise ValueError(f"kind {self.kind} needs path: the site's {self.kind} data, relative to this file")
+        if self.kind == "csv" and not self.label_column:
+            raise ValueError("kind csv needs label_column: the name of the column holding each record's class")
+        if self.kind != "csv" and (self.label_column or self.feature_columns):
+            raise ValueError(f"label_column and feature_columns are for kind csv, not {self.kind}")
+        if self.feature_columns is not None and (not self.feature_columns or
+                                                 len(set(self.feature_columns)) != len(self.feature_columns)):
+            raise ValueError("feature_columns must list distinct column names")
+        if self.classes is not None and (not self.classes or len(set(self.classes)) != len(self.classes)):
+            raise ValueError("classes must list distinct class names")
+        return self
 
 
 class AgentSection(_Strict):

@@ -1,0 +1,234 @@
+"""A site's own records, read from the files its YAML's ``data`` section names (issue 14, item 1).
+
+Three sources: ``npz`` (arrays ``x`` and ``y``), ``csv`` (named feature and label columns) and
+``image-folder`` (one sub-folder per class of PNG/JPEG files, resized to the model's input). Every
+source is checked against the model the package carries: the records' shape against its input, the
+labels against its number of classes, and no NaN or infinite value, no empty class, no empty file.
+Each failure is one :class:`~cuvil_edge.errors.DataError` naming the file and the key to fix.
+
+The agent reads these on its own device; the records never leave it. Decoded image folders are kept
+in the agent's data cache (an ``.npz`` keyed by the folder's file list, sizes and modification
+times, and the model input), so a round does not decode every image again.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import io
+import math
+import zipfile
+from pathlib import Path
+from typing import Optional, Sequence
+
+import numpy as np
+
+from cuvil_edge.atomic import atomic_write
+from cuvil_edge.config.site import DataSection
+from cuvil_edge.datasets.digits import Split, split_eval
+from cuvil_edge.errors import DataError
+from cuvil_edge.ir.graph import Graph
+
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
+
+
+def model_io(graph: Graph) -> tuple[tuple[int, ...], int]:
+    """(one record's shape, number of classes) from the model's input and output.
+
+    Raises:
+        DataError: the model does not take one fixed-shape float input and give one score per class.
+    """
+    if len(graph.inputs) != 1 or len(graph.outputs) != 1:
+        raise DataError("site data needs a model with one input and one output")
+    shape, out = graph.inputs[0].type.shape, graph.outputs[0].type.shape
+    record = tuple(shape[1:])
+    if not shape or any(not isinstance(d, int) for d in record) or not out or not isinstance(out[-1], int):
+        raise DataError(f"site data needs a model input [batch, fixed dims] and output [batch, classes]; "
+                        f"this model takes {list(shape)} and gives {list(out)}")
+    return record, int(out[-1])
+
+
+def load_site_data(data: DataSection, graph: Graph, cache_dir: Optional[Path] = None) -> tuple[Split, Split]:
+    """(train, eval) records of a site from its own files, checked against ``graph``.
+
+    Raises:
+        DataError: the file is missing or unreadable, or its records do not fit the model (the
+            message names the file and the key).
+    """
+    record, classes = model_io(graph)
+    path = Path(data.path)
+    if not path.exists():
+        raise DataError(f"data.path: {path} does not exist; point it at this site's {data.kind} data")
+    if data.kind == "npz":
+        x, y = _npz(path)
+        y = _labels(y, data.classes, path, "y")
+    elif data.kind == "csv":
+        x, y = _csv(path, data)
+    else:
+        x, y = _image_folder(path, record, data.classes, cache_dir)
+    return split_eval(_checked(x, y, record, classes, path, data), data.eval_fraction, seed=data.seed)
+
+
+def _npz(path: Path) -> tuple[np.ndarray, np.ndarray]:
+    try:
+        with np.load(path, allow_pickle=False) as f:
+            missing = [k for k in ("x", "y") if k not in f.files]
+            if missing:
+                raise DataError(f"{path}: holds arrays {sorted(f.files)}, needs 'x' (records) and 'y' (labels); "
+                                "save it with numpy.savez(path, x=..., y=...)")
+            return np.asarray(f["x"]), np.asarray(f["y"])
+    except DataError:
+        raise
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
+        raise DataError(f"{path}: not an .npz of plain arrays ({e}); save one with numpy.savez") from e
+
+
+def _csv(path: Path, data: DataSection) -> tuple[np.ndarray, np.ndarray]:
+    try:
+        with open(path, newline="", encoding="utf-8") as f:
+            rows = list(csv.reader(f))
+    except (OSError, UnicodeDecodeError, csv.Error) as e:
+        raise DataError(f"{path}: unreadable as UTF-8 CSV ({e})") from e
+    if not rows:
+        raise DataError(f"{path}: empty file; it needs a header row naming the columns, then one row per record")
+    header = [h.strip() for h in rows[0]]
+    if len(set(header)) != len(header):
+        raise DataError(f"{path}: the header names a column twice; column names must be distinct")
+    if data.label_column not in header:
+        raise DataError(f"{path}: no column {data.label_column!r} (data.label_column); the header has {header}")
+    features = data.feature_columns or [h for h in header if h != data.label_column]
+    unknown = [c for c in features if c not in header]
+    if unknown:
+        raise DataError(f"{path}: data.feature_columns names {unknown}, not in the header {header}")
+    if data.label_column in features:
+        raise DataError(f"{path}: data.feature_columns lists the label column {data.label_column!r}")
+    columns, label = [header.index(c) for c in features], header.index(data.label_column)
+    x = np.empty((len(rows) - 1, len(columns)), np.float32)
+    names = []
+    for line, row in enumerate(rows[1:], start=2):
+        if len(row) != len(header):
+            raise DataError(f"{path}, line {line}: {len(row)} fields, the header has {len(header)}")
+        try:
+            x[line - 2] = [float(row[c]) for c in columns]
+        except ValueError:
+            bad = next(features[i] for i, c in enumerate(columns) if not _is_float(row[c]))
+            raise DataError(f"{path}, line {line}: column {bad!r} holds {row[header.index(bad)]!r}, not a number") \
+                from None
+        names.append(row[label].strip())
+    return x, _labels(np.array(names, dtype=object), data.classes, path, data.label_column)
+
+
+def _is_float(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _labels(y: np.ndarray, classes: Optional[Sequence[str]], path: Path, key: str) -> np.ndarray:
+    """Integer class indices: names looked up in ``classes`` when given, else integers as they are."""
+    flat = np.asarray(y).reshape(-1) if np.asarray(y).ndim <= 1 else None
+    if flat is None:
+        raise DataError(f"{path}: labels {key!r} must be one value per record, got shape {np.shape(y)}")
+    if classes is not None:
+        index = {name: i for i, name in enumerate(classes)}
+        unknown = sorted({str(v) for v in flat} - set(index))
+        if unknown:
+            raise DataError(f"{path}: labels {unknown[:5]} in {key!r} are not in data.classes {list(classes)}")
+        return np.array([index[str(v)] for v in flat], np.int64)
+    try:
+        values = np.array([float(v) for v in flat], np.float64)
+    except (TypeError, ValueError):
+        raise DataError(f"{path}: labels in {key!r} are names, not class indices; list them in data.classes "
+                        "(whose order gives the indices)") from None
+    if not np.all(np.isfinite(values)) or np.any(values != np.round(values)):
+        bad = values[~np.isfinite(values) | (values != np.round(values))][0]
+        raise DataError(f"{path}: label {bad} in {key!r} is not a whole number; labels are class indices")
+    return values.astype(np.int64)
+
+
+def _checked(x: np.ndarray, y: np.ndarray, record: tuple[int, ...], classes: int, path: Path,
+             data: DataSection) -> Split:
+    if len(y) == 0:
+        raise DataError(f"{path}: holds no record; a site needs at least one to train")
+    if x.shape[1:] != record and x.ndim >= 1 and math.prod(x.shape[1:]) == math.prod(record):
+        x = x.reshape((len(x), *record))  # flat features for a model that takes them shaped
+    if x.shape[1:] != record or len(x) != len(y):
+        raise DataError(f"{path}: records have shape {tuple(x.shape[1:])} ({len(x)} records, {len(y)} labels), "
+                        f"the model takes {record} per record; fix the data or data.feature_columns")
+    if not np.issubdtype(x.dtype, np.number):
+        raise DataError(f"{path}: records are {x.dtype}, not numbers")
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    bad = np.flatnonzero(~np.isfinite(x).reshape(len(x), -1).all(axis=1))
+    if bad.size:
+        raise DataError(f"{path}: record {int(bad[0])} holds NaN or an infinite value "
+                        f"({bad.size} such records); remove or impute them")
+    out = np.flatnonzero((y < 0) | (y >= classes))
+    if out.size:
+        raise DataError(f"{path}: label {int(y[out[0]])} of record {int(out[0])} is out of range; the model has "
+                        f"{classes} classes (0..{classes - 1})")
+    if data.classes is not None and len(data.classes) > classes:
+        raise DataError(f"{path}: data.classes lists {len(data.classes)} classes, the model has {classes}")
+    return Split(x, y.astype(np.int64))
+
+
+# --- image folders ---------------------------------------------------------------------------
+def _image_folder(root: Path, record: tuple[int, ...], classes: Optional[Sequence[str]],
+                  cache_dir: Optional[Path]) -> tuple[np.ndarray, np.ndarray]:
+    if not root.is_dir():
+        raise DataError(f"data.path: {root} is not a folder; kind image-folder needs one sub-folder per class")
+    if len(record) != 3 or record[0] not in (1, 3):
+        raise DataError(f"{root}: image folders need a model input [batch, 1 or 3 channels, height, width]; "
+                        f"this model takes records of shape {record}")
+    folders = sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
+    names = list(classes) if classes is not None else folders
+    missing = [c for c in names if c not in folders]
+    if missing:
+        raise DataError(f"{root}: no sub-folder for data.classes {missing}")
+    extra = [f for f in folders if f not in names]
+    if extra:
+        raise DataError(f"{root}: sub-folders {extra} are not in data.classes {names}")
+    files = []
+    for label, name in enumerate(names):
+        found = sorted(p for p in (root / name).iterdir() if not p.name.startswith("."))
+        others = [p.name for p in found if p.suffix.lower() not in IMAGE_SUFFIXES or not p.is_file()]
+        if others:
+            raise DataError(f"{root / name}: {others[:3]} are not PNG/JPEG files; a class folder holds images only")
+        if not found:
+            raise DataError(f"{root / name}: class {name!r} has no image; every class folder needs at least one")
+        files.extend((p, label) for p in found)
+    key = hashlib.sha256(repr((record, [(str(p), p.stat().st_size, p.stat().st_mtime_ns, label)
+                                        for p, label in files])).encode()).hexdigest()[:24]
+    cached = None if cache_dir is None else Path(cache_dir) / f"images-{key}.npz"
+    if cached is not None and cached.exists():
+        try:
+            with np.load(cached, allow_pickle=False) as f:
+                return f["x"], f["y"]
+        except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile):
+            pass  # torn or damaged: decode again
+    x = np.stack([_image(p, record) for p, _ in files])
+    y = np.array([label for _, label in files], np.int64)
+    if cached is not None:
+        buffer = io.BytesIO()
+        np.savez(buffer, x=x, y=y)
+        try:
+            cached.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write(cached, buffer.getvalue())
+        except OSError:
+            pass  # a cache only
+    return x, y
+
+
+def _image(path: Path, record: tuple[int, ...]) -> np.ndarray:
+    """One image as float32 [channels, height, width] in [0, 1], resized to the model's input."""
+    from PIL import Image, UnidentifiedImageError
+
+    channels, height, width = record
+    try:
+        with Image.open(path) as image:
+            image = image.convert("L" if channels == 1 else "RGB").resize((width, height), Image.BILINEAR)
+            pixels = np.asarray(image, dtype=np.float32) / 255.0
+    except (OSError, UnidentifiedImageError, ValueError) as e:
+        raise DataError(f"{path}: not a readable PNG/JPEG image ({e}); replace or remove it") from e
+    return pixels[None] if channels == 1 else pixels.transpose(2, 0, 1)
