@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal, Optional
+from typing import Annotated, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from cuvil_edge.config.loader import load_model
-from cuvil_edge.config.site import SiteConfig, load_site
+from cuvil_edge.config.site import DataSection, SiteConfig, load_site
 from cuvil_edge.errors import ConfigError
 
 BUILTIN_MODELS = ("builtin:digits-cnn",)
@@ -19,12 +19,22 @@ class _Strict(BaseModel):
 
 
 class DatasetSection(_Strict):
-    """The demo's data: scikit-learn digits, split non-IID across sites."""
+    """The demo's data: scikit-learn digits, split non-IID across sites (for sites whose data kind
+    is ``digits-partition``), and the coordinator's held-out test set: the digits one, or ``test``,
+    records the coordinator holds itself (kind npz, csv or image-folder; see the site ``data``)."""
 
     name: Literal["digits"] = "digits"
     test_fraction: float = Field(gt=0, lt=1, default=0.2)
     dirichlet_alpha: float = Field(gt=0, default=0.5)
     seed: int = 7
+    test: Optional[DataSection] = None
+
+    @field_validator("test")
+    @classmethod
+    def _test_files(cls, value: Optional[DataSection]) -> Optional[DataSection]:
+        if value is not None and value.kind == "digits-partition":
+            raise ValueError("test names the coordinator's own test records: kind npz, csv or image-folder")
+        return value
 
 
 class PackageSection(_Strict):
@@ -54,6 +64,58 @@ class CentralDpSection(_Strict):
     #: site is asked to train, a round whose release would take the central ε above it;
     #: the run then stops cleanly after the last affordable round. None: reported only.
     max_epsilon: Optional[float] = Field(gt=0, allow_inf_nan=False, default=None)
+
+
+class FedAvgStrategy(_Strict):
+    """Flower's FedAvg: the weighted mean of the sites' replies (weights: each site's ``training.weight``)."""
+
+    name: Literal["fedavg"] = "fedavg"
+
+    def flower_kwargs(self) -> dict:
+        """The keyword arguments of the Flower strategy beyond sampling (its own parameter names)."""
+        return self.model_dump(exclude={"name"})
+
+
+class FedProxStrategy(FedAvgStrategy):
+    """Flower's FedProx: FedAvg on the server; each site adds mu/2 * ||w - w_received||^2 to its
+    local objective (Flower sends ``proximal-mu`` in the train config)."""
+
+    name: Literal["fedprox"] = "fedprox"
+    proximal_mu: float = Field(ge=0, le=1000, allow_inf_nan=False, default=0.01)
+
+
+class FedAdamStrategy(FedAvgStrategy):
+    """Flower's FedAdam: Adam on the server over the averaged update (Reddi et al., 2020). The
+    sites' own learning rate is their ``training.learning_rate`` (Flower's ``eta_l`` is not used)."""
+
+    name: Literal["fedadam"] = "fedadam"
+    eta: float = Field(gt=0, le=100, allow_inf_nan=False, default=0.1)
+    beta_1: float = Field(ge=0, lt=1, default=0.9)
+    beta_2: float = Field(ge=0, lt=1, default=0.99)
+    tau: float = Field(gt=0, le=1, default=1e-3)
+
+
+class FedYogiStrategy(FedAdamStrategy):
+    """Flower's FedYogi: like FedAdam with Yogi's additive second-moment update."""
+
+    name: Literal["fedyogi"] = "fedyogi"
+    eta: float = Field(gt=0, le=100, allow_inf_nan=False, default=1e-2)
+
+
+class FedAvgMStrategy(FedAvgStrategy):
+    """Flower's FedAvgM: server SGD with momentum over the averaged update."""
+
+    name: Literal["fedavgm"] = "fedavgm"
+    server_learning_rate: float = Field(gt=0, le=100, allow_inf_nan=False, default=1.0)
+    server_momentum: float = Field(ge=0, lt=1, default=0.9)
+
+
+#: The strategy section: ``name`` picks one of Flower's strategies, the other keys are its own
+#: parameters (unknown keys are errors).
+StrategySection = Annotated[Union[FedAvgStrategy, FedProxStrategy, FedAdamStrategy, FedYogiStrategy,
+                                  FedAvgMStrategy], Field(discriminator="name")]
+#: Strategies whose aggregate is FedAvg's mean, the only one Flower's central-DP accountant admits.
+MEAN_STRATEGIES = ("fedavg", "fedprox")
 
 
 class QuantizationSection(_Strict):
@@ -98,6 +160,8 @@ class FederationConfig(_Strict):
     #: false, sites train with plain SGD and only their evaluation releases spend.
     local_dp: bool = True
     central_dp: CentralDpSection = CentralDpSection()
+    #: Which Flower strategy aggregates the rounds, with its parameters (default: FedAvg).
+    strategy: StrategySection = FedAvgStrategy()
     quantization: QuantizationSection = QuantizationSection()
 
     @field_validator("sites", mode="before")
@@ -106,6 +170,13 @@ class FederationConfig(_Strict):
         base = Path((info.context or {}).get("base_dir", "."))
         if isinstance(value, list):
             return [(base / v).resolve() if isinstance(v, str) else v for v in value]
+        return value
+
+    @field_validator("strategy", mode="before")
+    @classmethod
+    def _default_strategy_name(cls, value: object) -> object:
+        if isinstance(value, dict) and "name" not in value:  # parameters without a name: FedAvg's (none)
+            return {"name": "fedavg", **value}
         return value
 
     @field_validator("model", mode="before")
@@ -128,6 +199,9 @@ class FederationConfig(_Strict):
         if self.min_sites is not None and self.central_dp.enabled and self.min_sites != len(self.sites):
             raise ValueError("central_dp needs every site every round (Flower's accountant counts exactly the "
                              "sampled sites); leave min_sites unset")
+        if self.central_dp.enabled and self.strategy.name not in MEAN_STRATEGIES:
+            raise ValueError(f"central_dp needs strategy {' or '.join(MEAN_STRATEGIES)} (Flower's accountant covers "
+                             f"the noised mean only, not {self.strategy.name}'s server optimiser step)")
         return self
 
     def load_sites(self) -> list[SiteConfig]:

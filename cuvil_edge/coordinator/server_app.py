@@ -1,4 +1,4 @@
-"""The Flower ServerApp: load the federation, run FedAvg with per-site packages, report."""
+"""The Flower ServerApp: load the federation, run its Flower strategy with per-site packages, report."""
 
 from __future__ import annotations
 
@@ -21,9 +21,9 @@ from cuvil_edge.coordinator.plan import default_latency, plan_federation, precis
 from cuvil_edge.coordinator.registry import SiteRegistry
 from cuvil_edge.coordinator.report import STOPPED_CENTRAL_BUDGET, RunReport, show_round_table
 from cuvil_edge.config.federation import FederationConfig
-from cuvil_edge.coordinator.strategy import (CentralDpFixedClipping, SitePackageFedAvg, SitePackages,
-                                             arrays_to_numpy)
+from cuvil_edge.coordinator.strategy import CentralDpFixedClipping, SitePackages, arrays_to_numpy, flower_strategy
 from cuvil_edge.datasets import digits
+from cuvil_edge.datasets.site_files import load_records
 from cuvil_edge.ir import interpreter
 from cuvil_edge.coordinator.keys import load_signing_keys
 
@@ -71,7 +71,8 @@ def run_federation(grid: Grid, spec: RunSpec) -> RunReport:
                              refused=refused, precisions=precisions, calibration=calibration,
                              quantization_method=quantization.method)
     sites_strategy, strategy = make_strategy(federation, factory, len(sites))
-    test = digits.global_test(federation.dataset.test_fraction)
+    dataset = federation.dataset
+    test = load_records(dataset.test, graph) if dataset.test else digits.global_test(dataset.test_fraction)
     report = RunReport(run_dir, sites)
     trainable = {k: v for k, v in graph.initializers.items() if v.dtype == np.float32}
     offset = spec.start_round  # a resumed run numbers its rounds on from its checkpoint
@@ -118,28 +119,29 @@ def start_rounds(strategy, report: RunReport, grid, arrays: ArrayRecord, *, num_
 
 
 def make_strategy(federation: FederationConfig, factory: PackageFactory, n: int):
-    """(the per-site FedAvg, the strategy to run): the same object unless central DP wraps it.
+    """(the per-site layer, the strategy to run): the same object unless central DP wraps it.
 
-    Central DP accounts with Flower's RDP accountant (needs ``dp-accounting``) for
-    sampling every site every round (NO_AMPLIFICATION), add-or-remove-one site;
-    ``central_dp.max_epsilon`` (if set) becomes the accountant's ``max_epsilon``,
-    so Flower refuses a round that would exceed it (see :func:`start_rounds`).
+    The per-site layer wraps the Flower strategy the federation's ``strategy`` section names,
+    with its parameters. Central DP accounts with Flower's RDP accountant (needs
+    ``dp-accounting``) for sampling every site every round (NO_AMPLIFICATION), add-or-remove-one
+    site; ``central_dp.max_epsilon`` (if set) becomes the accountant's ``max_epsilon``, so Flower
+    refuses a round that would exceed it (see :func:`start_rounds`).
     """
     needed = federation.min_sites or n  # fewer than all: a site that is down does not stall the run
-    kwargs = dict(fraction_train=1.0, fraction_evaluate=1.0, min_train_nodes=needed, min_evaluate_nodes=needed,
-                  min_available_nodes=needed)
+    sampling = dict(fraction_train=1.0, fraction_evaluate=1.0, min_train_nodes=needed, min_evaluate_nodes=needed,
+                    min_available_nodes=needed)
+    chosen = federation.strategy
+    sites = SitePackages(factory, flower_strategy(chosen.name, chosen.flower_kwargs(), **sampling))
     dp = federation.central_dp
     if not dp.enabled:
-        strategy = SitePackageFedAvg(factory, **kwargs)
-        return strategy, strategy
+        return sites, sites
     from flwr.serverapp import NeighboringRelation, PrivacyConfig, SamplingMethod
     from flwr.supercore.privacy_accounting.rdp_accountant import RdpAccountant
 
-    inner = SitePackages(factory, **kwargs)
     accountant = RdpAccountant(PrivacyConfig(target_delta=dp.delta, population_size=n,
                                              neighboring_relation=NeighboringRelation.ADD_OR_REMOVE_ONE,
                                              sampling_method=SamplingMethod.NO_AMPLIFICATION,
                                              max_epsilon=dp.max_epsilon))
-    return inner, CentralDpFixedClipping(inner, noise_multiplier=dp.noise_multiplier,
+    return sites, CentralDpFixedClipping(sites, noise_multiplier=dp.noise_multiplier,
                                          clipping_norm=dp.clipping_norm, num_sampled_clients=n,
                                          accountant=accountant)

@@ -1,15 +1,16 @@
-"""FedAvg that sends every site its own signed package.
+"""The per-site package layer around whichever Flower strategy the federation chose.
 
-Flower's FedAvg samples nodes, averages replies and drives the rounds; this
-subclass only (1) learns which site each node is with a QUERY message,
-(2) swaps the shared message content for a per-site one carrying that site's
-package, and (3) keeps per-site round statistics, dropping sites that reply
-"budget exhausted" from the average instead of failing the round.
+:class:`SitePackages` wraps a Flower strategy (FedAvg, FedProx, FedAdam, FedYogi or FedAvgM,
+see :func:`flower_strategy`) by composition, as Flower's DP wrappers do. The wrapped strategy
+samples nodes, builds the round's config and aggregates; this layer only (1) learns which site
+each node is with a QUERY message, (2) swaps the shared message content for a per-site one
+carrying that site's package, (3) keeps per-site round statistics, dropping sites that reply
+"budget exhausted" from the average instead of failing the round, and (4) moves replies of
+sites sent rounded (fp16/int8) weights onto the exact weights before the strategy sees them.
 
-With central DP, ``SitePackages`` (whose ``aggregate_train`` is FedAvg's, as
-Flower's accountant demands) is wrapped by :class:`CentralDpFixedClipping`, a
-``DifferentialPrivacyClientSideFixedClipping`` that records the same statistics
-and reports the central ε of every round.
+With central DP, :class:`CentralDpFixedClipping` (Flower's
+``DifferentialPrivacyClientSideFixedClipping``) wraps this layer; Flower's accountant checks
+the strategy inside, whose ``aggregate_train`` must be FedAvg's (fedavg or fedprox).
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from typing import Iterable
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.serverapp import Grid
-from flwr.serverapp.strategy import DifferentialPrivacyClientSideFixedClipping, FedAvg
+from flwr.serverapp.strategy import (DifferentialPrivacyClientSideFixedClipping, FedAdam, FedAvg, FedAvgM,
+                                     FedProx, FedYogi, Strategy)
 
 from cuvil_edge.coordinator.evaluation import SiteCounts, clip01, pool
 from cuvil_edge.coordinator.packaging import PackageFactory
@@ -37,21 +39,37 @@ REPLY_KEYS = "reply-keys"
 #: Config key Flower's DifferentialPrivacyClientSideFixedClipping adds to train messages.
 CLIPPING_NORM_KEY = "clipping_norm"
 
+#: The federation YAML's ``strategy.name`` -> Flower's strategy class (never a copy of one).
+FLOWER_STRATEGIES: dict[str, type[FedAvg]] = {"fedavg": FedAvg, "fedprox": FedProx, "fedadam": FedAdam,
+                                              "fedyogi": FedYogi, "fedavgm": FedAvgM}
+
+
+def flower_strategy(name: str, parameters: dict, **sampling) -> FedAvg:
+    """Flower's strategy ``name`` with its own ``parameters`` (validated by the federation schema)
+    and the sampling settings (``fraction_train``, ``min_train_nodes``, ...)."""
+    return FLOWER_STRATEGIES[name](**sampling, **parameters)
+
 
 def arrays_to_numpy(arrays: ArrayRecord) -> dict[str, np.ndarray]:
     return {name: array.numpy() for name, array in arrays.items()}
 
 
-class SitePackages(FedAvg):
-    """FedAvg whose messages each carry the receiving site's own signed package.
+class SitePackages(Strategy):
+    """A Flower strategy whose messages each carry the receiving site's own signed package.
 
-    Its ``aggregate_train`` is FedAvg's (so Flower's DP wrapper may account it);
-    :class:`SitePackageFedAvg` adds dropping exhausted sites for plain runs.
+    ``strategy`` is the Flower strategy that samples and aggregates (default: ``FedAvg`` built
+    from ``fedavg_kwargs``). Training replies are recorded, exhausted sites dropped and rounded
+    replies re-anchored before ``strategy.aggregate_train`` sees them; under central DP the
+    wrapper takes the replies itself first (see :class:`CentralDpFixedClipping`).
     """
 
-    def __init__(self, factory: PackageFactory, **fedavg_kwargs) -> None:
-        super().__init__(**fedavg_kwargs)
+    def __init__(self, factory: PackageFactory, strategy: Strategy | None = None, **fedavg_kwargs) -> None:
+        if strategy is not None and fedavg_kwargs:
+            raise TypeError("give a Flower strategy or FedAvg's keyword arguments, not both")
+        self.strategy = strategy if strategy is not None else FedAvg(**fedavg_kwargs)
         self.factory = factory
+        #: Set by CentralDpFixedClipping: it takes the train replies before Flower validates them.
+        self.central_dp = False
         self.node_to_site: dict[int, str] = {}
         self.rounds: dict[int, dict] = {}  # round -> site -> statistics
         self.central: dict[int, dict] = {}  # round -> central-DP accounting (CentralDpFixedClipping)
@@ -173,13 +191,50 @@ class SitePackages(FedAvg):
         site = sent.get(reply.metadata.reply_to_message_id)
         return site or self.node_to_site.get(reply.metadata.src_node_id, f"node-{reply.metadata.src_node_id}")
 
+    @property
+    def weighted_by_key(self) -> str:
+        """The reply metric the wrapped strategy weights by (Flower's DP wrapper reads it)."""
+        return getattr(self.strategy, "weighted_by_key", "num-examples")
+
+    def summary(self) -> None:
+        log.debug("per-site packages for %d sites around %s", len(getattr(self.factory, "sites", ())),
+                  type(self.strategy).__name__)
+        self.strategy.summary()
+
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid):
-        return self._personalise(super().configure_train(server_round, arrays, config, grid), arrays, grid)
+        """The wrapped strategy's train messages (its config: ``server-round``, FedProx's
+        ``proximal-mu``, ...), each carrying its site's package."""
+        messages = self.strategy.configure_train(server_round, arrays, config, grid)
+        return self._personalise(messages, arrays, grid)
 
     def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid):
-        return self._personalise(super().configure_evaluate(server_round, arrays, config, grid), arrays, grid)
+        messages = self.strategy.configure_evaluate(server_round, arrays, config, grid)
+        return self._personalise(messages, arrays, grid)
 
     # -- replies ----------------------------------------------------------------
+    def aggregate_train(self, server_round: int, replies: Iterable[Message]):
+        """Record, drop exhausted sites, re-anchor, then the wrapped strategy's aggregate (its
+        server optimiser state, e.g. FedAdam's moments, lives in that strategy)."""
+        replies = list(replies)
+        if not self.central_dp:  # under central DP the wrapper took them already
+            replies = self.take_train_replies(server_round, replies)
+        arrays, metrics = self.strategy.aggregate_train(server_round, replies)
+        return self._as_sent(arrays), metrics
+
+    def _as_sent(self, arrays: ArrayRecord | None) -> ArrayRecord | None:
+        """The aggregate in the dtypes of the weights sent: Flower's FedAdam/FedYogi compute in float64
+        (np.float64 scalars), and a package's initializers must keep the model's float32."""
+        if arrays is None or self._weights is None:
+            return arrays
+        return ArrayRecord({k: Array(np.asarray(a.numpy(), dtype=self._weights[k].dtype) if k in self._weights
+                                     else a.numpy()) for k, a in arrays.items()})
+
+    def take_train_replies(self, server_round: int, replies: Iterable[Message], *,
+                           keep_exhausted: bool = False) -> list[Message]:
+        """The train replies the wrapped strategy should aggregate: each site's metrics stored,
+        exhausted sites dropped (or kept as zero updates, ``keep_exhausted``), rounded ones re-anchored."""
+        return self.reanchor(server_round, self._record(server_round, replies, "train", keep_exhausted))
+
     def _site_stats(self, server_round: int, site: str) -> dict:
         return self.rounds.setdefault(server_round, {}).setdefault(site, {})
 
@@ -244,16 +299,16 @@ class SitePackages(FedAvg):
         return MetricRecord({"accuracy": pooled.accuracy, "accuracy-low": pooled.low, "accuracy-high": pooled.high})
 
 
-class SitePackageFedAvg(SitePackages):
-    """:class:`SitePackages` that leaves "budget exhausted" replies out of the average."""
-
-    def aggregate_train(self, server_round: int, replies: Iterable[Message]):
-        return super().aggregate_train(server_round, self.reanchor(server_round,
-                                                                   self._record(server_round, replies, "train")))
+#: The name older code and tests use: SitePackages(factory, **fedavg_kwargs) wraps Flower's FedAvg.
+SitePackageFedAvg = SitePackages
 
 
 class CentralDpFixedClipping(DifferentialPrivacyClientSideFixedClipping):
     """Flower's client-side fixed-clipping central DP around :class:`SitePackages`.
+
+    Flower's own checks (an accountant needs a strategy whose ``aggregate_train`` is FedAvg's)
+    run on the Flower strategy :class:`SitePackages` wraps, the one that computes the mean;
+    the per-site layer in between only re-anchors replies by public constants.
 
     Records per-site statistics before Flower validates and noises the aggregate,
     and stores the accountant's cumulative (ε, δ) in ``strategy.central[r]``.
@@ -265,9 +320,14 @@ class CentralDpFixedClipping(DifferentialPrivacyClientSideFixedClipping):
 
     strategy: SitePackages
 
+    def __init__(self, strategy: SitePackages, noise_multiplier: float, clipping_norm: float,
+                 num_sampled_clients: int, **kwargs) -> None:
+        super().__init__(strategy.strategy, noise_multiplier, clipping_norm, num_sampled_clients, **kwargs)
+        self.strategy = strategy
+        strategy.central_dp = True
+
     def aggregate_train(self, server_round: int, replies: Iterable[Message]):
-        replies = self.strategy.reanchor(server_round,
-                                         self.strategy._record(server_round, replies, "train", keep_exhausted=True))
+        replies = self.strategy.take_train_replies(server_round, replies, keep_exhausted=True)
         result = super().aggregate_train(server_round, replies)
         spent = self.privacy_spent()
         central = {"released": result[0] is not None, "noise_multiplier": self.noise_multiplier,
