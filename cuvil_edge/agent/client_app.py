@@ -183,7 +183,9 @@ def train(msg: Message, context: Context) -> Message:
         # the graph as loaded: fp16-stored weights widened to the float32 the trainer updates
         outcome = train_round(activated.model.graph, agent.site, train_data, ledger,
                               int(msg.content["config"]["server-round"]), activated.package.manifest.version,
-                              local_dp=_local_dp(context, agent.site))
+                              local_dp=_local_dp(context, agent.site),
+                              # FedProx: Flower's strategy sends its mu; the term is free under DP-SGD
+                              proximal_mu=msg.content["config"].get("proximal-mu", 0.0))
     except BudgetExhaustedError as e:
         return _budget_reply(msg, agent, e)
     except CuvilError as e:

@@ -26,7 +26,7 @@ class TrainOutcome:
 
 def train_round(graph: Graph, site: SiteConfig, data: Split, ledger: PrivacyLedger,
                 server_round: int, package_version: int, seed: int | None = None,
-                local_dp: bool = True) -> TrainOutcome:
+                local_dp: bool = True, proximal_mu: object = 0.0) -> TrainOutcome:
     """Check the model keeps samples apart, claim this round's DP-SGD spend, then train.
 
     The plan (σ, sample rate, steps) comes from the site YAML only, never from the data, and
@@ -35,7 +35,9 @@ def train_round(graph: Graph, site: SiteConfig, data: Split, ledger: PrivacyLedg
     message is refused (:class:`ReplayError`) instead of training again with fresh noise.
     With ``local_dp=False`` (federation ``local_dp: false``, e.g. central DP only) the round
     trains with plain SGD and spends nothing: its update carries no record-level guarantee
-    (``epsilon_round`` is infinite).
+    (``epsilon_round`` is infinite). ``proximal_mu`` (FedProx's ``proximal-mu`` from the train
+    config) > 0 adds ``mu/2 * ||w - w_received||^2`` to the local objective; under DP-SGD it is
+    added after clipping and noise, so the round costs the same ε (privacy.dpsgd.proximal_gradient).
 
     Raises:
         BatchMixingError: the training graph mixes samples across the batch (refused before
@@ -44,16 +46,19 @@ def train_round(graph: Graph, site: SiteConfig, data: Split, ledger: PrivacyLedg
             is reserved).
         ReplayError: this round's key was already claimed.
         BudgetExhaustedError: the round would take the site over its budget (nothing reserved).
-        PrivacyError: the hyperparameters cannot give the target ε, or the data is unusable.
+        PrivacyError: the hyperparameters cannot give the target ε, the data is unusable, or
+            ``proximal_mu`` is not a finite number >= 0 (refused before anything is reserved).
     """
     from cuvil_edge.agent.torch_model import IRTorchModule
     from cuvil_edge.privacy.accounting import DpSgd
     from cuvil_edge.privacy.batch_independence import check_batch_independent
+    from cuvil_edge.privacy._checks import positive_finite
     from cuvil_edge.privacy.dpsgd import plan_dp_sgd, train_dp_sgd
 
     p, t = site.privacy, site.training
+    mu = positive_finite("proximal-mu", proximal_mu, allow_zero=True)
     if not local_dp:
-        return _train_plain(graph, site, data, seed)
+        return _train_plain(graph, site, data, seed, mu)
     check_batch_independent(graph)  # per-sample clipping is meaningless if rows mix
     model = IRTorchModule(graph)  # an op without a training lowering is refused before anything is reserved
     plan = plan_dp_sgd(target_epsilon=p.epsilon_per_round, delta=p.delta, sample_rate=t.sample_rate,
@@ -68,7 +73,7 @@ def train_round(graph: Graph, site: SiteConfig, data: Split, ledger: PrivacyLedg
     reservation = ledger.reserve(event, key=train_key(server_round, package_version), round=server_round)
     try:
         result = train_dp_sgd(model, data.x, data.y, plan, lr=t.learning_rate, momentum=t.momentum,
-                              max_grad_norm=t.max_grad_norm, seed=seed)
+                              max_grad_norm=t.max_grad_norm, seed=seed, proximal_mu=mu)
     except PrivacyError:
         ledger.abort(reservation)  # nothing computed from the data left the process
         raise
@@ -84,11 +89,14 @@ def train_key(server_round: int, package_version: int) -> str:
     return f"train-r{server_round}-v{package_version}"
 
 
-def _train_plain(graph: Graph, site: SiteConfig, data: Split, seed: int | None) -> TrainOutcome:
-    """Non-private minibatch SGD with the site's hyperparameters (no ledger spend)."""
+def _train_plain(graph: Graph, site: SiteConfig, data: Split, seed: int | None, proximal_mu: float = 0.0
+                 ) -> TrainOutcome:
+    """Non-private minibatch SGD with the site's hyperparameters (no ledger spend), plus FedProx's
+    proximal gradient when ``proximal_mu`` > 0."""
     import torch
 
     from cuvil_edge.agent.torch_model import IRTorchModule
+    from cuvil_edge.privacy.dpsgd import proximal_gradient
 
     t = site.training
     model = IRTorchModule(graph)
@@ -96,6 +104,7 @@ def _train_plain(graph: Graph, site: SiteConfig, data: Split, seed: int | None) 
     y = torch.from_numpy(np.asarray(data.y, dtype=np.int64))
     optimizer = torch.optim.SGD(model.parameters(), lr=t.learning_rate, momentum=t.momentum)
     criterion = torch.nn.CrossEntropyLoss()
+    proximal = proximal_gradient(model, proximal_mu)
     steps, loss = 0, float("nan")
     with torch.random.fork_rng(devices=[]):
         if seed is not None:
@@ -108,6 +117,8 @@ def _train_plain(graph: Graph, site: SiteConfig, data: Split, seed: int | None) 
                 optimizer.zero_grad(set_to_none=True)
                 batch_loss = criterion(model(x[idx]), y[idx])
                 batch_loss.backward()
+                if proximal is not None:
+                    proximal(model.parameters())
                 optimizer.step()
                 steps, loss = steps + 1, float(batch_loss.detach())
     weights = {k: np.array(v) for k, v in graph.initializers.items() if v.dtype == np.float32}

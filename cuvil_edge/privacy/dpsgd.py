@@ -168,6 +168,7 @@ def train_dp_sgd(
     max_grad_norm: float,
     seed: int | None,
     loss: str = "cross_entropy",
+    proximal_mu: float = 0.0,
 ) -> DpSgdResult:
     """Train ``model`` (a ``torch.nn.Module``) in place with DP-SGD, exactly as ``plan`` says.
 
@@ -178,7 +179,9 @@ def train_dp_sgd(
     batch size. Exactly ``plan.steps`` steps run; an empty Poisson batch still takes a noisy step.
     ``seed`` makes sampling and noise reproducible (tests); a seed known to an adversary voids
     the guarantee, so pass ``None`` in production to draw it from ``secrets``. The global torch
-    RNG state is restored afterwards.
+    RNG state is restored afterwards. ``proximal_mu`` > 0 adds FedProx's proximal term
+    ``mu/2 * ||w - w_start||^2`` (``w_start``: the weights the model starts from, the ones the
+    coordinator sent) to the objective, at no privacy cost (see :func:`proximal_gradient`).
 
     Raises:
         PrivacyError: invalid arguments or data, or a model Opacus cannot train (e.g.
@@ -195,6 +198,7 @@ def train_dp_sgd(
     for name, v in (("lr", lr), ("max_grad_norm", max_grad_norm)):
         positive_finite(name, v)
     positive_finite("momentum", momentum, allow_zero=True)
+    mu = positive_finite("proximal_mu", proximal_mu, allow_zero=True)
     tx, ty = _tensors(x, y, loss)
     _validate_module(model)
     if seed is None:
@@ -202,7 +206,7 @@ def train_dp_sgd(
     with _quiet_opacus(), torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         final_loss, empty = _train(model, tx, ty, plan, lr=lr, momentum=momentum, max_grad_norm=max_grad_norm,
-                                   loss=loss)
+                                   loss=loss, proximal_mu=mu)
     from cuvil_edge.privacy.ledger import dpsgd_epsilon
 
     epsilon = dpsgd_epsilon([(plan.noise_multiplier, plan.sample_rate, plan.steps)], plan.delta)
@@ -220,8 +224,34 @@ def _validate_module(model: Any) -> None:
         )
 
 
+def proximal_gradient(model: Any, mu: float):
+    """A function adding FedProx's proximal gradient ``mu * (w - w_start)`` to each parameter's
+    ``.grad`` (``w_start``: the parameters now, i.e. the weights the coordinator sent); None when
+    ``mu`` is 0. The gradient of ``mu/2 * ||w - w_start||^2``, added to the loss's gradient.
+
+    Under DP-SGD it is added to the gradient Opacus already clipped, summed, noised and averaged
+    (a DPOptimizer step hook). That costs no privacy: ``w_start`` is public (the coordinator's
+    weights) and ``w`` is a function of the earlier noised steps only, so the term reads no record;
+    the step is post-processing of the released noisy gradient, and its ε is that of (σ, q,
+    steps) exactly as planned and charged. (Adding ``mu/2 * ||w - w_start||^2`` to the per-sample
+    loss instead would put the term inside the clipping and change what is clipped.)
+    """
+    import torch
+
+    if mu == 0:
+        return None
+    start = {id(p): p.detach().clone() for p in model.parameters() if p.requires_grad}
+
+    def add(params) -> None:
+        with torch.no_grad():
+            for p in params:
+                if p.grad is not None and id(p) in start:
+                    p.grad.add_(p.detach() - start[id(p)], alpha=mu)
+    return add
+
+
 def _train(model: Any, tx: Any, ty: Any, plan: DpSgdPlan, *, lr: float, momentum: float,
-           max_grad_norm: float, loss: str) -> tuple[float, int]:
+           max_grad_norm: float, loss: str, proximal_mu: float = 0.0) -> tuple[float, int]:
     import torch
     from opacus import GradSampleModule
     from opacus.data_loader import DPDataLoader
@@ -237,6 +267,9 @@ def _train(model: Any, tx: Any, ty: Any, plan: DpSgdPlan, *, lr: float, momentum
     dp_optimizer = DPOptimizer(torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum),
                                noise_multiplier=plan.noise_multiplier, max_grad_norm=max_grad_norm,
                                expected_batch_size=plan.expected_batch_size, loss_reduction="mean")
+    proximal = proximal_gradient(model, proximal_mu)
+    if proximal is not None:  # runs after clip + noise + scaling, before the SGD step
+        dp_optimizer.attach_step_hook(lambda optimizer: proximal(optimizer.params))
     model.train()
     last, taken, empty = float("nan"), 0, 0
     try:
