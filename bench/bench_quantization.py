@@ -45,7 +45,7 @@ from cuvil_edge.frontend.demo_model import PIXEL_SCALE, PIXEL_SHIFT, digits_cnn_
 from cuvil_edge.ir import interpreter
 from cuvil_edge.ir.infer import with_initializers
 from cuvil_edge.passes import optimize
-from cuvil_edge.passes.quantize import calibrate_ranges, dequantize_at_load, quantize_int8, store_fp16
+from cuvil_edge.passes.quantize import calibrate_ranges, dequantize_at_load, quantizable, quantize_int8, store_fp16
 
 RESULTS = Path(__file__).resolve().parent / "results"
 COMMAND = "env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE .venv/bin/python bench/bench_quantization.py"
@@ -166,11 +166,20 @@ def measure(name: str, make) -> dict:
     batches = [calib[i:i + 8] for i in range(0, len(calib), 8)]
     variants = {"fp32": graph, "fp16": store_fp16(graph)}
     timings = {}
-    for method in ("minmax", "percentile"):
+    for method in ("minmax", "percentile"):  # the first release's int8: weights rounded to nearest
         t = time.perf_counter()
         ranges = calibrate_ranges(graph, batches, method=method)
         timings[f"calibrate_{method}_s"] = time.perf_counter() - t
-        variants[f"int8_{method}"] = quantize_int8(graph, ranges)
+        variants[f"int8_{method}"] = quantize_int8(graph, ranges, weights="rtn")
+    t = time.perf_counter()
+    ranges = calibrate_ranges(graph, batches, method="mse")
+    timings["calibrate_mse_s"] = time.perf_counter() - t
+    t = time.perf_counter()
+    variants["int8_mse_gptq"] = quantize_int8(graph, ranges, samples=batches)  # every quantizable op in int8
+    timings["quantize_gptq_s"] = time.perf_counter() - t
+    inputs = {v.name for v in graph.inputs}
+    first = [node.name for node, x, _, _ in quantizable(graph) if x in inputs]
+    variants["int8_mse_gptq_first_fp32"] = quantize_int8(graph, ranges, samples=batches, keep_float=first)
     sizes = {k: package_bytes(g) for k, g in variants.items()}
     outputs = {k: run_chunks(dequantize_at_load(g), input_name, x) for k, g in variants.items()}
     ref = outputs["fp32"].argmax(1)
@@ -214,7 +223,8 @@ def machine() -> dict:
     return {"python": platform.python_version(), "numpy": np.__version__, "torch": torch.__version__,
             "platform": platform.platform(), "cpus": os.cpu_count(), "load_average_at_start": os.getloadavg(),
             "commit": git("rev-parse", "--short", "HEAD"),
-            "uncommitted": git("status", "--porcelain", "--", "../cuvil_edge/passes/quantize.py")}
+            "uncommitted": git("status", "--porcelain", "--", "../cuvil_edge/passes/quantize.py",
+                                 "../cuvil_edge/passes/quantize_weights.py")}
 
 
 def markdown(out: dict) -> str:

@@ -30,6 +30,7 @@ from cuvil_edge.ir import ops
 from cuvil_edge.ir.graph import Graph, Node
 from cuvil_edge.ir.interpreter import bind_inputs
 from cuvil_edge.passes._infra import all_names, check_outputs_kept, fresh_name, rebuild
+from cuvil_edge.passes.quantize_weights import as_matrix, from_matrix, gptq, gptq_supported, layer_inputs
 
 #: op -> how to find the output-channel axis of its weight (input 1), given the node and weight rank.
 QUANTIZABLE = {
@@ -48,7 +49,9 @@ FP16_MIN_ELEMENTS = 16
 FP16_MAX = float(np.finfo(np.float16).max)
 #: ONNX TensorProto code of float32 (Cast's ``to``).
 FLOAT32_CODE = 1
-METHODS = ("minmax", "percentile")
+METHODS = ("mse", "minmax", "percentile")
+#: How quantize_int8 rounds the weights: error-compensating (needs the samples), or to nearest.
+WEIGHT_METHODS = ("gptq", "rtn")
 QDQ_VERSION = 13  # the first opset with per-axis scales
 
 
@@ -97,12 +100,35 @@ def _batches(graph: Graph, samples) -> Iterable[dict[str, np.ndarray]]:
             yield {graph.inputs[0].name: item}
 
 
-def calibrate_ranges(graph: Graph, samples, method: str = "minmax",
+def _checked_batches(graph: Graph, samples) -> Iterable[tuple[int, dict[str, np.ndarray]]]:
+    """(index, feeds) of each sample batch, refused with a PassError when it holds NaN or Inf or does
+    not fit the graph's inputs, or when there is none."""
+    count = 0
+    for index, feeds in enumerate(_batches(graph, samples)):
+        for name, array in feeds.items():
+            if isinstance(array, np.ndarray) and array.dtype.kind == "f" and not np.isfinite(array).all():
+                raise PassError(f"calibration sample {index} input {name!r} holds NaN or Inf; calibrate on real, "
+                                "finite inputs (drop or repair the broken records)")
+        try:
+            bind_inputs(graph, feeds)
+        except ExecutionError as e:
+            raise PassError(f"calibration sample {index} does not fit graph {graph.name!r}: {e}") from e
+        count += 1
+        yield index, feeds
+    if count == 0:
+        raise PassError("no calibration samples; pass at least one batch of representative inputs "
+                        "(an array for a single-input graph, or feed dicts)")
+
+
+def calibrate_ranges(graph: Graph, samples, method: str = "mse",
                      percentile: float = 99.99) -> dict[str, tuple[float, float]]:
     """Run ``graph`` on the sample batches; the (lo, hi) range of each activation a quantized op reads.
 
     ``samples``: one array (a batch for the graph's single input) or an iterable of feed dicts or
-    arrays, representative of the data the model will see.
+    arrays, representative of the data the model will see. ``method``: ``mse`` (the default: the
+    min-max range shrunk by the factor that minimises the int8 rounding-plus-clipping error of the
+    values seen, measured on up to MSE_SAMPLES values of each tensor per batch), ``minmax`` or
+    ``percentile``.
 
     Raises:
         PassError: no samples, a sample with NaN or Inf, a sample that does not fit the graph's
@@ -118,36 +144,52 @@ def calibrate_ranges(graph: Graph, samples, method: str = "minmax",
         raise _no_quantizable_ops(graph)
     lows: dict[str, list[float]] = {name: [] for name in wanted}
     highs: dict[str, list[float]] = {name: [] for name in wanted}
-    count = 0
-    for index, feeds in enumerate(_batches(graph, samples)):
-        for name, array in feeds.items():
-            if isinstance(array, np.ndarray) and array.dtype.kind == "f" and not np.isfinite(array).all():
-                raise PassError(f"calibration sample {index} input {name!r} holds NaN or Inf; calibrate on real, "
-                                "finite inputs (drop or repair the broken records)")
-        try:
-            bind_inputs(graph, feeds)
-        except ExecutionError as e:
-            raise PassError(f"calibration sample {index} does not fit graph {graph.name!r}: {e}") from e
+    kept: dict[str, list[np.ndarray]] = {name: [] for name in wanted}
+    rng = np.random.default_rng(0)
+    for index, feeds in _checked_batches(graph, samples):
         for name, value in _activations(graph, feeds, wanted).items():
             if not np.isfinite(value).all():
                 raise PassError(f"activation {name!r} becomes NaN or Inf on calibration sample {index}; the model "
                                 "overflows on this data, so fix the model or the samples before quantizing")
             if value.size == 0:
                 continue
-            if method == "minmax":
-                lows[name].append(float(value.min()))
-                highs[name].append(float(value.max()))
-            else:
+            if method == "percentile":
                 lo, hi = np.percentile(value, [100.0 - percentile, percentile])
-                lows[name].append(float(lo))
-                highs[name].append(float(hi))
-        count += 1
-    if count == 0:
-        raise PassError("no calibration samples; pass at least one batch of representative inputs "
-                        "(an array for a single-input graph, or feed dicts)")
-    combine = (min, max) if method == "minmax" else (lambda v: float(np.mean(v)),) * 2
-    return {name: (combine[0](lows[name]) if lows[name] else 0.0, combine[1](highs[name]) if highs[name] else 0.0)
-            for name in sorted(wanted)}
+            else:
+                lo, hi = value.min(), value.max()
+            lows[name].append(float(lo))
+            highs[name].append(float(hi))
+            if method == "mse":
+                flat = value.reshape(-1)
+                kept[name].append(flat if flat.size <= MSE_SAMPLES else rng.choice(flat, MSE_SAMPLES, replace=False))
+    combine = (lambda v: float(np.mean(v)),) * 2 if method == "percentile" else (min, max)
+    ranges = {name: (combine[0](lows[name]) if lows[name] else 0.0, combine[1](highs[name]) if highs[name] else 0.0)
+              for name in sorted(wanted)}
+    if method == "mse":
+        ranges = {name: _mse_range(np.concatenate(kept[name]), *r) if kept[name] else r for name, r in ranges.items()}
+    return ranges
+
+
+#: Values per tensor and batch that the ``mse`` method keeps (a uniform random subset).
+MSE_SAMPLES = 1 << 16
+#: Shrink factors of the min-max range the ``mse`` method tries.
+MSE_FACTORS = np.linspace(0.3, 1.0, 71)
+
+
+def _fake_quantize(values: np.ndarray, lo: float, hi: float) -> np.ndarray:
+    scale, zero = activation_params(lo, hi)
+    info = np.iinfo(zero.dtype)
+    q = np.clip(np.rint(values / scale) + float(zero), info.min, info.max)
+    return (q - float(zero)) * scale
+
+
+def _mse_range(values: np.ndarray, lo: float, hi: float) -> tuple[float, float]:
+    """The range f·(lo, hi), f in MSE_FACTORS, whose int8 quantization of ``values`` has the least
+    squared error (rounding error falls with f, clipping error grows)."""
+    values = values.astype(np.float32)
+    errors = [float(np.mean((_fake_quantize(values, lo * f, hi * f) - values) ** 2)) for f in MSE_FACTORS]
+    best = float(MSE_FACTORS[int(np.argmin(errors))])
+    return lo * best, hi * best
 
 
 def _activations(graph: Graph, feeds: Mapping[str, np.ndarray], wanted: set[str]) -> dict[str, np.ndarray]:
@@ -206,32 +248,60 @@ def activation_params(lo: float, hi: float) -> tuple[np.ndarray, np.ndarray]:
     return np.array(scale, np.float32), np.array(zero, dtype)
 
 
-def quantize_int8(graph: Graph, ranges: Mapping[str, tuple[float, float]]) -> Graph:
+def quantize_int8(graph: Graph, ranges: Mapping[str, tuple[float, float]], *, samples=None,
+                  weights: str | None = None, keep_float: Iterable[str] = ()) -> Graph:
     """The QDQ int8 form of ``graph``: int8 weights with per-channel scales and per-tensor QDQ on the
     activations entering Conv/Gemm/MatMul (plain or fused). ``ranges`` is what
     :func:`calibrate_ranges` returned for this graph.
 
+    ``samples``: the calibration batches (as for :func:`calibrate_ranges`); with them the weights are
+    rounded by GPTQ (``weights="gptq"``, the default when samples are given; see
+    :mod:`cuvil_edge.passes.quantize_weights`), which keeps each layer's output on those inputs close to
+    fp32; without them, or with ``weights="rtn"``, each weight is rounded to nearest.
+    ``keep_float``: names of quantizable nodes left in fp32 (weight and input), e.g. a first conv that
+    reads raw pixels (its inputs are white, so no rounding scheme helps it, and it is tiny).
+
     Raises:
         PassError: no quantizable op, an activation without a range, a range that is not a finite
-            interval, or the result does not type-check / changed the graph's inputs or outputs.
+            interval, an unknown weight method, GPTQ without samples, bad samples (as in
+            calibrate_ranges), an unknown ``keep_float`` name, or the result does not type-check /
+            changed the graph's inputs or outputs.
     """
-    sites = quantizable(graph)
-    if not sites:
+    weights = weights or ("gptq" if samples is not None else "rtn")
+    if weights not in WEIGHT_METHODS:
+        raise PassError(f"weight rounding {weights!r} is unknown; use one of {', '.join(WEIGHT_METHODS)}")
+    if weights == "gptq" and samples is None:
+        raise PassError("weights='gptq' needs the calibration samples (quantize_int8(graph, ranges, samples=...)); "
+                        "pass them, or weights='rtn'")
+    all_sites = quantizable(graph)
+    if not all_sites:
         raise _no_quantizable_ops(graph)
+    keep = set(keep_float)
+    unknown = sorted(keep - {node.name for node, _, _, _ in all_sites})
+    if unknown:
+        raise PassError(f"keep_float names {unknown}, which are not quantizable nodes of graph {graph.name!r}")
+    sites = [site for site in all_sites if site[0].name not in keep]
     missing = sorted({x for _, x, _, _ in sites if x not in ranges})
     if missing:
         raise PassError(f"no calibrated range for activations {missing}; run calibrate_ranges on this same graph "
                         "(after passes.optimize) and pass its result")
+    for x in {x for _, x, _, _ in sites}:  # refuse a bad range before the (slow) Hessians
+        activation_params(*ranges[x])
+    hessians = _hessians(graph, sites, samples) if weights == "gptq" else {}
     taken, inits = all_names(graph), dict(graph.initializers)
     before: dict[int, list[Node]] = {}  # id(node) -> nodes to insert before it
     renamed: dict[int, str] = {}  # id(node) -> its new activation input
     activation: dict[str, str] = {}  # activation -> its dequantized name (one QDQ pair per value)
-    weights: set[str] = set()
+    done: set[str] = set()
     for node, x, w, axis in sites:
         insert = before.setdefault(id(node), [])
-        if w not in weights:  # the DequantizeLinear output takes the weight's name: readers need no change
-            weights.add(w)
-            q, scale = weight_scales(inits.pop(w), axis)
+        if w not in done:  # the DequantizeLinear output takes the weight's name: readers need no change
+            done.add(w)
+            q, scale = weight_scales(inits[w], axis)
+            if w in hessians:
+                codes = gptq(as_matrix(inits[w], axis), hessians[w], scale)
+                q = from_matrix(codes, inits[w].shape, axis)
+            del inits[w]
             qn, sn = fresh_name(taken, f"{_base(w)}.int8"), fresh_name(taken, f"{_base(w)}.scale")
             inits[qn], inits[sn] = q, scale
             insert.append(Node(fresh_name(taken, f"{w}.dequantize"), "DequantizeLinear", (qn, sn), (w,),
@@ -255,6 +325,31 @@ def quantize_int8(graph: Graph, ranges: Mapping[str, tuple[float, float]]) -> Gr
                         node.version)
         nodes.append(node)
     return _finish(graph, nodes, inits)
+
+
+#: Input rows per layer and batch that enter XᵀX (evenly spaced); enough for a k-input layer when k is
+#: far below it, and it bounds the time of the early convs with thousands of positions per image.
+HESSIAN_ROWS = 16384
+
+
+def _hessians(graph: Graph, sites, samples) -> dict[str, np.ndarray]:
+    """Second moments XᵀX of each GPTQ-able weight's layer inputs over the samples (float32 graph)."""
+    todo = {w: (node, x) for node, x, w, _ in sites if gptq_supported(node, graph.initializers[w])}
+    wanted = {x for _, x in todo.values()}
+    sums: dict[str, np.ndarray] = {}
+    for _, feeds in _checked_batches(graph, samples):
+        seen = _activations(graph, feeds, wanted)
+        for w, (node, x) in todo.items():
+            weight = graph.initializers[w]
+            k = int(np.prod(weight.shape[1:])) if node.op_type.endswith("Conv") else \
+                int(np.prod(weight.shape)) // weight.shape[QUANTIZABLE[node.op_type](node, weight.ndim)]
+            rows = layer_inputs(node, np.asarray(seen[x], np.float32), k)
+            rows = rows[::-(-len(rows) // HESSIAN_ROWS)]  # an early conv's 25k positions per image: every n-th
+            if not np.isfinite(rows).all():
+                raise PassError(f"activation {x!r} becomes NaN or Inf on the calibration samples; fix the model or "
+                                "the samples before quantizing")
+            sums[w] = sums.get(w, 0.0) + (rows.T @ rows).astype(np.float64)
+    return sums
 
 
 # --- fp16 storage and the fold at load ------------------------------------------------------------
@@ -324,5 +419,5 @@ def _finish(graph: Graph, nodes: list[Node], inits: dict[str, np.ndarray]) -> Gr
     return out
 
 
-__all__ = ["calibrate_ranges", "quantize_int8", "store_fp16", "dequantize_at_load", "quantizable",
+__all__ = ["METHODS", "WEIGHT_METHODS", "calibrate_ranges", "quantize_int8", "store_fp16", "dequantize_at_load", "quantizable",
            "weight_scales", "activation_params", "QUANTIZABLE", "FP16_MIN_ELEMENTS"]
