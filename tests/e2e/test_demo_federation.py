@@ -184,3 +184,25 @@ def test_sites_planned_at_fp16_and_int8_train_their_packages_and_the_model_learn
     assert all(stats["status"] == "ok" for stats in last.values()), last
     assert last["fleet-c"]["package-bytes"] < last["factory-b"]["package-bytes"] < last["hospital-a"]["package-bytes"]
     assert rounds[-1]["global_accuracy"] > rounds[0]["global_accuracy"] + 0.2
+
+
+@pytest.mark.parametrize("strategy", ["name: fedprox\n  proximal_mu: 0.05", "name: fedadam\n  eta: 0.05"],
+                         ids=["fedprox", "fedadam"])
+def test_a_flower_strategy_chosen_in_the_yaml_runs_and_learns(tmp_path, strategy):
+    """FedProx (each site adds the proximal term under DP-SGD) or FedAdam (server state across rounds)
+    around the per-site packages: the demo learns, and every site still pays only its DP-SGD plan."""
+    configs = tmp_path / "configs"
+    (configs / "sites").mkdir(parents=True)
+    text = (ROOT / "configs" / "federation.yaml").read_text()
+    assert "  name: fedavg" in text
+    (configs / "federation.yaml").write_text(text.replace("name: fedavg", strategy, 1))
+    for site in (ROOT / "configs" / "sites").glob("*.yaml"):
+        (configs / "sites" / site.name).write_text(site.read_text())
+    proc, run_dir = run_demo(tmp_path, 2, configs / "federation.yaml")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rounds = json.loads((run_dir / "metrics.json").read_text())["rounds"]
+    assert [r["round"] for r in rounds] == [0, 1, 2]
+    assert rounds[2]["global_accuracy"] > rounds[0]["global_accuracy"] + 0.2, [r["global_accuracy"] for r in rounds]
+    for site, stats in rounds[2]["sites"].items():
+        assert stats["status"] == "ok", (site, stats)
+        assert stats["train-eps-round"] <= 3.1 + 1e-6  # the proximal term is free: ε per the site's plan
