@@ -22,8 +22,10 @@ from cuvil_edge.ir import interpreter
 from cuvil_edge.ir.infer import with_initializers
 from cuvil_edge.ir.ops.quant import k_dequantize_linear, k_quantize_linear
 from cuvil_edge.passes import optimize
-from cuvil_edge.passes.quantize import (activation_params, calibrate_ranges, dequantize_at_load, quantize_int8,
-                                        store_fp16, weight_scales)
+from cuvil_edge.ir.ops.window import k_conv
+from cuvil_edge.passes.quantize import (METHODS, activation_params, calibrate_ranges, dequantize_at_load, quantizable,
+                                        quantize_int8, store_fp16, weight_scales)
+from cuvil_edge.passes.quantize_weights import as_matrix, from_matrix, gptq, layer_inputs, output_error
 
 from pass_helpers import graph_from_text, w
 
@@ -98,7 +100,7 @@ def _relative_error(got, want):
 def test_int8_and_fp16_build_and_run_on_every_target(models, name, tmp_path):
     graph, input_name, samples, x = models[name]
     want = _out(interpreter.run(graph, {input_name: x}))
-    int8 = quantize_int8(graph, calibrate_ranges(graph, samples))
+    int8 = quantize_int8(graph, calibrate_ranges(graph, samples), samples=samples)  # GPTQ where it applies
     half = store_fp16(graph)
     ops = int8.op_counts()
     assert ops["DequantizeLinear"] > ops["QuantizeLinear"] > 0
@@ -230,3 +232,115 @@ def test_weights_change_but_structure_does_not(models):
                                       if v.ndim >= 2})
     a, b = quantize_int8(graph, ranges), quantize_int8(other, ranges)
     assert a.to_dict() == b.to_dict()
+
+
+def _gemm_graph(weight: np.ndarray):
+    n, k = weight.shape
+    return graph_from_text(f"""g (float[batch, {k}] x) => (float[batch, {n}] y) {{
+            y = Gemm <transB = 1> (x, wt, b)
+        }}""", wt=weight, b=w(n))
+
+
+def _correlated(n: int, k: int, seed: int) -> np.ndarray:
+    """Inputs like a Relu layer's: non-negative, far from zero mean, correlated across features."""
+    rng = np.random.default_rng(seed)
+    mix = np.random.default_rng(99).standard_normal((k // 4, k), dtype=np.float32)
+    return np.maximum(rng.standard_normal((n, k // 4), dtype=np.float32) @ mix, 0) / 4
+
+
+def test_gptq_gives_lower_output_error_than_round_to_nearest():
+    """On held-out inputs (another seed than the calibration samples) GPTQ's layer output is closer to
+    fp32 than round-to-nearest's, and its codes stay int8 in [-127, 127] with RTN's scales."""
+    weight = np.random.default_rng(1).standard_normal((48, 96), dtype=np.float32)
+    graph = _gemm_graph(weight)
+    calib, held_out = _correlated(512, 96, seed=2), _correlated(256, 96, seed=3)
+    ranges = calibrate_ranges(graph, calib)
+    want = _out(interpreter.run(graph, {"x": held_out}))
+    errors = {}
+    for method in ("rtn", "gptq"):
+        q = quantize_int8(graph, ranges, samples=calib, weights=method)
+        codes = next(a for k, a in q.initializers.items() if k.endswith(".int8"))
+        assert codes.dtype == np.int8 and np.abs(codes.astype(int)).max() <= 127
+        folded = dequantize_at_load(q)
+        errors[method] = float(np.abs(held_out @ folded.initializers["wt"].T - held_out @ weight.T).mean())
+        assert _relative_error(_out(interpreter.run(q, {"x": held_out})), want) < INT8_TOLERANCE
+    assert errors["gptq"] < 0.7 * errors["rtn"], errors
+    # the objective itself, on the calibration inputs
+    _, scale = weight_scales(weight, 0)
+    hessian = calib.T.astype(np.float64) @ calib
+    rtn = np.clip(np.rint(weight / scale[:, None]), -127, 127)
+    assert output_error(weight, gptq(weight, hessian, scale), scale, hessian) < 0.5 * output_error(
+        weight, rtn, scale, hessian)
+
+
+def test_gptq_on_white_inputs_is_round_to_nearest_and_dead_inputs_are_safe():
+    weight = np.random.default_rng(4).standard_normal((8, 16), dtype=np.float32)
+    _, scale = weight_scales(weight, 0)
+    rtn = np.clip(np.rint(weight / scale[:, None]), -127, 127).astype(np.int8)
+    np.testing.assert_array_equal(gptq(weight, np.eye(16), scale), rtn)  # nothing to compensate with
+    hessian = np.eye(16)
+    hessian[3, 3] = 0.0  # an input that was always 0 on the samples
+    assert np.isfinite(gptq(weight, hessian, scale)).all()
+    np.testing.assert_array_equal(gptq(weight, np.zeros((16, 16)), scale), rtn)  # no information at all
+
+
+@pytest.mark.parametrize("attrs", [dict(strides=(1, 1), pads=(1, 1, 1, 1), dilations=(1, 1)),
+                                   dict(strides=(2, 2), pads=(0, 1, 2, 0), dilations=(1, 1)),
+                                   dict(strides=(1, 2), pads=(2, 2, 2, 2), dilations=(2, 1))])
+def test_layer_inputs_are_the_rows_the_conv_multiplies(attrs):
+    """im2col in the flattened weight's order: rows @ W.T is the convolution, position by position."""
+    rng = np.random.default_rng(5)
+    x, weight = rng.standard_normal((2, 3, 7, 6), dtype=np.float32), rng.standard_normal((4, 3, 3, 2), dtype=np.float32)
+    node = graph_from_text("""g (float[2, 3, 7, 6] x) => (float[2, 4, h, v] y) {
+            y = Conv <kernel_shape = [3, 2]> (x, wt)
+        }""", wt=weight).nodes[0]
+    node = type(node)(node.name, node.op_type, node.inputs, node.outputs, {**node.attrs, **attrs}, node.version)
+    want = k_conv(x, weight, strides=attrs["strides"], pads=attrs["pads"], dilations=attrs["dilations"],
+                  auto_pad="NOTSET", group=1)
+    rows = layer_inputs(node, x, 3 * 3 * 2)
+    got = (rows @ as_matrix(weight, 0).T).reshape(2, want.shape[2], want.shape[3], 4).transpose(0, 3, 1, 2)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    for shape, axis in (((4, 3, 3, 2), 0), ((5, 7), 1), ((5, 7), 0)):
+        a = rng.standard_normal(shape)
+        np.testing.assert_array_equal(from_matrix(as_matrix(a, axis), shape, axis), a)
+
+
+def test_mse_ranges_lie_inside_minmax_and_round_with_less_error(models):
+    graph, input_name, samples, _ = models["conv"]
+    assert METHODS[0] == "mse"  # the default
+    minmax, mse = calibrate_ranges(graph, samples, method="minmax"), calibrate_ranges(graph, samples)
+    assert mse.keys() == minmax.keys()
+    values = np.concatenate([s.ravel() for s in samples])  # the graph input's own values
+    def error(lo, hi):
+        s, z = activation_params(lo, hi)
+        return float(np.mean((k_dequantize_linear(k_quantize_linear(values, s, z), s, z) - values) ** 2))
+    for k in minmax:
+        assert minmax[k][0] <= mse[k][0] <= mse[k][1] <= minmax[k][1]
+    assert error(*mse[input_name]) < error(*minmax[input_name])
+
+
+def test_keep_float_leaves_the_named_op_in_fp32(models):
+    graph, input_name, samples, x = models["conv"]
+    ranges = calibrate_ranges(graph, samples)
+    first = quantizable(graph)[0]
+    q = quantize_int8(graph, ranges, samples=samples, keep_float=[first[0].name])
+    node = next(n for n in q.nodes if n.name == first[0].name)
+    assert node.inputs[0] == first[1] and q.initializers[first[2]].dtype == np.float32  # raw input, fp32 weight
+    assert q.op_counts()["QuantizeLinear"] == quantize_int8(graph, ranges).op_counts()["QuantizeLinear"] - 1
+    assert _relative_error(_out(interpreter.run(q, {input_name: x})), _out(interpreter.run(graph, {input_name: x}))) \
+        < INT8_TOLERANCE
+
+
+def test_bad_weight_rounding_requests_are_refused(models):
+    graph, _, samples, _ = models["mlp"]
+    ranges = calibrate_ranges(graph, samples)
+    with pytest.raises(PassError, match="needs the calibration samples"):
+        quantize_int8(graph, ranges, weights="gptq")
+    with pytest.raises(PassError, match="weight rounding 'adaround' is unknown"):
+        quantize_int8(graph, ranges, samples=samples, weights="adaround")
+    with pytest.raises(PassError, match="keep_float"):
+        quantize_int8(graph, ranges, keep_float=["no-such-node"])
+    for bad, message in (([], "no calibration samples"), ([np.full((2, 30), np.nan, np.float32)], "NaN or Inf"),
+                         ([np.zeros((2, 31), np.float32)], "does not fit")):
+        with pytest.raises(PassError, match=message):
+            quantize_int8(graph, ranges, samples=bad)
