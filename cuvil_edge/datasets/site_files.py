@@ -55,6 +55,15 @@ def load_site_data(data: DataSection, graph: Graph, cache_dir: Optional[Path] = 
         DataError: the file is missing or unreadable, or its records do not fit the model (the
             message names the file and the key).
     """
+    return split_eval(load_records(data, graph, cache_dir), data.eval_fraction, seed=data.seed)
+
+
+def load_records(data: DataSection, graph: Graph, cache_dir: Optional[Path] = None) -> Split:
+    """Every record of ``data`` (a site's, or the coordinator's test set), checked against ``graph``.
+
+    Raises:
+        DataError: as :func:`load_site_data`.
+    """
     record, classes = model_io(graph)
     path = Path(data.path)
     if not path.exists():
@@ -66,7 +75,7 @@ def load_site_data(data: DataSection, graph: Graph, cache_dir: Optional[Path] = 
         x, y = _csv(path, data)
     else:
         x, y = _image_folder(path, record, data.classes, cache_dir)
-    return split_eval(_checked(x, y, record, classes, path, data), data.eval_fraction, seed=data.seed)
+    return _checked(x, y, record, classes, path, data)
 
 
 def _npz(path: Path) -> tuple[np.ndarray, np.ndarray]:

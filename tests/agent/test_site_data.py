@@ -218,3 +218,17 @@ def test_relative_data_paths_are_relative_to_the_site_file(tmp_path):
     path = tmp_path / "sub" / "site.yaml"
     path.write_text(yaml.safe_dump({**BASE, "data": {"kind": "npz", "path": "../records.npz"}}))
     assert load_site(path).data.path == (tmp_path / "records.npz").resolve()
+
+
+def test_the_coordinators_test_records_are_files_it_holds(tmp_path):
+    from cuvil_edge.config import load_federation
+
+    site = tmp_path / "site.yaml"
+    site.write_text(yaml.safe_dump(BASE))
+    body = {"name": "f", "rounds": 1, "model": "builtin:digits-cnn", "sites": ["site.yaml"]}
+    federation = tmp_path / "federation.yaml"
+    federation.write_text(yaml.safe_dump({**body, "dataset": {"test": {"kind": "digits-partition"}}}))
+    with pytest.raises(ConfigError, match="coordinator's own test records"):
+        load_federation(federation)
+    federation.write_text(yaml.safe_dump({**body, "dataset": {"test": {"kind": "npz", "path": "test.npz"}}}))
+    assert load_federation(federation).dataset.test.path == (tmp_path / "test.npz").resolve()
