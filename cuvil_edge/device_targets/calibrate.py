@@ -1,8 +1,8 @@
 """Calibration: measure this host and write a target spec for it (issue 13, item 2).
 
 `cuvil-edge calibrate` times, on one thread (BLAS held to one thread with threadpoolctl, as the
-benchmarks run): sgemm at the shapes the conv and matmul kernels make (ResNet, MobileNet and
-transformer layers), a large copy (memory bandwidth) and a small one (cache bandwidth), numpy's
+benchmarks run): the per-kernel terms of :mod:`cost_kernels` on synthetic shapes (sgemm over a
+log-uniform grid of shapes, the native depthwise kernel, the im2col copy, fresh pages), a large copy (memory bandwidth) and a small one (cache bandwidth), numpy's
 add against that copy (memory efficiency), one small numpy call, and compiled modules built for
 the spec being written: a chain of tiny nodes (per-node and per-run overhead) and a depthwise
 convolution (the native C kernels' rate). The result is a full :class:`TargetSpec` based on
@@ -32,6 +32,7 @@ import yaml
 from pydantic import ValidationError
 
 from cuvil_edge.atomic import atomic_write
+from cuvil_edge.device_targets import cost_kernels
 from cuvil_edge.device_targets.spec import TargetSpec, load_target
 from cuvil_edge.errors import TargetSpecError
 
@@ -40,12 +41,8 @@ logger = logging.getLogger(__name__)
 #: Environment variables OpenBLAS reads at load time that change its kernels.
 OPENBLAS_ENV = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
 
-#: (m, k, n) of the products the kernels make: im2col blocks and whole im2col of ResNet stages,
-#: MobileNet 1x1 convolutions (late, narrow stages too), transformer projections and attention, classifier heads at batch 16.
-GEMM_SHAPES = ((64, 576, 448), (128, 1152, 784), (256, 2304, 196), (512, 4608, 49), (64, 147, 1792),
-               (96, 32, 12544), (144, 24, 3136), (128, 256, 768), (128, 1024, 256), (128, 32, 128),
-               (16, 512, 1000), (160, 960, 49), (576, 96, 196), (24, 144, 3136), (1024, 1024, 1024))
-
+#: (m, k, n) of the sgemm that gives peak_gflops (the per-shape terms are cost_kernels' synthetic grid).
+GEMM_SHAPES = ((1024, 1024, 1024),)
 
 @dataclass(frozen=True)
 class Calibration:
@@ -64,10 +61,13 @@ class Calibration:
             f"# machine: {env['cpu']} ({env['cores']} cores), Python {env['python']}, numpy {env['numpy']}",
             f"# one thread (BLAS limited to 1 with threadpoolctl: {env['threads_limited']}), CPU time; "
             f"OpenBLAS env at numpy load: {env['openblas_env']}",
-            f"# peak_gflops.float32: the fastest sgemm of {len(GEMM_SHAPES)} kernel shapes "
+            f"# peak_gflops.float32: the fastest of {len(self.measured['sgemm_gflops'])} sgemm shapes "
             f"({self.measured['sgemm_best_gflops']:.1f} GFLOP/s); gemm_efficiency/gemm_half_dim fitted to them",
+            "# kernel_ns: per-kernel terms fitted to synthetic shapes (cost_kernels.py): sgemm flop/packing/call,",
+            "#   cold weight bytes, native depthwise per plane/pad/tap (stride 1 and strided), im2col copy, fresh pages",
             "# memory_bandwidth_gbs: np.copyto of 128 MiB (32 with --quick), read + write; memory_efficiency: a + b",
-            "#   of 64 MiB (a new array, as kernels write) over that; cache_bandwidth_gbs: a + b of 512 KiB",
+            "#   of 16 MiB (a new array, as kernels write) over that; cache_bandwidth_gbs: a + b of 512 KiB cycled",
+            "#   through 16 copies (operands out of L2, as in a model)",
             "# call/run overhead: compiled modules of 6 and 66 small nodes (Add, Mul, Reshape, Transpose, Relu);",
             "#   native_gflops / native_plane_us: compiled depthwise 3x3 convs of 32 x 56 x 56 and 512 x 7 x 7;",
             "#   kernel_overhead_us: per kernel kind, a module of 8 chained calls on small tensors; these and",
@@ -92,13 +92,23 @@ def calibrate(base: str = "x86-64", *, name: str = "host", quick: bool = False,
     reference = load_target(base, specs_dir=specs_dir)
     budget = 0.02 if quick else 0.15  # seconds of timing per measurement
     with _one_thread() as limited:
-        sgemm = {shape: _gemm_gflops(*shape, budget) for shape in (GEMM_SHAPES[:4] + GEMM_SHAPES[-1:]
-                                                                    if quick else GEMM_SHAPES)}
+        # the kernels' own terms (cost_kernels.py), on synthetic shapes
+        kernel_ns, rates = cost_kernels.measure_gemm(budget / 6, quick)
+        kernel_ns.update(cost_kernels.measure_depthwise(budget / 6))
+        kernel_ns.update(cost_kernels.measure_reduce(budget / 6))
+        kernel_ns.update(cost_kernels.measure_layer_norm(budget / 6))
+        kernel_ns["gather"] = cost_kernels.measure_gather(budget / 2)
+        kernel_ns["fresh_byte"] = cost_kernels.measure_fresh(budget)
+        sgemm = {tuple(int(d) for d in s.split("x")): g for s, g in rates.items()}
+        sgemm.update({shape: _gemm_gflops(*shape, budget / 4) for shape in GEMM_SHAPES[-1:]})  # the peak
         copy_gbs = _copy_gbs(32 << 20 if quick else 128 << 20, budget)
         # kernels allocate their outputs: time a + b (new array) rather than an in-place add
-        cache_gbs = _add_gbs(512 << 10, budget)  # 1.5 MiB moved: the working set of a mid-sized node
-        add_gbs = _add_gbs(32 << 20 if quick else 64 << 20, budget)
-        numpy_call_us = _median_time(lambda a=np.zeros(16, np.float32): np.add(a, a, out=a), budget) * 1e6
+        # 1.5 MiB moved, the working set of a mid-sized node, its operands last touched before other
+        # layers ran (cycled through 8 MiB of copies, past L2)
+        cache_gbs = _add_gbs(512 << 10, budget, copies=16)
+        # past L2 but under the allocator's mmap limit: the fresh pages of bigger arrays are kernel_ns's
+        add_gbs = _add_gbs(4 << 20 if quick else 16 << 20, budget)
+        numpy_call_us = _time_per_call(lambda a=np.zeros(16, np.float32): np.add(a, a, out=a), budget) * 1e6
     best = max(sgemm.values())
     efficiency, half = fit_gemm(sgemm, best)
     draft = reference.model_copy(update={
@@ -110,6 +120,7 @@ def calibrate(base: str = "x86-64", *, name: str = "host", quick: bool = False,
         "cache_mb": _cache_mb(), "memory_efficiency": round(min(1.0, max(0.05, add_gbs / copy_gbs)), 3),
         "gemm_efficiency": round(efficiency, 3), "gemm_half_dim": round(half, 2),
         "numpy_call_us": round(numpy_call_us, 3), "memory_mb": _memory_mb(reference.memory_mb),
+        "kernel_ns": {k: round(v, 5 if v < 1 else 2) for k, v in sorted(kernel_ns.items())},
     })
     with _one_thread():
         call_us, run_us, native, plane_us = _module_costs(draft, budget)
@@ -132,7 +143,7 @@ def calibrate(base: str = "x86-64", *, name: str = "host", quick: bool = False,
                 "sgemm_best_gflops": best, "copy_gbs": copy_gbs, "cache_copy_gbs": cache_gbs, "add_gbs": add_gbs,
                 "numpy_call_us": numpy_call_us, "call_overhead_us": call_us, "run_overhead_us": run_us,
                 "native_gflops": native, "native_plane_us": plane_us, "kernel_overhead_us": kinds,
-                "cold_scale": scale}
+                "cold_scale": scale, "kernel_ns": kernel_ns}
     return Calibration(spec, base, measured, _environment(limited))
 
 
@@ -178,8 +189,10 @@ def fit_gemm(rates: dict[tuple[int, int, int], float], peak: float) -> tuple[flo
 CLOCK = time.process_time
 
 
-def _median_time(fn: Callable[[], object], budget: float) -> float:
-    """Median CPU seconds per call: samples of enough calls to last ~1 ms, for about ``budget`` seconds."""
+def _time_per_call(fn: Callable[[], object], budget: float) -> float:
+    """CPU seconds per call: the fastest of samples of enough calls to last ~1 ms, taken for about
+    ``budget`` seconds (the sample least disturbed by other processes on a shared machine: their
+    cache and memory traffic slows this one's CPU time too; bench_cost_model measures models alike)."""
     fn()
     start = CLOCK()
     fn()
@@ -192,26 +205,31 @@ def _median_time(fn: Callable[[], object], budget: float) -> float:
         for _ in range(calls):
             fn()
         samples.append((CLOCK() - start) / calls)
-    return float(np.median(samples))
+    return float(np.min(samples))
 
 
 def _gemm_gflops(m: int, k: int, n: int, budget: float) -> float:
     rng = np.random.default_rng(0)
     a, b = rng.standard_normal((m, k), dtype=np.float32), rng.standard_normal((k, n), dtype=np.float32)
     out = np.empty((m, n), np.float32)
-    return 2.0 * m * k * n / _median_time(lambda: np.matmul(a, b, out=out), budget) / 1e9
+    return 2.0 * m * k * n / _time_per_call(lambda: np.matmul(a, b, out=out), budget) / 1e9
 
 
 def _copy_gbs(nbytes: int, budget: float) -> float:
     src = np.ones(nbytes // 4, np.float32)
     dst = np.empty_like(src)
-    return 2.0 * nbytes / _median_time(lambda: np.copyto(dst, src), budget) / 1e9  # read + write
+    return 2.0 * nbytes / _time_per_call(lambda: np.copyto(dst, src), budget) / 1e9  # read + write
 
 
-def _add_gbs(nbytes: int, budget: float) -> float:
-    a = np.ones(nbytes // 4, np.float32)
-    b = a.copy()
-    return 3.0 * nbytes / _median_time(lambda: np.add(a, b), budget) / 1e9  # two reads, one new array written
+def _add_gbs(nbytes: int, budget: float, copies: int = 1) -> float:
+    pairs = [(np.ones(nbytes // 4, np.float32), np.ones(nbytes // 4, np.float32)) for _ in range(copies)]
+    turn = [0]
+
+    def add() -> None:
+        turn[0] = (turn[0] + 1) % copies
+        np.add(*pairs[turn[0]])
+
+    return 3.0 * nbytes / _time_per_call(add, budget) / 1e9  # two reads, one new array written
 
 
 def _module_costs(spec: TargetSpec, budget: float) -> tuple[float, float, float | None]:
@@ -223,7 +241,7 @@ def _module_costs(spec: TargetSpec, budget: float) -> tuple[float, float, float 
         times = {}
         for blocks in (1, 11):  # 6 and 66 nodes
             model = build(_Package(_probe_chain(blocks)), spec, cache_dir=cache)
-            times[blocks] = _median_time(lambda model=model: model.run({"x": x}), budget)
+            times[blocks] = _time_per_call(lambda model=model: model.run({"x": x}), budget)
         call = max((times[11] - times[1]) / 60, 0.05e-6)
         run = max(times[1] - 6 * call, 0.0)
         native = plane = None
@@ -232,7 +250,7 @@ def _module_costs(spec: TargetSpec, budget: float) -> tuple[float, float, float 
             for c, size in ((32, 56), (512, 7)):
                 model = build(_Package(_depthwise(c, size)), spec, cache_dir=cache)
                 feeds = {"x": np.random.default_rng(0).standard_normal((1, c, size, size), dtype=np.float32)}
-                seconds[c] = max(_median_time(lambda: model.run(feeds), budget) - run - call, 1e-7)
+                seconds[c] = max(_time_per_call(lambda: model.run(feeds), budget) - run - call, 1e-7)
             native = 2.0 * 9 * 32 * 56 * 56 / seconds[32] / 1e9
             plane = max(0.0, (seconds[512] - 2.0 * 9 * 512 * 49 / (native * 1e9)) / 512)
     return call * 1e6, run * 1e6, native, None if plane is None else plane * 1e6
@@ -271,7 +289,7 @@ def _kind_overheads(spec: TargetSpec, budget: float, count: int = 8) -> dict[str
                 continue
             model = build(_Package(graph), spec, cache_dir=cache)
             feeds = {"x": np.random.default_rng(0).standard_normal(shape, dtype=np.float32)}
-            per_call = (_median_time(lambda: model.run(feeds), budget) - spec.run_overhead_us * 1e-6) / count
+            per_call = (_time_per_call(lambda: model.run(feeds), budget) - spec.run_overhead_us * 1e-6) / count
             work = node.seconds - node.overhead_s  # tiny, but not nothing
             extra = node.overhead_s - kernel_overhead_us(spec, node.kernel) * 1e-6  # its loops' numpy calls
             out[node.kernel] = max(0.0, (per_call - work - max(extra, 0.0)) * 1e6)
@@ -330,7 +348,7 @@ def _softmax_excess(spec: TargetSpec, budget: float, shape: tuple[int, int], zer
     feeds = {"x": np.random.default_rng(0).standard_normal(shape, dtype=np.float32)}
     with tempfile.TemporaryDirectory() as cache:
         model = build(_Package(graph), spec, cache_dir=cache)
-        per_call = (_median_time(lambda: model.run(feeds), budget) - spec.run_overhead_us * 1e-6) / count
+        per_call = (_time_per_call(lambda: model.run(feeds), budget) - spec.run_overhead_us * 1e-6) / count
     return max(0.0, (per_call - rest) * 1e9)
 
 
@@ -346,7 +364,7 @@ def _cold_scale(spec: TargetSpec, budget: float, count: int = 4) -> float:
              for v in graph.inputs}
     with tempfile.TemporaryDirectory() as cache:
         model = build(_Package(graph), spec, cache_dir=cache)
-        seconds = _median_time(lambda: model.run(feeds), budget)
+        seconds = _time_per_call(lambda: model.run(feeds), budget)
     overhead = sum(n.overhead_s for n in prediction.nodes)
     work = prediction.seconds - overhead - prediction.run_overhead_s
     return max(1.0, (seconds - prediction.run_overhead_s - work) / overhead)

@@ -33,6 +33,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
+from cuvil_edge.device_targets.cost_kernels import MMAP_LIMIT, depthwise_ns, gemm_ns
 from cuvil_edge.device_targets.memory_plan import VIEW_OPS, plan_memory
 from cuvil_edge.device_targets.spec import PRECISIONS, TargetSpec, resolve
 from cuvil_edge.errors import BuildError, CuvilError
@@ -143,6 +144,11 @@ class _Work:
     planes: int = 0  # image planes a native kernel pads and loops over, native_plane_us each
     exp_elements: int = 0  # exp-class function evaluations, transcendental_ns each
     rows: int = 0  # rows of a row-wise kernel (softmax rows, reduction outputs), row_ns each
+    gathered: int = 0  # elements a strided window copy (im2col) moves, kernel_ns["gather"] each
+    native_calls: int = 0  # foreign calls beyond the first (an epilogue's activation), "native" overhead each
+    reduced: int = 0  # input elements a numpy reduction reads, kernel_ns["reduce_element"] each
+    layer_norm: int = 0  # elements the native LayerNorm normalises, kernel_ns["ln_element"] each
+    depthwise: tuple | None = None  # native depthwise: (planes, (ph, pw), (oh, ow), taps, strided)
 
 
 def predict(graph: Graph, target: TargetSpec | str, *, precision: str = "fp32", batch: int = 1) -> CostPrediction:
@@ -222,24 +228,54 @@ def _cost(spec: TargetSpec, node: Node, ins, outs, work: _Work, flops: int, scra
     operands = 1e9 * (spec.cache_bandwidth_gbs if fits else spec.memory_bandwidth_gbs)
     # a GEMM streams its operands while it computes; its im2col copies and epilogue passes come
     # before or after the product, so they add to it rather than overlap
-    streamed = (read + written) / operands if work.gemm else (read + written + 2 * scratch + work.traffic) / bandwidth
-    serial = (2 * scratch + work.traffic) / bandwidth if work.gemm else 0.0
-    if work.gemm:
-        compute = sum(count * 2.0 * m * k * n / (peak * 1e9 * gemm_efficiency(spec, m, k, n))
-                      for m, k, n, count in work.gemm)
-    elif work.native:
-        rate = spec.native_gflops or spec.peak_gflops.get("float32", peak) / 8
-        compute = flops / (rate * 1e9) + work.planes * spec.native_plane_us * 1e-6
-    else:
-        compute = 0.0  # numpy's elementwise passes: the memory term covers them
-    compute += (work.exp_elements * spec.transcendental_ns + work.rows * spec.row_ns) * 1e-9
-    overhead = (kernel_overhead_us(spec, work.kernel) + work.calls * spec.numpy_call_us) * 1e-6
+    terms = spec.kernel_ns
+    gather = terms.get("gather")
+    # an im2col copy at the measured strided-copy rate (its scratch is then the columns, written once)
+    copied = work.gathered * gather * 1e-9 if gather is not None and work.gathered else None
+    columns = 0 if copied is None else work.gathered * _item(ins[0])  # blocks: in traffic; whole: in scratch
+    blocked = work.kernel == "conv im2col blocks"
+    extra = work.traffic - 2 * columns if blocked else work.traffic
+    scratch_traffic = 2 * scratch if blocked else 2 * max(0, scratch - columns)
+    streamed = (read + written) / operands if work.gemm else (read + written + scratch_traffic + extra) / bandwidth
+    serial = (scratch_traffic + extra) / bandwidth if work.gemm else 0.0
+    serial += copied or 0.0
+    # arrays past the allocator's mmap limit fault their pages in on every call
+    fresh = sum(_bytes(t) for t in outs if _bytes(t) >= MMAP_LIMIT) + (scratch if scratch >= MMAP_LIMIT else 0)
+    serial += fresh * terms.get("fresh_byte", 0.0) * 1e-9
+    compute = _compute_s(spec, work, flops, peak)
+    overhead = (kernel_overhead_us(spec, work.kernel) + work.calls * spec.numpy_call_us
+                + work.native_calls * kernel_overhead_us(spec, "native")) * 1e-6
     memory = streamed + serial
     terms = {"overhead": overhead, "compute": compute, "memory": memory}
     seconds = (overhead + max(compute, streamed) + serial) * chunks
     return NodeCost(node.name, node.op_type, work.kernel, flops * chunks, read * chunks, written * chunks,
                     scratch, work.gemm, overhead * chunks, compute * chunks, memory * chunks, seconds,
                     max(terms, key=terms.__getitem__))  # type: ignore[arg-type]
+
+
+def _compute_s(spec: TargetSpec, work: _Work, flops: int, peak: float) -> float:
+    """The arithmetic: a GEMM's products (the measured sgemm terms, else the roofline), the native
+    kernels (measured per-kernel terms, else native_gflops), reductions, exp-class functions, rows."""
+    terms = spec.kernel_ns
+    measured = [gemm_ns(terms, m, k, n) for m, k, n, _ in work.gemm]
+    rows = work.rows * spec.row_ns * (3 if work.reduced else 1)  # numpy's reduction loop: ~3x a native row's
+    if work.gemm and None not in measured:
+        # the fitted sgemm terms include packing the operands (from L3, as calibrated)
+        compute = sum(count * ns for (_, _, _, count), ns in zip(work.gemm, measured))
+    elif work.gemm:
+        compute = sum(count * 2.0 * m * k * n / (peak * gemm_efficiency(spec, m, k, n))
+                      for m, k, n, count in work.gemm)
+    elif work.layer_norm and "ln_element" in terms:  # the native LayerNorm's passes and rows, measured
+        compute, rows = work.layer_norm * terms["ln_element"] + work.rows * terms.get("ln_row", 0.0), 0.0
+    elif work.native:
+        dw = depthwise_ns(terms, *work.depthwise) if work.depthwise else None
+        rate = spec.native_gflops or spec.peak_gflops.get("float32", peak) / 8
+        compute = flops / rate + work.planes * spec.native_plane_us * 1e3 if dw is None else dw
+    else:
+        compute = 0.0  # numpy's elementwise passes: the memory term covers them
+    if work.reduced and "reduce_element" in terms:  # numpy's reduction loop, measured per element and output
+        rows = work.reduced * terms["reduce_element"] + work.rows * terms.get("reduce_row", 0.0)
+    return (compute + rows + work.exp_elements * spec.transcendental_ns) * 1e-9
 
 
 def _work(node: Node, ins, outs, large: bool, native: bool) -> _Work:
@@ -254,16 +290,28 @@ def _work(node: Node, ins, outs, large: bool, native: bool) -> _Work:
     fp32 = ins and ins[0] is not None and ins[0].dtype == "float32"
     exp = outs[0].numel() if op in TRANSCENDENTAL_OPS and outs and outs[0] is not None else 0
     if op in NATIVE_OPS and native and fp32 and (op != "MaxPool" or _plane(ins[0]) >= 144):
-        return _Work("native", native=True, planes=math.prod(ins[0].shape[:2]) if op == "MaxPool" else 0,
-                     exp_elements=exp, rows=_rows(node, ins[0]) if op != "MaxPool" else 0)
-    if op in NORMALIZATION_OPS:
-        return _Work("normalization")
+        if op == "MaxPool":  # the strided depthwise kernel's loop: a padded plane, every tap per output row
+            attrs = ops.get(op, node.describe()).attrs(node)
+            kernel, out = tuple(attrs["kernel_shape"]), tuple(outs[0].shape[2:])
+            st, di = attrs.get("strides") or (1,) * len(kernel), attrs.get("dilations") or (1,) * len(kernel)
+            padded_plane = tuple((o - 1) * s + d * (k - 1) + 1 for o, s, d, k in zip(out, st, di, kernel))
+            planes = math.prod(ins[0].shape[:2])
+            return _Work("native", native=True, planes=planes,
+                         depthwise=(planes, padded_plane, out, math.prod(kernel), True) if len(out) == 2 else None)
+        if op == "LayerNormalization":  # the C kernel's three passes per row, measured (kernel_ns ln_*)
+            return _Work("native", native=True, rows=_rows(node, ins[0]), layer_norm=ins[0].numel())
+        return _Work("native", native=True, exp_elements=exp, rows=_rows(node, ins[0]))
+    if op in NORMALIZATION_OPS:  # numpy's passes: each reads its operands and writes a new array
+        passes, reductions, powers = _normalization_passes(node)
+        size = _bytes(ins[0])
+        return _Work("normalization", calls=passes + reductions, traffic=3 * passes * size,
+                     reduced=reductions * ins[0].numel(), exp_elements=powers * ins[0].numel())
     if op in GATHER_OPS:
         return _Work("gather")
     if op in REDUCE_OPS:
-        # numpy's reduction sets up its inner loop per output element: ~3x a native row loop
-        # (GlobalAveragePool over 1280 x 7 x 7: 87 ns per row, vs 29 for native Softmax rows)
-        return _Work("reduce", rows=3 * outs[0].numel())
+        # numpy's reduction sets up its inner loop per output element (GlobalAveragePool over
+        # 1280 x 7 x 7: 87 ns per row, vs 29 for native Softmax rows: row_ns x 3 without reduce_row)
+        return _Work("reduce", rows=outs[0].numel(), reduced=ins[0].numel())
     if op == "Transpose":  # a strided copy: each element read from a different cache line
         return _Work("transpose", traffic=2 * _bytes(outs[0]))
     if op in TAP_OPS:
@@ -288,23 +336,32 @@ def _conv(node: Node, ins, outs, large: bool, native: bool) -> _Work:
     bias = len(ins) > 2 and ins[2] is not None
     epilogue = 2 * y_bytes * ((bias + (act != "none")) if not native or y.numel() < 1 << 15 else 1)
     depthwise = group == c and mg == 1
+    calls, foreign = _epilogue_calls(bias, act, native and x.dtype != "float16", y.numel())
     if depthwise and native and k == 2 and x.dtype == "float32":
-        return _Work("conv depthwise native", native=True, planes=n * c, exp_elements=exp)
+        st, di = attrs.get("strides") or (1, 1), attrs.get("dilations") or (1, 1)
+        padded_plane = tuple((o - 1) * s + d * (kk - 1) + 1 for o, s, d, kk in zip(out, st, di, kernel))
+        # bias and Relu/Clip inside the C kernel; sigmoid/swish/GELU one more foreign call
+        return _Work("conv depthwise native", native=True, planes=n * c, exp_elements=exp,
+                     depthwise=(n * c, padded_plane, out, taps, tuple(st) != (1, 1)),
+                     native_calls=int(act in TRANSCENDENTAL_ACTIVATIONS), calls=4 * (act == "hardswish"))
     if max(kernel, default=1) == 1 and not padded:
-        return _Work("conv 1x1 gemm", ((mg, cg, p, n * group),), traffic=epilogue, exp_elements=exp)
+        return _Work("conv 1x1 gemm", ((mg, cg, p, n * group),), traffic=epilogue, exp_elements=exp, calls=calls,
+                     native_calls=foreign)
     if large or depthwise or (group == 1 and k == 2):
         if depthwise:  # y += window * w per tap: the product written, then y read and written
-            return _Work("conv depthwise taps", calls=2 * taps, traffic=4 * taps * y_bytes + epilogue,
-                         exp_elements=exp)
+            return _Work("conv depthwise taps", calls=2 * taps + calls, traffic=4 * taps * y_bytes + epilogue,
+                         exp_elements=exp, native_calls=foreign)
         if group == 1 and k == 2 and (not large or w.numel() * p * item > m << 21):
             rows = max(1, min(out[0], (1 << 20) // (c * taps * out[1] * item)))
             blocks = n * -(-out[0] // rows)
             # each block's strided gather is one more read and write of its columns
-            return _Work("conv im2col blocks", ((m, c * taps, rows * out[1], blocks),), calls=2 * blocks,
-                         traffic=2 * n * c * taps * p * item + epilogue, exp_elements=exp)
-        return _Work("conv im2col", ((mg, cg * taps, p, n * group),), traffic=epilogue, exp_elements=exp)
-    return _Work("conv per-tap gemm", ((mg, cg, p, n * group * taps),), calls=2 * taps,
-                 traffic=2 * taps * y_bytes + epilogue, exp_elements=exp)
+            return _Work("conv im2col blocks", ((m, c * taps, rows * out[1], blocks),), calls=2 * blocks + calls,
+                         traffic=2 * n * c * taps * p * item + epilogue, exp_elements=exp, gathered=n * c * taps * p,
+                         native_calls=foreign)
+        return _Work("conv im2col", ((mg, cg * taps, p, n * group),), traffic=epilogue, exp_elements=exp,
+                     gathered=n * c * taps * p, calls=calls, native_calls=foreign)
+    return _Work("conv per-tap gemm", ((mg, cg, p, n * group * taps),), calls=2 * taps + calls,
+                 traffic=2 * taps * y_bytes + epilogue, exp_elements=exp, native_calls=foreign)
 
 
 def _matmul(node: Node, ins, outs, native: bool) -> _Work:
@@ -318,19 +375,49 @@ def _matmul(node: Node, ins, outs, native: bool) -> _Work:
         taps, group = math.prod(b.shape[2:]), int(node.attr("group", 1) or 1)
         return _Work("conv-transpose gemm", ((b.shape[1], b.shape[0] // group, math.prod(a.shape[2:]),
                                              a.shape[0] * group * taps),), calls=taps)
+    bias = len(ins) > 2 and ins[2] is not None
     if op in ("Gemm", "CuvilFusedGemm"):
         m, k = reversed(a.shape) if node.attr("transA", 0) else a.shape
         n = b.shape[0] if node.attr("transB", 0) else b.shape[1]
-        return _Work("gemm", ((m, k, n, 1),), traffic=2 * _bytes(y) * (len(ins) > 2), exp_elements=exp)
+        calls, foreign = _epilogue_calls(bias, act or "none", False, y.numel())
+        return _Work("gemm", ((m, k, n, 1),), traffic=2 * _bytes(y) * bias, exp_elements=exp, calls=calls,
+                     native_calls=foreign)
     if b.rank == 2 and (a.rank > 2 or op == "CuvilFusedMatMul"):
         rows = math.prod(a.shape[:-1])
-        epilogue = 2 * _bytes(y) if op == "CuvilFusedMatMul" and len(ins) > 2 else 0
+        fused = op == "CuvilFusedMatMul"
+        epilogue = 2 * _bytes(y) if fused and bias else 0
+        calls, foreign = _epilogue_calls(bias and fused, act or "none", native and y.dtype == "float32", y.numel())
         return _Work("gemm rows collapsed", ((rows, a.shape[-1], b.shape[-1], 1),), traffic=epilogue,
-                     exp_elements=exp)
+                     exp_elements=exp, calls=calls, native_calls=foreign)
     m = a.shape[-2] if a.rank > 1 else 1
     n = b.shape[-1] if b.rank > 1 else 1
     count = math.prod(y.shape[:-2]) if y.rank > 2 else 1
     return _Work("gemm batched" if count > 1 else "gemm", ((m, a.shape[-1], n, count),))
+
+
+def _normalization_passes(node: Node) -> tuple[int, int, int]:
+    """(elementwise passes, reductions, exp-class evaluations per element) of the numpy kernel of a
+    normalisation op (normalization.py): statistics by reductions, then centring, scaling, the affine
+    terms and the final astype as separate passes; LRN's window is one pass per channel tap and its
+    power a log and an exp."""
+    op = node.op_type
+    if op == "LRN":
+        return 6 + int(node.attr("size", 5) or 5), 0, 2
+    if op == "BatchNormalization":
+        return 4, 0, 0
+    return 7, 2, 0  # Instance/Group/LayerNormalization (numpy path), MeanVarianceNormalization
+
+
+def _epilogue_calls(bias: bool, act: str, native: bool, size: int) -> tuple[int, int]:
+    """(numpy calls, foreign calls) of a kernel's bias and activation epilogue: one native pass
+    from 32k outputs, else an in-place add, Relu/Clip as one ufunc, sigmoid/swish/GELU as a
+    foreign map (numpy's several passes without the native library), HardSwish in numpy."""
+    if not bias and act == "none":
+        return 0, 0
+    if native and size >= 1 << 15 and act != "hardswish":
+        return 0, 1
+    calls = int(bias) + {"none": 0, "relu": 1, "relu6": 1, "hardswish": 4}.get(act, 0 if native else 5)
+    return calls, int(native and act in TRANSCENDENTAL_ACTIVATIONS)
 
 
 def _rows(node: Node, x: TensorType) -> int:
@@ -342,6 +429,10 @@ def _rows(node: Node, x: TensorType) -> int:
 
 def _plane(t: TensorType) -> int:
     return math.prod(t.shape[2:]) if t.rank >= 4 else 0
+
+
+def _item(t: TensorType) -> int:
+    return 4 if t.dtype == "float16" else dtypes.itemsize(t.dtype)  # float16 is computed in float32
 
 
 def _bytes(t: TensorType | None) -> int:

@@ -82,6 +82,10 @@ class TargetSpec(BaseModel):
     #: ns per row of a row-wise kernel (native Softmax/LayerNorm rows; numpy reductions per output
     #: element): short rows are bound by the loop around them, not by their elements
     row_ns: float = Field(default=50.0, ge=0)
+    #: ns per unit of work of the kernels the builds run, measured by `cuvil-edge calibrate` on
+    #: synthetic shapes (keys and their units: cost_kernels.py; e.g. "gemm_flop", "dw_strided_tap",
+    #: "weight_byte"); a term not listed falls back to the roofline fields above
+    kernel_ns: dict[str, float] = Field(default_factory=dict)
     #: host<->device bus of an accelerator target, per direction (None: memory_bandwidth_gbs, as
     #: for memory shared by CPU and accelerator), and the latency of one transfer
     transfer_bandwidth_gbs: float | None = Field(default=None, gt=0)
@@ -106,6 +110,8 @@ class TargetSpec(BaseModel):
             raise ValueError(f"peak_gflops names dtypes {extra} that are not in dtypes")
         if any(v <= 0 for v in self.peak_gflops.values()):
             raise ValueError("peak_gflops values must be positive")
+        if any(not v >= 0 for v in self.kernel_ns.values()):
+            raise ValueError("kernel_ns values must be >= 0 (nanoseconds per unit of work)")
         if any(v < 0 for v in self.kernel_overhead_us.values()):
             raise ValueError("kernel_overhead_us values must be >= 0 (microseconds per call)")
         if not self.static_shapes and self.static_batch != 1:

@@ -20,7 +20,8 @@ from cuvil_edge.ir import cost
 
 COST_FIELDS = ("call_overhead_us", "kernel_overhead_us", "numpy_call_us", "run_overhead_us", "gemm_efficiency",
                "gemm_half_dim", "memory_efficiency", "cache_mb", "cache_bandwidth_gbs", "native_gflops",
-               "native_plane_us", "transcendental_ns", "row_ns", "transfer_bandwidth_gbs", "transfer_latency_us")
+               "native_plane_us", "transcendental_ns", "row_ns", "transfer_bandwidth_gbs", "transfer_latency_us",
+               "kernel_ns")
 
 
 def small_cnn():
@@ -163,7 +164,8 @@ def test_kernel_overhead_falls_back_to_scaled_call_overhead(graph):
 
 
 @pytest.mark.parametrize("field, value", [("gemm_efficiency", 1.5), ("call_overhead_us", 0), ("memory_efficiency", 0),
-                                          ("kernel_overhead_us", {"gemm": -1.0}), ("transfer_bandwidth_gbs", -2.0)])
+                                          ("kernel_overhead_us", {"gemm": -1.0}), ("transfer_bandwidth_gbs", -2.0),
+                                          ("kernel_ns", {"gemm_flop": -1.0})])
 def test_invalid_cost_fields_are_rejected(tmp_path, field, value):
     data = yaml.safe_load((SPECS_DIR / "x86-64.yaml").read_text())
     data[field] = value
@@ -183,6 +185,9 @@ def test_calibrate_command_writes_a_spec_load_target_accepts(tmp_path, capsys):
     base = load_target("x86-64")
     assert spec.arch == base.arch and spec.dtypes == base.dtypes and spec.peak_gflops["float32"] > 0
     assert spec.kernel_overhead_us and all(v >= 0 for v in spec.kernel_overhead_us.values())
+    from cuvil_edge.device_targets.cost_kernels import DEPTHWISE_KEYS, GEMM_KEYS
+    assert set(GEMM_KEYS) | {"gather", "fresh_byte", "reduce_element"} <= set(spec.kernel_ns)
+    assert set(DEPTHWISE_KEYS) <= set(spec.kernel_ns) or not spec.native_kernels
     assert math.isfinite(predict(small_cnn(), spec, batch=2).seconds)
     # the same file, corrupted: a clear error naming it
     out.write_text(text.replace("gemm_efficiency:", "gemm_efficiency: -1 #"))
@@ -204,3 +209,92 @@ def test_calibrate_unknown_base_is_a_typed_error(tmp_path):
 
     with pytest.raises(UnknownTargetError, match="no-such"):
         calibrate("no-such", quick=True)
+
+
+# ---------------------------------------------------------------- per-kernel terms (kernel_ns)
+
+KERNEL_NS = {"gemm_flop": 0.01, "gemm_mk": 0.2, "gemm_kn": 0.2, "gemm_mn": 0.2, "gemm_call": 1000.0,
+             "dw_plane": 300.0, "dw_pad": 0.5, "dw_tap": 0.05, "dw_strided_tap": 0.4, "gather": 0.3,
+             "fresh_byte": 0.1, "reduce_element": 0.3, "reduce_row": 20.0}
+
+
+def one_node(op, x_shape, w_shape=None, **attrs):
+    """A one-node graph: x (and a constant w) -> op -> y."""
+    from onnx import shape_inference
+
+    inits = [] if w_shape is None else [numpy_helper.from_array(np.full(w_shape, 0.1, np.float32), "w")]
+    node = helper.make_node(op, ["x"] + (["w"] if w_shape else []), ["y"], name="n", **attrs)
+    graph = helper.make_graph([node], op.lower(), [helper.make_tensor_value_info("x", TensorProto.FLOAT, x_shape)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    model = shape_inference.infer_shapes(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    return load_model(model.SerializeToString())
+
+
+def test_measured_gemm_terms_cost_the_products_the_kernel_makes(graph):
+    from cuvil_edge.device_targets.cost_kernels import gemm_ns
+
+    spec = load_target("x86-64").model_copy(update={"kernel_ns": KERNEL_NS})
+    node = {n.node: n for n in predict(graph, spec, batch=3).nodes}["conv1x1"]
+    m, k, n, count = node.gemm[0]
+    assert node.compute_s == pytest.approx(count * gemm_ns(KERNEL_NS, m, k, n) * 1e-9)
+    assert gemm_ns(KERNEL_NS, m, k, n) == pytest.approx(0.01 * 2 * m * k * n + 0.2 * (m * k + k * n + m * n) + 1000)
+    assert gemm_ns({"gemm_flop": 1.0}, 1, 1, 1) is None  # a partial set: the roofline instead
+
+
+def test_strided_depthwise_costs_more_per_output_than_stride_one():
+    spec = load_target("x86-64").model_copy(update={"kernel_ns": KERNEL_NS})
+    same = predict(one_node("Conv", [1, 32, 28, 28], (32, 1, 3, 3), group=32, pads=[1, 1, 1, 1]), spec).nodes[0]
+    strided = predict(one_node("Conv", [1, 32, 56, 56], (32, 1, 3, 3), group=32, pads=[1, 1, 1, 1],
+                               strides=[2, 2]), spec).nodes[0]
+    assert same.kernel == strided.kernel == "conv depthwise native"
+    assert same.bytes_written == strided.bytes_written  # the same 32 x 28 x 28 outputs
+    # stride 1: 9 taps over the flat 28 x 30 accumulator; stride 2: 9 strided taps per output
+    assert same.compute_s == pytest.approx(32 * (300 + 0.5 * 30 * 30 + 0.05 * 9 * 28 * 30) * 1e-9)
+    assert strided.compute_s == pytest.approx(32 * (300 + 0.5 * 57 * 57 + 0.4 * 9 * 28 * 28) * 1e-9)
+    assert strided.compute_s > 2 * same.compute_s
+
+
+def test_native_max_pool_is_costed_as_the_strided_plane_loop():
+    spec = load_target("x86-64").model_copy(update={"kernel_ns": KERNEL_NS})
+    node = predict(one_node("MaxPool", [1, 8, 32, 32], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]),
+                   spec).nodes[0]
+    assert node.kernel == "native"
+    assert node.compute_s == pytest.approx(8 * (300 + 0.5 * 33 * 33 + 0.4 * 9 * 16 * 16) * 1e-9)
+
+
+def test_im2col_copy_and_fresh_pages_use_their_measured_rates():
+    base = load_target("x86-64")
+    g = one_node("Conv", ["N", 16, 56, 56], (16, 16, 3, 3), pads=[1, 1, 1, 1])
+
+    def node(batch, **terms):
+        return predict(g, base.model_copy(update={"kernel_ns": {**KERNEL_NS, **terms}}), batch=batch).nodes[0]
+
+    for batch in (1, 192):
+        copied = batch * 16 * 9 * 56 * 56  # every window element of the im2col columns
+        assert node(batch).kernel == "conv im2col"
+        assert node(batch, gather=1.3).seconds - node(batch).seconds == pytest.approx(copied * 1e-9, rel=1e-6)
+    # fresh pages: only arrays past the allocator's mmap limit (batch 192: a 38 MiB output) pay them
+    assert node(1, fresh_byte=5.0).seconds == node(1).seconds
+    big = node(192)
+    assert big.bytes_written >= 32 << 20
+    fresh = big.bytes_written + (big.scratch_bytes if big.scratch_bytes >= 32 << 20 else 0)
+    assert node(192, fresh_byte=1.1).seconds - big.seconds == pytest.approx(fresh * 1e-9, rel=1e-6)
+
+
+def test_fit_nonnegative_recovers_terms_and_drops_negative_ones():
+    from cuvil_edge.device_targets.cost_kernels import fit_nonnegative
+
+    rng = np.random.default_rng(0)
+    rows = rng.uniform(1, 100, (30, 3))
+    exact = rows @ np.array([2.0, 0.5, 0.0])
+    assert fit_nonnegative(rows, exact) == pytest.approx([2.0, 0.5, 0.0], abs=1e-9)
+    coef = fit_nonnegative(rows, rows @ np.array([2.0, 0.5, -0.3]) + 40)
+    assert (coef >= 0).all()
+
+
+def test_gemm_calibration_shapes_are_synthetic_and_fixed():
+    from cuvil_edge.device_targets.cost_kernels import gemm_shapes
+
+    shapes = gemm_shapes()
+    assert shapes == gemm_shapes() and len(shapes) == 40 and len(set(shapes)) == 40
+    assert all(8 <= m <= 2048 and 8 <= k <= 2048 and 1 <= n <= 12544 and 2 * m * k * n <= 2.5e8 for m, k, n in shapes)

@@ -1,0 +1,224 @@
+"""Per-kernel cost terms of the cost model, and the micro-benchmarks that measure them.
+
+A target spec's ``kernel_ns`` holds ns per unit of work of the kernels the builds run; each term
+is measured by ``cuvil-edge calibrate`` on synthetic shapes (never on the models the benchmark
+checks), and a term a spec does not list falls back to the roofline of :mod:`cost_model`:
+
+* ``gemm_flop``, ``gemm_mk``, ``gemm_kn``, ``gemm_mn``, ``gemm_call``: one (m x k) @ (k x n) sgemm
+  costs ``2mkn flop + mk mk + kn kn + mn mn + call`` ns: the arithmetic, packing each operand
+  (the A and B panels) and writing C. Small products are bound by the packing and the call, not
+  the arithmetic: a linear fit over 40 synthetic shapes (8 to 12544 per dim), operands out of L2
+  as in a model (its other layers have evicted them).
+* ``dw_plane``, ``dw_pad``, ``dw_tap``, ``dw_strided_tap``: the native depthwise convolution
+  (``cuvil_depthwise_conv2d_f32``): per plane; per element of the padded plane it copies; per
+  tap and element of the flat stride-1 accumulator (``oh x padded width``, vectorised); per tap
+  and output element of the strided path (a scalar gather).
+* ``reduce_element``, ``reduce_row``: numpy's mean over trailing axes, per input element and per
+  output (GlobalAveragePool and the Reduce* ops).
+* ``ln_element``, ``ln_row``: the native LayerNorm kernel, per element and per row.
+* ``gather``: ns per element of a strided window copy (im2col: whole or in row blocks).
+* ``fresh_byte``: ns per byte of an array above the allocator's mmap limit (glibc: 32 MiB), whose
+  pages fault in on first touch, every call (large batch-16 activations).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Callable
+
+import numpy as np
+
+#: Arrays at least this large come from mmap on every allocation (glibc's largest dynamic mmap
+#: threshold, DEFAULT_MMAP_THRESHOLD_MAX on 64-bit): their pages are faulted in by each call.
+MMAP_LIMIT = 32 << 20
+
+GEMM_KEYS = ("gemm_flop", "gemm_mk", "gemm_kn", "gemm_mn", "gemm_call")
+DEPTHWISE_KEYS = ("dw_plane", "dw_pad", "dw_tap", "dw_strided_tap")
+
+
+def gemm_ns(terms: dict[str, float], m: int, k: int, n: int) -> float | None:
+    """ns of one (m x k) @ (k x n) product from the fitted terms, None where they are not measured."""
+    if not all(key in terms for key in GEMM_KEYS):
+        return None
+    return (terms["gemm_flop"] * 2.0 * m * k * n + terms["gemm_mk"] * m * k + terms["gemm_kn"] * k * n
+            + terms["gemm_mn"] * m * n + terms["gemm_call"])
+
+
+def depthwise_ns(terms: dict[str, float], planes: int, padded: tuple[int, int], out: tuple[int, int],
+                 taps: int, strided: bool) -> float | None:
+    """ns of the native depthwise kernel over ``planes`` planes, None where it is not measured."""
+    if not all(key in terms for key in DEPTHWISE_KEYS):
+        return None
+    (ph, pw), (oh, ow) = padded, out
+    work = terms["dw_strided_tap"] * taps * oh * ow if strided else terms["dw_tap"] * taps * oh * pw
+    return planes * (terms["dw_plane"] + terms["dw_pad"] * ph * pw + work)
+
+
+# ---------------------------------------------------------------- measurements
+
+CLOCK = time.process_time  # CPU time, as calibrate.CLOCK (the machine may be shared)
+
+
+def _time_per_call(fn: Callable[[], object], budget: float) -> float:
+    """CPU seconds per call, the fastest of ~1 ms samples (as calibrate._time_per_call)."""
+    fn()
+    start = CLOCK()
+    fn()
+    calls = max(1, int(1e-3 / max(CLOCK() - start, 1e-7)))
+    samples, deadline = [], CLOCK() + budget
+    while len(samples) < 5 or (CLOCK() < deadline and len(samples) < 100):
+        start = CLOCK()
+        for _ in range(calls):
+            fn()
+        samples.append((CLOCK() - start) / calls)
+    return float(np.min(samples))
+
+
+def _cycled(arrays: Callable[[], tuple], fn: Callable, budget: float, total: int = 8 << 20) -> float:
+    """Median CPU seconds of ``fn(*arrays())`` cycling through enough copies of the arrays (``total``
+    bytes in all, past L2) that each call finds its operands where a model's kernel does: out of L2,
+    last touched before other layers ran."""
+    first = arrays()
+    size = sum(a.nbytes for a in first if isinstance(a, np.ndarray))
+    copies = [first] + [arrays() for _ in range(max(1, min(32, -(-total // max(size, 1)))) - 1)]
+    turn = [0]
+
+    def call() -> None:
+        turn[0] = (turn[0] + 1) % len(copies)
+        fn(*copies[turn[0]])
+
+    return _time_per_call(call, budget)
+
+
+def gemm_shapes(count: int = 40, seed: int = 7) -> list[tuple[int, int, int]]:
+    """Synthetic (m, k, n): log-uniform, m and k in [8, 2048], n in [1, 12544], at most 0.25 GFLOP."""
+    rng = np.random.default_rng(seed)
+    shapes: list[tuple[int, int, int]] = []
+    while len(shapes) < count:
+        m, k = (int(round(math.exp(v))) for v in rng.uniform(math.log(8), math.log(2048), 2))
+        n = int(round(math.exp(rng.uniform(0, math.log(12544)))))
+        if 2 * m * k * n <= 2.5e8:
+            shapes.append((m, k, n))
+    return shapes
+
+
+def fit_nonnegative(rows: np.ndarray, seconds: np.ndarray) -> np.ndarray:
+    """Least squares of relative error (each row divided by its time) with coefficients >= 0
+    (a term that would come out negative is dropped and the rest refitted)."""
+    a, b = rows / seconds[:, None], np.ones(len(seconds))
+    keep = np.ones(rows.shape[1], bool)
+    coef = np.zeros(rows.shape[1])
+    while keep.any():
+        sol = np.linalg.lstsq(a[:, keep], b, rcond=None)[0]
+        if (sol >= 0).all():
+            coef[keep] = sol
+            break
+        keep[np.flatnonzero(keep)[np.argmin(sol)]] = False
+    return coef
+
+
+def measure_gemm(budget: float, quick: bool = False) -> tuple[dict[str, float], dict[str, float]]:
+    """(terms, GFLOP/s per shape): the gemm_* terms fitted to sgemm times of synthetic shapes, each
+    product cycling through copies of its operands (8 MiB in all, past L2) as a model's layers do:
+    its weights and its input were last touched before other layers ran."""
+    rows, seconds, rates = [], [], {}
+    for m, k, n in gemm_shapes(16 if quick else 40):
+        out = np.empty((m, n), np.float32)
+        t = _cycled(lambda m=m, k=k, n=n: (np.full((m, k), 0.5, np.float32), np.full((k, n), 0.25, np.float32)),
+                    lambda a, b, out=out: np.matmul(a, b, out=out), budget)
+        rows.append((2.0 * m * k * n, m * k, k * n, m * n, 1.0))
+        seconds.append(t)
+        rates["x".join(map(str, (m, k, n)))] = 2.0 * m * k * n / t / 1e9
+    coef = fit_nonnegative(np.array(rows), np.array(seconds)) * 1e9
+    return dict(zip(GEMM_KEYS, (float(c) for c in coef))), rates
+
+
+def measure_depthwise(budget: float) -> dict[str, float]:
+    """dw_* terms: the native kernel called directly on synthetic 3x3 and 5x5 depthwise convolutions
+    (same padding) at stride 1 and 2 over plane sizes 7 to 112; {} without the native library."""
+    try:
+        from cuvil_edge.ir.ops._native import library
+    except ImportError:
+        return {}
+    lib = library()
+    if lib is None:
+        return {}
+    rng = np.random.default_rng(0)
+    rows, seconds = [], []
+    for c, size, stride, kernel in ((512, 7, 1, 3), (256, 14, 1, 3), (96, 28, 1, 3), (32, 56, 1, 3), (8, 112, 1, 3),
+                                    (256, 14, 1, 5), (32, 56, 1, 5), (256, 14, 2, 3), (96, 28, 2, 3), (32, 56, 2, 3),
+                                    (8, 112, 2, 3), (384, 7, 2, 3), (96, 28, 2, 5), (256, 14, 2, 5)):
+        w = rng.standard_normal((c, 1, kernel, kernel), dtype=np.float32)
+        pad = kernel // 2
+        o = (size + 2 * pad - kernel) // stride + 1
+        ph = pw = (o - 1) * stride + kernel
+        y = np.empty((1, c, o, o), np.float32)
+        rest = (w.ctypes.data, None, y.ctypes.data, 1, c, size, size, kernel, kernel, stride, stride,
+                1, 1, pad, pad, o, o, ph, pw, 0.0, np.inf)
+        seconds.append(_cycled(lambda c=c, size=size: (np.full((1, c, size, size), 0.5, np.float32),),
+                               lambda x, rest=rest: lib.cuvil_depthwise_conv2d_f32(x.ctypes.data, *rest), budget))
+        flat, taps = stride == 1, kernel * kernel
+        rows.append((c, c * ph * pw, c * taps * o * pw if flat else 0.0, 0.0 if flat else c * taps * o * o))
+    coef = fit_nonnegative(np.array(rows, float), np.array(seconds)) * 1e9
+    return dict(zip(DEPTHWISE_KEYS, (float(v) for v in coef)))
+
+
+def measure_gather(budget: float) -> float:
+    """ns per element of an im2col copy: the windows of a padded 3x3 convolution's input copied
+    into (C, 3, 3, rows, W) blocks, as k_conv's blocked path does."""
+    rng = np.random.default_rng(0)
+    per = []
+    for c, size in ((64, 56), (128, 28), (16, 112)):
+        x = np.zeros((c, size + 2, size + 2), np.float32)
+        x[:, 1:-1, 1:-1] = rng.standard_normal((c, size, size), dtype=np.float32)
+        st = x.strides
+        win = np.ndarray((c, size, size, 3, 3), np.float32, x, 0, (st[0], st[1], st[2], st[1], st[2]))
+        rows = max(1, min(size, (1 << 20) // (c * 9 * size * 4)))
+        block = np.empty((c, 3, 3, rows, size), np.float32)
+        t = _time_per_call(lambda: np.copyto(block, win[:, :rows].transpose(0, 3, 4, 1, 2)), budget)
+        per.append(t / block.size)
+    return float(np.median(per)) * 1e9
+
+
+def measure_fresh(budget: float) -> float:
+    """ns per byte a 48 MiB result costs beyond the same pass into an existing array (its pages
+    fault in on every call: above the allocator's mmap limit)."""
+    a = np.ones(12 << 20, np.float32)
+    b, c = a.copy(), np.empty_like(a)
+    fresh = _time_per_call(lambda: np.add(a, b), budget)
+    reused = _time_per_call(lambda: np.add(a, b, out=c), budget)
+    return max(0.0, fresh - reused) / a.nbytes * 1e9
+
+
+def measure_reduce(budget: float) -> dict[str, float]:
+    """``reduce_element`` / ``reduce_row``: ns per input element and per output of numpy's mean over
+    the trailing axes (GlobalAveragePool, ReduceMean), fitted over long and short rows."""
+    rows, seconds = [], []
+    for shape in ((1, 64, 56, 56), (1, 256, 28, 28), (16, 512, 7, 7), (16, 64, 2, 2), (1, 1024, 4, 4), (4, 32, 112, 112)):
+        seconds.append(_cycled(lambda shape=shape: (np.full(shape, 0.5, np.float32),),
+                               lambda x: x.mean(axis=(2, 3), keepdims=True), budget))
+        rows.append((math.prod(shape), shape[0] * shape[1], 1.0))
+    coef = fit_nonnegative(np.array(rows, float), np.array(seconds)) * 1e9
+    return {"reduce_element": float(coef[0]), "reduce_row": float(coef[1])}
+
+
+def measure_layer_norm(budget: float) -> dict[str, float]:
+    """``ln_element`` / ``ln_row``: the native LayerNorm kernel (``cuvil_layer_norm_f32``) called
+    directly, per element and per row, fitted over rows of 16 to 1024; {} without the library."""
+    try:
+        from cuvil_edge.ir.ops._native import library
+    except ImportError:
+        return {}
+    lib = library()
+    if lib is None:
+        return {}
+    rows, seconds = [], []
+    for r, d in ((4096, 16), (1024, 64), (256, 256), (64, 1024), (512, 384), (16, 768)):
+        scale, bias, y = np.ones(d, np.float32), np.zeros(d, np.float32), np.empty((r, d), np.float32)
+        rest = (scale.ctypes.data, bias.ctypes.data, y.ctypes.data, r, d, 1e-5)
+        seconds.append(_cycled(lambda r=r, d=d: (np.full((r, d), 0.5, np.float32),),
+                               lambda x, rest=rest: lib.cuvil_layer_norm_f32(x.ctypes.data, *rest), budget))
+        rows.append((r * d, r, 1.0))
+    coef = fit_nonnegative(np.array(rows, float), np.array(seconds)) * 1e9
+    return {"ln_element": float(coef[0]), "ln_row": float(coef[1])}
