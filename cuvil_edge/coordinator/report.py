@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from pathlib import Path
 from typing import Sequence
 
@@ -58,14 +59,19 @@ class RunReport:
         self.sites = list(sites)
         self.rounds: list[dict] = []
         self.stopped_early: dict | None = None
+        self._last = time.monotonic()
 
     def add_round(self, server_round: int, accuracy: float, site_stats: dict[str, dict],
-                  central: dict | None = None, federated: dict | None = None) -> dict:
+                  central: dict | None = None, federated: dict | None = None, timings: dict | None = None) -> dict:
         """Record one round; ``central`` is the central-DP accounting (None without central DP),
-        ``federated`` the accuracy pooled from the sites' noisy counts with its 95 % interval."""
+        ``federated`` the accuracy pooled from the sites' noisy counts with its 95 % interval,
+        ``timings`` the coordinator's seconds per phase; ``seconds`` is the round's wall time."""
+        now = time.monotonic()
         sites = {s.site: {"target": s.target, **site_stats.get(s.site, {})} for s in self.sites}
         entry = {"round": server_round, "global_accuracy": accuracy, "sites": sites,
-                 "dropped_out": sorted(k for k, v in sites.items() if v.get("status") == EXHAUSTED_STATUS)}
+                 "dropped_out": sorted(k for k, v in sites.items() if v.get("status") == EXHAUSTED_STATUS),
+                 "seconds": round(now - self._last, 3), **({"coordinator": timings} if timings else {})}
+        self._last = now
         if federated is not None:
             entry["federated_accuracy"] = federated
         if central is not None:

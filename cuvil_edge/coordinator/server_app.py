@@ -92,7 +92,8 @@ def run_federation(grid: Grid, spec: RunSpec) -> RunReport:
             save_checkpoint(Path(spec.home), federation.name, offset + server_round, weights)
         report.add_round(offset + server_round, accuracy, sites_strategy.rounds.get(server_round, {}),
                          central=sites_strategy.central.get(server_round),
-                         federated=sites_strategy.evaluations.get(server_round))
+                         federated=sites_strategy.evaluations.get(server_round),
+                         timings=sites_strategy.timings.get(server_round))
         return MetricRecord({"accuracy": accuracy})
 
     start_rounds(strategy, report, grid, ArrayRecord({k: Array(np.array(v)) for k, v in trainable.items()}),

@@ -16,6 +16,7 @@ the strategy inside, whose ``aggregate_train`` must be FedAvg's (fedavg or fedpr
 from __future__ import annotations
 
 import logging
+import time
 from typing import Iterable
 
 import numpy as np
@@ -76,6 +77,7 @@ class SitePackages(Strategy):
         self.evaluations: dict[int, dict] = {}  # round -> pooled federated accuracy (aggregate_evaluate)
         self._sent: list[tuple[Message, str]] = []  # messages of the current phase and their sites
         self._weights: dict[str, np.ndarray] | None = None  # the global weights the current phase sent
+        self.timings: dict[int, dict] = {}  # round -> seconds the coordinator spent per phase
 
     # -- node -> site ---------------------------------------------------------
     def _resolve_sites(self, grid: Grid, node_ids: Iterable[int]) -> None:
@@ -134,7 +136,7 @@ class SitePackages(Strategy):
         messages = list(messages)
         self._resolve_sites(grid, [m.metadata.dst_node_id for m in messages])
         weights = self._weights = arrays_to_numpy(arrays)
-        out = []
+        started, out = time.perf_counter(), []
         for message in messages:
             node = message.metadata.dst_node_id
             site = self.node_to_site.get(node)
@@ -157,6 +159,10 @@ class SitePackages(Strategy):
             stats = self._site_stats(int(config["server-round"]), site)
             stats["package-bytes"], stats["precision"] = len(package.data), self.factory.precisions.get(site, "fp32")
         self._sent = [(m, self.node_to_site[m.metadata.dst_node_id]) for m in out]
+        if messages:  # what the coordinator spent signing, sealing and packing this phase's packages
+            phase = "train" if messages[0].metadata.message_type == MessageType.TRAIN else "eval"
+            server_round = int(messages[0].content["config"]["server-round"])
+            self.timings.setdefault(server_round, {})[f"{phase}-packages-seconds"] = time.perf_counter() - started
         return out
 
     def _site_arrays(self, site: str, weights: dict[str, np.ndarray], config: ConfigRecord) -> ArrayRecord:
