@@ -2,17 +2,21 @@
 
 ``<home>/checkpoints/<federation>/round-<NNNNN>.npz`` holds the round's aggregated weights
 (``np.savez``, read back with ``allow_pickle=False``), written atomically, so a coordinator
-killed between rounds resumes from the last completed one (`--resume`).
+killed between rounds resumes from the last completed one (`--resume`). Under central DP the same
+file holds the accountant's state (its releases so far, as JSON bytes under
+:data:`ACCOUNTANT_KEY`): weights and ε are written in one atomic step, so a resumed run can never
+continue with weights whose privacy cost it forgot.
 """
 
 from __future__ import annotations
 
 import io
+import json
 import re
 import zipfile
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Mapping
+from typing import Mapping, Optional
 
 import numpy as np
 
@@ -22,6 +26,8 @@ from cuvil_edge.config.run_spec import RunSpec
 from cuvil_edge.errors import ConfigError, StateError
 
 _NAME = re.compile(r"^round-(\d{5})\.npz$")
+#: The array holding the central-DP accountant's state (UTF-8 JSON); no weight may use this name.
+ACCOUNTANT_KEY = "__central_dp_accountant__"
 
 
 @dataclass(frozen=True)
@@ -29,20 +35,28 @@ class Checkpoint:
     round: int
     weights: dict[str, np.ndarray]
     path: Path
+    accountant: Optional[dict] = None  # Flower's RdpAccountant.state_dict() under central DP
 
 
 def checkpoint_dir(home: Path, federation: str) -> Path:
     return Path(home) / "checkpoints" / federation
 
 
-def save_checkpoint(home: Path, federation: str, server_round: int, weights: Mapping[str, np.ndarray]) -> Path:
-    """Write the weights after ``server_round`` (atomic: a crash leaves the previous checkpoints).
+def save_checkpoint(home: Path, federation: str, server_round: int, weights: Mapping[str, np.ndarray],
+                    accountant: Optional[dict] = None) -> Path:
+    """Write the weights (and the central-DP ``accountant`` state) after ``server_round`` (atomic:
+    a crash leaves the previous checkpoints).
 
     Raises:
-        StateError: the checkpoint cannot be written.
+        StateError: the checkpoint cannot be written, or a weight is named :data:`ACCOUNTANT_KEY`.
     """
+    if ACCOUNTANT_KEY in weights:
+        raise StateError(f"a weight is named {ACCOUNTANT_KEY!r}, which checkpoints reserve")
+    arrays = {k: np.asarray(v) for k, v in weights.items()}
+    if accountant is not None:
+        arrays[ACCOUNTANT_KEY] = np.frombuffer(json.dumps(accountant, sort_keys=True).encode(), np.uint8)
     buffer = io.BytesIO()
-    np.savez(buffer, **{k: np.asarray(v) for k, v in weights.items()})
+    np.savez(buffer, **arrays)
     path = checkpoint_dir(home, federation) / f"round-{server_round:05d}.npz"
     try:
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -67,9 +81,13 @@ def latest_checkpoint(home: Path, federation: str) -> Checkpoint | None:
     try:
         with np.load(path, allow_pickle=False) as data:
             weights = {k: np.array(data[k]) for k in data.files}
-    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
+        state = weights.pop(ACCOUNTANT_KEY, None)
+        accountant = None if state is None else json.loads(state.tobytes().decode())
+        if accountant is not None and not isinstance(accountant, dict):
+            raise ValueError("the accountant state is not a JSON object")
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile, UnicodeDecodeError) as e:
         raise StateError(f"checkpoint {path} is unreadable ({e}); remove it to resume from the one before") from e
-    return Checkpoint(server_round, weights, path)
+    return Checkpoint(server_round, weights, path, accountant)
 
 
 def resumed(spec: RunSpec) -> RunSpec:

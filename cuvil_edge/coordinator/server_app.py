@@ -82,6 +82,8 @@ def run_federation(grid: Grid, spec: RunSpec) -> RunReport:
             raise StateError(f"the checkpoint of round {offset} of {federation.name!r} is missing or does not "
                              "match the model; cannot resume")
         trainable = checkpoint.weights
+        restore_accountant(strategy, checkpoint, federation.name)
+    accountant = getattr(strategy, "accountant", None)  # central DP: Flower's RDP accountant
 
     def evaluate(server_round: int, arrays: ArrayRecord) -> MetricRecord:
         weights = arrays_to_numpy(arrays)
@@ -89,7 +91,8 @@ def run_federation(grid: Grid, spec: RunSpec) -> RunReport:
         probs = interpreter.run(model, {model.inputs[0].name: test.x})[model.outputs[0].name]
         accuracy = float((probs.argmax(axis=1) == test.y).mean())
         if server_round > 0:  # durable before the report says the round is done
-            save_checkpoint(Path(spec.home), federation.name, offset + server_round, weights)
+            save_checkpoint(Path(spec.home), federation.name, offset + server_round, weights,
+                            accountant=None if accountant is None else accountant.state_dict())
         report.add_round(offset + server_round, accuracy, sites_strategy.rounds.get(server_round, {}),
                          central=sites_strategy.central.get(server_round),
                          federated=sites_strategy.evaluations.get(server_round),
@@ -100,6 +103,31 @@ def run_federation(grid: Grid, spec: RunSpec) -> RunReport:
                  num_rounds=spec.rounds, timeout=federation.round_timeout, evaluate_fn=evaluate)
     report.plot()
     return report
+
+
+def restore_accountant(strategy, checkpoint, federation: str) -> None:
+    """Give a resumed run's central-DP accountant the releases made before the checkpoint, so ε
+    (and ``central_dp.max_epsilon``) count from where the run stopped, not from zero.
+
+    Raises:
+        StateError: central DP is on but the checkpoint does not record the releases so far, or
+            they were accounted under another privacy configuration (δ, number of sites; only
+            ``max_epsilon`` may change on resume).
+    """
+    accountant = getattr(strategy, "accountant", None)
+    if accountant is None:
+        return
+    if checkpoint.accountant is None:
+        raise StateError(f"the checkpoint of round {checkpoint.round} of {federation!r} does not record the central-DP "
+                         "releases made so far, so a resumed run would count ε from zero; start the federation "
+                         "afresh (a new --home or federation name)")
+    try:
+        state = dict(checkpoint.accountant)  # max_epsilon, a cap on what comes next, may change on resume
+        state["config"] = {**state["config"], "max_epsilon": accountant.state_dict()["config"]["max_epsilon"]}
+        accountant.load_state_dict(state)
+    except (ValueError, TypeError, KeyError) as e:
+        raise StateError(f"the checkpoint of round {checkpoint.round} of {federation!r} accounted central DP under "
+                         f"another configuration ({e}); resume with the federation file it ran with") from e
 
 
 def start_rounds(strategy, report: RunReport, grid, arrays: ArrayRecord, *, num_rounds: int, timeout: float,

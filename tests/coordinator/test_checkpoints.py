@@ -62,3 +62,20 @@ def test_a_crash_while_writing_a_checkpoint_leaves_the_previous_one(tmp_path, mo
     monkeypatch.undo()
     last = latest_checkpoint(tmp_path, "f")
     assert last.round == 1 and [p.name for p in (tmp_path / "checkpoints" / "f").iterdir()] == ["round-00001.npz"]
+
+
+def test_the_central_dp_accountant_travels_with_the_weights_in_one_file(tmp_path):
+    from cuvil_edge.coordinator.checkpoints import ACCOUNTANT_KEY
+
+    state = {"schema_version": 1, "compositions": [{"event": {"noise_multiplier": 1.0}, "count": 2}]}
+    save_checkpoint(tmp_path, "f", 1, {"w": np.ones(2, np.float32)}, accountant=state)
+    last = latest_checkpoint(tmp_path, "f")
+    assert last.accountant == state and set(last.weights) == {"w"}
+    save_checkpoint(tmp_path, "f", 2, {"w": np.ones(2, np.float32)})
+    assert latest_checkpoint(tmp_path, "f").accountant is None
+    with pytest.raises(StateError, match="reserve"):
+        save_checkpoint(tmp_path, "f", 3, {ACCOUNTANT_KEY: np.ones(1)})
+    path = tmp_path / "checkpoints" / "f" / "round-00004.npz"
+    np.savez(path, w=np.ones(2), **{ACCOUNTANT_KEY: np.frombuffer(b"[1, 2]", np.uint8)})
+    with pytest.raises(StateError, match="round-00004.npz is unreadable.*not a JSON object"):
+        latest_checkpoint(tmp_path, "f")

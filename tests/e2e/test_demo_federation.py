@@ -151,6 +151,41 @@ def test_a_stopped_federation_resumes_from_its_last_checkpoint(tmp_path):
     assert (tmp_path / ".cuvil" / "keys" / "root.json").read_bytes() == root
 
 
+def test_a_resumed_central_dp_run_counts_epsilon_from_where_it_stopped(tmp_path):
+    """Attack: stop after one central release (ε 4.73), resume with max_epsilon 6. Were the
+    accountant restarted from zero, round 2 would be released (a real ε of 7.08 > 6) and reported
+    as 4.73. The checkpoint carries the releases, so the resumed run refuses round 2."""
+    configs = tmp_path / "configs"
+    (configs / "sites").mkdir(parents=True)
+    text = (ROOT / "configs" / "federation.yaml").read_text()
+    text = text.replace("local_dp: true", "local_dp: false").replace("  enabled: false", "  enabled: true")
+    (configs / "federation.yaml").write_text(text)
+    for site in (ROOT / "configs" / "sites").glob("*.yaml"):
+        (configs / "sites" / site.name).write_text(site.read_text())
+    proc, run_dir = run_demo(tmp_path, 1, configs / "federation.yaml")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    first = json.loads((run_dir / "metrics.json").read_text())["rounds"]
+    assert first[-1]["central_dp"]["epsilon"] == pytest.approx(4.73, abs=0.01)
+    (configs / "federation.yaml").write_text(text.replace("  # max_epsilon: 10.0", "  max_epsilon: 6.0"))
+    env = dict(os.environ, FLWR_HOME=str(tmp_path / "flwr_home"), FLWR_TELEMETRY_ENABLED="0",
+               FLWR_DISABLE_UPDATE_CHECK="1", FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1")
+    again = subprocess.run([sys.executable, "-m", "cuvil_edge", "demo", "--rounds", "2", "--resume", "--run-dir",
+                            str(tmp_path / "run2"), "--federation", str(configs / "federation.yaml")], cwd=tmp_path,
+                           env=env, capture_output=True, text=True, timeout=900)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    resumed = json.loads((tmp_path / "run2" / "metrics.json").read_text())
+    assert [r["round"] for r in resumed["rounds"]] == [1]  # round 2 was never released
+    assert resumed["stopped_early"]["completed_rounds"] == 1
+    # without the cap, round 2 goes on and ε counts on from the first run's release
+    (configs / "federation.yaml").write_text(text)
+    again = subprocess.run([sys.executable, "-m", "cuvil_edge", "demo", "--rounds", "2", "--resume", "--run-dir",
+                            str(tmp_path / "run3"), "--federation", str(configs / "federation.yaml")], cwd=tmp_path,
+                           env=env, capture_output=True, text=True, timeout=900)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    rounds = json.loads((tmp_path / "run3" / "metrics.json").read_text())["rounds"]
+    assert rounds[-1]["round"] == 2 and rounds[-1]["central_dp"]["epsilon"] == pytest.approx(7.08, abs=0.01)
+
+
 def test_sites_planned_at_fp16_and_int8_train_their_packages_and_the_model_learns(tmp_path):
     """Download limits put factory-b at fp16 and fleet-c at int8 (calibrated on public digits the
     coordinator holds); every site trains the package it was sent and the global model learns."""
