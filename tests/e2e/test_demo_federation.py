@@ -29,6 +29,21 @@ def run_demo(tmp_path: Path, rounds: int, federation: Path) -> tuple[subprocess.
     return proc, run_dir
 
 
+def central_dp_federation(tmp_path: Path, max_epsilon: float | None = None) -> tuple[Path, str]:
+    """A copy of the demo federation with central DP on and local DP-SGD off: (its file, its text)."""
+    configs = tmp_path / "configs"
+    (configs / "sites").mkdir(parents=True, exist_ok=True)
+    text = (ROOT / "configs" / "federation.yaml").read_text()
+    text = text.replace("local_dp: true", "local_dp: false").replace("  enabled: false", "  enabled: true")
+    if max_epsilon is not None:
+        text = text.replace("  # max_epsilon: 10.0", f"  max_epsilon: {max_epsilon}")
+        assert f"  max_epsilon: {max_epsilon}" in text
+    (configs / "federation.yaml").write_text(text)
+    for site in (ROOT / "configs" / "sites").glob("*.yaml"):
+        (configs / "sites" / site.name).write_text(site.read_text())
+    return configs / "federation.yaml", text
+
+
 def test_demo_federation_learns_and_accounts_privacy(tmp_path):
     proc, run_dir = run_demo(tmp_path, 2, ROOT / "configs" / "federation.yaml")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -88,14 +103,8 @@ def test_site_out_of_budget_drops_out_and_the_run_goes_on(tmp_path):
 
 def test_central_dp_wraps_the_strategy_and_reports_its_epsilon(tmp_path):
     """Flower's client-side fixed clipping + RDP accountant, with local DP-SGD switched off."""
-    configs = tmp_path / "configs"
-    (configs / "sites").mkdir(parents=True)
-    text = (ROOT / "configs" / "federation.yaml").read_text()
-    text = text.replace("local_dp: true", "local_dp: false").replace("  enabled: false", "  enabled: true")
-    (configs / "federation.yaml").write_text(text)
-    for site in (ROOT / "configs" / "sites").glob("*.yaml"):
-        (configs / "sites" / site.name).write_text(site.read_text())
-    proc, run_dir = run_demo(tmp_path, 2, configs / "federation.yaml")
+    federation, _ = central_dp_federation(tmp_path)
+    proc, run_dir = run_demo(tmp_path, 2, federation)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     rounds = json.loads((run_dir / "metrics.json").read_text())["rounds"]
     # nm = 1, all 3 of 3 sites, delta 1e-5: Flower's RDP accountant (notes/flower-1.42.md section 4)
@@ -111,16 +120,8 @@ def test_central_dp_wraps_the_strategy_and_reports_its_epsilon(tmp_path):
 
 def test_central_max_epsilon_stops_the_run_cleanly(tmp_path):
     """max_epsilon 6 admits one central release (ε 4.73) but not two (7.08): 3 requested rounds, 1 run."""
-    configs = tmp_path / "configs"
-    (configs / "sites").mkdir(parents=True)
-    text = (ROOT / "configs" / "federation.yaml").read_text()
-    text = text.replace("local_dp: true", "local_dp: false").replace("  enabled: false", "  enabled: true")
-    text = text.replace("  # max_epsilon: 10.0", "  max_epsilon: 6.0")
-    assert "  max_epsilon: 6.0" in text
-    (configs / "federation.yaml").write_text(text)
-    for site in (ROOT / "configs" / "sites").glob("*.yaml"):
-        (configs / "sites" / site.name).write_text(site.read_text())
-    proc, run_dir = run_demo(tmp_path, 3, configs / "federation.yaml")
+    federation, _ = central_dp_federation(tmp_path, max_epsilon=6.0)
+    proc, run_dir = run_demo(tmp_path, 3, federation)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     metrics = json.loads((run_dir / "metrics.json").read_text())
     assert [r["round"] for r in metrics["rounds"]] == [0, 1]
@@ -155,14 +156,9 @@ def test_a_resumed_central_dp_run_counts_epsilon_from_where_it_stopped(tmp_path)
     """Attack: stop after one central release (ε 4.73), resume with max_epsilon 6. Were the
     accountant restarted from zero, round 2 would be released (a real ε of 7.08 > 6) and reported
     as 4.73. The checkpoint carries the releases, so the resumed run refuses round 2."""
-    configs = tmp_path / "configs"
-    (configs / "sites").mkdir(parents=True)
-    text = (ROOT / "configs" / "federation.yaml").read_text()
-    text = text.replace("local_dp: true", "local_dp: false").replace("  enabled: false", "  enabled: true")
-    (configs / "federation.yaml").write_text(text)
-    for site in (ROOT / "configs" / "sites").glob("*.yaml"):
-        (configs / "sites" / site.name).write_text(site.read_text())
-    proc, run_dir = run_demo(tmp_path, 1, configs / "federation.yaml")
+    federation, text = central_dp_federation(tmp_path)
+    configs = federation.parent
+    proc, run_dir = run_demo(tmp_path, 1, federation)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     first = json.loads((run_dir / "metrics.json").read_text())["rounds"]
     assert first[-1]["central_dp"]["epsilon"] == pytest.approx(4.73, abs=0.01)
