@@ -90,15 +90,15 @@ def calibrate(base: str = "x86-64", *, name: str = "host", quick: bool = False,
             does not validate (the message names the field).
     """
     reference = load_target(base, specs_dir=specs_dir)
-    budget = 0.02 if quick else 0.15  # seconds of timing per measurement
+    budget = 0.02 if quick else 0.08  # CPU seconds of timing per measurement (the fastest sample counts)
     with _one_thread() as limited:
         # the kernels' own terms (cost_kernels.py), on synthetic shapes
         kernel_ns, rates = cost_kernels.measure_gemm(budget / 6, quick)
         kernel_ns.update(cost_kernels.measure_depthwise(budget / 6))
         kernel_ns.update(cost_kernels.measure_reduce(budget / 6))
         kernel_ns.update(cost_kernels.measure_layer_norm(budget / 6))
-        kernel_ns["gather"] = cost_kernels.measure_gather(budget / 2)
-        kernel_ns["fresh_byte"] = cost_kernels.measure_fresh(budget)
+        kernel_ns.update(cost_kernels.measure_gather(budget / 4))
+        kernel_ns["fresh_byte"] = cost_kernels.measure_fresh(budget / 2)
         sgemm = {tuple(int(d) for d in s.split("x")): g for s, g in rates.items()}
         sgemm.update({shape: _gemm_gflops(*shape, budget / 4) for shape in GEMM_SHAPES[-1:]})  # the peak
         copy_gbs = _copy_gbs(32 << 20 if quick else 128 << 20, budget)
@@ -187,20 +187,23 @@ def fit_gemm(rates: dict[tuple[int, int, int], float], peak: float) -> tuple[flo
 #: agree on an idle machine; on a shared one, CPU time leaves out the slices the scheduler gives
 #: to other processes, which would otherwise inflate every figure by the machine's load.
 CLOCK = time.process_time
+#: CPU seconds one timing sample lasts (enough calls of the probe): as long as bench_cost_model's
+#: samples of whole models, so the fastest sample of either is disturbed alike by other processes.
+SAMPLE_S = 0.005
 
 
 def _time_per_call(fn: Callable[[], object], budget: float) -> float:
-    """CPU seconds per call: the fastest of samples of enough calls to last ~1 ms, taken for about
+    """CPU seconds per call: the fastest of samples of enough calls to last SAMPLE_S, taken for about
     ``budget`` seconds (the sample least disturbed by other processes on a shared machine: their
     cache and memory traffic slows this one's CPU time too; bench_cost_model measures models alike)."""
     fn()
     start = CLOCK()
     fn()
     once = max(CLOCK() - start, 1e-7)
-    calls = max(1, int(1e-3 / once))
+    calls = max(1, int(SAMPLE_S / once))
     samples = []
     deadline = CLOCK() + budget
-    while len(samples) < 5 or (CLOCK() < deadline and len(samples) < 200):
+    while len(samples) < 3 or (CLOCK() < deadline and len(samples) < 200):
         start = CLOCK()
         for _ in range(calls):
             fn()
@@ -264,6 +267,7 @@ _PROBES: tuple[tuple[str, dict, tuple[int, ...], tuple[np.ndarray, ...]], ...] =
     ("Conv", {"pads": [1, 1, 1, 1]}, (1, 16, 16, 16), (np.full((16, 16, 3, 3), 0.02, np.float32),)),
     ("Conv", {}, (1, 16, 16, 16), (np.full((16, 16, 1, 1), 0.05, np.float32),)),
     ("Conv", {"pads": [1, 1, 1, 1], "group": 16}, (1, 16, 16, 16), (np.full((16, 1, 3, 3), 0.1, np.float32),)),
+    ("Gemm", {"transB": 1}, (16, 64), (np.eye(64, dtype=np.float32), np.zeros(64, np.float32))),
     ("MatMul", {}, (16, 64), (np.eye(64, dtype=np.float32),)),
     ("MatMul", {}, (1, 16, 64), (np.eye(64, dtype=np.float32),)),
     ("Softmax", {"axis": -1}, (1, 16, 64), ()),

@@ -16,7 +16,8 @@ checks), and a term a spec does not list falls back to the roofline of :mod:`cos
 * ``reduce_element``, ``reduce_row``: numpy's mean over trailing axes, per input element and per
   output (GlobalAveragePool and the Reduce* ops).
 * ``ln_element``, ``ln_row``: the native LayerNorm kernel, per element and per row.
-* ``gather``: ns per element of a strided window copy (im2col: whole or in row blocks).
+* ``gather``, ``gather_strided``: ns per element of a window copy (im2col: whole or in row blocks)
+  of a stride-1 convolution, and of a strided one (every other input column: a slower gather).
 * ``fresh_byte``: ns per byte of an array above the allocator's mmap limit (glibc: 32 MiB), whose
   pages fault in on first touch, every call (large batch-16 activations).
 """
@@ -58,16 +59,17 @@ def depthwise_ns(terms: dict[str, float], planes: int, padded: tuple[int, int], 
 # ---------------------------------------------------------------- measurements
 
 CLOCK = time.process_time  # CPU time, as calibrate.CLOCK (the machine may be shared)
+SAMPLE_S = 0.005  # as calibrate.SAMPLE_S
 
 
 def _time_per_call(fn: Callable[[], object], budget: float) -> float:
-    """CPU seconds per call, the fastest of ~1 ms samples (as calibrate._time_per_call)."""
+    """CPU seconds per call, the fastest of SAMPLE_S samples (as calibrate._time_per_call)."""
     fn()
     start = CLOCK()
     fn()
-    calls = max(1, int(1e-3 / max(CLOCK() - start, 1e-7)))
+    calls = max(1, int(SAMPLE_S / max(CLOCK() - start, 1e-7)))
     samples, deadline = [], CLOCK() + budget
-    while len(samples) < 5 or (CLOCK() < deadline and len(samples) < 100):
+    while len(samples) < 3 or (CLOCK() < deadline and len(samples) < 100):
         start = CLOCK()
         for _ in range(calls):
             fn()
@@ -92,11 +94,13 @@ def _cycled(arrays: Callable[[], tuple], fn: Callable, budget: float, total: int
 
 
 def gemm_shapes(count: int = 40, seed: int = 7) -> list[tuple[int, int, int]]:
-    """Synthetic (m, k, n): log-uniform, m and k in [8, 2048], n in [1, 12544], at most 0.25 GFLOP."""
+    """Synthetic (m, k, n): log-uniform, m in [8, 2048], k in [8, 8192] (an im2col's C x taps reaches
+    4608), n in [1, 12544], at most 0.25 GFLOP."""
     rng = np.random.default_rng(seed)
     shapes: list[tuple[int, int, int]] = []
     while len(shapes) < count:
-        m, k = (int(round(math.exp(v))) for v in rng.uniform(math.log(8), math.log(2048), 2))
+        m = int(round(math.exp(rng.uniform(math.log(8), math.log(2048)))))
+        k = int(round(math.exp(rng.uniform(math.log(8), math.log(8192)))))
         n = int(round(math.exp(rng.uniform(0, math.log(12544)))))
         if 2 * m * k * n <= 2.5e8:
             shapes.append((m, k, n))
@@ -164,21 +168,26 @@ def measure_depthwise(budget: float) -> dict[str, float]:
     return dict(zip(DEPTHWISE_KEYS, (float(v) for v in coef)))
 
 
-def measure_gather(budget: float) -> float:
-    """ns per element of an im2col copy: the windows of a padded 3x3 convolution's input copied
-    into (C, 3, 3, rows, W) blocks, as k_conv's blocked path does."""
+def measure_gather(budget: float) -> dict[str, float]:
+    """``gather`` / ``gather_strided``: ns per element of an im2col copy, the windows of a padded 3x3
+    convolution's input (stride 1, then 2) copied into (C, 3, 3, rows, W) blocks of ~1 MiB, as
+    k_conv's blocked path does (its whole-image path copies the same view in one call)."""
     rng = np.random.default_rng(0)
-    per = []
-    for c, size in ((64, 56), (128, 28), (16, 112)):
-        x = np.zeros((c, size + 2, size + 2), np.float32)
-        x[:, 1:-1, 1:-1] = rng.standard_normal((c, size, size), dtype=np.float32)
-        st = x.strides
-        win = np.ndarray((c, size, size, 3, 3), np.float32, x, 0, (st[0], st[1], st[2], st[1], st[2]))
-        rows = max(1, min(size, (1 << 20) // (c * 9 * size * 4)))
-        block = np.empty((c, 3, 3, rows, size), np.float32)
-        t = _time_per_call(lambda: np.copyto(block, win[:, :rows].transpose(0, 3, 4, 1, 2)), budget)
-        per.append(t / block.size)
-    return float(np.median(per)) * 1e9
+    out: dict[str, float] = {}
+    for key, stride in (("gather", 1), ("gather_strided", 2)):
+        per = []
+        for c, size in ((64, 56), (128, 28), (16, 112), (3, 224)):
+            x = np.zeros((c, size + 2, size + 2), np.float32)
+            x[:, 1:-1, 1:-1] = rng.standard_normal((c, size, size), dtype=np.float32)
+            st, o = x.strides, (size - 1) // stride + 1
+            win = np.ndarray((c, o, o, 3, 3), np.float32, x, 0,
+                             (st[0], st[1] * stride, st[2] * stride, st[1], st[2]))
+            rows = max(1, min(o, (1 << 20) // (c * 9 * o * 4)))
+            block = np.empty((c, 3, 3, rows, o), np.float32)
+            t = _time_per_call(lambda: np.copyto(block, win[:, :rows].transpose(0, 3, 4, 1, 2)), budget)
+            per.append(t / block.size)
+        out[key] = float(np.median(per)) * 1e9
+    return out
 
 
 def measure_fresh(budget: float) -> float:

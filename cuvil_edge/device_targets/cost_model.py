@@ -3,22 +3,29 @@
 Each node is mapped to the kernel the target's build actually runs (the branches of ``k_conv``,
 ``k_mat_mul``, ``k_fused_mat_mul``, ``k_gemm``, the native C kernels), and costed as
 
-    seconds = overhead + max(compute, memory)
+    seconds = overhead + max(compute, memory) + serial passes
 
 * overhead: the fixed cost of one call of the node's kernel kind (``kernel_overhead_us[kind]``, else
   ``call_overhead_us * KIND_FACTORS[kind]``), plus ``numpy_call_us`` for every further numpy call
-  the kernel makes in a Python loop (im2col blocks, depthwise taps, low-memory per-tap products);
-* compute: a GEMM-like kernel's FLOPs over ``peak_gflops[dtype] * gemm_efficiency * f(m) f(k) f(n)``
-  with ``f(d) = d / (d + gemm_half_dim)`` (small dims fill the SIMD registers and caches badly);
-  a native C kernel's FLOPs over ``native_gflops`` plus ``native_plane_us`` per image plane; plus
-  ``transcendental_ns`` per exp-class evaluation (Softmax, sigmoid, GELU, fused activations) and
-  ``row_ns`` per row of a row-wise kernel (native Softmax/LayerNorm rows, numpy reductions);
+  the kernel makes (im2col blocks, depthwise taps, the bias add and activation of its epilogue, a
+  normalisation's passes) and the "native" call cost for each further foreign call;
+* compute: where the spec has measured per-kernel terms (``kernel_ns``, :mod:`cost_kernels`, from
+  `cuvil-edge calibrate`'s micro-benchmarks on synthetic shapes): each sgemm as ``2mkn flop + mk +
+  kn + mn + call`` ns, the native depthwise convolution and max pooling per plane, padded element
+  and tap (the flat stride-1 path and the strided row loop apart), the native LayerNorm per element
+  and row, numpy reductions per element and output. Else the roofline: a GEMM's FLOPs over
+  ``peak_gflops[dtype] * gemm_efficiency * f(m) f(k) f(n)`` with ``f(d) = d / (d + gemm_half_dim)``,
+  a native kernel's FLOPs over ``native_gflops`` plus ``native_plane_us`` per plane. Plus
+  ``transcendental_ns`` per exp-class evaluation (Softmax, sigmoid, GELU, fused activations, LRN's
+  power) and ``row_ns`` per row of a row-wise kernel;
 * memory: bytes read + written + twice the scratch (each temporary is written, then read), at
   ``cache_bandwidth_gbs`` when they fit in ``cache_mb``, else ``memory_bandwidth_gbs *
   memory_efficiency``; a numpy kernel that loops over kernel taps passes over its output once per
-  tap, a transpose's strided copy counts twice. A GEMM streams its operands during the product (at
-  the plain copy bandwidth); its im2col copies and epilogue passes come before or after it, so
-  their traffic adds to ``max(compute, operand traffic)``.
+  tap, a transpose's strided copy counts twice, a numpy normalisation makes one pass per step. A
+  GEMM streams its operands during the product (at the plain copy bandwidth);
+* serial passes, before or after a GEMM's product: its im2col copy (``kernel_ns["gather"]`` per
+  element, else its traffic), its epilogue passes; and for any node, the pages of an array past the
+  allocator's mmap limit, faulted in on every call (``kernel_ns["fresh_byte"]``).
 
 The graph adds ``run_overhead_us`` once, and on an accelerator target the host<->device transfer of
 the inputs and outputs (``transfer_bandwidth_gbs``, ``transfer_latency_us`` per direction and
@@ -144,7 +151,8 @@ class _Work:
     planes: int = 0  # image planes a native kernel pads and loops over, native_plane_us each
     exp_elements: int = 0  # exp-class function evaluations, transcendental_ns each
     rows: int = 0  # rows of a row-wise kernel (softmax rows, reduction outputs), row_ns each
-    gathered: int = 0  # elements a strided window copy (im2col) moves, kernel_ns["gather"] each
+    gathered: int = 0  # elements a window copy (im2col) moves, kernel_ns["gather"] each
+    strided: bool = False  # the convolution has a stride > 1: kernel_ns["gather_strided"] per element
     native_calls: int = 0  # foreign calls beyond the first (an epilogue's activation), "native" overhead each
     reduced: int = 0  # input elements a numpy reduction reads, kernel_ns["reduce_element"] each
     layer_norm: int = 0  # elements the native LayerNorm normalises, kernel_ns["ln_element"] each
@@ -229,7 +237,7 @@ def _cost(spec: TargetSpec, node: Node, ins, outs, work: _Work, flops: int, scra
     # a GEMM streams its operands while it computes; its im2col copies and epilogue passes come
     # before or after the product, so they add to it rather than overlap
     terms = spec.kernel_ns
-    gather = terms.get("gather")
+    gather = terms.get("gather_strided" if work.strided else "gather", terms.get("gather"))
     # an im2col copy at the measured strided-copy rate (its scratch is then the columns, written once)
     copied = work.gathered * gather * 1e-9 if gather is not None and work.gathered else None
     columns = 0 if copied is None else work.gathered * _item(ins[0])  # blocks: in traffic; whole: in scratch
@@ -337,6 +345,7 @@ def _conv(node: Node, ins, outs, large: bool, native: bool) -> _Work:
     epilogue = 2 * y_bytes * ((bias + (act != "none")) if not native or y.numel() < 1 << 15 else 1)
     depthwise = group == c and mg == 1
     calls, foreign = _epilogue_calls(bias, act, native and x.dtype != "float16", y.numel())
+    strided = any(s != 1 for s in attrs.get("strides") or ())
     if depthwise and native and k == 2 and x.dtype == "float32":
         st, di = attrs.get("strides") or (1, 1), attrs.get("dilations") or (1, 1)
         padded_plane = tuple((o - 1) * s + d * (kk - 1) + 1 for o, s, d, kk in zip(out, st, di, kernel))
@@ -345,8 +354,9 @@ def _conv(node: Node, ins, outs, large: bool, native: bool) -> _Work:
                      depthwise=(n * c, padded_plane, out, taps, tuple(st) != (1, 1)),
                      native_calls=int(act in TRANSCENDENTAL_ACTIVATIONS), calls=4 * (act == "hardswish"))
     if max(kernel, default=1) == 1 and not padded:
+        # a strided 1x1 reads every s-th pixel: the reshape copies that view (a strided gather)
         return _Work("conv 1x1 gemm", ((mg, cg, p, n * group),), traffic=epilogue, exp_elements=exp, calls=calls,
-                     native_calls=foreign)
+                     native_calls=foreign, gathered=n * c * p if strided else 0, strided=strided)
     if large or depthwise or (group == 1 and k == 2):
         if depthwise:  # y += window * w per tap: the product written, then y read and written
             return _Work("conv depthwise taps", calls=2 * taps + calls, traffic=4 * taps * y_bytes + epilogue,
@@ -357,9 +367,9 @@ def _conv(node: Node, ins, outs, large: bool, native: bool) -> _Work:
             # each block's strided gather is one more read and write of its columns
             return _Work("conv im2col blocks", ((m, c * taps, rows * out[1], blocks),), calls=2 * blocks + calls,
                          traffic=2 * n * c * taps * p * item + epilogue, exp_elements=exp, gathered=n * c * taps * p,
-                         native_calls=foreign)
+                         native_calls=foreign, strided=strided)
         return _Work("conv im2col", ((mg, cg * taps, p, n * group),), traffic=epilogue, exp_elements=exp,
-                     gathered=n * c * taps * p, calls=calls, native_calls=foreign)
+                     gathered=n * c * taps * p, calls=calls, native_calls=foreign, strided=strided)
     return _Work("conv per-tap gemm", ((mg, cg, p, n * group * taps),), calls=2 * taps + calls,
                  traffic=2 * taps * y_bytes + epilogue, exp_elements=exp, native_calls=foreign)
 

@@ -186,7 +186,7 @@ def test_calibrate_command_writes_a_spec_load_target_accepts(tmp_path, capsys):
     assert spec.arch == base.arch and spec.dtypes == base.dtypes and spec.peak_gflops["float32"] > 0
     assert spec.kernel_overhead_us and all(v >= 0 for v in spec.kernel_overhead_us.values())
     from cuvil_edge.device_targets.cost_kernels import DEPTHWISE_KEYS, GEMM_KEYS
-    assert set(GEMM_KEYS) | {"gather", "fresh_byte", "reduce_element"} <= set(spec.kernel_ns)
+    assert set(GEMM_KEYS) | {"gather", "gather_strided", "fresh_byte", "reduce_element"} <= set(spec.kernel_ns)
     assert set(DEPTHWISE_KEYS) <= set(spec.kernel_ns) or not spec.native_kernels
     assert math.isfinite(predict(small_cnn(), spec, batch=2).seconds)
     # the same file, corrupted: a clear error naming it
@@ -215,6 +215,7 @@ def test_calibrate_unknown_base_is_a_typed_error(tmp_path):
 
 KERNEL_NS = {"gemm_flop": 0.01, "gemm_mk": 0.2, "gemm_kn": 0.2, "gemm_mn": 0.2, "gemm_call": 1000.0,
              "dw_plane": 300.0, "dw_pad": 0.5, "dw_tap": 0.05, "dw_strided_tap": 0.4, "gather": 0.3,
+             "gather_strided": 0.6,
              "fresh_byte": 0.1, "reduce_element": 0.3, "reduce_row": 20.0}
 
 
@@ -281,6 +282,23 @@ def test_im2col_copy_and_fresh_pages_use_their_measured_rates():
     assert node(192, fresh_byte=1.1).seconds - big.seconds == pytest.approx(fresh * 1e-9, rel=1e-6)
 
 
+def test_strided_convolutions_copy_at_the_strided_gather_rate():
+    base = load_target("x86-64")
+
+    def node(graph, **terms):
+        return predict(graph, base.model_copy(update={"kernel_ns": {**KERNEL_NS, **terms}})).nodes[0]
+
+    im2col = one_node("Conv", [1, 8, 32, 32], (16, 8, 3, 3), pads=[1, 1, 1, 1], strides=[2, 2])
+    assert node(im2col).kernel == "conv im2col"
+    assert node(im2col, gather_strided=1.6).seconds - node(im2col).seconds == pytest.approx(8 * 9 * 256e-9, rel=1e-6)
+    assert node(im2col, gather=9.0).seconds == node(im2col).seconds  # the stride-1 rate is not used
+    down = one_node("Conv", [1, 8, 32, 32], (16, 8, 1, 1), strides=[2, 2])  # a strided 1x1: its view is copied
+    assert node(down).kernel == "conv 1x1 gemm"
+    assert node(down, gather_strided=1.6).seconds - node(down).seconds == pytest.approx(8 * 256e-9, rel=1e-6)
+    plain = one_node("Conv", [1, 8, 32, 32], (16, 8, 1, 1))  # stride 1: a view, nothing copied
+    assert node(plain, gather_strided=1.6).seconds == node(plain).seconds
+
+
 def test_fit_nonnegative_recovers_terms_and_drops_negative_ones():
     from cuvil_edge.device_targets.cost_kernels import fit_nonnegative
 
@@ -297,4 +315,4 @@ def test_gemm_calibration_shapes_are_synthetic_and_fixed():
 
     shapes = gemm_shapes()
     assert shapes == gemm_shapes() and len(shapes) == 40 and len(set(shapes)) == 40
-    assert all(8 <= m <= 2048 and 8 <= k <= 2048 and 1 <= n <= 12544 and 2 * m * k * n <= 2.5e8 for m, k, n in shapes)
+    assert all(8 <= m <= 2048 and 8 <= k <= 8192 and 1 <= n <= 12544 and 2 * m * k * n <= 2.5e8 for m, k, n in shapes)
