@@ -185,7 +185,8 @@ def train(msg: Message, context: Context) -> Message:
                               int(msg.content["config"]["server-round"]), activated.package.manifest.version,
                               local_dp=_local_dp(context, agent.site),
                               # FedProx: Flower's strategy sends its mu; the term is free under DP-SGD
-                              proximal_mu=msg.content["config"].get("proximal-mu", 0.0))
+                              proximal_mu=msg.content["config"].get("proximal-mu", 0.0),
+                              plan_cache=agent.state_dir)  # the noise search, once per device, not per message
     except BudgetExhaustedError as e:
         return _budget_reply(msg, agent, e)
     except CuvilError as e:

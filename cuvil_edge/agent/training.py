@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -26,7 +27,7 @@ class TrainOutcome:
 
 def train_round(graph: Graph, site: SiteConfig, data: Split, ledger: PrivacyLedger,
                 server_round: int, package_version: int, seed: int | None = None,
-                local_dp: bool = True, proximal_mu: object = 0.0) -> TrainOutcome:
+                local_dp: bool = True, proximal_mu: object = 0.0, plan_cache: Path | None = None) -> TrainOutcome:
     """Check the model keeps samples apart, claim this round's DP-SGD spend, then train.
 
     The plan (σ, sample rate, steps) comes from the site YAML only, never from the data, and
@@ -62,7 +63,7 @@ def train_round(graph: Graph, site: SiteConfig, data: Split, ledger: PrivacyLedg
     check_batch_independent(graph)  # per-sample clipping is meaningless if rows mix
     model = IRTorchModule(graph)  # an op without a training lowering is refused before anything is reserved
     plan = plan_dp_sgd(target_epsilon=p.epsilon_per_round, delta=p.delta, sample_rate=t.sample_rate,
-                       epochs=t.local_epochs, expected_batch_size=t.batch_size)
+                       epochs=t.local_epochs, expected_batch_size=t.batch_size, cache_dir=plan_cache)
     event = DpSgd(plan.noise_multiplier, plan.sample_rate, plan.steps)
     exceeds, total = ledger.would_exceed(event)
     if exceeds:

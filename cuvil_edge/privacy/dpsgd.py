@@ -15,10 +15,12 @@ torch and opacus are imported inside the functions that need them.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
-from functools import lru_cache
 import secrets
+from functools import lru_cache
+from pathlib import Path
 import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -129,17 +131,55 @@ def noise_multiplier_for(target_epsilon: float, delta: float, sample_rate: float
         ) from e
 
 
+#: File, in a plan cache directory, of noise multipliers already searched (:func:`plan_dp_sgd`).
+NOISE_CACHE = "noise-multipliers.json"
+#: Opacus' search stops within this much below the target ε; a remembered σ further below is searched again.
+_SEARCH_TOLERANCE = 0.01
+
+
 def plan_dp_sgd(*, target_epsilon: float, delta: float, sample_rate: float, epochs: int,
-                expected_batch_size: int) -> DpSgdPlan:
+                expected_batch_size: int, cache_dir: Path | None = None) -> DpSgdPlan:
     """The (noise_multiplier, sample_rate, steps) :func:`train_dp_sgd` will use, from public
     configuration only.
+
+    With ``cache_dir`` (a site's state directory) the noise multiplier is remembered there across
+    processes: a device handles every message in a fresh process, and the search costs seconds.
 
     Raises:
         PrivacyError: invalid arguments or an unreachable target.
     """
     steps = steps_for(sample_rate, epochs)
-    return DpSgdPlan(noise_multiplier_for(target_epsilon, delta, sample_rate, steps), float(sample_rate), steps,
-                     int_at_least("expected_batch_size", expected_batch_size), float(delta))
+    args = (target_epsilon, delta, sample_rate, steps)
+    sigma = noise_multiplier_for(*args) if cache_dir is None else _remembered_noise(*args, Path(cache_dir))
+    return DpSgdPlan(sigma, float(sample_rate), steps, int_at_least("expected_batch_size", expected_batch_size),
+                     float(delta))
+
+
+def _remembered_noise(target_epsilon: float, delta: float, sample_rate: float, steps: int, cache_dir: Path) -> float:
+    """:func:`noise_multiplier_for`, remembered in ``cache_dir``. A remembered σ is used only after
+    the ledger's accountant confirms it reaches the target (and no more than the search's tolerance
+    below it), so a damaged or edited file can cost a search, never privacy."""
+    from cuvil_edge.atomic import atomic_write
+    from cuvil_edge.privacy.ledger import dpsgd_epsilon
+
+    path, key = cache_dir / NOISE_CACHE, json.dumps([target_epsilon, delta, sample_rate, steps])
+    try:
+        remembered = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        remembered = {}
+    remembered = remembered if isinstance(remembered, dict) else {}
+    sigma = remembered.get(key)
+    if isinstance(sigma, float) and math.isfinite(sigma) and sigma > 0:
+        reached = dpsgd_epsilon([(sigma, sample_rate, steps)], delta)
+        if target_epsilon - 2 * _SEARCH_TOLERANCE <= reached <= target_epsilon * (1 + 1e-9):
+            return sigma
+    sigma = noise_multiplier_for(target_epsilon, delta, sample_rate, steps)
+    remembered[key] = sigma
+    try:
+        atomic_write(path, json.dumps(remembered, sort_keys=True).encode())
+    except OSError:
+        pass  # a cache only: the next process searches again
+    return sigma
 
 
 def _tensors(x: np.ndarray, y: np.ndarray, loss: str) -> tuple[torch.Tensor, torch.Tensor]:

@@ -150,3 +150,28 @@ def test_batchnorm_model_is_refused_with_advice() -> None:
 
     with pytest.raises(PrivacyError, match="ModuleValidator.fix"):
         _train(model, *_separable())
+
+
+def test_a_remembered_noise_multiplier_is_reused_only_when_the_accountant_confirms_it(tmp_path):
+    import json
+
+    from cuvil_edge.privacy.dpsgd import NOISE_CACHE
+    from cuvil_edge.privacy.ledger import dpsgd_epsilon
+
+    args = dict(target_epsilon=2.0, delta=1e-5, sample_rate=0.2, epochs=2, expected_batch_size=30)
+    plan = plan_dp_sgd(**args, cache_dir=tmp_path)
+    cache = tmp_path / NOISE_CACHE
+    (key, sigma), = json.loads(cache.read_text()).items()
+    assert sigma == plan.noise_multiplier == plan_dp_sgd(**args).noise_multiplier
+    assert dpsgd_epsilon([(sigma, 0.2, plan.steps)], 1e-5) <= 2.0
+    # attack: a smaller σ written into the file would spend more than the target; it is searched again
+    cache.write_text(json.dumps({key: sigma / 2}))
+    assert plan_dp_sgd(**args, cache_dir=tmp_path).noise_multiplier == sigma
+    assert json.loads(cache.read_text())[key] == sigma  # and the file is repaired
+    cache.write_text(json.dumps({key: sigma * 3}))  # more noise than needed: costs accuracy, searched again
+    assert plan_dp_sgd(**args, cache_dir=tmp_path).noise_multiplier == sigma
+    for junk in ("not json", "[1, 2]", json.dumps({key: "1.5"}), json.dumps({key: float("nan")})):
+        cache.write_text(junk)
+        assert plan_dp_sgd(**args, cache_dir=tmp_path).noise_multiplier == sigma
+    unwritable = tmp_path / "missing-dir"  # a cache that cannot be written: the plan still comes back
+    assert plan_dp_sgd(**args, cache_dir=unwritable).noise_multiplier == sigma
