@@ -18,8 +18,9 @@ def calibrate_cmd(base: str = typer.Option("x86-64", "--base", help="shipped spe
                                                              "load it with load_target(NAME, specs_dir=its folder)"),
                   name: str = typer.Option("host", "--name", help="the spec's name (the file must be NAME.yaml)"),
                   quick: bool = typer.Option(False, "--quick", help="shorter timings (a few seconds, noisier)")) -> None:
-    """Measure this host (one thread: sgemm at the kernels' shapes, memory bandwidth, per-call overheads,
-    native kernel rates) and write a target spec the cost model can plan with."""
+    """Measure this host (one thread: per-kernel terms on synthetic shapes (sgemm, native depthwise and
+    LayerNorm, im2col copies, reductions, fresh pages), memory bandwidth, per-call overheads) and write
+    a target spec the cost model can plan with."""
     from cuvil_edge.device_targets.calibrate import calibrate, write_spec
     from cuvil_edge.errors import TargetSpecError
 
@@ -27,7 +28,7 @@ def calibrate_cmd(base: str = typer.Option("x86-64", "--base", help="shipped spe
     if path.suffix != ".yaml" or path.stem != name:  # checked before the measurements, not after
         raise TargetSpecError(f"--output must be {name}.yaml in some folder (got {path}): load_target finds a spec "
                               "by its name; or pass --name to match the file")
-    console.print(f"calibrating this host against base spec {base!r} (one thread; ~{3 if quick else 10} s)...")
+    console.print(f"calibrating this host against base spec {base!r} (one thread; ~{5 if quick else 15} s)...")
     result = calibrate(base, name=name, quick=quick)
     path = write_spec(result, path)
     spec, measured = result.spec, result.measured
@@ -43,6 +44,8 @@ def calibrate_cmd(base: str = typer.Option("x86-64", "--base", help="shipped spe
     table.add_row("native kernels", f"{spec.native_gflops:.1f} GFLOP/s, {spec.native_plane_us:.3f} µs/plane"
                   if spec.native_kernels and spec.native_gflops else "not available")
     table.add_row("exp-class function / row loop", f"{spec.transcendental_ns:.3f} ns/element, {spec.row_ns:.1f} ns/row")
+    for key, ns in spec.kernel_ns.items():  # per-kernel terms on synthetic shapes (cost_kernels.py)
+        table.add_row(f"  kernel: {key}", f"{ns:.4g} ns")
     console.print(table)
     console.print(f"OpenBLAS environment: {result.environment['openblas_env']}")
     console.print(f"wrote {path}")
