@@ -3,8 +3,9 @@
 Calibrates this host in-process (:func:`cuvil_edge.device_targets.calibrate.calibrate`, based on
 x86-64, one thread), then for each model (bench/compiled_models.py's nine and five architecture
 exports from tests/architectures) at batch 1 and 16: predicts the compiled latency for the
-calibrated ``host`` spec (:func:`cost_model.predict`; recalibrated before each model, since this
-shared machine's load drifts over minutes), builds the module for that spec and measures
+calibrated ``host`` spec (:func:`cost_model.predict`; the host is recalibrated after each model, and
+a model's prediction is the geometric mean of those with the calibrations just before and just after
+its measurement, since this shared machine's load drifts within minutes), builds the module and measures
 ``.run(feeds)`` (the fastest of 7 samples, each the mean of enough calls to last >= 5 ms, in CPU
 time, as calibrate times its probes: the machine is shared, wall time would count other processes'
 slices and their cache traffic slows this one's CPU time too; CPU and wall medians are kept in the
@@ -127,28 +128,46 @@ def profile_nodes(compiled, feeds) -> dict[tuple[str, ...], float]:
     return out
 
 
-def bench(name: str, batches: list[int], spec, cache: Path, per_node: bool) -> dict:
+def bench(name: str, batches: list[int], spec, cache: Path, per_node: bool) -> tuple[object, dict]:
+    """(graph, measurements): each batch's compiled latency and, for ``per_node``, each node's at batch 1."""
     graph, data, feeds_of = load(name)
     compiled = build(_Package(graph, data), spec, cache_dir=cache / name)
-    entry = {"nodes": len(graph.nodes), "batches": {}}
+    raw: dict = {"batches": {}}
     for batch in batches:
         feeds = feeds_of(batch)
-        prediction = predict(graph, spec, batch=batch)
-        seconds, median, wall = measure(lambda: compiled.run(feeds))
-        entry["batches"][str(batch)] = {"predicted_ms": prediction.seconds * 1e3, "measured_ms": seconds * 1e3,
-                                        "measured_median_ms": median * 1e3, "measured_wall_ms": wall * 1e3,
-                                        "gflop": prediction.flops / 1e9,
-                                        "error": prediction.seconds / seconds - 1}
-        print(f"  {name:<14} b={batch:<3d} predicted {prediction.seconds * 1e3:10.3f} ms  measured "
-              f"{seconds * 1e3:10.3f} ms  ({prediction.seconds / seconds - 1:+.0%})", flush=True)
+        raw["batches"][batch] = measure(lambda: compiled.run(feeds))
     if per_node:
-        prediction = {n.node: n for n in predict(graph, spec, batch=1).nodes}
+        raw["nodes"] = profile_nodes(compiled, feeds_of(1))
+    return graph, raw
+
+
+def predicted(graph, specs: list, batch: int) -> tuple[float, dict[str, object], int]:
+    """(seconds, per-node seconds and labels, FLOPs) predicted for ``batch``: the geometric mean over
+    ``specs``, the calibrations made just before and just after the model was measured (this shared
+    machine's load drifts within the seconds between them)."""
+    runs = [predict(graph, spec, batch=batch) for spec in specs]
+    mean = lambda values: float(np.exp(np.mean(np.log(np.maximum(values, 1e-12)))))  # noqa: E731
+    nodes = {n.node: (n, mean([r.nodes[i].seconds for r in runs])) for i, n in enumerate(runs[0].nodes)}
+    return mean([r.seconds for r in runs]), nodes, runs[0].flops
+
+
+def entry_of(name: str, graph, raw: dict, specs: list) -> dict:
+    entry = {"nodes": len(graph.nodes), "batches": {}}
+    for batch, (seconds, median, wall) in raw["batches"].items():
+        total, _, flops = predicted(graph, specs, batch)
+        entry["batches"][str(batch)] = {"predicted_ms": total * 1e3, "measured_ms": seconds * 1e3,
+                                        "measured_median_ms": median * 1e3, "measured_wall_ms": wall * 1e3,
+                                        "gflop": flops / 1e9, "error": total / seconds - 1}
+        print(f"  {name:<14} b={batch:<3d} predicted {total * 1e3:10.3f} ms  measured "
+              f"{seconds * 1e3:10.3f} ms  ({total / seconds - 1:+.0%})", flush=True)
+    if "nodes" in raw:
+        _, prediction, _ = predicted(graph, specs, 1)
         rows = []
-        for names, seconds in profile_nodes(compiled, feeds_of(1)).items():
+        for names, seconds in raw["nodes"].items():
             nodes = [prediction[n] for n in names if n in prediction]
-            rows.append({"nodes": list(names), "op_type": "+".join(n.op_type for n in nodes),
-                         "kernel": "+".join(n.kernel for n in nodes), "bound": nodes[0].bound if nodes else "",
-                         "predicted_ms": sum(n.seconds for n in nodes) * 1e3, "measured_ms": seconds * 1e3})
+            rows.append({"nodes": list(names), "op_type": "+".join(n.op_type for n, _ in nodes),
+                         "kernel": "+".join(n.kernel for n, _ in nodes), "bound": nodes[0][0].bound if nodes else "",
+                         "predicted_ms": sum(t for _, t in nodes) * 1e3, "measured_ms": seconds * 1e3})
         rho = spearmanr([r["predicted_ms"] for r in rows], [r["measured_ms"] for r in rows]).statistic
         entry["per_node"] = {"spearman": float(rho), "rows": rows}
         print(f"  {name}: per-node Spearman {rho:.3f} over {len(rows)} nodes", flush=True)
@@ -221,8 +240,10 @@ def write_markdown(results: dict, path: Path) -> None:
              f"OpenBLAS env: {env['openblas_env']}; removed by the script: {results['removed_env'] or 'none'}.  ",
              f"Date: {env['date']}; wall time {results['wall_s']:.0f} s.", "",
              "The host was calibrated in-process (`calibrate(base='x86-64')`)"
-             + (", again before each model (this 2-core machine is shared, and its load changes over minutes; "
-                "each model's row names the spec digest it was predicted with)" if results["recalibrate"] else "")
+             + (", again after each model (this 2-core machine is shared, and its load drifts within minutes): "
+                "each model is predicted with the calibrations just before and just after its measurement (the "
+                "geometric mean of the two predictions; its row names both specs' digests)"
+                if results["recalibrate"] else "")
              + "; the first spec: "
              + ", ".join(f"{k} {v}" for k, v in spec.items() if k not in ("description", "dtypes")) + ".", "",
              f"**Graph level** ({s['points']} points: {len(results['models'])} models x batch 1 and 16): Spearman "
@@ -278,7 +299,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--batches", default="1,16")
     parser.add_argument("--out", default="cost_model", help="output stem under bench/results")
     parser.add_argument("--no-recalibrate", dest="recalibrate", action="store_false",
-                        help="calibrate once at the start instead of before each model")
+                        help="calibrate once at the start instead of around each model")
     args = parser.parse_args(argv)
     models = [m for m in args.models.split(",") if m]
     torch.set_num_threads(1)
@@ -294,16 +315,20 @@ def main(argv: list[str] | None = None) -> dict:
                    "environment": calibration.environment, "calibration": calibration.measured,
                    "removed_env": removed(),
                    "spec": spec.model_dump(mode="json"), "recalibrate": args.recalibrate, "models": {}}
+        batches = [int(b) for b in args.batches.split(",")]
         for name in models:
-            if args.recalibrate and name != models[0]:
-                # the machine is shared: its load changes over minutes, so each model is predicted with
-                # a spec measured just before it (the same calibration, seconds earlier)
+            graph, raw = bench(name, batches, spec, Path(cache), name in PER_NODE)
+            specs = [spec]
+            if args.recalibrate:
+                # the machine is shared and its load drifts: each model is predicted with the
+                # calibrations just before and just after its measurement (the next model's first)
                 spec = calibrate("x86-64").spec
-            results["models"][name] = bench(name, [int(b) for b in args.batches.split(",")], spec, Path(cache),
-                                            name in PER_NODE)
-            results["models"][name]["spec_digest"] = spec.digest()[:12]
-            results["models"][name]["spec"] = {k: v for k, v in spec.model_dump(mode="json").items()
-                                               if k in ("peak_gflops", "call_overhead_us", "memory_bandwidth_gbs")}
+                specs.append(spec)
+            results["models"][name] = entry_of(name, graph, raw, specs)
+            results["models"][name]["spec_digest"] = "+".join(s.digest()[:8] for s in specs)
+            results["models"][name]["spec"] = [{k: v for k, v in s.model_dump(mode="json").items()
+                                                if k in ("peak_gflops", "call_overhead_us", "memory_bandwidth_gbs")}
+                                               for s in specs]
     results["summary"] = summarise(results["models"])
     results["wall_s"] = time.perf_counter() - started
     results["load_average"] = {"start": [round(v, 2) for v in load_start],
