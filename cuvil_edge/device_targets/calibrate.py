@@ -2,7 +2,8 @@
 
 `cuvil-edge calibrate` times, on one thread (BLAS held to one thread with threadpoolctl, as the
 benchmarks run): the per-kernel terms of :mod:`cost_kernels` on synthetic shapes (sgemm over a
-log-uniform grid of shapes, the native depthwise kernel, the im2col copy, fresh pages), a large copy (memory bandwidth) and a small one (cache bandwidth), numpy's
+log-uniform grid of shapes, the native depthwise and LayerNorm kernels, im2col copies, numpy
+reductions, fresh pages), a large copy (memory bandwidth) and a small one (cache bandwidth), numpy's
 add against that copy (memory efficiency), one small numpy call, and compiled modules built for
 the spec being written: a chain of tiny nodes (per-node and per-run overhead) and a depthwise
 convolution (the native C kernels' rate). The result is a full :class:`TargetSpec` based on
@@ -64,7 +65,8 @@ class Calibration:
             f"# peak_gflops.float32: the fastest of {len(self.measured['sgemm_gflops'])} sgemm shapes "
             f"({self.measured['sgemm_best_gflops']:.1f} GFLOP/s); gemm_efficiency/gemm_half_dim fitted to them",
             "# kernel_ns: per-kernel terms fitted to synthetic shapes (cost_kernels.py): sgemm flop/packing/call,",
-            "#   cold weight bytes, native depthwise per plane/pad/tap (stride 1 and strided), im2col copy, fresh pages",
+            "#   native depthwise per plane/pad/tap (stride 1, strided), native LayerNorm, reductions, im2col",
+            "#   copies (stride 1, strided), fresh pages past the mmap limit; operands cycled out of L2",
             "# memory_bandwidth_gbs: np.copyto of 128 MiB (32 with --quick), read + write; memory_efficiency: a + b",
             "#   of 16 MiB (a new array, as kernels write) over that; cache_bandwidth_gbs: a + b of 512 KiB cycled",
             "#   through 16 copies (operands out of L2, as in a model)",

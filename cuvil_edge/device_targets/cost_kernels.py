@@ -204,7 +204,8 @@ def measure_reduce(budget: float) -> dict[str, float]:
     """``reduce_element`` / ``reduce_row``: ns per input element and per output of numpy's mean over
     the trailing axes (GlobalAveragePool, ReduceMean), fitted over long and short rows."""
     rows, seconds = [], []
-    for shape in ((1, 64, 56, 56), (1, 256, 28, 28), (16, 512, 7, 7), (16, 64, 2, 2), (1, 1024, 4, 4), (4, 32, 112, 112)):
+    for shape in ((1, 64, 56, 56), (1, 256, 28, 28), (16, 512, 7, 7), (16, 64, 2, 2), (1, 1024, 4, 4),
+                  (4, 32, 112, 112)):
         seconds.append(_cycled(lambda shape=shape: (np.full(shape, 0.5, np.float32),),
                                lambda x: x.mean(axis=(2, 3), keepdims=True), budget))
         rows.append((math.prod(shape), shape[0] * shape[1], 1.0))
