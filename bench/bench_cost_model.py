@@ -231,6 +231,17 @@ def plot(results: dict, path: Path) -> None:
     fig.savefig(path, dpi=120)
 
 
+def git_commit() -> str:
+    """The checkout's HEAD (short), read when the run starts: the code the run measures."""
+    import subprocess
+
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=HERE,
+                              timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
 def history(path: Path, results: dict) -> list[dict]:
     """The runs recorded in the previous results at ``path`` (same model set), then this one: how far
     the same command's figures move between runs on this shared machine."""
@@ -238,15 +249,9 @@ def history(path: Path, results: dict) -> list[dict]:
         previous = json.loads(path.read_text()).get("history", [])
     except (OSError, ValueError):
         previous = []
-    try:
-        import subprocess
-
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                cwd=HERE, timeout=10).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        commit = ""
     s = results["summary"]
-    run = {"date": results["environment"]["date"], "commit": commit, "models": len(results["models"]),
+    run = {"date": results["environment"]["date"], "commit": results.get("commit", ""),
+           "models": len(results["models"]),
            "graph_mape": round(s["graph_mape"], 4), "graph_spearman": round(s["graph_spearman"], 4),
            "node_spearman": {k: round(v, 3) for k, v in s["node_spearman"].items()},
            "load_start": results["load_average"]["start"][0], "wall_s": round(results["wall_s"])}
@@ -335,7 +340,7 @@ def main(argv: list[str] | None = None) -> dict:
     args = parser.parse_args(argv)
     models = [m for m in args.models.split(",") if m]
     torch.set_num_threads(1)
-    started, load_start = time.perf_counter(), os.getloadavg()
+    started, load_start, commit = time.perf_counter(), os.getloadavg(), git_commit()
     with threadpool_limits(1), tempfile.TemporaryDirectory() as cache:
         calibration = calibrate("x86-64")
         spec = calibration.spec
@@ -345,7 +350,7 @@ def main(argv: list[str] | None = None) -> dict:
         results = {"command": "env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE .venv/bin/python bench/bench_cost_model.py"
                               + "".join(f" {a}" for a in (argv or sys.argv[1:])),
                    "environment": calibration.environment, "calibration": calibration.measured,
-                   "removed_env": removed(),
+                   "removed_env": removed(), "commit": commit,
                    "spec": spec.model_dump(mode="json"), "recalibrate": args.recalibrate, "models": {}}
         batches = [int(b) for b in args.batches.split(",")]
         for name in models:
