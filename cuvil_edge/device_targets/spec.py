@@ -178,6 +178,13 @@ def load_target(name: str, *, specs_dir: Path | str | None = None) -> TargetSpec
         )
     path = folder / f"{name}.yaml"
     try:
+        stat = path.stat()
+    except OSError as e:
+        raise TargetSpecError(f"cannot read target spec {path}: {e}") from e
+    key = (str(path.resolve()), stat.st_mtime_ns, stat.st_size)
+    if key in _LOADED:  # every package an agent handles asks again; parsing the YAML cost ~25 ms
+        return _LOADED[key]
+    try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
         raise TargetSpecError(f"cannot read target spec {path}: {e}") from e
@@ -189,7 +196,12 @@ def load_target(name: str, *, specs_dir: Path | str | None = None) -> TargetSpec
         raise TargetSpecError(f"target spec {path} is invalid: {e}") from e
     if spec.name != name:
         raise TargetSpecError(f"target spec {path} is named {spec.name!r}; the name must match the file name")
+    _LOADED[key] = spec
     return spec
+
+
+#: (spec file, its mtime and size) -> the validated, immutable spec; an edited file is read again.
+_LOADED: dict[tuple[str, int, int], "TargetSpec"] = {}
 
 
 def resolve(target: "TargetSpec | str") -> TargetSpec:

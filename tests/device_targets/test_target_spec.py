@@ -104,3 +104,22 @@ def test_spec_is_frozen_and_digest_tracks_content(tmp_path):
     assert load_target("rpi4", specs_dir=tmp_path).digest() == spec.digest()
     changed = load_target("rpi4", specs_dir=_write_variant(tmp_path, memory_mb=4096))
     assert changed.digest() != spec.digest()
+
+
+def test_a_spec_is_read_once_and_again_when_its_file_changes(tmp_path):
+    import os
+    import shutil
+
+    from cuvil_edge.device_targets.spec import SPECS_DIR, load_target
+
+    shutil.copy(SPECS_DIR / "rpi4.yaml", tmp_path / "rpi4.yaml")
+    first = load_target("rpi4", specs_dir=tmp_path)
+    assert load_target("rpi4", specs_dir=tmp_path) is first  # no second parse
+    path = tmp_path / "rpi4.yaml"
+    path.write_text(path.read_text().replace("memory_mb:", "memory_mb: 1024 #", 1))
+    os.utime(path, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns + 10**9))
+    assert load_target("rpi4", specs_dir=tmp_path).memory_mb == 1024
+    path.write_text("name: [")
+    os.utime(path, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns + 2 * 10**9))
+    with pytest.raises(TargetSpecError):
+        load_target("rpi4", specs_dir=tmp_path)
