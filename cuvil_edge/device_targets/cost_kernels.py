@@ -138,14 +138,19 @@ def measure_gemm(budget: float, quick: bool = False) -> tuple[dict[str, float], 
     return dict(zip(GEMM_KEYS, (float(c) for c in coef))), rates
 
 
-def measure_depthwise(budget: float) -> dict[str, float]:
-    """dw_* terms: the native kernel called directly on synthetic 3x3 and 5x5 depthwise convolutions
-    (same padding) at stride 1 and 2 over plane sizes 7 to 112; {} without the native library."""
+def _native_library():
+    """The native kernels' library, or None where it cannot be built (no compiler, disabled)."""
     try:
         from cuvil_edge.ir.ops._native import library
     except ImportError:
-        return {}
-    lib = library()
+        return None
+    return library()
+
+
+def measure_depthwise(budget: float) -> dict[str, float]:
+    """dw_* terms: the native kernel called directly on synthetic 3x3 and 5x5 depthwise convolutions
+    (same padding) at stride 1 and 2 over plane sizes 7 to 112; {} without the native library."""
+    lib = _native_library()
     if lib is None:
         return {}
     rng = np.random.default_rng(0)
@@ -216,11 +221,7 @@ def measure_reduce(budget: float) -> dict[str, float]:
 def measure_layer_norm(budget: float) -> dict[str, float]:
     """``ln_element`` / ``ln_row``: the native LayerNorm kernel (``cuvil_layer_norm_f32``) called
     directly, per element and per row, fitted over rows of 16 to 1024; {} without the library."""
-    try:
-        from cuvil_edge.ir.ops._native import library
-    except ImportError:
-        return {}
-    lib = library()
+    lib = _native_library()
     if lib is None:
         return {}
     rows, seconds = [], []
