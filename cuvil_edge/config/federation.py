@@ -127,7 +127,7 @@ class QuantizationSection(_Strict):
     """
 
     calibration: Optional[Path] = None
-    method: Literal["minmax", "percentile"] = "minmax"
+    method: Literal["mse", "minmax", "percentile"] = "mse"
 
     @field_validator("calibration", mode="before")
     @classmethod

@@ -75,7 +75,7 @@ class PackageFactory:
                  seal_keys: Mapping[str, Any] | None = None, refused: Mapping[str, str] | None = None,
                  precisions: Mapping[str, str] | None = None,
                  calibration: Sequence[Mapping[str, np.ndarray]] | None = None,
-                 quantization_method: str = "minmax") -> None:
+                 quantization_method: str = "mse") -> None:
         if not isinstance(signing_key, SigningKeys):
             raise KeyFileError("PackageFactory needs SigningKeys (coordinator.keys.load_signing_keys), not a bare key")
         self.graph = graph

@@ -118,7 +118,7 @@ def _loaded(graph: Graph) -> Graph:
 
 
 def precision_variants(graph: Graph, calibration: Optional[Sequence[Mapping[str, np.ndarray]]] = None,
-                       method: str = "minmax") -> dict[str, Graph]:
+                       method: str = "mse") -> dict[str, Graph]:
     """The model as each precision's package would carry it: fp32 as given, fp16 (weights stored in
     half precision) and, with ``calibration`` samples (feed dicts), int8. int8 needs the samples for
     its activation ranges, so without them it is not offered."""

@@ -79,8 +79,13 @@ def synthetic_calibration(graph: Graph, seed: int = 0) -> list[dict[str, np.ndar
 
 
 def with_precision(graph: Graph, precision: str, calibration: Optional[list[dict[str, np.ndarray]]] = None,
-                   method: str = "minmax") -> tuple[Graph, str]:
+                   method: str = "mse") -> tuple[Graph, str]:
     """``graph`` (optimized) as a ``precision`` package carries it, and a note for the report.
+
+    int8: activation ranges by ``method`` (``mse`` searches each tensor's range for the least
+    rounding-plus-clipping error), weights rounded by GPTQ on the same samples, and the ops that
+    read a model input directly (a first conv on raw pixels: white inputs no rounding scheme helps,
+    and few weights) kept in float (bench/results/quantization.md).
 
     Raises:
         ConfigError: an unknown precision, or int8 of a model with non-float inputs and no samples.
@@ -88,7 +93,7 @@ def with_precision(graph: Graph, precision: str, calibration: Optional[list[dict
     """
     if precision not in PRECISIONS:
         raise ConfigError(f"precision {precision!r} is not one of {', '.join(PRECISIONS)}")
-    from cuvil_edge.passes.quantize import calibrate_ranges, quantize_int8, store_fp16
+    from cuvil_edge.passes.quantize import calibrate_ranges, quantizable, quantize_int8, store_fp16
 
     if precision == "fp32":
         return graph, "fp32 weights"
@@ -97,6 +102,11 @@ def with_precision(graph: Graph, precision: str, calibration: Optional[list[dict
     samples = calibration if calibration is not None else synthetic_calibration(graph)
     source = (f"{sum(len(next(iter(b.values()))) for b in samples)} calibration samples" if calibration is not None
               else "standard-normal inputs (no --calibration given: ranges fit random data, not real records)")
-    quantized = quantize_int8(graph, calibrate_ranges(graph, samples, method))
-    return quantized, (f"int8 weights (per channel) and activations (per tensor, {method} over {source}); "
-                       "dequantized once at load on targets that compute in fp32")
+    sites = quantizable(graph)
+    inputs = {v.name for v in graph.inputs}
+    first = [node.name for node, x, _, _ in sites if x in inputs]
+    keep = first if len(first) < len(sites) else []  # a model that is one layer is quantized whole
+    quantized = quantize_int8(graph, calibrate_ranges(graph, samples, method), samples=samples, keep_float=keep)
+    kept = f"; {', '.join(keep)} kept in float (reads the model input)" if keep else ""
+    return quantized, (f"int8 weights (per channel, GPTQ rounding) and activations (per tensor, {method} over "
+                       f"{source}){kept}; dequantized once at load on targets that compute in fp32")
