@@ -15,6 +15,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from cuvil_edge.errors import ModelError
+
 OPSET = 13
 #: (x - 0.3) / 0.4 as x * 2.5 - 0.75: roughly zero-mean, unit-variance digits pixels.
 #: Fixed constants, not statistics of any site's data. Under DP-SGD this more than
@@ -28,8 +30,17 @@ def _uniform(rng: np.random.Generator, shape: tuple[int, ...], fan_in: int) -> n
     return rng.uniform(-bound, bound, size=shape).astype(np.float32)
 
 
-def digits_cnn_onnx(seed: int = 0, channels: int = 32) -> bytes:
-    """The serialized model; weights drawn from ``np.random.default_rng(seed)``."""
+def digits_cnn_onnx(seed: int = 0, channels: int = 32, activation: str = "Relu") -> bytes:
+    """The serialized model; weights drawn from ``np.random.default_rng(seed)``.
+
+    ``activation`` is the ONNX op after the convolution: ``Relu``, or ``Tanh`` (the tempered
+    activation of Papernot et al. 2021; measured under DP-SGD in bench/results/dp_accuracy.md).
+
+    Raises:
+        ModelError: an activation other than Relu or Tanh.
+    """
+    if activation not in ("Relu", "Tanh"):
+        raise ModelError(f"digits CNN: activation must be Relu or Tanh, got {activation!r}")
     rng = np.random.default_rng(seed)
     features = 16 * channels  # C x 4 x 4 after the 2x2 pool
     weights = {
@@ -45,8 +56,8 @@ def digits_cnn_onnx(seed: int = 0, channels: int = 32) -> bytes:
         helper.make_node("Add", ["scaled", "input.shift"], ["standardised"], name="shift"),
         helper.make_node("Conv", ["standardised", "conv.weight", "conv.bias"], ["conv"], name="conv",
                          kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
-        helper.make_node("Relu", ["conv"], ["relu"], name="relu"),
-        helper.make_node("MaxPool", ["relu"], ["pool"], name="pool", kernel_shape=[2, 2], strides=[2, 2]),
+        helper.make_node(activation, ["conv"], [activation.lower()], name=activation.lower()),
+        helper.make_node("MaxPool", [activation.lower()], ["pool"], name="pool", kernel_shape=[2, 2], strides=[2, 2]),
         helper.make_node("Flatten", ["pool"], ["flat"], name="flatten", axis=1),
         helper.make_node("Gemm", ["flat", "fc.weight", "fc.bias"], ["logits"], name="fc", transB=1),
         helper.make_node("Softmax", ["logits"], ["probs"], name="softmax", axis=1),
