@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 from flwr.app import Array, ArrayRecord, Context, MetricRecord
 from flwr.serverapp import Grid, ServerApp
+from threadpoolctl import threadpool_limits
 
 from cuvil_edge.config import load_federation
 from cuvil_edge.config.run_spec import RUN_CONFIG_KEY, RunSpec
@@ -41,7 +42,12 @@ def main(grid: Grid, context: Context) -> None:
     else:  # deployment engine: the settings come in the run config
         spec = RunSpec.from_run_config(config)
         spec = resumed(spec) if config.get("resume") else spec
-    run_federation(grid, spec)
+    # Flower's simulation engine starts Ray's processes (fork + exec) from another thread of this
+    # process while the ServerApp runs; OpenBLAS' fork handler then deadlocks against a threaded BLAS
+    # call in flight (seen: GPTQ's matrix inverse during Ray's start-up hung the run). The
+    # coordinator's linear algebra is small, so it runs on one BLAS thread.
+    with threadpool_limits(limits=1, user_api="blas"):
+        run_federation(grid, spec)
 
 
 def run_federation(grid: Grid, spec: RunSpec) -> RunReport:
