@@ -474,11 +474,15 @@ def stripes(n: int, seed: int) -> Split:
 
 
 def test_group_norm_cnn_trains_with_dp_sgd_on_a_site(tmp_path):
+    torch.manual_seed(0)  # the conv and linear weights are drawn when the module is built: pin them too
     graph = export(group_norm_cnn(), (1, 8, 8), seed=1)
     assert {"InstanceNormalization", "Sigmoid", "HardSwish", "GlobalAveragePool"} <= set(graph.op_counts())
     site = load_site(SITE)
-    site = site.model_copy(update={"training": site.training.model_copy(
-        update={"local_epochs": 4, "sample_rate": 0.1, "learning_rate": 0.5})})
+    # Own privacy and training settings: the demo's site file is tuned for 20 rounds, not for this one.
+    # With these, 8 of 8 model seeds reached 0.67-1.0 test accuracy (training seed 0).
+    site = site.model_copy(update={
+        "training": site.training.model_copy(update={"local_epochs": 8, "sample_rate": 0.1, "learning_rate": 0.3}),
+        "privacy": site.privacy.model_copy(update={"epsilon_per_round": 6.0})})
     data, test = stripes(400, seed=0), stripes(300, seed=1)
     ledger = PrivacyLedger(tmp_path / "ledger.sqlite", site=site.site, epsilon_budget=site.privacy.epsilon_budget,
                            delta=site.privacy.delta)
@@ -497,7 +501,7 @@ def test_group_norm_cnn_trains_with_dp_sgd_on_a_site(tmp_path):
     assert accuracy > 0.6  # chance is 1/3
     assert 0 < outcome.epsilon_round <= site.privacy.epsilon_per_round + 1e-6
     assert ledger.spent() == pytest.approx(outcome.epsilon_round)
-    assert outcome.steps == 40
+    assert outcome.steps == 80
     assert set(outcome.weights) == {k for k, v in graph.initializers.items() if v.dtype == np.float32}
 
 
