@@ -20,6 +20,7 @@ from cuvil_edge.coordinator.packaging import PackageFactory, VersionCounter
 from cuvil_edge.coordinator.precision import federation_calibration
 from cuvil_edge.coordinator.plan import default_latency, plan_federation, precision_variants
 from cuvil_edge.coordinator.registry import SiteRegistry
+from cuvil_edge.coordinator.server_optimiser import optimiser_state, restore_optimiser
 from cuvil_edge.coordinator.report import STOPPED_CENTRAL_BUDGET, RunReport, show_round_table
 from cuvil_edge.config.federation import FederationConfig
 from cuvil_edge.coordinator.strategy import CentralDpFixedClipping, SitePackages, arrays_to_numpy, flower_strategy
@@ -89,6 +90,9 @@ def run_federation(grid: Grid, spec: RunSpec) -> RunReport:
                              "match the model; cannot resume")
         trainable = checkpoint.weights
         restore_accountant(strategy, checkpoint, federation.name)
+        if restore_optimiser(sites_strategy.strategy, checkpoint.optimiser, trainable):
+            log.info("resumed %s's optimiser state from round %d", type(sites_strategy.strategy).__name__, offset)
+        sites_strategy.round_offset = offset
     accountant = getattr(strategy, "accountant", None)  # central DP: Flower's RDP accountant
 
     def evaluate(server_round: int, arrays: ArrayRecord) -> MetricRecord:
@@ -98,7 +102,8 @@ def run_federation(grid: Grid, spec: RunSpec) -> RunReport:
         accuracy = float((probs.argmax(axis=1) == test.y).mean())
         if server_round > 0:  # durable before the report says the round is done
             save_checkpoint(Path(spec.home), federation.name, offset + server_round, weights,
-                            accountant=None if accountant is None else accountant.state_dict())
+                            accountant=None if accountant is None else accountant.state_dict(),
+                            optimiser=optimiser_state(sites_strategy.strategy, trainable))
         report.add_round(offset + server_round, accuracy, sites_strategy.rounds.get(server_round, {}),
                          central=sites_strategy.central.get(server_round),
                          federated=sites_strategy.evaluations.get(server_round),

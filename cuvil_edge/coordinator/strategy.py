@@ -78,6 +78,9 @@ class SitePackages(Strategy):
         self._sent: list[tuple[Message, str]] = []  # messages of the current phase and their sites
         self._weights: dict[str, np.ndarray] | None = None  # the global weights the current phase sent
         self.timings: dict[int, dict] = {}  # round -> seconds the coordinator spent per phase
+        #: Rounds completed before this run (a resumed one): the wrapped strategy's aggregation counts
+        #: on from there (FedAdam's bias correction depends on the round number).
+        self.round_offset = 0
 
     # -- node -> site ---------------------------------------------------------
     def _resolve_sites(self, grid: Grid, node_ids: Iterable[int]) -> None:
@@ -224,7 +227,7 @@ class SitePackages(Strategy):
         replies = list(replies)
         if not self.central_dp:  # under central DP the wrapper took them already
             replies = self.take_train_replies(server_round, replies)
-        arrays, metrics = self.strategy.aggregate_train(server_round, replies)
+        arrays, metrics = self.strategy.aggregate_train(self.round_offset + server_round, replies)
         return self._as_sent(arrays), metrics
 
     def _as_sent(self, arrays: ArrayRecord | None) -> ArrayRecord | None:

@@ -19,9 +19,11 @@ from flwr.serverapp.strategy import FedAdam, FedAvg, FedAvgM, FedProx, FedYogi
 from cuvil_edge.config import load_federation
 from cuvil_edge.coordinator.keys import init_keys, load_signing_keys
 from cuvil_edge.coordinator.packaging import PackageFactory, VersionCounter
+from cuvil_edge.coordinator.checkpoints import latest_checkpoint, save_checkpoint
 from cuvil_edge.coordinator.server_app import make_strategy
+from cuvil_edge.coordinator.server_optimiser import optimiser_state, restore_optimiser
 from cuvil_edge.coordinator.strategy import CentralDpFixedClipping, SitePackages, flower_strategy
-from cuvil_edge.errors import ConfigError
+from cuvil_edge.errors import ConfigError, StateError
 from cuvil_edge.frontend import load_model
 from cuvil_edge.frontend.demo_model import digits_cnn_onnx
 from flower_identity import flower_identity  # noqa: F401 (a fixture)
@@ -192,3 +194,76 @@ def test_central_dp_wraps_the_per_site_layer_around_fedprox_and_flower_checks_th
     accountant = outer.accountant
     with pytest.raises(ValueError, match="FedAvg.aggregate_train"):
         CentralDpFixedClipping(SitePackages(None, FedAdam()), 1.0, 1.0, 3, accountant=accountant)
+
+
+# -- resuming a server optimiser ----------------------------------------------------------------------
+
+OPTIMISERS = [c for c in CASES if c[0] in ("fedadam", "fedyogi", "fedavgm")]
+
+
+def _run_rounds(wrapped: SitePackages, current: dict, rounds: range) -> dict:
+    """Flower's rounds 1.. of ``wrapped`` with replies fixed by the *federation* round (offset + r),
+    the same whether or not the run was interrupted before it."""
+    grid = _Grid(dict(zip(NODES, (s.site for s in wrapped.factory.sites.values()))))
+    for federation_round in rounds:
+        server_round = federation_round - wrapped.round_offset
+        arrays = ArrayRecord({k: Array(v) for k, v in current.items()})
+        sent = list(wrapped.configure_train(server_round, arrays, ConfigRecord(), grid))
+        for i, message in enumerate(sent):
+            message.metadata.__dict__["_message_id"] = f"m{federation_round}-{i}"
+        rng = np.random.default_rng(federation_round)
+        replies = [_reply(m, {k: v + rng.normal(0, 0.01, v.shape).astype(np.float32) for k, v in current.items()}, w)
+                   for m, w in zip(sorted(sent, key=lambda m: m.metadata.dst_node_id), (1, 2, 5))]
+        got, _ = wrapped.aggregate_train(server_round, replies)
+        current = {k: a.numpy() for k, a in got.items()}
+    return current
+
+
+@pytest.mark.usefixtures("flower_identity")
+@pytest.mark.parametrize("name, params, flower_cls", OPTIMISERS, ids=[c[0] for c in OPTIMISERS])
+def test_a_resumed_server_optimiser_continues_exactly_where_it_stopped(setup, tmp_path, name, params, flower_cls):
+    """Four rounds in one run equal two rounds, a checkpoint, a new coordinator and two more; the
+    same resume without the optimiser's state (what --resume did before) lands elsewhere."""
+    _, factory, weights = setup
+    sampling = dict(min_train_nodes=3, min_evaluate_nodes=3, min_available_nodes=3)
+    fresh = lambda: SitePackages(factory, flower_strategy(name, params, **sampling))  # noqa: E731
+    straight = _run_rounds(fresh(), dict(weights), range(1, 5))
+
+    first = fresh()
+    halfway = _run_rounds(first, dict(weights), range(1, 3))
+    save_checkpoint(tmp_path, "f", 2, halfway, optimiser=optimiser_state(first.strategy, weights))
+    checkpoint = latest_checkpoint(tmp_path, "f")
+    assert checkpoint.optimiser and set(checkpoint.weights) == set(weights)  # the state is not a weight
+
+    resumed, forgetful = fresh(), fresh()
+    assert restore_optimiser(resumed.strategy, checkpoint.optimiser, checkpoint.weights)
+    resumed.round_offset = forgetful.round_offset = 2
+    got = _run_rounds(resumed, checkpoint.weights, range(3, 5))
+    lost = _run_rounds(forgetful, checkpoint.weights, range(3, 5))
+    for k in weights:
+        np.testing.assert_allclose(got[k], straight[k], rtol=1e-6, atol=1e-7)
+    assert max(float(np.abs(lost[k] - straight[k]).max()) for k in weights) > 1e-4
+
+
+@pytest.mark.usefixtures("flower_identity")
+def test_optimiser_state_that_does_not_fit_the_run_is_refused_or_left_out(setup, tmp_path, caplog):
+    _, factory, weights = setup
+    adam = SitePackages(factory, flower_strategy("fedadam", {}, min_train_nodes=3, min_available_nodes=3))
+    _run_rounds(adam, dict(weights), range(1, 2))
+    state = optimiser_state(adam.strategy, weights)
+    assert {k.split("/")[1] for k in state} == {"m_t", "v_t"}
+    # another strategy now: its optimiser starts from zero, with a warning, the weights still resume
+    momentum = FedAvgM(server_momentum=0.9)
+    assert not restore_optimiser(momentum, state, weights) and momentum.momentum_vector is None
+    assert "FedAdam optimiser state" in caplog.text
+    # a state whose shapes are not the model's would corrupt the next step
+    name = max(weights, key=lambda k: weights[k].size)
+    bad = {k: (v[..., :1] if k.endswith("/" + name) else v) for k, v in state.items()}
+    with pytest.raises(StateError, match="does not match the model's weights"):
+        restore_optimiser(FedAdam(), bad, weights)
+    missing = {k: v for k, v in state.items() if not k.endswith("/" + name)}
+    with pytest.raises(StateError, match="does not match"):
+        restore_optimiser(FedAdam(), missing, weights)
+    # a weight may not masquerade as optimiser state
+    with pytest.raises(StateError, match="reserve"):
+        save_checkpoint(tmp_path, "f", 1, {"__server_optimiser__/FedAdam/m_t/w": np.ones(2)})

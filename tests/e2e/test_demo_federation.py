@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from cuvil_edge.config import load_site
+from cuvil_edge.coordinator.checkpoints import latest_checkpoint
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -138,10 +139,14 @@ def test_central_max_epsilon_stops_the_run_cleanly(tmp_path):
 
 def test_a_stopped_federation_resumes_from_its_last_checkpoint(tmp_path):
     """Two rounds, then `--resume` to three: the resumed run starts from round 2's weights (same
-    global accuracy before it trains), numbers its round 3, and keeps the home's keys and counters."""
+    global accuracy before it trains) and the demo's FedAvgM momentum, numbers its round 3, and keeps
+    the home's keys and counters."""
     fed = ROOT / "configs" / "federation.yaml"
     proc, run_dir = run_demo(tmp_path, 2, fed)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    saved = latest_checkpoint(tmp_path / ".cuvil", "digits-demo")
+    assert saved.round == 2 and {k.split("/")[:2] == ["FedAvgM", "momentum"] for k in saved.optimiser} == {True}
+    assert {k.split("/", 2)[2] for k in saved.optimiser} == set(saved.weights)
     first = json.loads((run_dir / "metrics.json").read_text())["rounds"]
     root = (tmp_path / ".cuvil" / "keys" / "root.json").read_bytes()
     env = dict(os.environ, FLWR_HOME=str(tmp_path / "flwr_home"), FLWR_TELEMETRY_ENABLED="0")
