@@ -1,4 +1,5 @@
-"""Package benchmark (issue 4 item 9): verify + map of a ~100 MB package, sealing throughput.
+"""Package benchmark (issue 4 item 9): verify + map of a ~100 MB package, sealing throughput, and
+the coordinator's time to issue one phase of 20 fp32 site packages of a 46 MB model.
 
     .venv/bin/python bench/bench_package.py            # writes bench/results/package.json
 
@@ -52,6 +53,33 @@ def best(fn, repeat=5):
     return min(times), float(np.median(times))
 
 
+def issue_phase(sites: int = 20, size: int = 46 * MB) -> dict:
+    """Seconds to issue one phase's packages (every site fp32, one set of weights) as SitePackages
+    does, from :class:`FrozenWeights` (hashed, encoded and released once) and from a plain mapping
+    (hashed again for every site)."""
+    from cuvil_edge.config.site import SiteConfig
+    from cuvil_edge.coordinator.keys import init_keys, load_signing_keys
+    from cuvil_edge.coordinator.packaging import FrozenWeights, PackageFactory, VersionCounter
+
+    graph = big_graph(size)
+    configs = [SiteConfig.model_validate({"site": f"s{i}", "target": "x86-64", "privacy": {
+        "epsilon_budget": 8.0, "epsilon_per_round": 2.0}}) for i in range(sites)]
+    out = {"sites": sites, "weights_MB": round(graph.parameter_bytes() / MB, 1)}
+    with tempfile.TemporaryDirectory() as d:
+        init_keys(Path(d) / "keys")
+        factory = PackageFactory(graph, configs, load_signing_keys(Path(d) / "keys" / "coordinator.key"),
+                                 VersionCounter(Path(d) / "v.json"), 600)
+        for label, wrap in (("frozen_s", FrozenWeights), ("plain_mapping_s", dict)):
+            shift = iter(range(1, 100))  # new weights every phase, as every round has
+
+            def phase():
+                weights = wrap({k: v + np.float32(next(shift)) for k, v in graph.initializers.items()})
+                for c in configs:
+                    factory.issue(c.site, weights)
+            out[label] = round(best(phase, 3)[0], 3)
+    return out
+
+
 def main() -> None:
     keys = {r: generate_keypair()[0] for r in ("root", "release", "coordinator")}
     now = int(time.time())
@@ -79,6 +107,7 @@ def main() -> None:
     bu, _ = best(lambda: unseal(memoryview(sealed), priv, info=b"i", aad=aad, plain_length=len(plain)), 3)
     results["seal_MB_per_s"] = round(len(plain) / MB / bs, 1)
     results["unseal_MB_per_s"] = round(len(plain) / MB / bu, 1)
+    results["issue_phase"] = issue_phase()
     out = ROOT / "bench" / "results" / "package.json"
     out.write_text(json.dumps(results, indent=2) + "\n")
     print(json.dumps(results, indent=2))

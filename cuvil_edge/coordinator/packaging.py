@@ -11,9 +11,9 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -33,6 +33,52 @@ class IssuedPackage:
     site: str
     version: int
     data: bytes
+
+
+def weights_digest(arrays: Mapping[str, np.ndarray]) -> str:
+    """SHA-256 over the weights' names, dtypes, shapes and bytes."""
+    digest = hashlib.sha256()
+    for name in sorted(arrays):
+        value = np.ascontiguousarray(arrays[name])
+        digest.update(f"{name}\0{value.dtype.str}\0{value.shape}\0".encode())
+        digest.update(value.data)
+    return digest.hexdigest()
+
+
+class FrozenWeights(Mapping[str, np.ndarray]):
+    """Read-only copies of one set of global weights, hashed once.
+
+    A round's phase issues every site's package from the same weights; given these,
+    :class:`PackageFactory` keys its per-round cache (quantized variants, encoded payloads) by
+    :attr:`digest` instead of hashing the whole model again for every site. They are copies, so a
+    later write to the caller's arrays cannot make a cached package stale.
+    """
+
+    def __init__(self, arrays: Mapping[str, np.ndarray]) -> None:
+        self._arrays = {}
+        for name, value in arrays.items():
+            frozen = np.array(value)
+            frozen.flags.writeable = False
+            self._arrays[name] = frozen
+        self.digest = weights_digest(self._arrays)
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        return self._arrays[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._arrays)
+
+    def __len__(self) -> int:
+        return len(self._arrays)
+
+
+@dataclass
+class _RoundCache:
+    """What the factory made from one set of weights, per precision."""
+    digest: str
+    variants: dict[str, Graph] = field(default_factory=dict)
+    shipped: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
+    payloads: dict[str, tuple[bytes, SignedRelease]] = field(default_factory=dict)  # and the release signing it
 
 
 class VersionCounter:
@@ -100,7 +146,7 @@ class PackageFactory:
         self.calibration = None if calibration is None else list(calibration)
         self.quantization_method = quantization_method
         self._releases: dict[str, SignedRelease] = {}  # payload digest -> its release (one per precision)
-        self._round: tuple[str, dict[str, Graph], dict[str, dict[str, np.ndarray]]] | None = None
+        self._round: _RoundCache | None = None
 
     def graph_with(self, arrays: Mapping[str, np.ndarray]) -> Graph:
         """The model graph carrying ``arrays`` as its weights."""
@@ -116,30 +162,26 @@ class PackageFactory:
             self._releases[digest] = sign_release(payload, self.package, counter, targets, self.keys.release)
         return self._releases[digest]
 
-    def _cached(self, arrays: Mapping[str, np.ndarray]) -> tuple[dict[str, Graph], dict[str, dict[str, np.ndarray]]]:
-        """This round's variants and shipped weights, recomputed when the weights change."""
-        digest = hashlib.sha256()
-        for name in sorted(arrays):
-            value = np.ascontiguousarray(arrays[name])
-            digest.update(f"{name}\0{value.dtype.str}\0{value.shape}\0".encode())
-            digest.update(value.data)
-        key = digest.hexdigest()
-        if self._round is None or self._round[0] != key:
-            self._round = (key, {}, {})
-        return self._round[1], self._round[2]
+    def _cached(self, arrays: Mapping[str, np.ndarray]) -> _RoundCache:
+        """What was made from these weights so far; started afresh when the weights change (keyed
+        by content: :class:`FrozenWeights` carry their digest, other mappings are hashed here)."""
+        key = arrays.digest if isinstance(arrays, FrozenWeights) else weights_digest(arrays)
+        if self._round is None or self._round.digest != key:
+            self._round = _RoundCache(key)
+        return self._round
 
     def variant(self, site: str, arrays: Mapping[str, np.ndarray]) -> Graph:
         """The model with ``arrays`` as ``site``'s package carries it: at the precision its plan chose
         (fp16 storage halves the download; int8 is quantized on the calibration samples, again for
         every new set of weights, since the activation ranges depend on them)."""
-        precision = self.precisions.get(site, "fp32")
-        if precision == "fp32":
-            return self.graph_with(arrays)
-        variants, _ = self._cached(arrays)
-        if precision not in variants:
-            variants[precision] = with_precision(self.graph_with(arrays), precision, self.calibration,
-                                                 self.quantization_method)[0]
-        return variants[precision]
+        return self._variant(self.precisions.get(site, "fp32"), self._cached(arrays), arrays)
+
+    def _variant(self, precision: str, cache: _RoundCache, arrays: Mapping[str, np.ndarray]) -> Graph:
+        if precision not in cache.variants:
+            graph = self.graph_with(arrays)
+            cache.variants[precision] = graph if precision == "fp32" else with_precision(
+                graph, precision, self.calibration, self.quantization_method)[0]
+        return cache.variants[precision]
 
     def shipped(self, site: str, arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """``arrays`` as ``site`` starts training from them: its package's weights after the agent's
@@ -148,11 +190,11 @@ class PackageFactory:
         precision = self.precisions.get(site, "fp32")
         if precision == "fp32":
             return dict(arrays)
-        _, shipped = self._cached(arrays)
-        if precision not in shipped:
-            loaded = dequantize_at_load(self.variant(site, arrays)).initializers
-            shipped[precision] = {k: np.asarray(loaded[k], dtype=np.asarray(v).dtype) for k, v in arrays.items()}
-        return shipped[precision]
+        cache = self._cached(arrays)
+        if precision not in cache.shipped:
+            loaded = dequantize_at_load(self._variant(precision, cache, arrays)).initializers
+            cache.shipped[precision] = {k: np.asarray(loaded[k], dtype=np.asarray(v).dtype) for k, v in arrays.items()}
+        return cache.shipped[precision]
 
     def issue(self, site: str, arrays: Mapping[str, np.ndarray]) -> IssuedPackage:
         """A freshly versioned, signed package of the model with ``arrays`` for ``site``.
@@ -163,8 +205,11 @@ class PackageFactory:
         if site in self.refused:
             raise PlanError(f"not pushing to site {site!r}: {self.refused[site]}")
         config = self.sites[site]
-        payload = encode_payload(self.variant(site, arrays))
-        release = self._release_for(payload)
+        precision, cache = self.precisions.get(site, "fp32"), self._cached(arrays)
+        if precision not in cache.payloads:  # one encoding per precision and round, whatever the number of sites
+            payload = encode_payload(self._variant(precision, cache, arrays))
+            cache.payloads[precision] = (payload, self._release_for(payload))
+        payload, release = cache.payloads[precision]
         now = int(self.clock())
         version = self.versions.next(site)
         data = write_package(None, site=site, target=config.target, version=version, signing_key=self.keys.coordinator,

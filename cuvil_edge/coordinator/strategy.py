@@ -26,7 +26,7 @@ from flwr.serverapp.strategy import (DifferentialPrivacyClientSideFixedClipping,
                                      FedProx, FedYogi, Strategy)
 
 from cuvil_edge.coordinator.evaluation import SiteCounts, clip01, pool
-from cuvil_edge.coordinator.packaging import PackageFactory
+from cuvil_edge.coordinator.packaging import FrozenWeights, PackageFactory
 from cuvil_edge.coordinator.report import EXHAUSTED_STATUS, FAILED_STATUS, NOT_PUSHED_STATUS
 
 log = logging.getLogger(__name__)
@@ -76,7 +76,7 @@ class SitePackages(Strategy):
         self.central: dict[int, dict] = {}  # round -> central-DP accounting (CentralDpFixedClipping)
         self.evaluations: dict[int, dict] = {}  # round -> pooled federated accuracy (aggregate_evaluate)
         self._sent: list[tuple[Message, str]] = []  # messages of the current phase and their sites
-        self._weights: dict[str, np.ndarray] | None = None  # the global weights the current phase sent
+        self._weights: FrozenWeights | None = None  # the global weights the current phase sent
         self.timings: dict[int, dict] = {}  # round -> seconds the coordinator spent per phase
         #: Rounds completed before this run (a resumed one): the wrapped strategy's aggregation counts
         #: on from there (FedAdam's bias correction depends on the round number).
@@ -138,7 +138,7 @@ class SitePackages(Strategy):
     def _personalise(self, messages: Iterable[Message], arrays: ArrayRecord, grid: Grid) -> list[Message]:
         messages = list(messages)
         self._resolve_sites(grid, [m.metadata.dst_node_id for m in messages])
-        weights = self._weights = arrays_to_numpy(arrays)
+        weights = self._weights = FrozenWeights(arrays_to_numpy(arrays))  # hashed once for every site's package
         started, out = time.perf_counter(), []
         for message in messages:
             node = message.metadata.dst_node_id

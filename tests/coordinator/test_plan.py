@@ -187,6 +187,35 @@ def test_each_site_is_issued_its_precision_and_one_release_serves_every_site_of_
     assert again.manifest.version == issued[sites[2].site].manifest.version + 1
 
 
+def test_a_phase_encodes_each_precision_once_and_a_later_write_cannot_make_a_package_stale(mixed):
+    """Frozen weights are hashed once per phase; the payload and release of a precision are made
+    once and reused for every site; writes to the caller's arrays after freezing change nothing, and
+    a plain mapping written in place is hashed again, so it is never served a stale payload."""
+    from cuvil_edge.coordinator.packaging import FrozenWeights
+    from cuvil_edge.ir_serialize import describe_package
+
+    sites, factory, _, weights = mixed
+    name = next(k for k, v in weights.items() if v.size > 100)
+    mine = {k: v.copy() for k, v in weights.items()}
+    frozen = FrozenWeights(mine)
+    mine[name] += 1.0  # the caller moves on after the phase started
+    with pytest.raises(ValueError, match="read-only"):
+        frozen[name][...] = 0
+    first = describe_package(factory.issue(sites[0].site, frozen).data, max_bytes=1 << 30)
+    assert factory._round.payloads.keys() == {"fp32"}
+    encoded = factory._round.payloads["fp32"]
+    second = describe_package(factory.issue(sites[0].site, frozen).data, max_bytes=1 << 30)
+    assert factory._round.payloads["fp32"] is encoded  # reused, not encoded again
+    assert second.release.release_counter == first.release.release_counter
+    np.testing.assert_array_equal(second.graph.initializers[name], weights[name])  # not the caller's later write
+    plain = {k: v.copy() for k, v in weights.items()}
+    before = describe_package(factory.issue(sites[0].site, plain).data, max_bytes=1 << 30)
+    plain[name] += 1.0  # written in place: the next package must carry it
+    after = describe_package(factory.issue(sites[0].site, plain).data, max_bytes=1 << 30)
+    np.testing.assert_array_equal(after.graph.initializers[name], weights[name] + 1.0)
+    assert after.release.release_counter == before.release.release_counter + 1
+
+
 def test_what_a_site_starts_from_is_its_package_after_the_load_fold(mixed):
     from cuvil_edge.passes.quantize import dequantize_at_load
 
