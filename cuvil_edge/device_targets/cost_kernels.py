@@ -18,6 +18,13 @@ checks), and a term a spec does not list falls back to the roofline of :mod:`cos
 * ``ln_element``, ``ln_row``: the native LayerNorm kernel, per element and per row.
 * ``gather``, ``gather_strided``: ns per element of a window copy (im2col: whole or in row blocks)
   of a stride-1 convolution, and of a strided one (every other input column: a slower gather).
+* ``gemm_batch_call``: the fixed ns of each further product of one batched ``np.matmul`` (numpy's
+  loop over the leading dims calls sgemm per product without numpy's own call setup, which
+  ``gemm_call`` includes): fitted to the slope over the count of stacked synthetic products.
+* ``softmax_tail_row``, ``softmax_tail_element``: the native Softmax (``cuvil_softmax_f32``)
+  vectorises each row in blocks of the SIMD width; a row whose length is not a multiple of it
+  runs the remainder in a scalar loop (scalar ``expf``): per such row, and per remainder element.
+  Fitted over row lengths around one to three SIMD widths.
 * ``fresh_byte``: ns per byte of an array above the allocator's mmap limit (glibc: 32 MiB), whose
   pages fault in on first touch, every call (large batch-16 activations).
 """
@@ -35,6 +42,7 @@ import numpy as np
 MMAP_LIMIT = 32 << 20
 
 GEMM_KEYS = ("gemm_flop", "gemm_mk", "gemm_kn", "gemm_mn", "gemm_call")
+SOFTMAX_TAIL_KEYS = ("softmax_tail_row", "softmax_tail_element")
 DEPTHWISE_KEYS = ("dw_plane", "dw_pad", "dw_tap", "dw_strided_tap")
 
 
@@ -44,6 +52,26 @@ def gemm_ns(terms: dict[str, float], m: int, k: int, n: int) -> float | None:
         return None
     return (terms["gemm_flop"] * 2.0 * m * k * n + terms["gemm_mk"] * m * k + terms["gemm_kn"] * k * n
             + terms["gemm_mn"] * m * n + terms["gemm_call"])
+
+
+def gemm_products_ns(terms: dict[str, float], m: int, k: int, n: int, count: int, calls: int) -> float | None:
+    """ns of ``count`` (m x k) @ (k x n) products made by ``calls`` np.matmul calls (a batched call
+    makes several): each call's first product pays ``gemm_call``, the others ``gemm_batch_call``."""
+    one = gemm_ns(terms, m, k, n)
+    if one is None:
+        return None
+    calls = count if calls <= 0 else min(calls, count)
+    batch_call = terms.get("gemm_batch_call", terms["gemm_call"])
+    return count * one - (count - calls) * (terms["gemm_call"] - batch_call)
+
+
+def softmax_tail_ns(terms: dict[str, float], rows: int, width: int, lanes: int) -> float:
+    """ns the native Softmax's scalar remainder adds over ``rows`` rows of ``width`` elements when
+    ``width`` is not a multiple of ``lanes`` (the float32 SIMD width); 0 where not measured."""
+    tail = width % max(lanes, 1)
+    if not tail or not all(key in terms for key in SOFTMAX_TAIL_KEYS):
+        return 0.0
+    return rows * (terms["softmax_tail_row"] + tail * terms["softmax_tail_element"])
 
 
 def depthwise_ns(terms: dict[str, float], planes: int, padded: tuple[int, int], out: tuple[int, int],
@@ -233,3 +261,42 @@ def measure_layer_norm(budget: float) -> dict[str, float]:
         rows.append((r * d, r, 1.0))
     coef = fit_nonnegative(np.array(rows, float), np.array(seconds)) * 1e9
     return {"ln_element": float(coef[0]), "ln_row": float(coef[1])}
+
+
+def measure_gemm_batched(terms: dict[str, float], budget: float, seed: int = 11) -> dict[str, float]:
+    """``gemm_batch_call``: the per-product ns of a batched np.matmul beyond the fitted terms of its
+    arithmetic and packing (``gemm_ns`` less ``gemm_call``), from the slope between 8 and 64 stacked
+    products of synthetic small shapes (log-uniform dims 4 to 96), the median over the shapes."""
+    rng = np.random.default_rng(seed)
+    excess = []
+    for _ in range(8):
+        m, k, n = (int(round(math.exp(rng.uniform(math.log(4), math.log(96))))) for _ in range(3))
+        seconds = {}
+        for count in (8, 64):
+            seconds[count] = _cycled(lambda c=count, m=m, k=k, n=n: (np.full((c, m, k), 0.5, np.float32),
+                                                                     np.full((c, k, n), 0.25, np.float32)),
+                                     lambda a, b: np.matmul(a, b), budget)
+        slope = (seconds[64] - seconds[8]) / 56 * 1e9
+        excess.append(slope - (gemm_ns(terms, m, k, n) - terms["gemm_call"]))
+    return {"gemm_batch_call": max(0.0, float(np.median(excess)))}
+
+
+def measure_softmax_tail(budget: float, lanes: int) -> dict[str, float]:
+    """``softmax_tail_row`` / ``softmax_tail_element``: the native Softmax over 1024 rows of lengths
+    around one to three SIMD widths (``lanes`` float32 elements), per-row time fitted as a + b x
+    length + (a row with a remainder) + (remainder elements); {} without the native library."""
+    lib = _native_library()
+    if lib is None or lanes < 2:
+        return {}
+    rows, seconds = [], []
+    widths = sorted({w for base in (lanes, 2 * lanes, 3 * lanes) for w in (base, base + 1, base + lanes // 2,
+                                                                         base + lanes - 1)})
+    for width in widths:
+        y = np.empty((1024, width), np.float32)
+        seconds.append(_cycled(lambda w=width: (np.random.default_rng(w).standard_normal((1024, w), dtype=np.float32),),
+                               lambda x, y=y: lib.cuvil_softmax_f32(x.ctypes.data, y.ctypes.data, 1024, x.shape[1]),
+                               budget) / 1024)
+        tail = width % lanes
+        rows.append((1.0, width, float(tail > 0), tail))
+    coef = fit_nonnegative(np.array(rows, float), np.array(seconds)) * 1e9
+    return {"softmax_tail_row": float(coef[2]), "softmax_tail_element": float(coef[3])}

@@ -11,7 +11,9 @@ Each node is mapped to the kernel the target's build actually runs (the branches
   normalisation's passes) and the "native" call cost for each further foreign call;
 * compute: where the spec has measured per-kernel terms (``kernel_ns``, :mod:`cost_kernels`, from
   `cuvil-edge calibrate`'s micro-benchmarks on synthetic shapes): each sgemm as ``2mkn flop + mk +
-  kn + mn + call`` ns, the native depthwise convolution and max pooling per plane, padded element
+  kn + mn + call`` ns (the further products of one batched np.matmul, as numpy loops over a stack
+  or broadcasts a weight over a batch, pay ``gemm_batch_call`` instead of the call), the native
+  Softmax's scalar remainder of rows off the SIMD width, the native depthwise convolution and max pooling per plane, padded element
   and tap (the flat stride-1 path and the strided row loop apart), the native LayerNorm per element
   and row, numpy reductions per element and output. Else the roofline: a GEMM's FLOPs over
   ``peak_gflops[dtype] * gemm_efficiency * f(m) f(k) f(n)`` with ``f(d) = d / (d + gemm_half_dim)``,
@@ -40,7 +42,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
-from cuvil_edge.device_targets.cost_kernels import MMAP_LIMIT, depthwise_ns, gemm_ns
+from cuvil_edge.device_targets.cost_kernels import MMAP_LIMIT, depthwise_ns, gemm_products_ns, softmax_tail_ns
 from cuvil_edge.device_targets.memory_plan import VIEW_OPS, plan_memory
 from cuvil_edge.device_targets.spec import PRECISIONS, TargetSpec, resolve
 from cuvil_edge.errors import BuildError, CuvilError
@@ -157,6 +159,8 @@ class _Work:
     reduced: int = 0  # input elements a numpy reduction reads, kernel_ns["reduce_element"] each
     layer_norm: int = 0  # elements the native LayerNorm normalises, kernel_ns["ln_element"] each
     depthwise: tuple | None = None  # native depthwise: (planes, (ph, pw), (oh, ow), taps, strided)
+    products: int = 0  # np.matmul calls making the products (a batched call makes several); 0: one each
+    width: int = 0  # a native Softmax's row length (its remainder past the SIMD width runs scalar)
 
 
 def predict(graph: Graph, target: TargetSpec | str, *, precision: str = "fp32", batch: int = 1) -> CostPrediction:
@@ -265,11 +269,11 @@ def _compute_s(spec: TargetSpec, work: _Work, flops: int, peak: float) -> float:
     """The arithmetic: a GEMM's products (the measured sgemm terms, else the roofline), the native
     kernels (measured per-kernel terms, else native_gflops), reductions, exp-class functions, rows."""
     terms = spec.kernel_ns
-    measured = [gemm_ns(terms, m, k, n) for m, k, n, _ in work.gemm]
+    measured = [gemm_products_ns(terms, m, k, n, count, work.products) for m, k, n, count in work.gemm]
     rows = work.rows * spec.row_ns * (3 if work.reduced else 1)  # numpy's reduction loop: ~3x a native row's
     if work.gemm and None not in measured:
         # the fitted sgemm terms include packing the operands (from L3, as calibrated)
-        compute = sum(count * ns for (_, _, _, count), ns in zip(work.gemm, measured))
+        compute = sum(measured)  # a batched call's further products skip numpy's call setup
     elif work.gemm:
         compute = sum(count * 2.0 * m * k * n / (peak * gemm_efficiency(spec, m, k, n))
                       for m, k, n, count in work.gemm)
@@ -283,7 +287,9 @@ def _compute_s(spec: TargetSpec, work: _Work, flops: int, peak: float) -> float:
         compute = 0.0  # numpy's elementwise passes: the memory term covers them
     if work.reduced and "reduce_element" in terms:  # numpy's reduction loop, measured per element and output
         rows = work.reduced * terms["reduce_element"] + work.rows * terms.get("reduce_row", 0.0)
-    return (compute + rows + work.exp_elements * spec.transcendental_ns) * 1e-9
+    # the native Softmax's scalar remainder per row (its width past a multiple of the float32 lanes)
+    tail = softmax_tail_ns(terms, work.rows, work.width, spec.simd_bits // 32) if work.width else 0.0
+    return (compute + rows + tail + work.exp_elements * spec.transcendental_ns) * 1e-9
 
 
 def _work(node: Node, ins, outs, large: bool, native: bool) -> _Work:
@@ -308,7 +314,9 @@ def _work(node: Node, ins, outs, large: bool, native: bool) -> _Work:
                          depthwise=(planes, padded_plane, out, math.prod(kernel), True) if len(out) == 2 else None)
         if op == "LayerNormalization":  # the C kernel's three passes per row, measured (kernel_ns ln_*)
             return _Work("native", native=True, rows=_rows(node, ins[0]), layer_norm=ins[0].numel())
-        return _Work("native", native=True, exp_elements=exp, rows=_rows(node, ins[0]))
+        rows = _rows(node, ins[0])
+        width = ins[0].numel() // max(rows, 1) if op == "Softmax" else 0
+        return _Work("native", native=True, exp_elements=exp, rows=rows, width=width)
     if op in NORMALIZATION_OPS:  # numpy's passes: each reads its operands and writes a new array
         passes, reductions, powers = _normalization_passes(node)
         size = _bytes(ins[0])
@@ -356,7 +364,7 @@ def _conv(node: Node, ins, outs, large: bool, native: bool) -> _Work:
     if max(kernel, default=1) == 1 and not padded:
         # a strided 1x1 reads every s-th pixel: the reshape copies that view (a strided gather)
         return _Work("conv 1x1 gemm", ((mg, cg, p, n * group),), traffic=epilogue, exp_elements=exp, calls=calls,
-                     native_calls=foreign, gathered=n * c * p if strided else 0, strided=strided)
+                     native_calls=foreign, gathered=n * c * p if strided else 0, strided=strided, products=1)
     if large or depthwise or (group == 1 and k == 2):
         if depthwise:  # y += window * w per tap: the product written, then y read and written
             return _Work("conv depthwise taps", calls=2 * taps + calls, traffic=4 * taps * y_bytes + epilogue,
@@ -369,9 +377,9 @@ def _conv(node: Node, ins, outs, large: bool, native: bool) -> _Work:
                          traffic=2 * n * c * taps * p * item + epilogue, exp_elements=exp, gathered=n * c * taps * p,
                          native_calls=foreign, strided=strided)
         return _Work("conv im2col", ((mg, cg * taps, p, n * group),), traffic=epilogue, exp_elements=exp,
-                     gathered=n * c * taps * p, calls=calls, native_calls=foreign, strided=strided)
+                     gathered=n * c * taps * p, calls=calls, native_calls=foreign, strided=strided, products=1)
     return _Work("conv per-tap gemm", ((mg, cg, p, n * group * taps),), calls=2 * taps + calls,
-                 traffic=2 * taps * y_bytes + epilogue, exp_elements=exp, native_calls=foreign)
+                 traffic=2 * taps * y_bytes + epilogue, exp_elements=exp, native_calls=foreign, products=taps)
 
 
 def _matmul(node: Node, ins, outs, native: bool) -> _Work:
@@ -402,7 +410,7 @@ def _matmul(node: Node, ins, outs, native: bool) -> _Work:
     m = a.shape[-2] if a.rank > 1 else 1
     n = b.shape[-1] if b.rank > 1 else 1
     count = math.prod(y.shape[:-2]) if y.rank > 2 else 1
-    return _Work("gemm batched" if count > 1 else "gemm", ((m, a.shape[-1], n, count),))
+    return _Work("gemm batched" if count > 1 else "gemm", ((m, a.shape[-1], n, count),), products=1)
 
 
 def _normalization_passes(node: Node) -> tuple[int, int, int]:

@@ -188,6 +188,10 @@ def test_calibrate_command_writes_a_spec_load_target_accepts(tmp_path, capsys):
     from cuvil_edge.device_targets.cost_kernels import DEPTHWISE_KEYS, GEMM_KEYS
     assert set(GEMM_KEYS) | {"gather", "gather_strided", "fresh_byte", "reduce_element"} <= set(spec.kernel_ns)
     assert set(DEPTHWISE_KEYS) <= set(spec.kernel_ns) or not spec.native_kernels
+    from cuvil_edge.device_targets.cost_kernels import SOFTMAX_TAIL_KEYS
+    assert "gemm_batch_call" in spec.kernel_ns
+    assert set(SOFTMAX_TAIL_KEYS) <= set(spec.kernel_ns) or not spec.native_kernels
+    assert spec.run_overhead_us > 0  # at least run()'s own checks around the generated _forward
     assert math.isfinite(predict(small_cnn(), spec, batch=2).seconds)
     # the same file, corrupted: a clear error naming it
     out.write_text(text.replace("gemm_efficiency:", "gemm_efficiency: -1 #"))
