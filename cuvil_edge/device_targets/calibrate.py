@@ -34,6 +34,8 @@ from pydantic import ValidationError
 
 from cuvil_edge.atomic import atomic_write
 from cuvil_edge.device_targets import cost_kernels
+from cuvil_edge.device_targets.cost_kernels import fit_gemm
+from cuvil_edge.device_targets.cost_model import NUMPY_PAD, WINDOW_TAP
 from cuvil_edge.device_targets.spec import TargetSpec, load_target
 from cuvil_edge.errors import TargetSpecError
 
@@ -99,7 +101,9 @@ def calibrate(base: str = "x86-64", *, name: str = "host", quick: bool = False,
         # the kernels' own terms (cost_kernels.py), on synthetic shapes
         kernel_ns, rates = cost_kernels.measure_gemm(budget / 6, quick)
         kernel_ns.update(cost_kernels.measure_gemm_batched(kernel_ns, budget / 6))
+        kernel_ns.update(cost_kernels.measure_gemv(budget / 6))
         kernel_ns.update(cost_kernels.measure_depthwise(budget / 6))
+        kernel_ns.update(cost_kernels.measure_max_pool(budget / 6))
         kernel_ns.update(cost_kernels.measure_softmax_tail(budget / 6, reference.simd_bits // 32))
         kernel_ns.update(cost_kernels.measure_reduce(budget / 6))
         kernel_ns.update(cost_kernels.measure_layer_norm(budget / 6))
@@ -119,7 +123,7 @@ def calibrate(base: str = "x86-64", *, name: str = "host", quick: bool = False,
     efficiency, half = fit_gemm(sgemm, best)
     draft = reference.model_copy(update={
         "name": name, "description": f"this host, measured ({platform.machine()}, one thread), based on {base}",
-        "native_kernels": reference.native_kernels and _native_available(),
+        "native_kernels": reference.native_kernels and cost_kernels._native_library() is not None,
         "peak_gflops": {d: round(best * v / reference.peak_gflops.get("float32", v), 2)
                         for d, v in reference.peak_gflops.items()},
         "memory_bandwidth_gbs": round(copy_gbs, 2), "cache_bandwidth_gbs": round(cache_gbs, 2),
@@ -133,7 +137,9 @@ def calibrate(base: str = "x86-64", *, name: str = "host", quick: bool = False,
         update: dict[str, Any] = {"call_overhead_us": round(call_us, 3), "run_overhead_us": round(run_us, 3)}
         if native is not None:
             update["native_gflops"], update["native_plane_us"] = round(native, 3), round(plane_us, 4)
-        kinds = _kind_overheads(draft.model_copy(update=update), budget)
+        update["kernel_overhead_us"] = {WINDOW_TAP: _window_tap_us(draft.model_copy(update=update), budget),
+                                        NUMPY_PAD: cost_kernels.measure_pad_us(budget)}
+        kinds = {**update["kernel_overhead_us"], **_kind_overheads(draft.model_copy(update=update), budget)}
         update["kernel_overhead_us"] = kinds
         scale = _cold_scale(draft.model_copy(update=update), budget)
         update["transcendental_ns"] = round(_transcendental_ns(draft.model_copy(update=update), budget), 3)
@@ -170,20 +176,6 @@ def write_spec(calibration: Calibration, path: Path | str) -> Path:
     except OSError as e:
         raise TargetSpecError(f"cannot write the calibrated spec to {path}: {e}") from e
     return path
-
-
-def fit_gemm(rates: dict[tuple[int, int, int], float], peak: float) -> tuple[float, float]:
-    """(gemm_efficiency, gemm_half_dim) that best fit the measured GFLOP/s by shape, in log space:
-    rate = peak * efficiency * prod(d / (d + half)) over m, k, n."""
-    shapes, measured = list(rates), np.log(np.array(list(rates.values())))
-    best = (1.0, 16.0, np.inf)
-    for half in np.geomspace(0.5, 256, 80):
-        shape = np.array([sum(np.log(d / (d + half)) for d in s) for s in shapes])
-        scale = float(np.clip(np.mean(measured - np.log(peak) - shape), np.log(0.05), 0.0))
-        error = float(np.sum((measured - np.log(peak) - shape - scale) ** 2))
-        if error < best[2]:
-            best = (float(np.exp(scale)), float(half), error)
-    return best[0], best[1]
 
 
 # ---------------------------------------------------------------- measurements
@@ -283,6 +275,7 @@ _PROBES: tuple[tuple[str, dict, tuple[int, ...], tuple[np.ndarray, ...]], ...] =
     ("MatMul", {}, (16, 64), (np.eye(64, dtype=np.float32),)),
     ("MatMul", {}, (1, 16, 64), (np.eye(64, dtype=np.float32),)),
     ("Softmax", {"axis": -1}, (1, 16, 64), ()),
+    ("LayerNormalization", {"axis": -1}, (1, 16, 64), (np.ones(64, np.float32), np.zeros(64, np.float32))),
     ("MaxPool", {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]}, (1, 16, 8, 8), ()),
     ("InstanceNormalization", {}, (1, 16, 16, 16), (np.ones(16, np.float32), np.zeros(16, np.float32))),
     ("Gather", {"axis": 0}, (16, 64), (np.arange(16, dtype=np.int64),)),
@@ -318,6 +311,22 @@ def _kind_overheads(spec: TargetSpec, budget: float, count: int = 8, rounds: int
         extra = node.overhead_s - kernel_overhead_us(spec, kind) * 1e-6  # its loops' numpy calls
         out[kind] = max(0.0, (per_call - work - max(extra, 0.0)) * 1e6)
     return out
+
+
+def _window_tap_us(spec: TargetSpec, budget: float, count: int = 8) -> float:
+    """µs per tap of the numpy window loop (MaxPool on small planes): chains of 3x3 and 2x2 padded
+    poolings (9 and 4 taps, the same 16 x 8 x 8), timed in interleaved rounds; the slope per tap."""
+    from cuvil_edge.device_targets.build import build
+
+    x = {"x": np.random.default_rng(0).standard_normal((1, 16, 8, 8), dtype=np.float32)}
+    times: dict[int, float] = {}
+    with tempfile.TemporaryDirectory() as cache:
+        models = {k: build(_Package(_chain("MaxPool", {"kernel_shape": [k, k], "pads": [k - 2, k - 2, 1, 1]},
+                                           (1, 16, 8, 8), (), count)), spec, cache_dir=cache) for k in (3, 2)}
+        for _ in range(3):
+            for k, model in models.items():
+                times[k] = min(times.get(k, 1.0), _time_per_call(lambda model=model: model.run(x), budget / 3))
+    return max(0.0, (times[3] - times[2]) / 5 / count * 1e6)
 
 
 def _chain_parts(op: str, attrs: dict, shape: tuple[int, ...], consts: tuple[np.ndarray, ...], count: int,
@@ -455,14 +464,6 @@ def _one_thread():
         return
     with threadpool_limits(1):
         yield True
-
-
-def _native_available() -> bool:
-    try:
-        from cuvil_edge.ir.ops._native import library
-    except ImportError:
-        return False
-    return library() is not None
 
 
 def _cache_mb() -> float:

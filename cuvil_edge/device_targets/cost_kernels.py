@@ -18,6 +18,12 @@ checks), and a term a spec does not list falls back to the roofline of :mod:`cos
 * ``ln_element``, ``ln_row``: the native LayerNorm kernel, per element and per row.
 * ``gather``, ``gather_strided``: ns per element of a window copy (im2col: whole or in row blocks)
   of a stride-1 convolution, and of a strided one (every other input column: a slower gather).
+* ``gemv_element``, ``gemv_call``: a product with one row (or one column) is a vector times a
+  matrix: numpy hands it to sgemv, which streams the matrix once without packing panels; per
+  element of the matrix and per call, fitted to synthetic (1 x k) @ (k x n) products out of L2.
+* ``mp_plane``, ``mp_pad``, ``mp_tap``: the native max pooling (``cuvil_max_pool2d_f32``): per plane,
+  per element of the padded plane it fills, per tap and output element of its row loop (a compare
+  and select, not the depthwise kernel's multiply-add), fitted to synthetic 2x2 and 3x3 poolings.
 * ``gemm_batch_call``: the fixed ns of each further product of one batched ``np.matmul`` (numpy's
   loop over the leading dims calls sgemm per product without numpy's own call setup, which
   ``gemm_call`` includes): fitted to the slope over the count of stacked synthetic products.
@@ -43,6 +49,8 @@ MMAP_LIMIT = 32 << 20
 
 GEMM_KEYS = ("gemm_flop", "gemm_mk", "gemm_kn", "gemm_mn", "gemm_call")
 SOFTMAX_TAIL_KEYS = ("softmax_tail_row", "softmax_tail_element")
+GEMV_KEYS = ("gemv_element", "gemv_call")
+MAX_POOL_KEYS = ("mp_plane", "mp_pad", "mp_tap")
 DEPTHWISE_KEYS = ("dw_plane", "dw_pad", "dw_tap", "dw_strided_tap")
 
 
@@ -50,6 +58,8 @@ def gemm_ns(terms: dict[str, float], m: int, k: int, n: int) -> float | None:
     """ns of one (m x k) @ (k x n) product from the fitted terms, None where they are not measured."""
     if not all(key in terms for key in GEMM_KEYS):
         return None
+    if min(m, n) == 1 and all(key in terms for key in GEMV_KEYS):  # sgemv: the matrix streamed once
+        return terms["gemv_call"] + terms["gemv_element"] * k * max(m, n)
     return (terms["gemm_flop"] * 2.0 * m * k * n + terms["gemm_mk"] * m * k + terms["gemm_kn"] * k * n
             + terms["gemm_mn"] * m * n + terms["gemm_call"])
 
@@ -72,6 +82,15 @@ def softmax_tail_ns(terms: dict[str, float], rows: int, width: int, lanes: int) 
     if not tail or not all(key in terms for key in SOFTMAX_TAIL_KEYS):
         return 0.0
     return rows * (terms["softmax_tail_row"] + tail * terms["softmax_tail_element"])
+
+
+def max_pool_ns(terms: dict[str, float], planes: int, padded: tuple[int, int], out: tuple[int, int],
+                taps: int) -> float | None:
+    """ns of the native max pooling over ``planes`` planes, None where it is not measured."""
+    if not all(key in terms for key in MAX_POOL_KEYS):
+        return None
+    work = terms["mp_pad"] * padded[0] * padded[1] + terms["mp_tap"] * taps * math.prod(out)
+    return planes * (terms["mp_plane"] + work)
 
 
 def depthwise_ns(terms: dict[str, float], planes: int, padded: tuple[int, int], out: tuple[int, int],
@@ -300,3 +319,57 @@ def measure_softmax_tail(budget: float, lanes: int) -> dict[str, float]:
         rows.append((1.0, width, float(tail > 0), tail))
     coef = fit_nonnegative(np.array(rows, float), np.array(seconds)) * 1e9
     return {"softmax_tail_row": float(coef[2]), "softmax_tail_element": float(coef[3])}
+
+
+def fit_gemm(rates: dict[tuple[int, int, int], float], peak: float) -> tuple[float, float]:
+    """(gemm_efficiency, gemm_half_dim) that best fit the measured GFLOP/s by shape, in log space:
+    rate = peak * efficiency * prod(d / (d + half)) over m, k, n."""
+    shapes, measured = list(rates), np.log(np.array(list(rates.values())))
+    best = (1.0, 16.0, np.inf)
+    for half in np.geomspace(0.5, 256, 80):
+        shape = np.array([sum(np.log(d / (d + half)) for d in s) for s in shapes])
+        scale = float(np.clip(np.mean(measured - np.log(peak) - shape), np.log(0.05), 0.0))
+        error = float(np.sum((measured - np.log(peak) - shape - scale) ** 2))
+        if error < best[2]:
+            best = (float(np.exp(scale)), float(half), error)
+    return best[0], best[1]
+
+
+def measure_gemv(budget: float, seed: int = 13) -> dict[str, float]:
+    """``gemv_element`` / ``gemv_call``: (1 x k) @ (k x n) over 12 synthetic shapes (log-uniform k in
+    [16, 4096], n in [8, 4096]), operands cycled out of L2, fitted per matrix element and per call."""
+    rng = np.random.default_rng(seed)
+    rows, seconds = [], []
+    for _ in range(12):
+        k, n = (int(round(math.exp(rng.uniform(math.log(lo), math.log(4096))))) for lo in (16, 8))
+        seconds.append(_cycled(lambda k=k, n=n: (np.full((1, k), 0.5, np.float32), np.full((k, n), 0.25, np.float32)),
+                               lambda a, b: np.matmul(a, b), budget))
+        rows.append((k * n, 1.0))
+    coef = fit_nonnegative(np.array(rows, float), np.array(seconds)) * 1e9
+    return dict(zip(GEMV_KEYS, (float(v) for v in coef)))
+
+
+def measure_max_pool(budget: float) -> dict[str, float]:
+    """mp_* terms: the native max pooling called directly on synthetic 2x2 stride-2 and 3x3 stride-1/2
+    (padded) poolings over planes of 7 to 112; {} without the native library."""
+    lib = _native_library()
+    if lib is None:
+        return {}
+    rows, seconds = [], []
+    for c, size, kernel, stride, pad in ((256, 14, 2, 2, 0), (64, 28, 2, 2, 0), (16, 112, 2, 2, 0), (512, 8, 2, 2, 0),
+                                         (64, 56, 3, 2, 1), (16, 112, 3, 2, 1), (128, 14, 3, 1, 1), (32, 28, 3, 1, 1)):
+        o = (size + 2 * pad - kernel) // stride + 1
+        ph = pw = (o - 1) * stride + kernel
+        y = np.empty((1, c, o, o), np.float32)
+        rest = (y.ctypes.data, c, size, size, kernel, kernel, stride, stride, 1, 1, pad, pad, o, o, ph, pw)
+        seconds.append(_cycled(lambda c=c, size=size: (np.full((1, c, size, size), 0.5, np.float32),),
+                               lambda x, rest=rest: lib.cuvil_max_pool2d_f32(x.ctypes.data, *rest), budget))
+        rows.append((c, c * ph * pw, c * kernel * kernel * o * o))
+    coef = fit_nonnegative(np.array(rows, float), np.array(seconds)) * 1e9
+    return dict(zip(MAX_POOL_KEYS, (float(v) for v in coef)))
+
+
+def measure_pad_us(budget: float) -> float:
+    """µs of one np.pad call on a small array (AveragePool pads its window counts with it)."""
+    small = np.ones((1, 1, 8, 8), np.float32)
+    return _time_per_call(lambda: np.pad(small, [(0, 0), (0, 0), (1, 1), (1, 1)], constant_values=1), budget) * 1e6

@@ -11,10 +11,12 @@ Each node is mapped to the kernel the target's build actually runs (the branches
   normalisation's passes) and the "native" call cost for each further foreign call;
 * compute: where the spec has measured per-kernel terms (``kernel_ns``, :mod:`cost_kernels`, from
   `cuvil-edge calibrate`'s micro-benchmarks on synthetic shapes): each sgemm as ``2mkn flop + mk +
-  kn + mn + call`` ns (the further products of one batched np.matmul, as numpy loops over a stack
-  or broadcasts a weight over a batch, pay ``gemm_batch_call`` instead of the call), the native
-  Softmax's scalar remainder of rows off the SIMD width, the native depthwise convolution and max pooling per plane, padded element
-  and tap (the flat stride-1 path and the strided row loop apart), the native LayerNorm per element
+  kn + mn + call`` ns (a one-row product as sgemv: per matrix element and call; the further
+  products of one batched np.matmul, as numpy loops over a stack or broadcasts a weight over a
+  batch, pay ``gemm_batch_call`` instead of the call), the native Softmax's scalar remainder of
+  rows off the SIMD width, the native depthwise convolution per plane, padded element and tap (the
+  flat stride-1 path and the strided row loop apart) and the native max pooling likewise (its own
+  terms), the native LayerNorm per element
   and row, numpy reductions per element and output. Else the roofline: a GEMM's FLOPs over
   ``peak_gflops[dtype] * gemm_efficiency * f(m) f(k) f(n)`` with ``f(d) = d / (d + gemm_half_dim)``,
   a native kernel's FLOPs over ``native_gflops`` plus ``native_plane_us`` per plane. Plus
@@ -42,7 +44,8 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
-from cuvil_edge.device_targets.cost_kernels import MMAP_LIMIT, depthwise_ns, gemm_products_ns, softmax_tail_ns
+from cuvil_edge.device_targets.cost_kernels import (MMAP_LIMIT, depthwise_ns, gemm_products_ns, max_pool_ns,
+                                                    softmax_tail_ns)
 from cuvil_edge.device_targets.memory_plan import VIEW_OPS, plan_memory
 from cuvil_edge.device_targets.spec import PRECISIONS, TargetSpec, resolve
 from cuvil_edge.errors import BuildError, CuvilError
@@ -70,6 +73,10 @@ TRANSCENDENTAL_ACTIVATIONS = frozenset({"sigmoid", "swish", "gelu", "tanh"})
 #: Reductions over axes (means, sums, maxima): numpy's reduction machinery and a keepdims reshape.
 REDUCE_OPS = frozenset({"GlobalAveragePool", "GlobalMaxPool", "ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin",
                         "ReduceProd", "ReduceL2", "ReduceSumSquare", "ArgMax", "ArgMin"})
+#: kernel_overhead_us key of the cost of each tap of the numpy window loop (else numpy_call_us)
+WINDOW_TAP = "numpy window tap"
+#: kernel_overhead_us key of one np.pad call (its Python-level argument handling: ~25x a ufunc)
+NUMPY_PAD = "numpy pad"
 #: Fixed cost of one call per kernel kind, as a multiple of call_overhead_us (a small elementwise
 #: node), for the kinds a spec's kernel_overhead_us does not list. Measured by calibrate on this
 #: repo's host (bench/results/cost_model.json, "kernel_overhead_us" over "call_overhead_us"): the
@@ -78,7 +85,8 @@ REDUCE_OPS = frozenset({"GlobalAveragePool", "GlobalMaxPool", "ReduceMean", "Red
 KIND_FACTORS: dict[str, float] = {
     "conv im2col": 12.5, "conv im2col blocks": 12.5, "conv per-tap gemm": 12.5, "conv depthwise taps": 12.5,
     "conv-transpose gemm": 12.5, "conv depthwise native": 9.0, "conv 1x1 gemm": 4.7, "gemm": 1.0,
-    "gemm rows collapsed": 1.6, "gemm batched": 1.5, "native": 2.7, "numpy window taps": 12.0,
+    "gemm rows collapsed": 1.6, "gemm batched": 1.5, "native": 2.7, "native layer norm": 6.5,
+    "numpy window taps": 12.0,
     "normalization": 8.0, "gather": 3.0, "reduce": 5.0, "transpose": 1.5, "elementwise": 1.0, "view": 0.7,
 }
 
@@ -160,7 +168,10 @@ class _Work:
     layer_norm: int = 0  # elements the native LayerNorm normalises, kernel_ns["ln_element"] each
     depthwise: tuple | None = None  # native depthwise: (planes, (ph, pw), (oh, ow), taps, strided)
     products: int = 0  # np.matmul calls making the products (a batched call makes several); 0: one each
+    pad_calls: int = 0  # numpy calls padding a window loop's input (np.full, the assignment), its counts' arrays
+    np_pads: int = 0  # np.pad calls (AveragePool's count_include_pad window counts), kernel_overhead_us[NUMPY_PAD] each
     width: int = 0  # a native Softmax's row length (its remainder past the SIMD width runs scalar)
+    pool: bool = False  # the native max pooling (its own measured terms, else the depthwise kernel's)
 
 
 def predict(graph: Graph, target: TargetSpec | str, *, precision: str = "fp32", batch: int = 1) -> CostPrediction:
@@ -255,7 +266,11 @@ def _cost(spec: TargetSpec, node: Node, ins, outs, work: _Work, flops: int, scra
     fresh = sum(_bytes(t) for t in outs if _bytes(t) >= MMAP_LIMIT) + (scratch if scratch >= MMAP_LIMIT else 0)
     serial += fresh * terms.get("fresh_byte", 0.0) * 1e-9
     compute = _compute_s(spec, work, flops, peak)
-    overhead = (kernel_overhead_us(spec, work.kernel) + work.calls * spec.numpy_call_us
+    # the numpy window loop's taps: a Python generator step, a strided view and a ufunc each
+    taps = work.kernel == "numpy window taps"
+    per_call = spec.kernel_overhead_us.get(WINDOW_TAP, spec.numpy_call_us) if taps else spec.numpy_call_us
+    overhead = (kernel_overhead_us(spec, work.kernel) + work.calls * per_call
+                + work.pad_calls * spec.numpy_call_us + work.np_pads * spec.kernel_overhead_us.get(NUMPY_PAD, 0.0)
                 + work.native_calls * kernel_overhead_us(spec, "native")) * 1e-6
     memory = streamed + serial
     terms = {"overhead": overhead, "compute": compute, "memory": memory}
@@ -281,6 +296,8 @@ def _compute_s(spec: TargetSpec, work: _Work, flops: int, peak: float) -> float:
         compute, rows = work.layer_norm * terms["ln_element"] + work.rows * terms.get("ln_row", 0.0), 0.0
     elif work.native:
         dw = depthwise_ns(terms, *work.depthwise) if work.depthwise else None
+        if work.pool and work.depthwise:  # compare-and-select over the same padded plane and row loop
+            dw = max_pool_ns(terms, *work.depthwise[:4]) or dw
         rate = spec.native_gflops or spec.peak_gflops.get("float32", peak) / 8
         compute = flops / rate + work.planes * spec.native_plane_us * 1e3 if dw is None else dw
     else:
@@ -310,10 +327,11 @@ def _work(node: Node, ins, outs, large: bool, native: bool) -> _Work:
             st, di = attrs.get("strides") or (1,) * len(kernel), attrs.get("dilations") or (1,) * len(kernel)
             padded_plane = tuple((o - 1) * s + d * (k - 1) + 1 for o, s, d, k in zip(out, st, di, kernel))
             planes = math.prod(ins[0].shape[:2])
-            return _Work("native", native=True, planes=planes,
+            return _Work("native", native=True, planes=planes, pool=True,
                          depthwise=(planes, padded_plane, out, math.prod(kernel), True) if len(out) == 2 else None)
         if op == "LayerNormalization":  # the C kernel's three passes per row, measured (kernel_ns ln_*)
-            return _Work("native", native=True, rows=_rows(node, ins[0]), layer_norm=ins[0].numel())
+            # its own kind: four arrays passed (x, scale, bias, y), each pointer read through .ctypes
+            return _Work("native layer norm", native=True, rows=_rows(node, ins[0]), layer_norm=ins[0].numel())
         rows = _rows(node, ins[0])
         width = ins[0].numel() // max(rows, 1) if op == "Softmax" else 0
         return _Work("native", native=True, exp_elements=exp, rows=rows, width=width)
@@ -330,9 +348,16 @@ def _work(node: Node, ins, outs, large: bool, native: bool) -> _Work:
         return _Work("reduce", rows=outs[0].numel(), reduced=ins[0].numel())
     if op == "Transpose":  # a strided copy: each element read from a different cache line
         return _Work("transpose", traffic=2 * _bytes(outs[0]))
-    if op in TAP_OPS:
-        taps = math.prod(ops.get(op, node.describe()).attrs(node)["kernel_shape"])
-        return _Work("numpy window taps", calls=taps, traffic=2 * taps * _bytes(outs[0]))
+    if op in TAP_OPS:  # per tap a strided view and a ufunc pass; a padded input is first copied (np.full, assign)
+        attrs = ops.get(op, node.describe()).attrs(node)
+        taps = math.prod(attrs["kernel_shape"])
+        padded = any(attrs.get("pads") or ()) or attrs.get("auto_pad", "NOTSET") not in ("NOTSET", "VALID")
+        traffic = 2 * taps * _bytes(outs[0]) + 3 * padded * _bytes(ins[0])
+        if op == "AveragePool":  # and a second tap loop counting each window's cells, then the division
+            include = bool(attrs.get("count_include_pad", 0))
+            return _Work("numpy window taps", calls=2 * taps, traffic=traffic + 3 * _bytes(outs[0]),
+                         pad_calls=4 * padded + 4, np_pads=int(include))
+        return _Work("numpy window taps", calls=taps, traffic=traffic, pad_calls=2 * padded)
     return _Work("elementwise", exp_elements=exp)
 
 

@@ -132,3 +132,85 @@ def test_kind_overheads_keep_the_fastest_of_interleaved_rounds(monkeypatch):
     out = calibrate._kind_overheads(spec, 0.01, rounds=3)
     assert clock.calls == 3 * count and len(out) == count
     assert all(v < 1.0 for v in out.values())  # (8 µs - run) / 8 calls, less the work: never the slow rounds
+
+
+# ---------------------------------------------------------------- one-row products, pooling kernels
+
+
+def test_a_one_row_product_is_costed_as_sgemv():
+    gemv = {"gemv_element": 0.15, "gemv_call": 500.0}
+    assert gemm_ns({**TERMS, **gemv}, 1, 1568, 128) == pytest.approx(500 + 0.15 * 1568 * 128)
+    assert gemm_ns({**TERMS, **gemv}, 64, 256, 1) == pytest.approx(500 + 0.15 * 64 * 256)  # matrix @ vector
+    assert gemm_ns({**TERMS, **gemv}, 2, 1568, 128) == gemm_ns(TERMS, 2, 1568, 128)  # two rows: sgemm
+    assert gemm_ns(TERMS, 1, 1568, 128) == pytest.approx(0.01 * 2 * 1568 * 128 + 0.2 * (1568 + 1568 * 128 + 128)
+                                                         + 1000)  # not measured: the sgemm terms
+    w = numpy_helper.from_array(np.full((128, 1568), 0.1, np.float32), "w")
+    fc = graph_of([helper.make_node("Gemm", ["x", "w"], ["y"], name="n", transB=1)], [("x", ["N", 1568])], [w])
+    one, many = (predict(fc, spec_with(**gemv), batch=b).nodes[0] for b in (1, 16))
+    assert one.compute_s == pytest.approx((500 + 0.15 * 1568 * 128) * 1e-9)
+    assert many.compute_s == pytest.approx(gemm_ns(TERMS, 16, 1568, 128) * 1e-9)
+
+
+def test_native_max_pooling_uses_its_own_terms_when_measured():
+    pool = graph_of([helper.make_node("MaxPool", ["x"], ["y"], name="n", kernel_shape=[2, 2], strides=[2, 2])],
+                    [("x", [1, 16, 28, 28])])
+    depthwise = {"dw_plane": 300.0, "dw_pad": 0.5, "dw_tap": 0.05, "dw_strided_tap": 0.4}
+    own = {"mp_plane": 50.0, "mp_pad": 0.2, "mp_tap": 0.3}
+    before, after = (predict(pool, spec_with(**t)).nodes[0] for t in (depthwise, {**depthwise, **own}))
+    assert before.kernel == after.kernel == "native"
+    assert before.compute_s == pytest.approx(16 * (300 + 0.5 * 28 * 28 + 0.4 * 4 * 14 * 14) * 1e-9)
+    assert after.compute_s == pytest.approx(16 * (50 + 0.2 * 28 * 28 + 0.3 * 4 * 14 * 14) * 1e-9)
+
+
+def window_node(op, spec, **attrs):
+    graph = graph_of([helper.make_node(op, ["x"], ["y"], name="n", **attrs)], [("x", [1, 16, 8, 8])])
+    return predict(graph, spec).nodes[0]
+
+
+def test_numpy_window_loops_pay_per_tap_padding_and_averagepools_counts():
+    from cuvil_edge.device_targets.cost_model import NUMPY_PAD, WINDOW_TAP
+
+    base = load_target("x86-64")
+    spec = base.model_copy(update={"kernel_overhead_us": {"numpy window taps": 4.0, WINDOW_TAP: 3.0, NUMPY_PAD: 30.0},
+                                   "numpy_call_us": 0.5})
+    two = window_node("MaxPool", spec, kernel_shape=[2, 2], strides=[2, 2])
+    three = window_node("MaxPool", spec, kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])
+    assert two.kernel == three.kernel == "numpy window taps"
+    assert two.overhead_s == pytest.approx((4.0 + 4 * 3.0) * 1e-6)
+    assert three.overhead_s == pytest.approx((4.0 + 9 * 3.0 + 2 * 0.5) * 1e-6)  # np.full and the assignment
+    # without a measured per-tap cost, each tap is one numpy call (the earlier model)
+    plain = base.model_copy(update={"kernel_overhead_us": {"numpy window taps": 4.0}, "numpy_call_us": 0.5})
+    assert window_node("MaxPool", plain, kernel_shape=[2, 2], strides=[2, 2]).overhead_s == pytest.approx(6e-6)
+    # AveragePool: two tap loops (values, window counts), 4 small arrays and the division; np.pad with
+    # count_include_pad, even when nothing is padded
+    mean = window_node("AveragePool", spec, kernel_shape=[2, 2], strides=[2, 2])
+    counted = window_node("AveragePool", spec, kernel_shape=[2, 2], strides=[2, 2], count_include_pad=1)
+    assert mean.overhead_s == pytest.approx((4.0 + 8 * 3.0 + 4 * 0.5) * 1e-6)
+    assert counted.overhead_s - mean.overhead_s == pytest.approx(30.0e-6)
+
+
+def test_calibration_measures_the_window_tap_and_np_pad_costs(monkeypatch):
+    from cuvil_edge.device_targets import calibrate
+
+    spec = load_target("x86-64")
+    clock = FakeClock([48e-6, 28e-6, 40e-6, 30e-6, 44e-6, 29e-6])  # (3x3, 2x2) chains of 8, three rounds
+    monkeypatch.setattr(calibrate, "_time_per_call", clock)
+    assert calibrate._window_tap_us(spec, 0.01) == pytest.approx((40 - 28) / 5 / 8)
+    assert clock.calls == 6
+
+
+def test_native_layer_norm_is_its_own_kernel_kind_with_a_calibrated_call_cost():
+    from cuvil_edge.device_targets import calibrate
+    from cuvil_edge.device_targets.cost_model import KIND_FACTORS
+
+    scale = numpy_helper.from_array(np.ones(64, np.float32), "s")
+    ln = graph_of([helper.make_node("LayerNormalization", ["x", "s"], ["y"], name="n", axis=-1)],
+                  [("x", [1, 16, 64])], [scale])
+    base = load_target("x86-64")
+    node = predict(ln, base).nodes[0]
+    assert node.kernel == "native layer norm" and KIND_FACTORS["native layer norm"] > KIND_FACTORS["native"]
+    bumped = predict(ln, base.model_copy(update={"kernel_overhead_us": {"native layer norm": 50.0}})).nodes[0]
+    assert bumped.overhead_s == pytest.approx(50e-6)
+    # calibrate probes it apart from the other native kernels (Softmax: two arrays passed, not four)
+    kinds = {predict(calibrate._chain(*probe, 2), base).nodes[0].kernel for probe in calibrate._PROBES}
+    assert {"native", "native layer norm"} <= kinds

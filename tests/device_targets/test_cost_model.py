@@ -189,7 +189,11 @@ def test_calibrate_command_writes_a_spec_load_target_accepts(tmp_path, capsys):
     assert set(GEMM_KEYS) | {"gather", "gather_strided", "fresh_byte", "reduce_element"} <= set(spec.kernel_ns)
     assert set(DEPTHWISE_KEYS) <= set(spec.kernel_ns) or not spec.native_kernels
     from cuvil_edge.device_targets.cost_kernels import SOFTMAX_TAIL_KEYS
-    assert "gemm_batch_call" in spec.kernel_ns
+    assert {"gemm_batch_call", "gemv_element", "gemv_call"} <= set(spec.kernel_ns)
+    from cuvil_edge.device_targets.cost_kernels import MAX_POOL_KEYS
+    from cuvil_edge.device_targets.cost_model import NUMPY_PAD, WINDOW_TAP
+    assert set(MAX_POOL_KEYS) <= set(spec.kernel_ns) or not spec.native_kernels
+    assert {WINDOW_TAP, NUMPY_PAD, "native layer norm"} <= set(spec.kernel_overhead_us)
     assert set(SOFTMAX_TAIL_KEYS) <= set(spec.kernel_ns) or not spec.native_kernels
     assert spec.run_overhead_us > 0  # at least run()'s own checks around the generated _forward
     assert math.isfinite(predict(small_cnn(), spec, batch=2).seconds)
