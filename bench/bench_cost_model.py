@@ -305,11 +305,17 @@ def write_markdown(results: dict, path: Path) -> None:
     lines += ["", "## How the model predicts, and what limits it", "",
               "* Per-kernel terms come from `cuvil-edge calibrate`'s micro-benchmarks on synthetic shapes (spec "
               "`kernel_ns`, device_targets/cost_kernels.py), never from these models: sgemm as flop + packing + "
-              "call over 40 log-uniform shapes with operands cycled out of L2; the native depthwise kernel per "
-              "plane, padded element and tap, with its strided row loop apart (7-9x the stride-1 cost per tap; "
-              "native MaxPool runs the same loop); the im2col copy; numpy reductions; the native LayerNorm; the "
-              "fresh pages of arrays past glibc's 32 MiB mmap limit (batch 16). Per-call costs per kernel kind "
-              "come from chains of small probes, and a kernel's epilogue calls (bias, activation) are counted.",
+              "call over 40 log-uniform shapes with operands cycled out of L2; one-row products as sgemv (per "
+              "matrix element and call); the further products of one batched np.matmul (attention's MatMuls, a "
+              "weight broadcast over a batch of images) without numpy's call; the native depthwise kernel per "
+              "plane, padded element and tap, with its strided row loop apart (7-9x the stride-1 cost per tap); "
+              "the native max pooling's own compare-and-select loop; the native Softmax's scalar remainder of "
+              "rows off the 16-lane SIMD width (12- and 17-wide attention rows: 4-6x a 16-wide row); the im2col "
+              "copy; numpy reductions; the native LayerNorm; the fresh pages of arrays past glibc's 32 MiB mmap "
+              "limit (batch 16). Per-call costs per kernel kind come from chains of small probes timed in "
+              "interleaved rounds (the native LayerNorm apart from the other native calls; the numpy window "
+              "loop per tap, np.pad per call), the run's own cost is at least run() around the generated "
+              "_forward, and a kernel's epilogue calls (bias, activation) are counted.",
               f"* This 2-core machine is shared: load average {load.get('start', '?')} at the start, "
               f"{load.get('end', '?')} at the end of this run. Both sides take the fastest CPU-time sample; "
               "the same model's time still moves by 10-40 % between runs minutes apart, more for the small "
@@ -317,9 +323,10 @@ def write_markdown(results: dict, path: Path) -> None:
               "* Known gaps: the sgemm fit's error on its own grid is ~20 % per shape (OpenBLAS switches kernels "
               "for small and skinny products); a real model's cache state differs from a cycled probe's; "
               "small nodes (views, Adds, Gathers) are ranked within noise of each other, which bounds the "
-              "per-node Spearman. AlexNet-LRN has been under-predicted in every run (by 17-55 %): its strided "
+              "per-node Spearman. AlexNet-LRN has been under-predicted in most runs: its strided "
               "7x7 first convolution over 3 channels and its numpy LRNs are the kernels furthest from the "
-              "calibrated shapes."]
+              "calibrated shapes. A tiny model whose weights fit in L2 (CNN-28's 0.8 MB classifier) runs its "
+              "products from cache, faster than the cycled probes."]
     missed = [k for k, ok in s["targets_met"].items() if not ok]
     if missed:
         lines += ["", f"**Not met in this run: {', '.join(missed)}.**"]
