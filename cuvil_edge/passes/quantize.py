@@ -39,7 +39,7 @@ from cuvil_edge.ir import ops
 from cuvil_edge.ir.graph import Graph, Node
 from cuvil_edge.ir.interpreter import bind_inputs
 from cuvil_edge.passes._infra import all_names, check_outputs_kept, fresh_name, rebuild
-from cuvil_edge.passes.quantize_weights import as_matrix, from_matrix, gptq, gptq_supported, layer_inputs
+from cuvil_edge.passes.quantize_weights import Site, sequential
 
 #: op -> how to find the output-channel axis of its weight (input 1), given the node and weight rank.
 QUANTIZABLE = {
@@ -59,8 +59,10 @@ FP16_MAX = float(np.finfo(np.float16).max)
 #: ONNX TensorProto code of float32 (Cast's ``to``).
 FLOAT32_CODE = 1
 METHODS = ("mse", "minmax", "percentile")
-#: How quantize_int8 rounds the weights: error-compensating (needs the samples), or to nearest.
-WEIGHT_METHODS = ("gptq", "rtn")
+#: How quantize_int8 rounds the weights: error-compensating with each layer's Hessian from the inputs
+#: the quantized prefix gives it ("gptq") or from the float32 graph's ("gptq_fp32"; both need the
+#: samples), or to nearest.
+WEIGHT_METHODS = ("gptq", "gptq_fp32", "rtn")
 QDQ_VERSION = 13  # the first opset with per-axis scales
 
 
@@ -258,7 +260,8 @@ def activation_params(lo: float, hi: float) -> tuple[np.ndarray, np.ndarray]:
 
 
 def quantize_int8(graph: Graph, ranges: Mapping[str, tuple[float, float]], *, samples=None,
-                  weights: str | None = None, keep_float: Iterable[str] = ()) -> Graph:
+                  weights: str | None = None, bias_correction: bool | None = None,
+                  keep_float: Iterable[str] = ()) -> Graph:
     """The QDQ int8 form of ``graph``: int8 weights with per-channel scales and per-tensor QDQ on the
     activations entering Conv/Gemm/MatMul (plain or fused). ``ranges`` is what
     :func:`calibrate_ranges` returned for this graph.
@@ -279,9 +282,11 @@ def quantize_int8(graph: Graph, ranges: Mapping[str, tuple[float, float]], *, sa
     weights = weights or ("gptq" if samples is not None else "rtn")
     if weights not in WEIGHT_METHODS:
         raise PassError(f"weight rounding {weights!r} is unknown; use one of {', '.join(WEIGHT_METHODS)}")
-    if weights == "gptq" and samples is None:
-        raise PassError("weights='gptq' needs the calibration samples (quantize_int8(graph, ranges, samples=...)); "
-                        "pass them, or weights='rtn'")
+    bias_correction = samples is not None if bias_correction is None else bias_correction
+    if (weights != "rtn" or bias_correction) and samples is None:
+        raise PassError(f"weights={weights!r}{' with bias correction' if bias_correction else ''} needs the "
+                        "calibration samples (quantize_int8(graph, ranges, samples=...)); pass them, or "
+                        "weights='rtn', bias_correction=False")
     all_sites = quantizable(graph)
     if not all_sites:
         raise _no_quantizable_ops(graph)
@@ -296,22 +301,21 @@ def quantize_int8(graph: Graph, ranges: Mapping[str, tuple[float, float]], *, sa
                         "(after passes.optimize) and pass its result")
     for x in {x for _, x, _, _ in sites}:  # refuse a bad range before the (slow) Hessians
         activation_params(*ranges[x])
-    hessians = _hessians(graph, sites, samples) if weights == "gptq" else {}
     taken, inits = all_names(graph), dict(graph.initializers)
     before: dict[int, list[Node]] = {}  # id(node) -> nodes to insert before it
     renamed: dict[int, str] = {}  # id(node) -> its new activation input
     activation: dict[str, str] = {}  # activation -> its dequantized name (one QDQ pair per value)
     done: set[str] = set()
+    found: dict[str, Site] = {}  # node name -> its codes, scales and inputs in the result
+    stored: dict[str, tuple[str, str]] = {}  # weight -> its codes and scales
     for node, x, w, axis in sites:
         insert = before.setdefault(id(node), [])
         if w not in done:  # the DequantizeLinear output takes the weight's name: readers need no change
             done.add(w)
             q, scale = weight_scales(inits[w], axis)
-            if w in hessians:
-                codes = gptq(as_matrix(inits[w], axis), hessians[w], scale)
-                q = from_matrix(codes, inits[w].shape, axis)
             del inits[w]
             qn, sn = fresh_name(taken, f"{_base(w)}.int8"), fresh_name(taken, f"{_base(w)}.scale")
+            stored[w] = (qn, sn)
             inits[qn], inits[sn] = q, scale
             insert.append(Node(fresh_name(taken, f"{w}.dequantize"), "DequantizeLinear", (qn, sn), (w,),
                                {"axis": axis}, QDQ_VERSION))
@@ -326,6 +330,7 @@ def quantize_int8(graph: Graph, ranges: Mapping[str, tuple[float, float]], *, sa
                                QDQ_VERSION))
             activation[x] = dx
         renamed[id(node)] = activation[x]
+        found.setdefault(node.name, Site(w, *stored[w], axis, x, activation[x]))
     nodes: list[Node] = []
     for node in graph.nodes:
         nodes.extend(before.get(id(node), []))
@@ -333,26 +338,12 @@ def quantize_int8(graph: Graph, ranges: Mapping[str, tuple[float, float]], *, sa
             node = Node(node.name, node.op_type, (renamed[id(node)], *node.inputs[1:]), node.outputs, node.attrs,
                         node.version)
         nodes.append(node)
-    return _finish(graph, nodes, inits)
-
-
-def _hessians(graph: Graph, sites, samples) -> dict[str, np.ndarray]:
-    """Second moments XᵀX of each GPTQ-able weight's layer inputs over the samples (float32 graph)."""
-    todo = {w: (node, x) for node, x, w, _ in sites if gptq_supported(node, graph.initializers[w])}
-    wanted = {x for _, x in todo.values()}
-    sums: dict[str, np.ndarray] = {}
-    for _, feeds in _checked_batches(graph, samples):
-        seen = _activations(graph, feeds, wanted)
-        for w, (node, x) in todo.items():
-            weight = graph.initializers[w]
-            k = int(np.prod(weight.shape[1:])) if node.op_type.endswith("Conv") else \
-                int(np.prod(weight.shape)) // weight.shape[QUANTIZABLE[node.op_type](node, weight.ndim)]
-            rows = layer_inputs(node, np.asarray(seen[x], np.float32), k)
-            if not np.isfinite(rows).all():
-                raise PassError(f"activation {x!r} becomes NaN or Inf on the calibration samples; fix the model or "
-                                "the samples before quantizing")
-            sums[w] = sums.get(w, 0.0) + (rows.T @ rows).astype(np.float64)
-    return sums
+    result = _finish(graph, nodes, inits)
+    if weights == "rtn" and not bias_correction:
+        return result
+    batches = [feeds for _, feeds in _checked_batches(graph, samples)]
+    return _finish(graph, nodes, sequential(graph, result, found, batches, weights=weights != "rtn",
+                                            from_quantized=weights == "gptq", bias_correction=bias_correction))
 
 
 # --- fp16 storage and the fold at load ------------------------------------------------------------

@@ -24,9 +24,15 @@ kernel reads them) and Gemm/MatMul with a 2-D weight (no transA). Anything else 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Mapping
+
 import numpy as np
 
-from cuvil_edge.ir.graph import Node
+from cuvil_edge.errors import CuvilError, PassError
+from cuvil_edge.ir import ops
+from cuvil_edge.ir.graph import Graph, Node
+from cuvil_edge.ir.ops._activation import _activate
 
 #: Columns rounded before the lazy update of the rest (GPTQ's block size: the same result, fewer passes).
 BLOCK = 128
@@ -117,4 +123,137 @@ def output_error(matrix: np.ndarray, codes: np.ndarray, scale: np.ndarray, hessi
     return float(np.einsum("ij,jk,ik->", d, np.asarray(hessian, np.float64), d))
 
 
-__all__ = ["gptq", "gptq_supported", "layer_inputs", "as_matrix", "from_matrix", "output_error", "BLOCK", "DAMP"]
+# --- the sequential walk: GPTQ on the quantized prefix's inputs, and bias correction ---------------
+@dataclass(frozen=True)
+class Site:
+    """One quantized op of the QDQ graph: its weight ``w`` (the DequantizeLinear output), the int8
+    codes and scale initializers, the channel axis, its fp32 input ``x`` and dequantized input ``dx``."""
+
+    w: str
+    codes: str
+    scale: str
+    axis: int
+    x: str
+    dx: str
+
+
+#: Ops whose float32 bias (input 2, one value per output channel, output channels on axis 1) the
+#: bias correction shifts.
+BIASED = ("Conv", "CuvilFusedConv", "Gemm", "CuvilFusedGemm")
+
+
+def correctable_bias(graph: Graph, node: Node) -> str | None:
+    """The name of ``node``'s bias initializer when bias correction may shift it: a float32 constant
+    of one value per output channel that no other node reads (Gemm only with beta = 1)."""
+    if node.op_type not in BIASED or len(node.inputs) < 3 or not node.inputs[2]:
+        return None
+    b = node.inputs[2]
+    bias, weight = graph.initializers.get(b), graph.initializers.get(node.inputs[1])
+    if (bias is None or weight is None or bias.dtype != np.float32 or b in {v.name for v in graph.inputs}
+            or float(node.attr("beta", 1.0)) != 1.0
+            or sum(b in n.inputs for n in graph.nodes) != 1):
+        return None
+    channels = weight.shape[0] if node.op_type.endswith("Conv") or node.attr("transB", 0) else weight.shape[1]
+    return b if bias.size == channels and bias.ndim >= 1 and bias.shape[-1] == channels else None
+
+
+def sequential(graph: Graph, qgraph: Graph, sites: Mapping[str, Site], batches: list[dict[str, np.ndarray]], *,
+               weights: bool = True, from_quantized: bool = True,
+               bias_correction: bool = True) -> dict[str, np.ndarray]:
+    """The initializers of ``qgraph`` (the QDQ form of ``graph``, weights rounded to nearest) with
+    the weights of ``sites`` (node name -> Site) rounded by GPTQ (with ``weights``) and, with
+    ``bias_correction``, their biases shifted, going through the ops in order on the calibration
+    ``batches``:
+
+    * ``from_quantized``: each layer's Hessian XᵀX comes from the inputs the already-quantized prefix
+      gives it (as GPTQ's reference implementation does), so a layer compensates for the error of
+      the layers before it; otherwise from the float32 graph's inputs.
+    * ``bias_correction`` (Nagel et al., 2019, "Data-free quantization through weight equalization and
+      bias correction", the empirical variant): the mean over the samples and positions of fp32 output
+      minus quantized output (before a fused activation), per output channel, is added to the float32
+      bias, so the quantized layer's output is unbiased where the next layers read it.
+    """
+    inits_f, inits_q = graph.initializers, dict(qgraph.initializers)
+    fp_nodes = {node.name: node for node in graph.nodes}
+    quantized_path = (weights and from_quantized) or bias_correction
+    last_q: dict[str, int] = {}
+    last_f: dict[str, int] = {}
+    for i, node in enumerate(qgraph.nodes):
+        for name in node.inputs:
+            last_q[name] = i
+        for name in (fp_nodes[node.name].inputs if node.name in fp_nodes else ()):
+            last_f[name] = i
+    producer = {node.outputs[0]: node for node in qgraph.nodes if node.outputs}
+    env_f = [dict(feeds) for feeds in batches]
+    env_q = [dict(feeds) for feeds in batches] if quantized_path else []
+    done: set[str] = set()
+    for i, node in enumerate(qgraph.nodes):
+        site = sites.get(node.name)
+        if site is not None and site.w not in done:
+            done.add(site.w)
+            weight = inits_f[site.w]
+            if weights and gptq_supported(node, weight):
+                envs, x = (env_q, site.dx) if from_quantized else (env_f, site.x)
+                inits_q[site.codes] = _gptq_on(node, weight, site, [env[x] for env in envs], inits_q[site.scale])
+                for env in env_q:  # the weight as the node reads it, from the new codes
+                    env[site.w] = _run(producer[site.w], env, inits_q)[0]
+        fp = fp_nodes.get(node.name)
+        bias = correctable_bias(graph, fp) if site is not None and bias_correction and fp is not None else None
+        if bias is not None:
+            _correct(fp, node, bias, env_f, env_q, inits_f, inits_q)
+        else:
+            for env in env_q:
+                env.update(zip(node.outputs, _run(node, env, inits_q)))
+            if fp is not None:
+                for env in env_f:
+                    env.update(zip(fp.outputs, _run(fp, env, inits_f)))
+        for envs, last in ((env_q, last_q), (env_f, last_f)):
+            for env in envs:
+                for name in [n for n in env if last.get(n, -1) <= i]:
+                    del env[name]
+    return inits_q
+
+
+def _gptq_on(node: Node, weight: np.ndarray, site: Site, xs: list[np.ndarray], scale: np.ndarray) -> np.ndarray:
+    k = int(np.prod(weight.shape)) // weight.shape[site.axis]
+    hessian = np.zeros((k, k))
+    for x in xs:
+        rows = layer_inputs(node, np.asarray(x, np.float32), k)
+        if not np.isfinite(rows).all():
+            raise PassError(f"activation {site.x!r} becomes NaN or Inf on the calibration samples; fix the model or "
+                            "the samples before quantizing")
+        hessian += rows.T @ rows
+    codes = gptq(as_matrix(weight, site.axis), hessian, scale)
+    return from_matrix(codes, weight.shape, site.axis)
+
+
+def _correct(fp: Node, node: Node, bias: str, env_f, env_q, inits_f, inits_q) -> None:
+    """Run the op on both paths, add the mean fp32 - quantized difference of its pre-activation output
+    per channel to the quantized path's bias, and leave both paths' outputs in their environments."""
+    act = str(node.attr("activation", "none"))
+    plain = [Node(n.name, n.op_type, n.inputs, n.outputs, {**n.attrs, "activation": "none"} if "activation" in
+                  n.attrs else n.attrs, n.version) for n in (fp, node)]
+    want = [_run(plain[0], env, inits_f)[0] for env in env_f]
+    got = [_run(plain[1], env, inits_q)[0] for env in env_q]
+    axes = tuple(a for a in range(want[0].ndim) if a != 1)
+    count = sum(int(np.prod(y.shape)) // y.shape[1] for y in want)
+    shift = sum((a - b).astype(np.float64).sum(axis=axes) for a, b in zip(want, got)) / max(count, 1)
+    inits_q[bias] = (inits_q[bias] + shift.reshape(inits_q[bias].shape)).astype(np.float32)
+    channel = (1, -1) + (1,) * (want[0].ndim - 2)
+    for envs, ys, add in ((env_f, want, None), (env_q, got, shift.astype(np.float32).reshape(channel))):
+        for env, y in zip(envs, ys):
+            env[node.outputs[0]] = _activate(y if add is None else y + add, act)
+
+
+def _run(node: Node, env: dict[str, np.ndarray], inits: Mapping[str, np.ndarray]) -> list[np.ndarray]:
+    try:
+        return list(ops.get(node.op_type, node.describe()).kernel(
+            node, *[(env[n] if n in env else inits[n]) if n else None for n in node.inputs]))
+    except CuvilError:
+        raise
+    except Exception as e:  # a kernel fault names the node, as in the interpreter
+        raise PassError(f"quantization: {node.describe()} failed: {type(e).__name__}: {e}") from e
+
+
+__all__ = ["gptq", "gptq_supported", "layer_inputs", "as_matrix", "from_matrix", "output_error", "sequential",
+           "correctable_bias", "Site", "BLOCK", "DAMP"]
