@@ -267,15 +267,20 @@ def quantize_int8(graph: Graph, ranges: Mapping[str, tuple[float, float]], *, sa
     :func:`calibrate_ranges` returned for this graph.
 
     ``samples``: the calibration batches (as for :func:`calibrate_ranges`); with them the weights are
-    rounded by GPTQ (``weights="gptq"``, the default when samples are given; see
-    :mod:`cuvil_edge.passes.quantize_weights`), which keeps each layer's output on those inputs close to
-    fp32; without them, or with ``weights="rtn"``, each weight is rounded to nearest.
+    rounded by GPTQ (see :mod:`cuvil_edge.passes.quantize_weights`), which keeps each layer's output on
+    those inputs close to what the layer computed: ``weights="gptq"`` (the default when samples are
+    given) takes each layer's input second moments from the int8 graph as quantized so far, in op
+    order, so later layers compensate for earlier error; ``"gptq_fp32"`` from the float32 graph.
+    Without samples, or with ``weights="rtn"``, each weight is rounded to nearest.
+    ``bias_correction`` (default: on when samples are given): after a Conv/Gemm with a float32 bias is
+    quantized, its bias gets the mean over the samples of the fp32 minus the int8 graph's output of that
+    op (before a fused activation), per output channel, so its quantization error has mean zero there.
     ``keep_float``: names of quantizable nodes left in fp32 (weight and input), e.g. a first conv that
     reads raw pixels (its inputs are white, so no rounding scheme helps it, and it is tiny).
 
     Raises:
         PassError: no quantizable op, an activation without a range, a range that is not a finite
-            interval, an unknown weight method, GPTQ without samples, bad samples (as in
+            interval, an unknown weight method, GPTQ or bias correction without samples, bad samples (as in
             calibrate_ranges), an unknown ``keep_float`` name, or the result does not type-check /
             changed the graph's inputs or outputs.
     """

@@ -137,6 +137,10 @@ class Site:
     dx: str
 
 
+#: With SHRINK, bias correction shrinks each channel's shift towards 0 by its squared standard error
+#: over the samples (positive-part James-Stein): a Gemm's shift is a mean over as few values as there
+#: are samples, mostly noise where the error has no systematic part. Off by default (the measured path).
+SHRINK = False
 #: Ops whose float32 bias (input 2, one value per output channel, output channels on axis 1) the
 #: bias correction shifts.
 BIASED = ("Conv", "CuvilFusedConv", "Gemm", "CuvilFusedGemm")
@@ -235,9 +239,13 @@ def _correct(fp: Node, node: Node, bias: str, env_f, env_q, inits_f, inits_q) ->
                   n.attrs else n.attrs, n.version) for n in (fp, node)]
     want = [_run(plain[0], env, inits_f)[0] for env in env_f]
     got = [_run(plain[1], env, inits_q)[0] for env in env_q]
-    axes = tuple(a for a in range(want[0].ndim) if a != 1)
-    count = sum(int(np.prod(y.shape)) // y.shape[1] for y in want)
-    shift = sum((a - b).astype(np.float64).sum(axis=axes) for a, b in zip(want, got)) / max(count, 1)
+    # per sample, the mean error of each channel over the positions: [samples, channels]
+    per = np.concatenate([(a - b).astype(np.float64).reshape(a.shape[0], a.shape[1], -1).mean(axis=2)
+                          for a, b in zip(want, got)])
+    shift = per.mean(axis=0)
+    if SHRINK and len(per) > 1:  # keep a channel's shift only as far as it stands out of its sampling noise
+        noise = per.var(axis=0, ddof=1) / len(per)
+        shift *= np.clip(1.0 - noise / np.maximum(shift * shift, 1e-300), 0.0, 1.0)
     inits_q[bias] = (inits_q[bias] + shift.reshape(inits_q[bias].shape)).astype(np.float32)
     channel = (1, -1) + (1,) * (want[0].ndim - 2)
     for envs, ys, add in ((env_f, want, None), (env_q, got, shift.astype(np.float32).reshape(channel))):
