@@ -181,14 +181,16 @@ def measure(name: str, make) -> dict:
     timings["calibrate_mse_s"] = time.perf_counter() - t
     inputs = {v.name for v in graph.inputs}
     first = [node.name for node, x, _, _ in quantizable(graph) if x in inputs]
-    t = time.perf_counter()  # the previous default: Hessians from the float32 graph, no bias correction
+    t = time.perf_counter()  # the default: Hessians from the float32 graph, no bias correction
     variants["int8_mse_gptq_fp32h_first_fp32"] = quantize_int8(graph, ranges, samples=batches, weights="gptq_fp32",
                                                                bias_correction=False, keep_float=first)
     timings["quantize_gptq_fp32h_s"] = time.perf_counter() - t
-    # the default now: sequential GPTQ (Hessians from the quantized prefix) and bias correction
-    variants["int8_mse_gptq_seq_bc"] = quantize_int8(graph, ranges, samples=batches)  # every quantizable op int8
+    # the alternative: sequential GPTQ (Hessians from the quantized prefix) and bias correction
+    variants["int8_mse_gptq_seq_bc"] = quantize_int8(graph, ranges, samples=batches, weights="gptq",
+                                                     bias_correction=True)  # every quantizable op int8
     t = time.perf_counter()
-    variants["int8_mse_gptq_seq_bc_first_fp32"] = quantize_int8(graph, ranges, samples=batches, keep_float=first)
+    variants["int8_mse_gptq_seq_bc_first_fp32"] = quantize_int8(graph, ranges, samples=batches, weights="gptq",
+                                                                bias_correction=True, keep_float=first)
     timings["quantize_gptq_seq_bc_s"] = time.perf_counter() - t
     sizes = {k: package_bytes(g) for k, g in variants.items()}
     outputs = {k: run_chunks(dequantize_at_load(g), input_name, x) for k, g in variants.items()}
@@ -280,14 +282,16 @@ def markdown(out: dict) -> str:
               "apply to weight-dominated packages.", "",
               "Variants: *int8_minmax*, *int8_percentile*: the first release, weights rounded to nearest "
               "(`quantize_int8(..., weights=\"rtn\")`), activation ranges min-max / 99.99th percentile. "
-              "*int8_mse_gptq_fp32h_first_fp32*: the previous default: activation ranges by MSE search "
+              "*int8_mse_gptq_fp32h_first_fp32*: the default, what the coordinator ships (`quantize_int8(graph, "
+              "ranges, samples=batches, keep_float=...)`): activation ranges by MSE search "
               "(`calibrate_ranges(..., method=\"mse\")`, the default), weights rounded by GPTQ with each layer's "
               "Hessian from the float32 graph's inputs (`weights=\"gptq_fp32\", bias_correction=False`), and the "
               "op that reads the graph input kept fp32 (`keep_float=`; ResNet-18's 7x7 stem conv, 9,408 weights: "
               "its standard-normal input is white, so GPTQ cannot improve its weights, and rounding that input is "
               "the largest single activation error; the MLP's first Gemm; the digits CNN's conv reads the Mul/Add "
-              "output, so nothing is kept). *int8_mse_gptq_seq_bc*: the default now "
-              "(`quantize_int8(graph, ranges, samples=batches)`): MSE ranges, GPTQ in sequence (each layer's "
+              "output, so nothing is kept). *int8_mse_gptq_seq_bc*: the methods this round added "
+              "(`weights=\"gptq\", bias_correction=True`; the default in the measured commit, reverted after "
+              "this run): MSE ranges, GPTQ in sequence (each layer's "
               "Hessian from the inputs the already-quantized prefix, int8 weights and quantized activations, gives "
               "it) and bias correction (the mean over the calibration samples of the fp32 minus the int8 "
               "pre-activation output per channel is added to each Conv/Gemm's float32 bias); every quantizable op "
@@ -297,22 +301,25 @@ def markdown(out: dict) -> str:
               "ResNet-18 inputs here). "
               "Calibration and evaluation inputs are different draws.", "",
               _resnet_summary(out["models"].get("resnet18")), "",
-              "One-off probes on this machine (a torch evaluator of the same graphs, 256 evaluation inputs; not "
-              "re-run by this script): quantizing one weight tensor at a time, GPTQ cuts that layer's contribution "
-              "to the output error 1.5-6x (all weights at once, RMS output error 0.0057 -> 0.0032) except the stem "
-              "conv (white input: none); min-max -> MSE activation ranges cut the activation part 0.0087 -> 0.0073. "
-              "With GPTQ weights, the stem conv fp32 and the first k activation tensors left unquantized, "
-              "agreement was 98.83, 97.66, 97.27, 98.05, 97.27, 99.22, 98.44 % for k = 1, 2, 3, 4, 5, 6, 8, and "
-              "98.83 % with *no* activation quantized (int8 GPTQ weights only, RMS error 0.0024). So with these "
-              "int8 weights the target was not reached even with float activations, and at these error "
-              "levels agreement moves by one or two of the 256 inputs at random (99 % allows 2 flips; fp16 "
-              "storage itself flips 2; the same int8 graph agreed on 98.83 % in the torch evaluator and on "
-              "98.05 % in the reference interpreter, whose float sums round differently at a few activation "
-              "rounding boundaries). Building XᵀX from every n-th output position of the early layers (n = 2 in "
-              "the first stage; a speed-up tried and dropped) gave 95.70 %. The flips are inputs whose fp32 top-2 margin is 0.0026-0.005 (3 inputs "
-              "have margins under 0.00025), against an RMS error of the int8 top-1 minus top-2 difference of about "
-              "0.008. A trained ResNet-18 (margins far above the quantization error) is the fair test; no trained "
-              "weights are available offline.", ""]
+              "Digits CNN and breast-cancer MLP: every int8 variant stays within 0.28 points of fp32 accuracy; the "
+              "default agrees with fp32 on every input, sequential GPTQ with bias correction differs on one digit "
+              "(99.72 %), a near tie either way.", "",
+              "Why 99 % is out of reach here: one-off probes on this machine (a torch evaluator of the same graphs; "
+              "not re-run by this script). Output error with fp32 weights and one activation tensor quantized at a "
+              "time (64 inputs): all 17 together give an RMS error of 0.0053 at the logits; the MaxPool output that "
+              "feeds the first block alone 0.0032, the other stage-1 tensors 0.0012-0.0019, falling to 0.0004 in "
+              "stage 4, the fc input 0.0009. int8 GPTQ weights alone give about 0.0024, weights and activations "
+              "together 0.0058: per-tensor activation rounding is about 85 % of the squared error, and no weight "
+              "rounding, sequential Hessian or bias shift reaches it. The MSE ranges are at the optimum for the "
+              "output too (the MaxPool output's range x0.9 / x1.1 gives 0.0040 / 0.0033 against 0.0032); per-channel "
+              "activation ranges (which the issue does not ask for; an upper bound on what cross-layer "
+              "equalisation could give) still give 0.0046. The same probes, stem conv fp32, 256 inputs: "
+              "GPTQ on float32 Hessians 98.83 % (RMS 0.00578), sequential GPTQ 96.88 % (0.00581), sequential GPTQ "
+              "with bias correction 96.88 % (0.00590); on 1,024 other draws the first gave 96.68 % (34 flips): "
+              "the error is the same, and which of the near-tied inputs flip moves the 256-input figure by "
+              "2 points. The flips are inputs whose fp32 top-2 margin is below about 0.005 (median margin 0.061), "
+              "and at an RMS error of 0.0058 about 3 % of these inputs flip. A trained ResNet-18 (margins far "
+              "above the quantization error) is the fair test; no trained weights are available offline.", ""]
     return "\n".join(lines)
 
 
@@ -336,19 +343,22 @@ def _resnet_summary(r) -> str:
         return (f"{100 * v[k]['agreement_with_fp32']:.2f} % of the {r['eval_inputs']} inputs"
                 + (f" and {100 * more:.2f} % of the {r['eval_inputs_more']}" if more is not None else ""))
 
-    met = {n: v[new][key] >= 0.99 for n, key in (("256", "agreement_with_fp32"),
-                                                   ("more", "agreement_with_fp32_more")) if key in v[new]}
+    met = {n: v[old][key] >= 0.99 for n, key in (("256", "agreement_with_fp32"),
+                                                   ("more", "agreement_with_fp32_more")) if key in v[old]}
     verdict = ("met on both sets" if all(met.values()) else
                f"met on the {r['eval_inputs']} inputs only" if met.get("256") else
                f"met on the {r['eval_inputs_more']} inputs only" if met.get("more") else "not met")
-    return (f"ResNet-18: the default int8 path with the stem conv in fp32, {new}, agrees with fp32 on {both(new)} "
-            f"at {ratio[new]:.3f}x the fp32 package (every op in int8, int8_mse_gptq_seq_bc: "
-            f"{100 * v['int8_mse_gptq_seq_bc']['agreement_with_fp32']:.2f} %); the previous default, {old}, "
-            f"on {both(old)}; the first release's min-max int8 on {100 * v['int8_minmax']['agreement_with_fp32']:.2f} %. "
-            f"The 99 % target is {verdict}. Quantization (GPTQ and bias correction) took "
-            f"{r.get('quantize_gptq_seq_bc_s', 0):.0f} s here (the previous default's GPTQ "
-            f"{r.get('quantize_gptq_fp32h_s', 0):.0f} s), the MSE ranges {r.get('calibrate_mse_s', 0):.0f} s "
-            f"({r['calibration_inputs']} calibration inputs, 2 shared cores).")
+    return (f"ResNet-18: the default int8 path with the stem conv in fp32, {old}, agrees with fp32 on {both(old)} "
+            f"at {ratio[old]:.3f}x the fp32 package; sequential GPTQ with bias correction, {new}, on {both(new)} "
+            f"(every op in int8, int8_mse_gptq_seq_bc: {100 * v['int8_mse_gptq_seq_bc']['agreement_with_fp32']:.2f} %, "
+            f"against 96.48 % for the default's every-op variant in the previous run); the first release's min-max "
+            f"int8 on {100 * v['int8_minmax']['agreement_with_fp32']:.2f} %. The 99 % target is {verdict}, and the "
+            "new methods are not better, so they stay options (`weights=\"gptq\"`, `bias_correction=True`). "
+            f"Quantization took {r.get('quantize_gptq_fp32h_s', 0):.0f} s for the default's GPTQ and "
+            f"{r.get('quantize_gptq_seq_bc_s', 0):.0f} s for sequential GPTQ with bias correction, the MSE ranges "
+            f"{r.get('calibrate_mse_s', 0):.0f} s ({r['calibration_inputs']} calibration inputs; 2 cores shared "
+            "with another benchmark during this run, so these times are 2-3x the quiet machine's: GPTQ took 69 s "
+            "in the previous run).")
 
 
 def main() -> dict:
