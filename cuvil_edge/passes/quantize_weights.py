@@ -139,7 +139,8 @@ class Site:
 
 #: With SHRINK, bias correction shrinks each channel's shift towards 0 by its squared standard error
 #: over the samples (positive-part James-Stein): a Gemm's shift is a mean over as few values as there
-#: are samples, mostly noise where the error has no systematic part. Off by default (the measured path).
+#: are samples, mostly noise where the error has no systematic part. Off: on ResNet-18 it changed
+#: nothing measurable (bench/results/quantization.md, probes).
 SHRINK = False
 #: Ops whose float32 bias (input 2, one value per output channel, output channels on axis 1) the
 #: bias correction shifts.
