@@ -248,8 +248,9 @@ def _module_costs(spec: TargetSpec, budget: float) -> tuple[float, float, float 
             for key, probe in probes.items():
                 times[key] = min(times.get(key, 1.0), _time_per_call(probe, budget / 3))
         call = max((times[11] - times[1]) / 60, 0.05e-6)  # 6 and 66 nodes
-        # at least what run() adds around the generated _forward (the feeds' checks, the outputs' dict)
-        run = max(times[1] - 6 * call, times[1] - times[0], 0.0)
+        # at least what run() adds around the generated _forward (the feeds' checks, the outputs' dict),
+        # and never below one call: under load both differences can come out <= 0 (a --quick run did)
+        run = max(times[1] - 6 * call, times[1] - times[0], call)
         native = plane = None
         if spec.native_kernels:  # big planes give the rate, many small ones the cost per plane
             seconds = {}
