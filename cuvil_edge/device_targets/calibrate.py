@@ -209,6 +209,16 @@ def _time_per_call(fn: Callable[[], object], budget: float) -> float:
     return float(np.min(samples))
 
 
+def _fastest_interleaved(probes: dict, budget: float, rounds: int = 3) -> dict:
+    """Key -> the fastest CPU seconds per call of each probe over ``rounds`` interleaved rounds: a burst
+    of load on this shared machine then slows one round of every probe alike, not all of one probe."""
+    times: dict = {}
+    for _ in range(rounds):
+        for key, probe in probes.items():
+            times[key] = min(times.get(key, 1.0), _time_per_call(probe, budget / rounds))
+    return times
+
+
 def _gemm_gflops(m: int, k: int, n: int, budget: float) -> float:
     rng = np.random.default_rng(0)
     a, b = rng.standard_normal((m, k), dtype=np.float32), rng.standard_normal((k, n), dtype=np.float32)
@@ -243,10 +253,7 @@ def _module_costs(spec: TargetSpec, budget: float) -> tuple[float, float, float 
         forward, weights = chains[1]._entry.__globals__["_forward"], chains[1].graph.initializers
         probes = {b: (lambda m=m: m.run({"x": x})) for b, m in chains.items()}
         probes[0] = lambda: forward(weights, {"x": x})
-        times: dict[int, float] = {}
-        for _ in range(3):  # interleaved rounds: a burst of load on this shared machine slows each probe alike
-            for key, probe in probes.items():
-                times[key] = min(times.get(key, 1.0), _time_per_call(probe, budget / 3))
+        times = _fastest_interleaved(probes, budget)
         call = max((times[11] - times[1]) / 60, 0.05e-6)  # 6 and 66 nodes
         # at least what run() adds around the generated _forward (the feeds' checks, the outputs' dict),
         # and never below one call: under load both differences can come out <= 0 (a --quick run did)
@@ -301,10 +308,7 @@ def _kind_overheads(spec: TargetSpec, budget: float, count: int = 8, rounds: int
             model = build(_Package(graph), spec, cache_dir=cache)
             feeds = {"x": np.random.default_rng(0).standard_normal(shape, dtype=np.float32)}
             probes[node.kernel] = (node, lambda model=model, feeds=feeds: model.run(feeds))
-        times: dict[str, float] = {}
-        for _ in range(rounds):
-            for kind, (_, probe) in probes.items():
-                times[kind] = min(times.get(kind, 1.0), _time_per_call(probe, budget / rounds))
+        times = _fastest_interleaved({kind: probe for kind, (_, probe) in probes.items()}, budget, rounds)
     out: dict[str, float] = {}
     for kind, (node, _) in probes.items():
         per_call = (times[kind] - spec.run_overhead_us * 1e-6) / count
@@ -320,13 +324,10 @@ def _window_tap_us(spec: TargetSpec, budget: float, count: int = 8) -> float:
     from cuvil_edge.device_targets.build import build
 
     x = {"x": np.random.default_rng(0).standard_normal((1, 16, 8, 8), dtype=np.float32)}
-    times: dict[int, float] = {}
     with tempfile.TemporaryDirectory() as cache:
         models = {k: build(_Package(_chain("MaxPool", {"kernel_shape": [k, k], "pads": [k - 2, k - 2, 1, 1]},
                                            (1, 16, 8, 8), (), count)), spec, cache_dir=cache) for k in (3, 2)}
-        for _ in range(3):
-            for k, model in models.items():
-                times[k] = min(times.get(k, 1.0), _time_per_call(lambda model=model: model.run(x), budget / 3))
+        times = _fastest_interleaved({k: (lambda model=model: model.run(x)) for k, model in models.items()}, budget)
     return max(0.0, (times[3] - times[2]) / 5 / count * 1e6)
 
 
