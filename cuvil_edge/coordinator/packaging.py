@@ -145,22 +145,18 @@ class PackageFactory:
                             "file a quantization.calibration .npz")
         self.calibration = None if calibration is None else list(calibration)
         self.quantization_method = quantization_method
-        self._releases: dict[str, SignedRelease] = {}  # payload digest -> its release (one per precision)
         self._round: _RoundCache | None = None
 
     def graph_with(self, arrays: Mapping[str, np.ndarray]) -> Graph:
         """The model graph carrying ``arrays`` as its weights."""
         return with_initializers(self.graph, arrays)
 
-    def _release_for(self, payload: bytes) -> SignedRelease:
-        digest = hashlib.sha256(payload).hexdigest()
-        if digest not in self._releases:
-            counter = self.versions.next(f"release:{self.package}")
-            targets = sorted({s.target for s in self.sites.values()})
-            if len(self._releases) >= len(PRECISIONS):  # an older round's payloads are not issued again
-                self._releases.pop(next(iter(self._releases)))
-            self._releases[digest] = sign_release(payload, self.package, counter, targets, self.keys.release)
-        return self._releases[digest]
+    def _new_release(self, payload: bytes) -> SignedRelease:
+        """A release statement for ``payload`` under the next release counter (the round cache keeps
+        it, so every site issued this payload gets the same one)."""
+        counter = self.versions.next(f"release:{self.package}")
+        targets = sorted({s.target for s in self.sites.values()})
+        return sign_release(payload, self.package, counter, targets, self.keys.release)
 
     def _cached(self, arrays: Mapping[str, np.ndarray]) -> _RoundCache:
         """What was made from these weights so far; started afresh when the weights change (keyed
@@ -208,7 +204,7 @@ class PackageFactory:
         precision, cache = self.precisions.get(site, "fp32"), self._cached(arrays)
         if precision not in cache.payloads:  # one encoding per precision and round, whatever the number of sites
             payload = encode_payload(self._variant(precision, cache, arrays))
-            cache.payloads[precision] = (payload, self._release_for(payload))
+            cache.payloads[precision] = (payload, self._new_release(payload))
         payload, release = cache.payloads[precision]
         now = int(self.clock())
         version = self.versions.next(site)
