@@ -20,9 +20,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def federation(tmp_path, extra: str):
     text = (ROOT / "configs" / "federation.yaml").read_text().replace("sites/", str(ROOT / "configs" / "sites") + "/")
-    text = text.split("strategy:")[0] + "local_dp:" + text.split("local_dp:")[1]  # FedAvg: central DP's strategy
     path = tmp_path / "federation.yaml"
-    path.write_text(text.split("local_dp:")[0] + extra)
+    path.write_text(text.split("strategy:")[0] + extra)  # no strategy section: FedAvg, central DP's strategy
     return load_federation(path)
 
 

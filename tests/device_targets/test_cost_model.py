@@ -185,13 +185,11 @@ def test_calibrate_command_writes_a_spec_load_target_accepts(tmp_path, capsys):
     base = load_target("x86-64")
     assert spec.arch == base.arch and spec.dtypes == base.dtypes and spec.peak_gflops["float32"] > 0
     assert spec.kernel_overhead_us and all(v >= 0 for v in spec.kernel_overhead_us.values())
-    from cuvil_edge.device_targets.cost_kernels import DEPTHWISE_KEYS, GEMM_KEYS
+    from cuvil_edge.device_targets.cost_kernels import DEPTHWISE_KEYS, GEMM_KEYS, MAX_POOL_KEYS, SOFTMAX_TAIL_KEYS
+    from cuvil_edge.device_targets.cost_model import NUMPY_PAD, WINDOW_TAP
     assert set(GEMM_KEYS) | {"gather", "gather_strided", "fresh_byte", "reduce_element"} <= set(spec.kernel_ns)
     assert set(DEPTHWISE_KEYS) <= set(spec.kernel_ns) or not spec.native_kernels
-    from cuvil_edge.device_targets.cost_kernels import SOFTMAX_TAIL_KEYS
     assert {"gemm_batch_call", "gemv_element", "gemv_call"} <= set(spec.kernel_ns)
-    from cuvil_edge.device_targets.cost_kernels import MAX_POOL_KEYS
-    from cuvil_edge.device_targets.cost_model import NUMPY_PAD, WINDOW_TAP
     assert set(MAX_POOL_KEYS) <= set(spec.kernel_ns) or not spec.native_kernels
     assert {WINDOW_TAP, NUMPY_PAD, "native layer norm"} <= set(spec.kernel_overhead_us)
     assert set(SOFTMAX_TAIL_KEYS) <= set(spec.kernel_ns) or not spec.native_kernels
