@@ -216,6 +216,18 @@ def test_a_phase_encodes_each_precision_once_and_a_later_write_cannot_make_a_pac
     assert after.release.release_counter == before.release.release_counter + 1
 
 
+def test_weights_that_come_back_get_a_newer_release_never_an_older_one(mixed):
+    """Weights A, then B, then A again: the third package's release counter is above B's, since an
+    agent that accepted B's release refuses a lower counter as a rollback."""
+    from cuvil_edge.ir_serialize import describe_package
+
+    sites, factory, _, weights = mixed
+    moved = {k: v + 0.25 for k, v in weights.items()}
+    counters = [describe_package(factory.issue(sites[0].site, w).data, max_bytes=1 << 30).release.release_counter
+                for w in (weights, moved, weights)]
+    assert counters[0] < counters[1] < counters[2]
+
+
 def test_what_a_site_starts_from_is_its_package_after_the_load_fold(mixed):
     from cuvil_edge.passes.quantize import dequantize_at_load
 
