@@ -44,19 +44,39 @@ def enroll(file: Path = typer.Argument(..., help="the enrollment file a device w
            replace: bool = typer.Option(False, help="the site moved to a new device: replace its keys")) -> None:
     """Register a site's node key and sealing key; its packages are sealed for it from now on.
 
-    With the SuperLink running (`coordinator serve`) the node is registered with it at once (and a
-    replaced device's key withdrawn); otherwise when `serve` next starts."""
+    With the SuperLink running (`coordinator serve`) the node is registered with it first (and a
+    replaced device's key withdrawn), and the site is recorded only if that worked; otherwise it is
+    registered when `serve` next starts. A failed enrollment leaves the registry as it was."""
+    from rich.markup import escape
+
     from cuvil_edge.config.enrollment import Enrollment
     from cuvil_edge.coordinator.registry import SiteRegistry
-    from cuvil_edge.coordinator.superlink import register_enrolled, superlink_up
+    from cuvil_edge.coordinator.superlink import DeploymentError, register_enrolled, superlink_up
+    from cuvil_edge.errors import CuvilError
 
     enrollment = Enrollment.read(file)
-    SiteRegistry(home).enroll(enrollment, replace=replace)
-    console.print(f"enrolled site {enrollment.site} ({enrollment.target}); its packages are sealed for seal key "
-                  f"{enrollment.seal_public_key[:16]}...")
-    if superlink_up(home):
-        register_enrolled(home)
-        console.print(f"registered {enrollment.site} with the running SuperLink; the device can join now")
+    site, registry = enrollment.site, SiteRegistry(home)
+    entry = registry.entry_for(enrollment, replace=replace)  # every check first; nothing is written yet
+    live = superlink_up(home)
+    registered, failed = register_enrolled(home, {site: entry}) if live else ({}, {})
+    if site in failed and site not in registered:
+        raise DeploymentError(f"the running SuperLink did not register site {site!r}: {failed[site]}. Nothing was "
+                              "enrolled; fix that and enroll again")
+    try:
+        registry.enroll(enrollment, replace=replace, registered=registered.get(site))
+    except CuvilError as e:
+        if site not in registered:
+            raise
+        raise DeploymentError(f"{e}. Site {site!r} is registered with the SuperLink as node "
+                              f"{registered[site]['node_id']} but not enrolled: withdraw it (`flwr supernode "
+                              "unregister ID`) and set the device up again (`cuvil-edge agent init --force`)") from e
+    console.print(f"enrolled site {escape(site)} ({escape(enrollment.target)}); its packages are sealed for seal key "
+                  f"{escape(enrollment.seal_public_key[:16])}...")
+    if site in failed:
+        console.print(f"[yellow]registered {escape(site)} with the running SuperLink, but {escape(failed[site])}; "
+                      "`cuvil-edge coordinator serve` tries again when it starts[/yellow]")
+    elif live:
+        console.print(f"registered {escape(site)} with the running SuperLink; the device can join now")
     else:
         console.print("the SuperLink is not running: the node is registered when `cuvil-edge coordinator serve` "
                       "starts")

@@ -202,17 +202,19 @@ def run_federation_cmd(federation: Path = typer.Option(Path("configs/federation.
 @app.command("status")
 def status_cmd(home: Path = typer.Option(DEFAULT_STATE, "--home", help="the coordinator home")) -> None:
     """Enrolled sites, which are online, the last round and each site's reported ε."""
+    from rich.markup import escape
     from rich.table import Table
 
     from cuvil_edge.coordinator.status import federation_status
 
     st = federation_status(home)
-    console.print(f"SuperLink: {st.superlink}; last round: {st.last_round if st.last_round is not None else '-'}"
-                  + (f" ({st.run_dir})" if st.run_dir else ""))
+    console.print(f"SuperLink: {escape(st.superlink)}; last round: "
+                  f"{st.last_round if st.last_round is not None else '-'}"
+                  + (f" ({escape(str(st.run_dir))})" if st.run_dir else ""))
     table = Table("site", "target", "registered", "online", "last status", "ε spent", "ε left")
-    for s in st.sites:
-        table.add_row(s.site, s.target, "yes" if s.registered else "no",
-                      "?" if s.online is None else ("yes" if s.online else "no"), s.last_status or "-",
+    for s in st.sites:  # stored strings: Rich would read "[...]" in them as markup
+        table.add_row(escape(s.site), escape(s.target), "yes" if s.registered else "no",
+                      "?" if s.online is None else ("yes" if s.online else "no"), escape(s.last_status or "-"),
                       "-" if s.eps_spent is None else f"{s.eps_spent:.3f}",
                       "-" if s.eps_remaining is None else f"{s.eps_remaining:.3f}")
     console.print(table)

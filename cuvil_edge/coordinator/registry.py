@@ -17,6 +17,7 @@ sealed for its seal key.
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -24,8 +25,9 @@ from typing import Any
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PublicKey
 
 from cuvil_edge.atomic import atomic_write
-from cuvil_edge.config.enrollment import Enrollment
+from cuvil_edge.config.enrollment import Enrollment, canonical_node_key
 from cuvil_edge.config.home import keys_dir, versions_file
+from cuvil_edge.config.site import SITE_ID_PATTERN
 from cuvil_edge.coordinator.keys import init_keys
 from cuvil_edge.errors import ConfigError, KeyFileError, StateError
 
@@ -61,41 +63,58 @@ class SiteRegistry:
         if not self.path.exists():
             return {}
         try:
-            doc = json.loads(self.path.read_text(encoding="utf-8"))
+            doc = json.loads(self.path.read_text(encoding="utf-8"), object_pairs_hook=_no_duplicates)
         except (OSError, ValueError) as e:
             raise StateError(f"{self.path}: unreadable site registry ({e}); restore it from backup") from e
         if not isinstance(doc, dict) or doc.get("format") != REGISTRY_FORMAT or not isinstance(doc.get("sites"), dict):
             raise StateError(f"{self.path}: not a site registry (format {REGISTRY_FORMAT})")
         return doc["sites"]
 
-    def enroll(self, enrollment: Enrollment, *, replace: bool = False) -> dict[str, Any]:
-        """Record ``enrollment``; returns the entry.
+    def entry_for(self, enrollment: Enrollment, *, replace: bool = False) -> dict[str, Any]:
+        """The entry :meth:`enroll` would record for ``enrollment``, after every check; writes nothing.
 
         Raises:
             ConfigError: the site is enrolled with another node key (pass ``replace`` to move it
                 to a new device), or the node key already belongs to another site.
+            StateError: the registry cannot be read.
+        """
+        return self._entry(self.sites(), enrollment, replace)
+
+    def enroll(self, enrollment: Enrollment, *, replace: bool = False,
+               registered: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Record ``enrollment``; returns the entry. ``registered`` is the entry as
+        ``register_enrolled`` registered it with a running SuperLink (its node id, and the replaced
+        registrations still to withdraw): those are kept instead of the ones computed here.
+
+        Raises:
+            ConfigError: see :meth:`entry_for`.
             StateError: the registry cannot be read or written.
         """
         sites = self.sites()
-        for name, entry in sites.items():
-            if name != enrollment.site and entry["node_public_key"] == enrollment.node_public_key:
-                raise ConfigError(f"this node key is already enrolled as site {name!r}; one device is one site")
-        old = sites.get(enrollment.site)
-        if old is not None and old["node_public_key"] != enrollment.node_public_key and not replace:
-            raise ConfigError(f"site {enrollment.site!r} is enrolled with another node key; a second device cannot "
-                              "be the same site. If the device was replaced, enroll again with --replace")
-        entry = {"target": enrollment.target, "node_public_key": enrollment.node_public_key,
-                 "seal_public_key": enrollment.seal_public_key, "enrolled_at": int(time.time())}
-        if old is not None and old["node_public_key"] == enrollment.node_public_key and old.get("node_id"):
-            entry["node_id"] = old["node_id"]  # the same device again: still registered
-        elif old is not None:  # a replaced device: its old registration is withdrawn (`serve` does it)
-            retired = list(old.get("unregister", []))
-            entry["unregister"] = retired + ([old["node_id"]] if old.get("node_id") else [])
+        entry = self._entry(sites, enrollment, replace)
+        if registered is not None:
+            entry = {k: v for k, v in entry.items() if k not in ("node_id", "unregister")}
+            entry.update({k: registered[k] for k in ("node_id", "unregister") if registered.get(k)})
         self._write({**sites, enrollment.site: entry})
         return entry
 
-    def set_node_id(self, site: str, node_id: str) -> None:
-        """Record the node id the SuperLink gave the site's registered key.
+    def node_key(self, site: str, entry: dict[str, Any]) -> str:
+        """The canonical OpenSSH line of ``entry``'s node key (older versions stored the line as
+        given: with its comment, or whitespace, even non-ASCII whitespace, around it).
+
+        Raises:
+            StateError: the site id or the stored key is malformed (a hand-edited registry); enroll
+                the site again with --replace.
+        """
+        key = _stored_key(entry)
+        if not re.fullmatch(SITE_ID_PATTERN, str(site)) or key is None:
+            raise StateError(f"{self.path}: site {str(site)!r:.80} has a malformed site id or node key; enroll it "
+                             "again (`cuvil-edge coordinator enroll FILE --replace`) or remove its entry")
+        return key
+
+    def set_node_id(self, site: str, node_id: str, *, unregister: list[str] | tuple[str, ...] = ()) -> None:
+        """Record the node id the SuperLink gave the site's registered key, and which replaced
+        registrations are still to be withdrawn (none: all were).
 
         Raises:
             StateError: the site is not enrolled, or the registry cannot be written.
@@ -104,7 +123,31 @@ class SiteRegistry:
         if site not in sites:
             raise StateError(f"site {site!r} is not enrolled in {self.path}")
         entry = {k: v for k, v in sites[site].items() if k != "unregister"}
-        self._write({**sites, site: {**entry, "node_id": node_id}})
+        entry["node_id"] = node_id
+        if unregister:
+            entry["unregister"] = list(unregister)
+        self._write({**sites, site: entry})
+
+    @staticmethod
+    def _entry(sites: dict[str, dict[str, Any]], enrollment: Enrollment, replace: bool) -> dict[str, Any]:
+        key = enrollment.node_public_key  # canonical: Enrollment makes it so; stored ones are made so here
+        for name, entry in sites.items():
+            if name != enrollment.site and _stored_key(entry) == key:
+                raise ConfigError(f"this node key is already enrolled as site {name!r}; one device is one site")
+        old = sites.get(enrollment.site)
+        same = old is not None and _stored_key(old) == key
+        if old is not None and not same and not replace:
+            raise ConfigError(f"site {enrollment.site!r} is enrolled with another node key; a second device cannot "
+                              "be the same site. If the device was replaced, enroll again with --replace")
+        entry = {"target": enrollment.target, "node_public_key": key,
+                 "seal_public_key": enrollment.seal_public_key, "enrolled_at": int(time.time())}
+        if same:  # the same device again: still registered, and what was to withdraw still is
+            entry.update({k: old[k] for k in ("node_id", "unregister") if old.get(k)})
+        elif old is not None:  # a replaced device: its old registration is withdrawn (`serve` does it)
+            retired = list(old.get("unregister", [])) + ([old["node_id"]] if old.get("node_id") else [])
+            if retired:
+                entry["unregister"] = retired
+        return entry
 
     def seal_keys(self) -> dict[str, X25519PublicKey]:
         """Each enrolled site's sealing key (packages for it are sealed by default).
@@ -128,3 +171,19 @@ class SiteRegistry:
             atomic_write(self.path, data.encode("utf-8"), mode=0o600)
         except OSError as e:
             raise StateError(f"cannot write the site registry {self.path}: {e}") from e
+
+
+def _stored_key(entry: dict[str, Any]) -> str | None:
+    """A stored node key in canonical form, or None if it is none (it then equals no key)."""
+    raw = entry.get("node_public_key") if isinstance(entry, dict) else None
+    try:  # strip(): older versions accepted any whitespace at the ends, even non-ASCII
+        return canonical_node_key(raw.strip()) if isinstance(raw, str) else None
+    except ConfigError:
+        return None
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    doc = dict(pairs)
+    if len(doc) != len(pairs):
+        raise ValueError("a key appears twice in one object")
+    return doc

@@ -46,6 +46,14 @@ def _online_node_ids(home: Path) -> tuple[set[str] | None, str]:
     return {str(n.get("node-id")) for n in nodes if n.get("status") == "online"}, "reachable"
 
 
+def shown(value: object, limit: int = 64) -> str:
+    """A stored string as a terminal may show it: every character that is not printable (ANSI
+    escapes, other controls, odd whitespace) written as its Python escape, at most ``limit``
+    characters. Registries of older versions stored targets unchecked."""
+    text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(value))
+    return text if len(text) <= limit else text[:limit - 1] + "…"
+
+
 def federation_status(home: Path) -> FederationStatus:
     """What an operator wants to see first.
 
@@ -68,7 +76,9 @@ def federation_status(home: Path) -> FederationStatus:
     sites = []
     for site, entry in sorted(SiteRegistry(home).sites().items()):
         stats = reported.get(site, {})
-        sites.append(SiteStatus(site, entry["target"], bool(entry.get("node_id")),
+        last = stats.get("status")
+        sites.append(SiteStatus(shown(site), shown(entry.get("target", "?")), bool(entry.get("node_id")),
                                 None if online is None else str(entry.get("node_id")) in online,
-                                stats.get("status"), stats.get("eps-spent"), stats.get("eps-remaining")))
+                                None if last is None else shown(last), stats.get("eps-spent"),
+                                stats.get("eps-remaining")))
     return FederationStatus(sites, superlink, last_round, run_dir)

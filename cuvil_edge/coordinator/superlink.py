@@ -122,36 +122,68 @@ def flwr_cli(home: Path, *args: str, timeout: float = 120) -> subprocess.Complet
                           timeout=timeout)
 
 
-def register_enrolled(home: Path) -> list[str]:
-    """Register every enrolled site's node key under the site's name, once: the node id the
-    SuperLink assigns is kept in the registry (its database keeps the registration across
-    restarts, and `flwr supernode list` does not show names to match on). Returns the new ones.
+def register_enrolled(home: Path,
+                      pending: dict[str, dict] | None = None) -> tuple[dict[str, dict], dict[str, str]]:
+    """Register each enrolled site's node key with the SuperLink under the site's name, once, each
+    site on its own: a site that fails is logged with its reason and the others go on. The new key
+    is registered first, then a replaced device's registrations are withdrawn (its key must stop
+    working; a withdrawal that fails stays queued for the next `serve`). The node id the SuperLink
+    assigns is kept in the registry (its database keeps the registration across restarts, and
+    `flwr supernode list` does not show names to match on).
+
+    ``pending`` (site -> an entry not yet in the registry: `coordinator enroll` registers before it
+    writes) registers just those and writes nothing; the caller records what came back.
+
+    Returns:
+        (site -> its entry as registered now, with its node id; site -> why it failed). A site whose
+        key was registered but whose replaced device could not be withdrawn is in both.
 
     Raises:
-        DeploymentError: a registration was refused.
+        StateError: the registry cannot be read or written.
     """
     registry = SiteRegistry(home)
-    added = []
-    for site, entry in registry.sites().items():
-        if entry.get("node_id"):
-            continue
-        for old in entry.get("unregister", []):  # the replaced device's key must stop working
-            proc = flwr_cli(home, "supernode", "unregister", str(old), CONNECTION)
-            if proc.returncode != 0:
-                raise DeploymentError(f"withdrawing the replaced device of site {site!r} (node {old}) failed: "
-                                      f"{(proc.stdout + proc.stderr).strip()[-300:]}")
-        key = Path(home) / "flwr" / f"{site}.pub"
-        key.write_text(entry["node_public_key"] + "\n", encoding="ascii")
-        proc = flwr_cli(home, "supernode", "register", str(key), CONNECTION, "--name", site, "--format", "json")
+    todo = pending if pending is not None else {site: entry for site, entry in registry.sites().items()
+                                                if not entry.get("node_id") or entry.get("unregister")}
+    added: dict[str, dict] = {}
+    failed: dict[str, str] = {}
+
+    def flwr(command: str, *args: str) -> dict:  # `flwr supernode COMMAND ... --format json`'s answer
         try:
-            node_id = str(json.loads(proc.stdout)["node-id"])
-        except (ValueError, KeyError, TypeError):
-            raise DeploymentError(f"registering site {site!r} failed: "
-                                  f"{(proc.stdout + proc.stderr).strip()[-300:]}") from None
-        registry.set_node_id(site, node_id)
-        added.append(site)
-        log.info("registered site %s with the SuperLink as node %s", site, node_id)
-    return added
+            proc = flwr_cli(home, "supernode", command, *args, CONNECTION, "--format", "json")
+        except (OSError, subprocess.TimeoutExpired) as e:
+            raise DeploymentError(f"`flwr supernode {command}` did not finish ({e})") from e
+        try:
+            doc = json.loads(proc.stdout)
+        except ValueError:
+            doc = {"error-message": proc.stdout + proc.stderr}
+        if not isinstance(doc, dict) or doc.get("success") is not True:
+            reason = " ".join(str(doc.get("error-message") if isinstance(doc, dict) else doc).split())
+            raise DeploymentError(f"`flwr supernode {command}` failed: {reason[-300:]}")
+        return doc
+
+    for site, entry in todo.items():
+        done = {**entry, "unregister": list(entry.get("unregister", []))}
+        try:
+            if not done.get("node_id"):
+                key = Path(home) / "flwr" / f"{site}.pub"
+                key.write_text(registry.node_key(site, entry) + "\n", encoding="ascii")  # checks the site id too
+                node_id = flwr("register", str(key), "--name", site).get("node-id")
+                if not node_id:
+                    raise DeploymentError("`flwr supernode register` answered no node id")
+                done["node_id"] = str(node_id)
+            for old in list(done["unregister"]):  # the replaced device's key must stop working
+                flwr("unregister", str(old))
+                done["unregister"].remove(old)
+        except (CuvilError, OSError) as e:
+            failed[site] = str(e)
+            log.warning("registering site %r with the SuperLink failed: %s", site, e)
+        changed = (done.get("node_id"), done["unregister"]) != (entry.get("node_id"), entry.get("unregister", []))
+        if done.get("node_id") and changed:
+            if pending is None:
+                registry.set_node_id(site, done["node_id"], unregister=done["unregister"])
+            added[site] = {k: v for k, v in done.items() if k != "unregister" or v}
+            log.info("registered site %r with the SuperLink as node %s", site, done["node_id"])
+    return added, failed
 
 
 def submit_run(home: Path, app_dir: Path, federation: Path, rounds: int | None = None, timeout: float = 3600,
