@@ -1,9 +1,12 @@
 """`cuvil-edge agent run`: the site's SuperNode, restarted with back-off while the coordinator is away.
 
 The SuperNode authenticates with the site's node key, trusts only the pinned CA, and carries the
-site's own settings in its node config (its site file and home): the ClientApp it starts reads
-everything from there, nothing from the coordinator. Its identity, ledger and anti-rollback state
-live in the state directory, so a restart continues where it stopped.
+site's own settings in its node config (its site file and home): the ClientApp reads everything
+from there, nothing from the coordinator. The SuperNode runs in ``process`` isolation with its
+Runtime API behind a secret in the state directory, and the only executor of its tasks is
+agent/app_gate.py, which runs the installed ClientApp and refuses any run whose app is not it.
+Its identity, ledger and anti-rollback state live in the state directory, so a restart continues
+where it stopped.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 from cuvil_edge.agent.enroll import CA_FILE, NODE_KEY
 from cuvil_edge.config.home import site_state_dir
@@ -26,6 +30,28 @@ log = logging.getLogger(__name__)
 #: process itself exits with status 1, so the log line is what tells a refusal from an outage).
 REFUSED_MARK = "Exit Code: 305"
 REFUSED_EXIT = 305
+#: The SuperNode's Runtime API secret (Flower's ``--superexec-auth-secret-file``), in the state's keys/.
+RUNTIME_SECRET = "runtime.secret"
+
+
+def runtime_secret(state: Path) -> Path:
+    """``<state>/keys/runtime.secret`` (0600), made on first use."""
+    import os
+    import secrets
+
+    from cuvil_edge.atomic import atomic_write
+
+    path = Path(state) / "keys" / RUNTIME_SECRET
+    if not path.exists():
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        atomic_write(path, secrets.token_hex(32).encode("ascii"), mode=0o600)
+    return path
+
+
+def gate_command(site: SiteConfig, home: Path, port: int, supernode_pid: int) -> list[str]:
+    """The executor of the SuperNode's ClientApp tasks (agent/app_gate.py); it stops with the SuperNode."""
+    return [sys.executable, "-m", "cuvil_edge.agent.app_gate", "serve", "--runtime-api-address", f"127.0.0.1:{port}",
+            "--secret-file", str(runtime_secret(site_state_dir(site, home))), "--parent-pid", str(supernode_pid)]
 
 
 def supernode_command(site: SiteConfig, site_file: Path, home: Path, superlink: str, port: int,
@@ -43,14 +69,31 @@ def supernode_command(site: SiteConfig, site_file: Path, home: Path, superlink: 
     node_config = (f"site-config='{Path(site_file).resolve()}' home='{Path(home).resolve()}' "
                    f"partition-id={partition[0]} num-partitions={partition[1]}")
     return [flower_tool("flower-supernode"), "--root-certificates", str(ca), "--superlink", superlink,
-            "--auth-supernode-private-key", str(key), "--node-config", node_config, "--port", str(port)]
+            "--auth-supernode-private-key", str(key), "--node-config", node_config, "--host", "127.0.0.1",
+            "--port", str(port), "--isolation", "process", "--superexec-auth-secret-file", str(runtime_secret(state))]
 
 
-def run_once(command: list[str], home: Path) -> tuple[int, bool]:
+#: Makes the executor's command for a SuperNode's pid (:func:`gate_command` with the site bound).
+GateCommand = Callable[[int], list[str]]
+
+
+def start_agent(command: list[str], home: Path, gate: GateCommand | None,
+                **popen) -> tuple[subprocess.Popen, subprocess.Popen | None]:
+    """Start the SuperNode and its ClientApp executor, each in a new session (its process group
+    holds its helpers); (SuperNode, executor or None). The executor also stops by itself once the
+    SuperNode is gone."""
+    node = subprocess.Popen(command, env=flwr_env(home), start_new_session=True, **popen)
+    executor = None
+    if gate is not None:
+        executor = subprocess.Popen(gate(node.pid), env=flwr_env(home), start_new_session=True, **popen)
+    return node, executor
+
+
+def run_once(command: list[str], home: Path, gate: GateCommand | None = None) -> tuple[int, bool]:
     """Run the SuperNode once, passing its output through; (exit status, whether it was refused).
 
-    The SuperNode runs in its own process group with its helpers (``flower-superexec`` and the
-    ClientApps it starts); when it exits, the rest of the group is stopped too, since a helper
+    The SuperNode and its executor (agent/app_gate.py, with the ClientApps it starts) run in
+    process groups of their own; when the SuperNode exits, both groups are stopped, since a helper
     left behind would keep running and hold the output pipe open. If this process is told to
     stop (SIGTERM -> SystemExit, Ctrl-C), the group gets SIGTERM first, so the SuperNode closes
     its session and an immediate restart is accepted.
@@ -58,23 +101,29 @@ def run_once(command: list[str], home: Path) -> tuple[int, bool]:
     import threading
 
     refused = threading.Event()
-    proc = subprocess.Popen(command, env=flwr_env(home), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, errors="replace", start_new_session=True)
+    proc, executor = start_agent(command, home, gate, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                 text=True, errors="replace")
 
-    def relay() -> None:
-        for line in proc.stdout:
+    def relay(source: subprocess.Popen) -> None:
+        for line in source.stdout:
             sys.stdout.write(line)
             if REFUSED_MARK in line:
                 refused.set()
 
-    reader = threading.Thread(target=relay, daemon=True)
-    reader.start()
+    readers = [threading.Thread(target=relay, args=(p,), daemon=True) for p in (proc, executor) if p is not None]
+    for reader in readers:
+        reader.start()
     try:
         code = proc.wait()
     finally:
         _stop_group(proc)
-        reader.join(timeout=10)
-        proc.stdout.close()
+        if executor is not None:
+            _stop_group(executor)
+        for reader in readers:
+            reader.join(timeout=10)
+        for p in (proc, executor):
+            if p is not None:
+                p.stdout.close()
     return code, refused.is_set()
 
 
@@ -106,7 +155,7 @@ REFUSED_GRACE_S = 180.0
 REFUSED_RETRY_S = 5.0
 
 
-def run_forever(command: list[str], home: Path, *, max_backoff: float = 60.0,
+def run_forever(command: list[str], home: Path, gate: GateCommand | None = None, *, max_backoff: float = 60.0,
                 refused_grace: float = REFUSED_GRACE_S, sleep=time.sleep, clock=time.monotonic) -> int:
     """Run the SuperNode; when it exits (coordinator away, network lost), restart it after a
     growing pause. Returns :data:`REFUSED_EXIT` once the SuperLink has refused the node's key for
@@ -116,7 +165,7 @@ def run_forever(command: list[str], home: Path, *, max_backoff: float = 60.0,
     refused_since: float | None = None
     while True:
         started = clock()
-        code, refused = run_once(command, home)
+        code, refused = run_once(command, home, gate)
         if refused:
             refused_since = started if refused_since is None else refused_since
             if clock() - refused_since >= refused_grace:

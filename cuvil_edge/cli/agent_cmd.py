@@ -89,7 +89,9 @@ def run_cmd(site: Path = typer.Option(..., "--site", help="this site's YAML"),
     import signal
     import sys
 
-    from cuvil_edge.agent.daemon import run_forever, supernode_command
+    from functools import partial
+
+    from cuvil_edge.agent.daemon import gate_command, run_forever, supernode_command
     from cuvil_edge.config import load_site
     from cuvil_edge.errors import ConfigError
 
@@ -97,6 +99,7 @@ def run_cmd(site: Path = typer.Option(..., "--site", help="this site's YAML"),
         index, count = (int(v) for v in partition.split("/"))
     except ValueError:
         raise ConfigError(f"--partition {partition!r} must be INDEX/COUNT, e.g. 0/3") from None
-    command = supernode_command(load_site(site), site, home, superlink, port, (index, count))
+    config = load_site(site)
+    command = supernode_command(config, site, home, superlink, port, (index, count))
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # run_once stops the SuperNode on the way out
-    sys.exit(run_forever(command, home))
+    sys.exit(run_forever(command, home, partial(gate_command, config, home, port)))

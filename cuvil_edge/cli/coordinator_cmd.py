@@ -84,19 +84,32 @@ def enroll(file: Path = typer.Argument(..., help="the enrollment file a device w
 
 @coordinator_app.command("serve")
 def serve(home: Path = _HOME, address: str = typer.Option("127.0.0.1:9093", "--address",
-                                                         help="host:port agents reach the SuperLink at "
-                                                         "(127.0.0.1 unless you mean to expose it)")) -> None:
-    """Run the SuperLink with TLS, node authentication and its database in the home; registers
-    every enrolled site. Stops on Ctrl-C or SIGTERM."""
+                                                         help="host:port devices reach the Fleet API at "
+                                                         "(127.0.0.1 unless you mean to expose it, e.g. "
+                                                         "0.0.0.0:9093)"),
+          operator_address: str = typer.Option("127.0.0.1:9092", "--operator-address",
+                                                help="loopback host:port of the SuperLink itself (Control and "
+                                                "Runtime APIs: `cuvil-edge run`, `status`); never exposed")) -> None:
+    """Run the SuperLink with TLS, node authentication and its database in the home, behind a
+    gateway that serves devices only the Fleet API; registers every enrolled site. Stops on
+    Ctrl-C or SIGTERM, or when one of its processes stops."""
     import signal
+    import sys
 
     from cuvil_edge.coordinator.superlink import start_superlink
 
-    proc = start_superlink(home, address, log_file=Path(home) / "superlink.log")
-    console.print(f"SuperLink at {address} (TLS, node authentication); log {Path(home) / 'superlink.log'}")
-    signal.signal(signal.SIGTERM, lambda *_: proc.terminate())
+    coordinator = start_superlink(home, address, log_file=Path(home) / "superlink.log",
+                                  operator_address=operator_address)
+    console.print(f"Fleet API for devices at {address} (TLS, node authentication); SuperLink and operator "
+                  f"access on {operator_address} only; log {Path(home) / 'superlink.log'}")
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    code = 0
     try:
-        proc.wait()
+        code = coordinator.wait() or 0
+        console.print(f"a coordinator process stopped (exit {code}); stopping the others")
     except KeyboardInterrupt:
-        proc.terminate()
-        proc.wait(timeout=30)
+        pass
+    finally:
+        coordinator.terminate()
+    if code:
+        raise typer.Exit(1)

@@ -13,23 +13,19 @@ import json
 import subprocess
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Iterator
 
-from cuvil_edge.agent.daemon import supernode_command
+from cuvil_edge.agent.daemon import gate_command, start_agent, supernode_command
 from cuvil_edge.agent.enroll import init_site
 from cuvil_edge.config import load_federation, load_site
-from cuvil_edge.config.flower_env import flwr_env
+from cuvil_edge.config.flower_app import APP_DIR  # noqa: F401 - the app `run` and `demo` submit
 from cuvil_edge.coordinator.registry import SiteRegistry, init_home
-from cuvil_edge.coordinator.superlink import CONNECTION, DeploymentError, flwr_cli, free_port, start_superlink
+from cuvil_edge.coordinator.superlink import (CONNECTION, Coordinator, DeploymentError, flwr_cli, free_port,
+                                              start_superlink)
 from cuvil_edge.coordinator.tls import make_certs
-
-
-#: The Flower App `cuvil-edge run` submits: a pyproject and a module naming the ServerApp and the
-#: ClientApp; no cuvil-edge code, so each machine runs its own installed cuvil-edge. It lives here,
-#: at the top layer, because it names both sides.
-APP_DIR = Path(__file__).resolve().parent / "flwr_app"
 
 
 @dataclass
@@ -37,8 +33,10 @@ class LocalFederation:
     home: Path  # the coordinator home
     address: str
     device_homes: list[Path]
-    superlink: subprocess.Popen
+    superlink: Coordinator  # the loopback SuperLink, its ServerApp executor and the Fleet gateway
     supernodes: list[subprocess.Popen]
+    #: each SuperNode's ClientApp executor (agent/app_gate.py), in the SuperNode's process group
+    gates: list[subprocess.Popen] = field(default_factory=list)
 
     def online(self) -> int:
         """How many SuperNodes the SuperLink sees online."""
@@ -57,10 +55,10 @@ class LocalFederation:
             raise DeploymentError(f"only {self.online()} of {len(self.supernodes)} SuperNodes came online")
 
     def restart_superlink(self, log_file: Path | None = None) -> None:
-        """Kill the SuperLink (SIGKILL, as a crash would) and start it again on the same home."""
+        """Kill the coordinator's processes (SIGKILL, as a crash would) and start them again on the same home."""
         self.superlink.kill()
-        self.superlink.wait(timeout=30)
-        self.superlink = start_superlink(self.home, self.address, log_file=log_file)
+        self.superlink = start_superlink(self.home, self.address, log_file=log_file,
+                                         operator_address=self.superlink.operator_address)
 
 
 def set_up(root: Path, federation: Path) -> tuple[Path, list[tuple[Path, Path]]]:
@@ -85,22 +83,26 @@ def local_federation(root: Path, federation: Path) -> Iterator[LocalFederation]:
     """
     home, devices = set_up(Path(root), federation)
     address = f"127.0.0.1:{free_port()}"
-    link = start_superlink(home, address, log_file=Path(root) / "superlink.log")
+    link = start_superlink(home, address, log_file=Path(root) / "superlink.log",
+                           operator_address=f"127.0.0.1:{free_port()}")
     fed = LocalFederation(home, address, [d for _, d in devices], link, [])
     try:
         for i, (site_file, device) in enumerate(devices):
-            command = supernode_command(load_site(site_file), site_file, device, address, free_port(),
-                                        (i, len(devices)))
-            fed.supernodes.append(subprocess.Popen(command, env=flwr_env(device), stdout=open(Path(root) /
-                                                   f"supernode-{i}.log", "wb"), stderr=subprocess.STDOUT))
+            site, port = load_site(site_file), free_port()
+            command = supernode_command(site, site_file, device, address, port, (i, len(devices)))
+            node, gate = start_agent(command, device, partial(gate_command, site, device, port),
+                                     stdout=open(Path(root) / f"supernode-{i}.log", "wb"), stderr=subprocess.STDOUT)
+            fed.supernodes.append(node)
+            fed.gates.append(gate)
         fed.wait_online()
         yield fed
     finally:
-        for proc in fed.supernodes + [fed.superlink]:
+        for proc in fed.supernodes + fed.gates:
             if proc.poll() is None:
                 proc.terminate()
-        for proc in fed.supernodes + [fed.superlink]:
+        for proc in fed.supernodes + fed.gates:
             try:
                 proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 proc.kill()
+        fed.superlink.terminate()

@@ -14,17 +14,26 @@ import ssl
 import subprocess
 import time
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 
 from cuvil_edge.config.flower_env import flower_tool, flwr_env
 from cuvil_edge.coordinator.registry import SiteRegistry
-from cuvil_edge.coordinator.tls import tls_files
+from cuvil_edge.coordinator.tls import covers_loopback, tls_files
 from cuvil_edge.errors import ConfigError, CuvilError
 
 log = logging.getLogger(__name__)
 
 CONNECTION = "cuvil"
+#: Where devices connect: the Fleet gateway (coordinator/fleet_gateway.py), the only listener that
+#: may face the network.
 DEFAULT_ADDRESS = "127.0.0.1:9093"
+#: Where the SuperLink itself listens, with its Control and Runtime APIs: loopback only. The
+#: operator's `flwr` CLI (`cuvil-edge run`, `status`) and the ServerApp executor use it.
+DEFAULT_OPERATOR_ADDRESS = "127.0.0.1:9092"
+#: The Runtime API's shared secret (Flower's `--superexec-auth-secret-file`): only the executor
+#: `serve` starts can take ServerApp tasks, not any process that reaches the loopback port.
+SECRET_FILE = "superexec.secret"
 
 
 class DeploymentError(CuvilError):
@@ -41,8 +50,9 @@ def free_port() -> int:
 
 
 def write_connection(home: Path, address: str) -> Path:
-    """``<home>/flwr/config.toml``: the ``cuvil`` connection to this SuperLink, pinned to our CA."""
-    ca = tls_files(Path(home) / "tls").ca_cert
+    """``<home>/flwr/config.toml``: the ``cuvil`` connection to the SuperLink's loopback
+    (operator) address, pinned to our CA."""
+    ca = tls_files(Path(home) / "tls").ca_cert.resolve()
     path = Path(home) / "flwr" / "config.toml"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(f'[superlink]\ndefault = "{CONNECTION}"\n\n[superlink.{CONNECTION}]\n'
@@ -50,20 +60,94 @@ def write_connection(home: Path, address: str) -> Path:
     return path
 
 
-def superlink_command(home: Path, address: str = DEFAULT_ADDRESS) -> list[str]:
-    """``flower-superlink`` with TLS, node authentication and the home's database.
+def _split(address: str, what: str) -> tuple[str, int]:
+    """Raises: ConfigError: not HOST:PORT."""
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(f"{what} {address!r} must be HOST:PORT, e.g. 127.0.0.1:9093")
+    return host.strip("[]"), int(port)
 
-    Raises:
-        ConfigError: the home has no TLS material (`cuvil-edge coordinator certs`).
-    """
+
+def _loopback(address: str) -> tuple[str, int]:
+    """Raises: ConfigError: ``address`` is not on the loopback interface."""
+    import ipaddress
+
+    host, port = _split(address, "--operator-address")
+    try:
+        if ipaddress.ip_address(host).is_loopback:
+            return host, port
+    except ValueError:
+        pass
+    raise ConfigError(f"--operator-address {address!r} must be a loopback address (127.0.0.1:PORT): the "
+                      "SuperLink's Control and Runtime APIs authenticate nobody, so they never face the "
+                      "network; reach them from another host through SSH (docs/DEPLOYMENT.md §4)")
+
+
+def secret_file(home: Path) -> Path:
+    """``<home>/superexec.secret`` (0600), made on first use: the Runtime API's shared secret."""
+    import os
+    import secrets
+
+    from cuvil_edge.atomic import atomic_write
+
+    path = Path(home) / SECRET_FILE
+    if not path.exists():
+        atomic_write(path, secrets.token_hex(32).encode("ascii"), mode=0o600)
+    os.chmod(path, 0o600)
+    return path
+
+
+def _tls(home: Path):
+    """Raises: ConfigError: the home has no TLS material (`cuvil-edge coordinator certs`)."""
     tls = tls_files(Path(home) / "tls")
     if not tls.server_cert.exists():
         raise ConfigError(f"{tls.server_cert} is missing; run `cuvil-edge coordinator certs --host HOST` first")
-    host, _, port = address.rpartition(":")
+    if not covers_loopback(tls.server_cert):
+        raise ConfigError(f"{tls.server_cert} is not valid for 127.0.0.1, where the SuperLink now listens behind "
+                          "the Fleet gateway; issue it again: `cuvil-edge coordinator certs --force --host ...` "
+                          "(same CA: devices need nothing)")
+    return tls
+
+
+def superlink_command(home: Path, operator_address: str = DEFAULT_OPERATOR_ADDRESS) -> list[str]:
+    """``flower-superlink`` on a loopback address with TLS, node authentication, the home's
+    database and process isolation (ServerApps run only under the executor `serve` starts).
+
+    Raises:
+        ConfigError: no TLS material, or ``operator_address`` is not loopback.
+    """
+    tls = _tls(home)
+    host, port = _loopback(operator_address)
     return [flower_tool("flower-superlink"), "--ssl-certfile", str(tls.server_cert), "--ssl-keyfile", str(tls.server_key),
             "--ssl-ca-certfile", str(tls.ca_cert), "--enable-supernode-auth", "--database",
-            str(Path(home) / "superlink.db"), "--host", host, "--port", port,
-            "--disable-runtime-dependency-installation"]
+            str(Path(home) / "superlink.db"), "--host", host, "--port", str(port),
+            "--disable-runtime-dependency-installation", "--isolation", "process",
+            "--superexec-auth-secret-file", str(secret_file(home))]
+
+
+def superexec_command(home: Path, operator_address: str = DEFAULT_OPERATOR_ADDRESS) -> list[str]:
+    """Flower's ServerApp executor, holding the Runtime API secret; it stops when ``serve`` does."""
+    import os
+
+    return [flower_tool("flower-superexec"), "--runtime-api-address", operator_address, "--root-certificates",
+            str(_tls(home).ca_cert.resolve()), "--superexec-auth-secret-file", str(secret_file(home)),
+            "--parent-pid", str(os.getpid())]
+
+
+def gateway_command(home: Path, address: str, operator_address: str = DEFAULT_OPERATOR_ADDRESS) -> list[str]:
+    """The device-facing Fleet gateway on ``address``, forwarding to the SuperLink's loopback port.
+
+    Raises:
+        ConfigError: ``address`` is malformed or is the operator address itself.
+    """
+    import sys
+
+    tls = _tls(home)
+    if _split(address, "--address") == _loopback(operator_address):
+        raise ConfigError(f"--address {address} is the SuperLink's own loopback port; give devices another port")
+    return [sys.executable, "-m", "cuvil_edge.coordinator.fleet_gateway", "--listen", address, "--upstream",
+            operator_address, "--certfile", str(tls.server_cert), "--keyfile", str(tls.server_key),
+            "--cafile", str(tls.ca_cert)]
 
 
 def wait_healthy(url: str, context: ssl.SSLContext | None = None, timeout: float = 60.0) -> None:
@@ -83,6 +167,10 @@ def wait_healthy(url: str, context: ssl.SSLContext | None = None, timeout: float
     raise DeploymentError(f"the SuperLink at {url} did not become healthy within {timeout:.0f} s")
 
 
+def _ca_context(home: Path) -> ssl.SSLContext:
+    return ssl.create_default_context(cafile=str(tls_files(Path(home) / "tls").ca_cert))
+
+
 def superlink_up(home: Path) -> bool:
     """Whether the SuperLink this home last started (``flwr/config.toml``) answers its health check."""
     import tomllib
@@ -90,31 +178,94 @@ def superlink_up(home: Path) -> bool:
     try:
         config = tomllib.loads((Path(home) / "flwr" / "config.toml").read_text(encoding="utf-8"))
         address = config["superlink"][CONNECTION]["address"]
-        context = ssl.create_default_context(cafile=str(tls_files(Path(home) / "tls").ca_cert))
-        wait_healthy(f"https://{address}", context, timeout=3)
+        wait_healthy(f"https://{address}", _ca_context(home), timeout=3)
     except (OSError, ValueError, KeyError, DeploymentError, ssl.SSLError):
         return False
     return True
 
 
-def start_superlink(home: Path, address: str = DEFAULT_ADDRESS, log_file: Path | None = None) -> subprocess.Popen:
-    """Start the SuperLink, wait until healthy, write the CLI connection and register every
-    enrolled site. The caller stops the returned process.
+@dataclass
+class Coordinator:
+    """The processes `coordinator serve` supervises: the loopback SuperLink, the ServerApp
+    executor and the device-facing Fleet gateway. Stopping it stops all three, by PID."""
+
+    address: str
+    operator_address: str
+    superlink: subprocess.Popen
+    superexec: subprocess.Popen
+    gateway: subprocess.Popen
+
+    @property
+    def processes(self) -> list[subprocess.Popen]:
+        return [self.gateway, self.superexec, self.superlink]
+
+    def poll(self) -> int | None:
+        """None while all three run; else the exit status of the first that stopped."""
+        for proc in self.processes:
+            if proc.poll() is not None:
+                return proc.returncode
+        return None
+
+    def wait(self, timeout: float | None = None) -> int | None:
+        """Until one of the three stops (then the others are stopped too); its exit status."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while (code := self.poll()) is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired("cuvil-edge coordinator", timeout)
+            time.sleep(0.5)
+        self.terminate()
+        return code
+
+    def terminate(self, grace: float = 30.0) -> None:
+        """SIGTERM all three, SIGKILL what is left after ``grace`` seconds."""
+        for proc in self.processes:
+            if proc.poll() is None:
+                proc.terminate()
+        for proc in self.processes:
+            try:
+                proc.wait(timeout=grace)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=30)
+
+    def kill(self) -> None:
+        """SIGKILL all three (as a crash would)."""
+        for proc in self.processes:
+            if proc.poll() is None:
+                proc.kill()
+        for proc in self.processes:
+            proc.wait(timeout=30)
+
+
+def start_superlink(home: Path, address: str = DEFAULT_ADDRESS, log_file: Path | None = None, *,
+                    operator_address: str = DEFAULT_OPERATOR_ADDRESS) -> Coordinator:
+    """Start the SuperLink on ``operator_address`` (loopback), its ServerApp executor and the Fleet
+    gateway on ``address``; wait until both answer, write the CLI connection and register every
+    enrolled site. The caller stops the returned :class:`Coordinator`.
 
     Raises:
-        ConfigError / DeploymentError: missing TLS material, or it did not start.
+        ConfigError / DeploymentError: missing TLS material, a bad address, or it did not start.
     """
     out = open(log_file, "ab") if log_file else subprocess.DEVNULL
-    proc = subprocess.Popen(superlink_command(home, address), env=flwr_env(home), stdout=out, stderr=subprocess.STDOUT)
+    env = flwr_env(home)
+    commands = (superlink_command(home, operator_address), gateway_command(home, address, operator_address))
+    link = subprocess.Popen(commands[0], env=env, stdout=out, stderr=subprocess.STDOUT)
+    started: list[subprocess.Popen] = [link]
     try:
-        wait_healthy(f"https://{address}", ssl.create_default_context(cafile=str(tls_files(Path(home) / "tls").ca_cert)))
-        write_connection(home, address)
+        wait_healthy(f"https://{operator_address}", _ca_context(home))
+        started.append(subprocess.Popen(superexec_command(home, operator_address), env=env, stdout=out,
+                                        stderr=subprocess.STDOUT))
+        started.append(subprocess.Popen(commands[1], env=env, stdout=out, stderr=subprocess.STDOUT))
+        wait_healthy(f"https://{address}", _ca_context(home))
+        write_connection(home, operator_address)
         register_enrolled(home)
     except BaseException:
-        proc.terminate()
-        proc.wait(timeout=30)
+        for proc in started:
+            proc.terminate()
+        for proc in started:
+            proc.wait(timeout=30)
         raise
-    return proc
+    return Coordinator(address, operator_address, link, started[1], started[2])
 
 
 def flwr_cli(home: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:

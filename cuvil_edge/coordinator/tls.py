@@ -60,6 +60,28 @@ def _alt_names(hosts: Sequence[str]) -> list[x509.GeneralName]:
     return names
 
 
+#: The SuperLink itself listens on loopback behind the Fleet gateway (coordinator/fleet_gateway.py);
+#: the gateway, the executor and the operator's CLI reach it there with the same certificate.
+LOOPBACK = "127.0.0.1"
+
+
+def _with_loopback(hosts: Sequence[str]) -> list[str]:
+    return list(hosts) + ([LOOPBACK] if LOOPBACK not in hosts else [])
+
+
+def covers_loopback(cert_path: Path) -> bool:
+    """Whether the server certificate is valid for 127.0.0.1 (certificates made before the SuperLink
+    moved behind the gateway may not be)."""
+    import ipaddress
+
+    try:
+        cert = x509.load_pem_x509_certificate(Path(cert_path).read_bytes())
+        names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    except (OSError, ValueError, x509.ExtensionNotFound):
+        return False
+    return ipaddress.ip_address(LOOPBACK) in names.get_values_for_type(x509.IPAddress)
+
+
 def _save_key(key: ec.EllipticCurvePrivateKey, path: Path) -> None:
     atomic_write(path, key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                                          serialization.NoEncryption()), mode=0o600)
@@ -105,7 +127,7 @@ def make_certs(directory: Path, hosts: Sequence[str], *, force: bool = False,
               .public_key(server_key.public_key()).serial_number(x509.random_serial_number())
               .not_valid_before(now - datetime.timedelta(minutes=5))
               .not_valid_after(now + datetime.timedelta(days=SERVER_VALIDITY_DAYS))
-              .add_extension(x509.SubjectAlternativeName(_alt_names(hosts)), critical=False)
+              .add_extension(x509.SubjectAlternativeName(_alt_names(_with_loopback(hosts))), critical=False)
               .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
               .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
               .sign(ca_key, hashes.SHA256()))

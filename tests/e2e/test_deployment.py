@@ -204,7 +204,7 @@ def test_a_killed_clientapp_fails_only_its_site_and_a_killed_supernode_rejoins_w
         killed = None
         deadline = time.monotonic() + 300
         while killed is None and runner.is_alive() and time.monotonic() < deadline:
-            apps = [pid for pid, cmd in _descendants(fed.supernodes[0].pid) if "flwr-clientapp" in cmd]
+            apps = [pid for pid, cmd in _descendants(fed.gates[0].pid) if "app_gate task" in cmd]
             if apps and _train_claimed(device):  # training: the spend is claimed, the data is in use
                 os.kill(apps[0], signal.SIGKILL)
                 killed = apps[0]

@@ -1,0 +1,169 @@
+"""A device runs only its own installed ClientApp: the executor of a SuperNode's tasks.
+
+Flower's own executor (``flower-superexec``, started by a SuperNode in its default ``subprocess``
+isolation) installs whatever FAB a run names and imports it: any holder of the coordinator's Control
+API could run code on every device. So `cuvil-edge agent run` starts the SuperNode with
+``--isolation process`` and its Runtime API behind a secret only this executor holds
+(``--superexec-auth-secret-file``), and runs this module instead:
+
+* ``serve``: poll the SuperNode's Runtime API for ClientApp tasks (AcquireTask, signed with the
+  secret) and start one ``task`` process per task, as Flower's executor would;
+* ``task``: take the task's inputs (message, context, run, FAB), compare the FAB entry by entry
+  with the app installed here (config/flower_app.py) *before anything of it is imported*, then
+  run the installed ClientApp (``cuvil_edge.agent.client_app.app``: the FAB is never installed nor
+  put on ``sys.path``) and push its reply. A foreign run is refused, logged on the device, and
+  answered with an error reply of code :data:`APP_REFUSED_CODE`.
+
+The task token travels in the environment (readable only by this user), not on the command line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+#: Error code of the reply to a run whose app is not the one installed here.
+APP_REFUSED_CODE = 4003
+#: Error code of the reply when the installed ClientApp itself raised (its type only leaves the device).
+APP_FAILED_CODE = 4004
+TOKEN_ENV = "CUVIL_EDGE_TASK_TOKEN"
+_ACQUIRE = "/flwr.proto.Runtime/AcquireTask"
+
+
+def _runtime_client(address: str, interceptors: list):
+    from flwr.supercore.interceptors import RuntimeVersionHttpInterceptor
+    from flwr.supercore.retry import make_simple_http_retry_invoker
+    from flwr.supercore.runtime import RuntimeHttpClient
+
+    return RuntimeHttpClient.from_server_address(
+        server_address=address, insecure=True, root_certificates=None,  # the SuperNode's loopback Runtime API
+        interceptors=[RuntimeVersionHttpInterceptor(component_name="flwr-clientapp"), *interceptors],
+        retry_invoker=make_simple_http_retry_invoker())
+
+
+def serve_tasks(address: str, secret_file: Path, parent_pid: int | None = None, poll_s: float = 1.0) -> None:
+    """Start a ``task`` process for every ClientApp task the SuperNode at ``address`` hands out;
+    return when the parent (the SuperNode) is gone."""
+    from flwr.proto.runtime_pb2 import AcquireTaskRequest  # pylint: disable=no-name-in-module
+    from flwr.supercore.constant import TaskType
+    from flwr.supercore.interceptors import SuperExecAuthHttpInterceptor
+
+    secret = Path(secret_file).read_bytes()
+    client = _runtime_client(address, [SuperExecAuthHttpInterceptor(master_secret=secret,
+                                                                    protected_methods=frozenset({_ACQUIRE}))])
+    running: list[subprocess.Popen] = []
+    try:
+        while parent_pid is None or _alive(parent_pid):
+            running = [p for p in running if p.poll() is None]  # reap finished tasks
+            try:
+                res = client.AcquireTask(AcquireTaskRequest(supported_task_types=[TaskType.CLIENT_APP],
+                                                            agentapp_fab_hashes=[]))
+            except Exception as e:  # noqa: BLE001 - the SuperNode restarts or is gone: the parent check decides
+                log.debug("AcquireTask failed: %s", e)
+                time.sleep(poll_s)
+                continue
+            if res.HasField("task") and res.token:
+                env = {**os.environ, TOKEN_ENV: res.token}
+                running.append(subprocess.Popen([sys.executable, "-m", "cuvil_edge.agent.app_gate", "task",
+                                                 "--runtime-api-address", address, "--parent-pid", str(os.getpid())],
+                                                env=env))
+            time.sleep(poll_s)
+    finally:
+        client.close()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def run_task(address: str, token: str) -> int:
+    """Take one task's inputs, check its app, run the installed ClientApp or refuse; push the reply.
+
+    Returns the exit status: 0 when the ClientApp replied, 1 when the run was refused or failed.
+    """
+    from flwr.app import Error, Message
+    from flwr.common.constant import SubStatus
+    from flwr.supercore.heartbeat import HeartbeatSender, make_task_heartbeat_fn_http
+    from flwr.supercore.interceptors import RuntimeTokenHttpInterceptor
+    from flwr.supernode.runtime.run_clientapp import pull_task_input, push_message, push_task_output
+
+    from cuvil_edge.config.flower_app import ForeignAppError, check_run_app
+
+    client = _runtime_client(address, [RuntimeTokenHttpInterceptor(token)])
+    heartbeat = HeartbeatSender(make_task_heartbeat_fn_http(client))
+    message = context = reply = None
+    status, details = SubStatus.FAILED, "the ClientApp did not finish"
+    try:
+        heartbeat.start()
+        message, context, run, fab = pull_task_input(client)
+        try:
+            check_run_app(fab.content)
+        except ForeignAppError as e:
+            log.error("refused run %s (app %s %s, FAB %s...): %s", run.run_id, run.fab_id[:80], run.fab_version[:40],
+                      fab.hash_str[:16], e)
+            details = f"refused by the device: {e}"
+            reply = Message(Error(code=APP_REFUSED_CODE, reason=details), reply_to=message)
+        else:
+            from cuvil_edge.agent.client_app import app
+
+            reply = app(message=message, context=context)
+            status, details = SubStatus.COMPLETED, ""
+    except Exception as e:  # noqa: BLE001 - a failure becomes an error reply naming only its type
+        log.exception("the ClientApp failed")
+        details = f"the ClientApp raised {type(e).__name__}; see the device's log"
+        if message is not None:
+            reply = Message(Error(code=APP_FAILED_CODE, reason=details), reply_to=message)
+    finally:
+        if reply is not None and context is not None:
+            try:
+                push_message(client, reply, context)
+            except Exception:  # noqa: BLE001 - logged; the SuperLink reports the missing reply
+                log.exception("pushing the reply failed")
+                status = SubStatus.FAILED
+        push_task_output(client=client, context=context, sub_status=status, details=details)
+        if heartbeat.is_running:
+            heartbeat.stop()
+        client.close()
+    return 0 if status == SubStatus.COMPLETED else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="cuvil-edge's ClientApp executor (started by `agent run`)")
+    parser.add_argument("mode", choices=("serve", "task"))
+    parser.add_argument("--runtime-api-address", required=True, help="the SuperNode's loopback Runtime API")
+    parser.add_argument("--secret-file", type=Path, help="serve: the Runtime API secret")
+    parser.add_argument("--parent-pid", type=int, help="stop when this process is gone")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s cuvil-edge app-gate %(levelname)s %(message)s")
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # unwinds run_task's finally: the output is pushed
+    if args.mode == "serve":
+        if args.secret_file is None:
+            parser.error("serve needs --secret-file")
+        serve_tasks(args.runtime_api_address, args.secret_file, args.parent_pid)
+        return 0
+    token = os.environ.pop(TOKEN_ENV, "")
+    if not token:
+        parser.error(f"task needs the task token in ${TOKEN_ENV}")
+    if args.parent_pid is not None:
+        from flwr.supercore.app_utils import start_parent_process_monitor
+
+        start_parent_process_monitor(args.parent_pid)
+    return run_task(args.runtime_api_address, token)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
