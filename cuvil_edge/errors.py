@@ -235,3 +235,20 @@ class LedgerError(PrivacyError):
 class ReplayError(PrivacyError):
     """A request's idempotency key was already claimed: a replayed or duplicated message is
     never trained, evaluated or released again."""
+
+
+# --- coordinator checkpoints (issue 21, item 5) ------------------------------------
+class CheckpointError(StateError):
+    """A coordinator checkpoint cannot be used to resume; nothing of it was used (the message names
+    the file and what to do)."""
+
+
+class CheckpointAuthenticationError(CheckpointError):
+    """A checkpoint carries no MAC, or its MAC does not verify under the coordinator home's
+    checkpoint key: it was changed after it was written, or written by another home, federation
+    or round."""
+
+
+class NonFiniteCheckpointError(CheckpointError):
+    """A checkpoint holds NaN or infinite weights or server-optimiser state, which a resumed run
+    would sign and ship to every site."""

@@ -9,6 +9,24 @@ Each failure is one :class:`~cuvil_edge.errors.DataError` naming the file and th
 The agent reads these on its own device; the records never leave it. Decoded image folders are kept
 in the agent's data cache (an ``.npz`` keyed by the folder's file list, sizes and modification
 times, and the model input), so a round does not decode every image again.
+
+**Image files are untrusted input (issue 21, item 6).** Whoever can drop a file into a class folder
+must not be able to make the agent run other decoders, exhaust its memory, or read files elsewhere:
+
+- Only Pillow's PNG and JPEG decoders are tried (``Image.open(..., formats=("PNG", "JPEG"))``),
+  whatever the suffix says: a BMP, TIFF or EPS (which would run Ghostscript) named ``.png`` is refused.
+- An image may declare at most :func:`pixel_cap` pixels, checked from its header before any pixel is
+  decoded: :data:`PIXELS_PER_INPUT_PIXEL` times the model input's height x width (16x its side; a
+  bigger downscale throws away over 99.6% of the pixels, so such photos belong downscaled before
+  they reach the device), but at least :data:`MIN_PIXEL_CAP` (a 24-megapixel, 6000 x 4000 camera
+  photo is ordinary data for any model) and at most :data:`MAX_PIXEL_CAP` (Pillow's own default
+  bomb threshold, kept whatever ``PIL.Image.MAX_IMAGE_PIXELS`` is set to). Pillow's
+  ``DecompressionBombError`` and ``DecompressionBombWarning`` (if escalated) become DataError too.
+- Symbolic links anywhere under ``data.path`` are refused, as is anything that resolves outside it;
+  each image is opened relative to its folder with ``O_NOFOLLOW``, so a link swapped in after the
+  listing is refused too, and only regular files are read (a FIFO cannot stall the agent).
+
+A DataError names the local file and the fix; it never states what the image holds or declares.
 """
 
 from __future__ import annotations
@@ -17,6 +35,8 @@ import csv
 import hashlib
 import io
 import math
+import os
+import stat
 import zipfile
 from pathlib import Path
 from typing import Optional, Sequence
@@ -30,6 +50,16 @@ from cuvil_edge.errors import DataError
 from cuvil_edge.ir.graph import Graph
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
+#: The only Pillow decoders a site's images go through.
+IMAGE_FORMATS = ("PNG", "JPEG")
+#: An image may have this many times the model input's pixels (16x its width and height) ...
+PIXELS_PER_INPUT_PIXEL = 256
+#: ... but at least a 24-megapixel camera photo's (6000 x 4000) ...
+MIN_PIXEL_CAP = 6000 * 4000
+#: ... and never more than Pillow's default ``MAX_IMAGE_PIXELS`` (about 0.25 GiB as 24-bit RGB).
+MAX_PIXEL_CAP = 89_478_485
+#: Part of the image cache key: entries decoded under older rules are never served again.
+_IMAGE_CACHE_VERSION = 2
 
 
 def model_io(graph: Graph) -> tuple[tuple[int, ...], int]:
@@ -190,7 +220,8 @@ def _image_folder(root: Path, record: tuple[int, ...], classes: Optional[Sequenc
     if len(record) != 3 or record[0] not in (1, 3):
         raise DataError(f"{root}: image folders need a model input [batch, 1 or 3 channels, height, width]; "
                         f"this model takes records of shape {record}")
-    folders = sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
+    root = root.resolve()
+    folders = sorted(p.name for p in _entries(root, root) if p.is_dir())
     names = list(classes) if classes is not None else folders
     missing = [c for c in names if c not in folders]
     if missing:
@@ -200,15 +231,16 @@ def _image_folder(root: Path, record: tuple[int, ...], classes: Optional[Sequenc
         raise DataError(f"{root}: sub-folders {extra} are not in data.classes {names}")
     files = []
     for label, name in enumerate(names):
-        found = sorted(p for p in (root / name).iterdir() if not p.name.startswith("."))
-        others = [p.name for p in found if p.suffix.lower() not in IMAGE_SUFFIXES or not p.is_file()]
+        found = sorted(_entries(root / name, root))
+        others = [p.name for p in found
+                  if p.suffix.lower() not in IMAGE_SUFFIXES or not stat.S_ISREG(p.lstat().st_mode)]
         if others:
             raise DataError(f"{root / name}: {others[:3]} are not PNG/JPEG files; a class folder holds images only")
         if not found:
             raise DataError(f"{root / name}: class {name!r} has no image; every class folder needs at least one")
         files.extend((p, label) for p in found)
-    key = hashlib.sha256(repr((record, [(str(p), p.stat().st_size, p.stat().st_mtime_ns, label)
-                                        for p, label in files])).encode()).hexdigest()[:24]
+    listing = [(str(p), p.lstat().st_size, p.lstat().st_mtime_ns, label) for p, label in files]
+    key = hashlib.sha256(repr((_IMAGE_CACHE_VERSION, record, listing)).encode()).hexdigest()[:24]
     cached = None if cache_dir is None else Path(cache_dir) / f"images-{key}.npz"
     if cached is not None and cached.exists():
         try:
@@ -216,7 +248,7 @@ def _image_folder(root: Path, record: tuple[int, ...], classes: Optional[Sequenc
                 return f["x"], f["y"]
         except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile):
             pass  # torn or damaged: decode again
-    x = np.stack([_image(p, record) for p, _ in files])
+    x = np.stack([_image(root, p, record) for p, _ in files])
     y = np.array([label for _, label in files], np.int64)
     if cached is not None:
         buffer = io.BytesIO()
@@ -229,15 +261,81 @@ def _image_folder(root: Path, record: tuple[int, ...], classes: Optional[Sequenc
     return x, y
 
 
-def _image(path: Path, record: tuple[int, ...]) -> np.ndarray:
-    """One image as float32 [channels, height, width] in [0, 1], resized to the model's input."""
+def pixel_cap(record: tuple[int, ...]) -> int:
+    """The most pixels an image may declare for a model taking ``record`` ([channels, height, width])."""
+    return min(MAX_PIXEL_CAP, max(MIN_PIXEL_CAP, PIXELS_PER_INPUT_PIXEL * record[1] * record[2]))
+
+
+def _entries(folder: Path, root: Path) -> list[Path]:
+    """The visible entries of ``folder`` (under ``root``, the resolved ``data.path``).
+
+    Raises:
+        DataError: one is a symbolic link, or resolves outside ``root``.
+    """
+    entries = [p for p in folder.iterdir() if not p.name.startswith(".")]
+    for p in entries:
+        if p.is_symlink():
+            raise DataError(f"{p}: a symbolic link; the files of an image folder must be in it (a link can make "
+                            f"the agent read files outside data.path {root}); copy the file or folder in instead")
+        if not p.resolve().is_relative_to(root):
+            raise DataError(f"{p}: resolves to outside data.path {root}; keep the site's images inside it")
+    return entries
+
+
+def _open_image_file(root: Path, path: Path):
+    """``path`` (``root/<class>/<file>``) opened for reading without following any link below ``root``.
+
+    Raises:
+        DataError: the class folder or the file is (now) a link, or not a regular file.
+    """
+    flags = os.O_RDONLY | os.O_NOFOLLOW
+    try:
+        root_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            folder_fd = os.open(path.parent.name, flags | os.O_DIRECTORY, dir_fd=root_fd)
+            try:
+                fd = os.open(path.name, flags | os.O_NONBLOCK, dir_fd=folder_fd)
+            finally:
+                os.close(folder_fd)
+        finally:
+            os.close(root_fd)
+    except OSError as e:
+        raise DataError(f"{path}: cannot be opened as a plain file inside data.path {root} ({e.strerror}); "
+                        "image folders hold their own files, no links") from e
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise DataError(f"{path}: not a regular file; a class folder holds PNG/JPEG files only")
+    return os.fdopen(fd, "rb")
+
+
+def _image(root: Path, path: Path, record: tuple[int, ...]) -> np.ndarray:
+    """One image as float32 [channels, height, width] in [0, 1], resized to the model's input.
+
+    Raises:
+        DataError: not a PNG or JPEG, more pixels than :func:`pixel_cap`, unreadable, or a link.
+    """
     from PIL import Image, UnidentifiedImageError
 
     channels, height, width = record
-    try:
-        with Image.open(path) as image:
-            image = image.convert("L" if channels == 1 else "RGB").resize((width, height), Image.BILINEAR)
-            pixels = np.asarray(image, dtype=np.float32) / 255.0
-    except (OSError, UnidentifiedImageError, ValueError) as e:
-        raise DataError(f"{path}: not a readable PNG/JPEG image ({e}); replace or remove it") from e
+    cap = pixel_cap(record)
+    with _open_image_file(root, path) as f:
+        try:
+            with Image.open(f, formats=IMAGE_FORMATS) as image:
+                if image.width * image.height > cap:  # from the header: nothing decoded yet
+                    raise DataError(_too_many_pixels(path, record, cap))
+                image = image.convert("L" if channels == 1 else "RGB").resize((width, height), Image.BILINEAR)
+                pixels = np.asarray(image, dtype=np.float32) / 255.0
+        except (Image.DecompressionBombError, Image.DecompressionBombWarning) as e:
+            raise DataError(_too_many_pixels(path, record, cap)) from e
+        except UnidentifiedImageError as e:
+            raise DataError(f"{path}: not a readable PNG/JPEG image (site images are decoded as PNG or JPEG "
+                            "only, whatever the suffix says); convert it to PNG or JPEG, or remove it") from e
+        except (OSError, ValueError) as e:
+            raise DataError(f"{path}: not a readable PNG/JPEG image ({e}); replace or remove it") from e
     return pixels[None] if channels == 1 else pixels.transpose(2, 0, 1)
+
+
+def _too_many_pixels(path: Path, record: tuple[int, ...], cap: int) -> str:
+    return (f"{path}: declares more than {cap} pixels, the cap for this model's {record[1]}x{record[2]} input "
+            f"({PIXELS_PER_INPUT_PIXEL}x its pixels, at least {MIN_PIXEL_CAP}, at most {MAX_PIXEL_CAP}); refused "
+            "before decoding (a decompression bomb, or far larger than the model needs): downscale it or remove it")

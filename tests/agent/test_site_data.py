@@ -232,3 +232,135 @@ def test_the_coordinators_test_records_are_files_it_holds(tmp_path):
         load_federation(federation)
     federation.write_text(yaml.safe_dump({**body, "dataset": {"test": {"kind": "npz", "path": "test.npz"}}}))
     assert load_federation(federation).dataset.test.path == (tmp_path / "test.npz").resolve()
+
+
+# --- image files are untrusted input (issue 21, item 6): one test per attack ----------------------
+def _png_declaring(width: int, height: int) -> bytes:
+    """A valid 1-bit greyscale PNG of ``width`` x ``height`` zeros: a few KB on disk, whatever it declares."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+
+    row = b"\0" * (1 + (width + 7) // 8)  # filter byte, then the packed bits
+    rows = zlib.compressobj(9)
+    data = b"".join(rows.compress(row) for _ in range(height)) + rows.flush()
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 1, 0, 0, 0, 0))
+            + chunk(b"IDAT", data) + chunk(b"IEND", b""))
+
+
+def _image_site(tmp_path: Path):
+    write_images(tmp_path / "imgs", {"a": 2, "b": 2})
+    return site_with(tmp_path, {"kind": "image-folder", "path": "imgs"})
+
+
+@pytest.mark.parametrize("fmt, name", [("BMP", "evil.png"), ("TIFF", "evil.jpg"), ("GIF", "evil.png"),
+                                       ("PPM", "evil.jpeg")])
+def test_bmp_image_is_refused(tmp_path, cnn, fmt, name):
+    """Another format under a PNG/JPEG name never reaches its decoder (BMP, TIFF, GIF, PPM)."""
+    from PIL import Image
+
+    site = _image_site(tmp_path)
+    Image.new("L", (16, 12), 99).save(tmp_path / "imgs" / "a" / name, format=fmt)
+    with pytest.raises(DataError, match=rf"a/{name}: not a readable PNG/JPEG image \(site images are decoded "
+                                        r"as PNG or JPEG only"):
+        load_site_data(site.data, cnn)
+
+
+def test_eps_image_is_refused(tmp_path, cnn, monkeypatch):
+    """An EPS named .jpg is refused without Pillow's EPS plugin ever looking for Ghostscript."""
+    import io
+
+    from PIL import EpsImagePlugin, Image
+
+    site = _image_site(tmp_path)
+    eps = io.BytesIO()
+    Image.new("L", (16, 12), 99).save(eps, format="EPS")
+    (tmp_path / "imgs" / "b" / "evil.jpg").write_bytes(eps.getvalue())
+    ghostscript = []
+
+    def spy(*args, **kwargs):  # stands in for running the `gs` binary on the site's file
+        ghostscript.append("run")
+        raise OSError("Ghostscript would have run here")
+
+    def looked_for() -> bool:
+        ghostscript.append("looked for")
+        return True
+
+    monkeypatch.setattr(EpsImagePlugin, "Ghostscript", spy)
+    monkeypatch.setattr(EpsImagePlugin, "has_ghostscript", looked_for)
+    with pytest.raises(DataError, match=r"b/evil.jpg: not a readable PNG/JPEG image"):
+        load_site_data(site.data, cnn)
+    assert ghostscript == []
+
+
+def test_decompression_bomb_png_is_a_data_error(tmp_path, cnn):
+    """200 Mpixel in a few KB: Pillow's own DecompressionBombError threshold; one DataError instead."""
+    site = _image_site(tmp_path)
+    bomb = _png_declaring(20000, 10000)
+    assert len(bomb) < 64 * 1024
+    (tmp_path / "imgs" / "a" / "bomb.png").write_bytes(bomb)
+    with pytest.raises(DataError, match=r"a/bomb.png: declares more than \d+ pixels, the cap for this model's "
+                                        r"8x8 input.*refused before decoding") as error:
+        load_site_data(site.data, cnn)
+    assert "20000" not in str(error.value) and "10000" not in str(error.value)  # nothing the file declares
+
+
+def test_png_above_the_models_pixel_cap_is_refused_before_decoding(tmp_path, cnn):
+    """32 Mpixel: below Pillow's thresholds (Pillow alone would decode it), above the cap for 8x8 input."""
+    from cuvil_edge.datasets.site_files import pixel_cap
+
+    site = _image_site(tmp_path)
+    assert 8000 * 4000 > pixel_cap((1, 8, 8))
+    (tmp_path / "imgs" / "b" / "huge.png").write_bytes(_png_declaring(8000, 4000))
+    with pytest.raises(DataError, match=r"b/huge.png: declares more than 24000000 pixels"):
+        load_site_data(site.data, cnn)
+
+
+@pytest.mark.parametrize("record, cap", [((1, 8, 8), 24_000_000), ((3, 224, 224), 24_000_000),
+                                         ((3, 512, 512), 256 * 512 * 512), ((3, 1024, 1024), 89_478_485)])
+def test_the_pixel_cap_follows_the_model_input_within_fixed_bounds(record, cap):
+    from cuvil_edge.datasets.site_files import pixel_cap
+
+    assert pixel_cap(record) == cap
+
+
+def test_symlink_outside_data_path_is_refused(tmp_path, cnn):
+    """A link in a class folder to an image outside data.path is not followed."""
+    from PIL import Image
+
+    site = _image_site(tmp_path)
+    (tmp_path / "outside").mkdir()
+    Image.new("L", (16, 12), 7).save(tmp_path / "outside" / "secret.png")
+    (tmp_path / "imgs" / "a" / "2.png").symlink_to(tmp_path / "outside" / "secret.png")
+    with pytest.raises(DataError, match=r"imgs/a/2.png: a symbolic link; .*outside data.path"):
+        load_site_data(site.data, cnn)
+
+
+@pytest.mark.parametrize("link", ["class folder", "link inside data.path"])
+def test_other_symlinks_in_an_image_folder_are_refused(tmp_path, cnn, link):
+    site = _image_site(tmp_path)
+    if link == "class folder":  # a whole class read from elsewhere
+        write_images(tmp_path / "outside", {"c": 2})
+        (tmp_path / "imgs" / "c").symlink_to(tmp_path / "outside" / "c", target_is_directory=True)
+        where = "imgs/c"
+    else:  # even a link that stays inside: the rule is "no links", not "links that look harmless"
+        (tmp_path / "imgs" / "b" / "copy.png").symlink_to(tmp_path / "imgs" / "a" / "1.png")
+        where = "imgs/b/copy.png"
+    with pytest.raises(DataError, match=rf"{where}: a symbolic link"):
+        load_site_data(site.data, cnn)
+
+
+def test_a_link_swapped_in_after_the_listing_is_not_followed(tmp_path):
+    """The open itself refuses links (O_NOFOLLOW, relative to the folder), not only the listing."""
+    from PIL import Image
+
+    from cuvil_edge.datasets.site_files import _image
+
+    (tmp_path / "imgs" / "a").mkdir(parents=True)
+    Image.new("L", (16, 12), 7).save(tmp_path / "secret.png")
+    (tmp_path / "imgs" / "a" / "0.png").symlink_to(tmp_path / "secret.png")
+    with pytest.raises(DataError, match=r"a/0.png: cannot be opened as a plain file inside data.path"):
+        root = (tmp_path / "imgs").resolve()
+        _image(root, root / "a" / "0.png", (1, 8, 8))
