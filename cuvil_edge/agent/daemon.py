@@ -29,7 +29,9 @@ log = logging.getLogger(__name__)
 #: What flower-supernode 1.42 logs when the SuperLink refuses its key (Flower's exit code 305; the
 #: process itself exits with status 1, so the log line is what tells a refusal from an outage).
 REFUSED_MARK = "Exit Code: 305"
-REFUSED_EXIT = 305
+#: `agent run`'s exit status once it gives up on a refused key: sysexits' EX_CONFIG (an exit status is
+#: 0..255, so Flower's 305 would reach systemd as 49).
+REFUSED_EXIT = 78
 #: The SuperNode's Runtime API secret (Flower's ``--superexec-auth-secret-file``), in the state's keys/.
 RUNTIME_SECRET = "runtime.secret"
 
