@@ -252,3 +252,9 @@ class CheckpointAuthenticationError(CheckpointError):
 class NonFiniteCheckpointError(CheckpointError):
     """A checkpoint holds NaN or infinite weights or server-optimiser state, which a resumed run
     would sign and ship to every site."""
+
+
+class UnsafePathError(StateError):
+    """A state or cache directory, or an entry in it, is not private to the agent's user: a
+    symbolic link, owned by another user, or writable by group or others (a key file: readable by
+    them). Nothing in it was used; the message names the path and the fix."""

@@ -5,6 +5,10 @@ node-authentication key pair (EC P-384, OpenSSH format, what Flower 1.42 authent
 SuperNodes with), its sealing key pair (X25519), the pinned trust root (stored in the
 anti-rollback state, PACKAGE_SPEC §10.2) and the pinned CA certificate. The enrollment file
 holds only public material; it is what the operator carries to the coordinator.
+
+The state directory is private (see agent/runtime.py): init creates it 0700, makes an existing
+one of ours 0700 (whatever its mode was), and refuses one that is a link or another user's, or
+that holds such an entry or one writable by group or others.
 """
 
 from __future__ import annotations
@@ -17,11 +21,12 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
+from cuvil_edge import private_dir
 from cuvil_edge.atomic import atomic_write
 from cuvil_edge.config.enrollment import Enrollment
 from cuvil_edge.config.home import site_state_dir
 from cuvil_edge.config.site import SiteConfig
-from cuvil_edge.errors import ConfigError, KeyFileError
+from cuvil_edge.errors import ConfigError, KeyFileError, StateError
 from cuvil_edge.ir_serialize import AntiRollbackState
 from cuvil_edge.ir_serialize.sealing import generate_seal_keypair, save_seal_keys
 
@@ -30,6 +35,23 @@ log = logging.getLogger(__name__)
 NODE_KEY = "node_auth"
 CA_FILE = "ca.crt"
 ENROLLMENT_FILE = "enrollment.json"
+
+
+def _private_state_dir(state: Path) -> None:
+    """Create ``state`` 0700, or make the one of ours there 0700; then check its entries.
+
+    Raises:
+        UnsafePathError: it, or an entry in it, is not private (and cannot be made so here).
+        StateError: it cannot be created or changed.
+    """
+    try:
+        if private_dir.lstat(state) is not None and private_dir.tighten_dir(state, what="state directory"):
+            log.warning("state directory %s was open to group or others; it is 0700 now", state)
+        private_dir.ensure_private_dir(state, what="state directory", disposable=False)
+        private_dir.check_entries(state, what="state directory", disposable=False)
+    except OSError as e:
+        raise StateError(f"cannot create or tighten the state directory {state}: {e}; fix its path or "
+                         "permissions") from e
 
 
 @dataclass(frozen=True)
@@ -49,8 +71,12 @@ def init_site(site: SiteConfig, trust_root: Path, *, ca: Path | None = None, hom
             or ``trust_root``/``ca`` is unreadable.
         PackageError: ``trust_root`` is not a root.json signed by its own root keys.
         ConfigError: ``ca`` is not a PEM certificate.
+        UnsafePathError: the state directory is a link or another user's, or an entry in it is
+            a link, another user's or writable by group or others.
+        StateError: the state directory cannot be created.
     """
     state = site_state_dir(site, home)
+    _private_state_dir(state)
     keys = state / "keys"
     if (keys / NODE_KEY).exists() and not force:
         raise KeyFileError(f"{keys / NODE_KEY} exists: this device is already set up as site {site.site!r}; "

@@ -8,6 +8,10 @@ compile and run packages.  All IO of the agent's state directory happens here:
     <state_dir>/ledger.sqlite     privacy ledger
     <state_dir>/packages/         verified packages only, v<version>-<manifest sha256>.cpkg, the newest N kept
     <state_dir>/build-cache/      compiled modules (pruned source kept for people)
+
+The state directory holds the site's keys, its ledger and code the agent runs, so it is private
+(:func:`check_state_dir`): created 0700, and refused when it or an entry directly in it is a link,
+another user's, or writable by group or others (`cuvil-edge agent init` makes one of ours 0700).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
+from cuvil_edge import private_dir
 from cuvil_edge.atomic import atomic_write
 from cuvil_edge.config.site import SiteConfig
 from cuvil_edge.device_targets import CompiledModel, build, load_target
@@ -50,6 +55,23 @@ class _Loaded:
     payload_digest: str
 
 
+def check_state_dir(state_dir: Path) -> None:
+    """Create ``state_dir`` 0700 (missing parents too), or check the one there and each entry
+    directly in it: none may be a link, another user's, or writable by group or others. Deeper
+    entries are checked where they are read (the build cache checks its own).
+
+    Raises:
+        UnsafePathError: what is wrong, and the chmod/chown that fixes it.
+        StateError: the directory cannot be created.
+    """
+    try:
+        private_dir.ensure_private_dir(state_dir, what="state directory", disposable=False)
+        private_dir.check_entries(state_dir, what="state directory", disposable=False)
+    except OSError as e:
+        raise StateError(f"cannot create or read the state directory {state_dir}: {e}; fix its path or "
+                         "permissions") from e
+
+
 class AgentRuntime:
     """One site's agent: owns its state directory, pinned trust root and sealing key.
 
@@ -65,10 +87,11 @@ class AgentRuntime:
         Raises:
             KeyFileError: ``trust_root`` is not a readable root.json.
             StateError: no ``trust_root`` and the state was never initialised.
+            UnsafePathError: the state directory is not private (:func:`check_state_dir`).
         """
         self.site = site
         self.state_dir = Path(state_dir)
-        self.state_dir.mkdir(parents=True, exist_ok=True)
+        check_state_dir(self.state_dir)
         self.target = load_target(site.target)
         self.clock = clock
         self.rollback = AntiRollbackState(self.state_dir)

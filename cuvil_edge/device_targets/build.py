@@ -2,25 +2,35 @@
 
 Cache layout (one folder per key)::
 
+    <cache_dir>/mac.key           32 random bytes (0600) that authenticate every entry, made on first use
     <cache_dir>/<key>/module.py   the pruned source that runs, for people to read
     <cache_dir>/<key>/module.code that source compiled (marshal), so a fresh process skips compile()
-    <cache_dir>/<key>/meta.json   what it was built from, and the source's sha256
+    <cache_dir>/<key>/meta.json   what it was built from, the source's sha256 and its MAC
 
 ``key`` is sha256 over (the graph's structure digest, target name, target spec
 digest, precision, :data:`COMPILER_VERSION`, op templates digest).  The module takes
 the weights as an argument at run time, so its source depends on the graph's structure
 only (:func:`structure_digest`): the next round's package, same model with new weights,
-hits the cache.  Every file is written atomically (temp file + rename), meta.json
+hits the cache.  Every file is written atomically (temp file + rename, 0600), meta.json
 last, so a half-written entry is never taken for a hit.
 
-A hit trusts nothing it reads: module.py must match meta.json's sha256, and module.code
-is used only when its header names this Python's bytecode magic number, the sha256 of
-that very source and the sha256 of its own marshalled bytes (anything else: compile the
-source again and rewrite module.code).  marshal, never pickle: it can only build code
-objects and constants.  An agent is a long-lived daemon, so each process also keeps the
-code objects it built or loaded (:data:`_MEMO`, by entry folder) and reuses one when the
-entry's checked source is the one it was compiled from; each CompiledModel still gets
-a module namespace of its own.
+The cache holds code the agent runs, so it is private (:mod:`cuvil_edge.private_dir`): the
+folder and each entry folder are created 0700, and the folder, an entry folder or a file read
+from it that is a link, another user's, or writable by group or others is refused
+(:class:`UnsafePathError`, naming the path and the fix). And a hit trusts nothing it reads
+that the cache's own key did not authenticate: module.py is used only when meta.json's
+``source_mac`` is HMAC-SHA256 (under ``mac.key``) of the entry's key and the source's exact
+bytes (a sha256 alone is integrity, which anyone can recompute: not who wrote it), and
+module.code only when its header names this Python's bytecode magic number and holds the MAC
+of (entry key, that magic, the source's sha256, the marshalled bytes) -- anything else is
+rebuilt (module.py: a miss, generated again; module.code: compiled again from the checked
+source and rewritten), with a logged warning, never run.  The key lives in the cache folder
+because build() knows only ``cache_dir`` (for an agent, ``<state_dir>/build-cache``, inside its
+private state directory).  marshal, never pickle: it can only build code objects and
+constants.  An agent is a long-lived daemon, so each process also keeps the code objects it
+built or loaded (:data:`_MEMO`, by entry folder) and reuses one when the entry's checked
+source is the one it was compiled from; each CompiledModel still gets a module namespace of
+its own.
 """
 
 from __future__ import annotations
@@ -30,6 +40,7 @@ import importlib.util
 import json
 import logging
 import marshal
+import os
 import threading
 import time
 import types
@@ -39,6 +50,7 @@ from typing import Any, Callable, Mapping, NamedTuple, Protocol, runtime_checkab
 
 import numpy as np
 
+from cuvil_edge import private_dir
 from cuvil_edge.atomic import atomic_write
 from cuvil_edge.errors import BuildError, CuvilError, ExecutionError
 from cuvil_edge.ir.graph import Graph
@@ -50,8 +62,10 @@ from cuvil_edge.device_targets.spec import TargetSpec, resolve
 logger = logging.getLogger(__name__)
 
 #: Bump when codegen, pruning or the cache layout change in a way that changes built modules
-#: (2: module.code beside module.py; templates digested by file).
-COMPILER_VERSION = f"cuvil-edge-compiler/2+codegen{codegen.CODEGEN_VERSION}"
+#: (2: module.code beside module.py; templates digested by file; 3: entries authenticated by a MAC).
+COMPILER_VERSION = f"cuvil-edge-compiler/3+codegen{codegen.CODEGEN_VERSION}"
+#: The build cache's MAC key, in the cache folder (see the module docstring).
+KEY_FILE = "mac.key"
 
 
 @runtime_checkable
@@ -168,6 +182,8 @@ def build(
         BuildError: the graph cannot run on this target (e.g. non-batch symbolic
             dims on a static-shape target), or generating/compiling failed.
         ModelError: the graph uses an op the registry does not have (UnsupportedOpError).
+        UnsafePathError: ``cache_dir``, its key or an entry read is a link, another user's, or
+            writable by group or others (nothing in it was run).
     """
     start = time.perf_counter()
     spec = resolve(target)
@@ -180,9 +196,11 @@ def build(
     except ValueError:  # a graph to_dict() cannot describe (a big tensor attribute): key by payload
         structure = digest
     key = cache_key(structure, spec, precision)
-    entry = Path(cache_dir).absolute() / key
+    root = Path(cache_dir).absolute()
+    mac_key = _mac_key(root)
+    entry = root / key
     path = entry / "module.py"
-    loaded = _load_entry(entry)
+    loaded = _load_entry(entry, mac_key)
     hit = loaded is not None
     if loaded is None:
         try:
@@ -196,7 +214,7 @@ def build(
         code = _compile(source, path, spec)
         _write_entry(entry, source, code, {"payload_digest": digest, "target": spec.name,
                                            "target_spec": spec.digest(), "precision": precision,
-                                           "compiler": COMPILER_VERSION, "graph": graph.name})
+                                           "compiler": COMPILER_VERSION, "graph": graph.name}, mac_key)
         loaded = _remember(entry, source, code)
     run_fn = _instantiate(loaded.code, path, spec)
     seconds = time.perf_counter() - start
@@ -215,9 +233,32 @@ class _Loaded(NamedTuple):
 _MEMO: dict[str, _Loaded] = {}
 _MEMO_LOCK = threading.Lock()
 _MEMO_SIZE = 64  # a daemon sees a handful of models and targets; bounded all the same
-#: module.code header: format tag, this Python's bytecode magic, sha256 of the source, sha256 of the rest.
+#: module.code header: format tag, this Python's bytecode magic, the MAC (see the module docstring).
 _CODE_TAG = b"CUVLCODE"
-_CODE_HEADER = len(_CODE_TAG) + len(importlib.util.MAGIC_NUMBER) + 32 + 32
+_CODE_HEADER = len(_CODE_TAG) + len(importlib.util.MAGIC_NUMBER) + 32
+
+
+def _mac_key(root: Path) -> bytes:
+    """The cache folder ``root``, checked or created 0700, and its MAC key (made on first use).
+
+    Raises:
+        UnsafePathError: the folder or its key is not private (see the module docstring).
+        BuildError: the folder or its key cannot be created.
+    """
+    try:
+        private_dir.ensure_private_dir(root, what="build cache")
+        return private_dir.load_or_create_key(root / KEY_FILE, what="build cache key")
+    except OSError as e:
+        raise BuildError(f"cannot create the build cache {root} or its key {root / KEY_FILE}: {e}; "
+                         "check cache_dir is writable") from e
+
+
+def _source_parts(entry: Path, source: bytes) -> tuple[bytes, ...]:
+    return b"cuvil-edge build module.py", entry.name.encode(), source
+
+
+def _code_parts(entry: Path, source_sha: bytes, payload: bytes) -> tuple[bytes, ...]:
+    return b"cuvil-edge build module.code", entry.name.encode(), importlib.util.MAGIC_NUMBER, source_sha, payload
 
 
 def _remember(entry: Path, source: str, code: types.CodeType) -> _Loaded:
@@ -229,12 +270,20 @@ def _remember(entry: Path, source: str, code: types.CodeType) -> _Loaded:
     return loaded
 
 
-def _load_entry(entry: Path) -> _Loaded | None:
-    """The entry's source and code if it is complete and intact, else None (a miss). The source is
-    read and checked every time (0.2 ms for ResNet-50); its code comes from this process's memo when
-    the memo holds that same source, else from module.code, else from compile() (and module.code
-    is rewritten)."""
-    source = _read_cached(entry)
+def _load_entry(entry: Path, mac_key: bytes) -> _Loaded | None:
+    """The entry's source and code if it is complete and authenticated, else None (a miss). The
+    source is read and checked every time (0.2 ms for ResNet-50); its code comes from this
+    process's memo when the memo holds that same source, else from module.code, else from
+    compile() (and module.code is rewritten).
+
+    Raises:
+        UnsafePathError: the entry folder or one of its files is not private.
+    """
+    st = private_dir.lstat(entry)
+    if st is None:
+        return None
+    private_dir.check(entry, st, what="build cache entry", directory=True)
+    source = _read_cached(entry, mac_key)
     if source is None:
         return None
     with _MEMO_LOCK:
@@ -243,7 +292,7 @@ def _load_entry(entry: Path) -> _Loaded | None:
         return known
     sha = hashlib.sha256(source.encode()).digest()
     path = entry / "module.py"
-    code = _read_code(entry / "module.code", sha, path)
+    code = _read_code(entry / "module.code", mac_key, sha, path)
     if code is None:
         try:
             code = _compile(source, path, None)
@@ -251,24 +300,31 @@ def _load_entry(entry: Path) -> _Loaded | None:
             logger.warning("cached module %s does not compile; rebuilding", path)
             return None
         try:
-            atomic_write(entry / "module.code", _code_bytes(code, sha), mode=0o644)
+            atomic_write(entry / "module.code", _code_bytes(code, mac_key, entry, sha), mode=0o600)
         except OSError as e:  # a read-only cache still serves hits, compiling each time
             logger.warning("cannot rewrite %s: %s", entry / "module.code", e)
     return _remember(entry, source, code)
 
 
-def _read_code(path: Path, source_sha: bytes, source_path: Path) -> types.CodeType | None:
-    """The code object in ``path`` if its header matches (tag, Python magic, ``source_sha``, its
-    own digest) and it was compiled from ``source_path``, else None."""
+def _read_code(path: Path, mac_key: bytes, source_sha: bytes, source_path: Path) -> types.CodeType | None:
+    """The code object in ``path`` if its header matches (tag, Python magic, the MAC of the entry,
+    ``source_sha`` and the payload) and it was compiled from ``source_path``, else None.
+
+    Raises:
+        UnsafePathError: ``path`` is a link, another user's, or writable by group or others.
+    """
     try:
-        data = path.read_bytes()
+        data = private_dir.read_private(path, what="build cache file")
     except OSError:
+        return None
+    if data is None:
         return None
     tag, magic = _CODE_TAG, importlib.util.MAGIC_NUMBER
     head, payload = data[:_CODE_HEADER], data[_CODE_HEADER:]
     if (len(head) != _CODE_HEADER or head[:len(tag)] != tag or head[len(tag):len(tag) + len(magic)] != magic
-            or head[-64:-32] != source_sha or head[-32:] != hashlib.sha256(payload).digest()):
-        logger.info("%s does not match its source or this Python; compiling", path)
+            or not private_dir.mac_matches(mac_key, head[-32:], *_code_parts(path.parent, source_sha, payload))):
+        logger.warning("%s is not authenticated for its source and this Python: not run, compiling the source again",
+                       path)
         return None
     try:
         code = marshal.loads(payload)
@@ -279,9 +335,10 @@ def _read_code(path: Path, source_sha: bytes, source_path: Path) -> types.CodeTy
     return code
 
 
-def _code_bytes(code: types.CodeType, source_sha: bytes) -> bytes:
+def _code_bytes(code: types.CodeType, mac_key: bytes, entry: Path, source_sha: bytes) -> bytes:
     payload = marshal.dumps(code)
-    return _CODE_TAG + importlib.util.MAGIC_NUMBER + source_sha + hashlib.sha256(payload).digest() + payload
+    return (_CODE_TAG + importlib.util.MAGIC_NUMBER + private_dir.mac(mac_key, *_code_parts(entry, source_sha, payload))
+            + payload)
 
 
 def _compile(source: str, path: Path, spec: TargetSpec | None) -> types.CodeType:
@@ -297,7 +354,7 @@ def _instantiate(code: types.CodeType, path: Path, spec: TargetSpec) -> Callable
     """Run the module's code in a namespace of its own; its ``run``."""
     namespace: dict[str, Any] = {"__name__": f"cuvil_edge_built_{path.parent.name[:16]}"}
     try:
-        exec(code, namespace)  # noqa: S102 - our own generated, pruned source
+        exec(code, namespace)  # noqa: S102 - our own generated, pruned source, authenticated by the cache's MAC
     except Exception as e:
         raise BuildError(f"loading the module for target {spec.name!r} failed: {type(e).__name__}: {e} "
                          f"(source: {path}); delete that cache entry and build again") from e
@@ -308,27 +365,50 @@ def _instantiate(code: types.CodeType, path: Path, spec: TargetSpec) -> Callable
     return namespace["run"]
 
 
-def _read_cached(entry: Path) -> str | None:
-    """The cached source if the entry is complete and intact, else None."""
+def _read_cached(entry: Path, mac_key: bytes) -> str | None:
+    """The cached source if the entry is complete and its MAC verifies, else None.
+
+    Raises:
+        UnsafePathError: module.py or meta.json is a link, another user's, or group/other-writable.
+    """
     try:
-        meta = json.loads((entry / "meta.json").read_text(encoding="utf-8"))
-        source = (entry / "module.py").read_text(encoding="utf-8")
+        meta_bytes = private_dir.read_private(entry / "meta.json", what="build cache file")
+        source_bytes = private_dir.read_private(entry / "module.py", what="build cache file")
+        if meta_bytes is None or source_bytes is None:
+            return None
+        meta = json.loads(meta_bytes.decode("utf-8"))
+        source = source_bytes.decode("utf-8")
+        stored = meta.get("source_mac") if isinstance(meta, dict) else None
+        tag = bytes.fromhex(stored) if isinstance(stored, str) else None
     except (OSError, ValueError):
         return None
-    if not isinstance(meta, dict) or meta.get("source_sha256") != hashlib.sha256(source.encode()).hexdigest():
-        logger.warning("cache entry %s does not match its meta.json; rebuilding", entry)
+    if not private_dir.mac_matches(mac_key, tag, *_source_parts(entry, source_bytes)):
+        logger.warning("cache entry %s is not authenticated by %s (its module.py or meta.json was changed, or "
+                       "written by another cache): not run, rebuilding", entry, entry.parent / KEY_FILE)
         return None
     return source
 
 
-def _write_entry(entry: Path, source: str, code: types.CodeType, meta: dict[str, Any]) -> None:
-    """module.py, module.code, then meta.json (whose presence and digest make the entry a hit)."""
-    sha = hashlib.sha256(source.encode())
+def _write_entry(entry: Path, source: str, code: types.CodeType, meta: dict[str, Any], mac_key: bytes) -> None:
+    """module.py, module.code, then meta.json (whose presence and MAC make the entry a hit).
+
+    Raises:
+        UnsafePathError: the entry folder is a link, another user's, or group/other-writable.
+        BuildError: the files cannot be written.
+    """
+    data = source.encode("utf-8")
+    sha = hashlib.sha256(data)
     try:
-        entry.mkdir(parents=True, exist_ok=True)
-        atomic_write(entry / "module.py", source.encode("utf-8"), mode=0o644)
-        atomic_write(entry / "module.code", _code_bytes(code, sha.digest()), mode=0o644)
-        meta = {**meta, "source_sha256": sha.hexdigest()}
-        atomic_write(entry / "meta.json", (json.dumps(meta, indent=2, sort_keys=True) + "\n").encode("utf-8"), mode=0o644)
+        try:
+            os.mkdir(entry, 0o700)
+        except FileExistsError:
+            pass
+        private_dir.check(entry, os.lstat(entry), what="build cache entry", directory=True)
+        atomic_write(entry / "module.py", data, mode=0o600)
+        atomic_write(entry / "module.code", _code_bytes(code, mac_key, entry, sha.digest()), mode=0o600)
+        meta = {**meta, "source_sha256": sha.hexdigest(),
+                "source_mac": private_dir.mac(mac_key, *_source_parts(entry, data)).hex()}
+        text = json.dumps(meta, indent=2, sort_keys=True) + "\n"
+        atomic_write(entry / "meta.json", text.encode("utf-8"), mode=0o600)
     except OSError as e:
         raise BuildError(f"cannot write build cache entry {entry}: {e}; check cache_dir is writable") from e

@@ -1,13 +1,18 @@
 """The build cache (issue 12, item 5): keyed by structure, so new weights reuse the module without
-code generation; what is read back is checked, never trusted; concurrent builds of one key succeed;
-and the cold path's shortcuts (memos, change tracking) leave the generated module as it was."""
+code generation; what is read back is checked, never trusted (issue 21, item 4: authenticated by the
+cache's own MAC key, and refused when not private to this user); concurrent builds of one key
+succeed; and the cold path's shortcuts (memos, change tracking) leave the generated module as it was."""
 
 from __future__ import annotations
 
 import ast
+import hashlib
 import importlib.util
 import json
 import marshal
+import os
+import re
+import stat
 import sys
 import threading
 from dataclasses import dataclass, replace
@@ -15,8 +20,10 @@ from dataclasses import dataclass, replace
 import numpy as np
 import pytest
 
+from cuvil_edge import private_dir
 from cuvil_edge.device_targets import build, codegen, load_target
 from cuvil_edge.device_targets import prune as prune_module
+from cuvil_edge.errors import UnsafePathError
 from cuvil_edge.ir import interpreter, ops
 from cuvil_edge.ir.graph import Node, TensorType, Value
 from cuvil_edge.ir.infer import build_graph, with_initializers
@@ -61,6 +68,15 @@ def _forget():
     BUILD._MEMO.clear()
 
 
+def _entries(root):
+    """The cache's entry folders (beside them: its MAC key)."""
+    return sorted(p.name for p in root.iterdir() if p.is_dir())
+
+
+def _mac_key(root) -> bytes:
+    return (root / BUILD.KEY_FILE).read_bytes()
+
+
 # --- new weights hit, without code generation, and compute with the new weights ---------------------
 @pytest.mark.parametrize("fresh_process", [False, True])
 @pytest.mark.parametrize("target", TARGETS)
@@ -81,7 +97,8 @@ def test_new_float_weights_hit_without_codegen_and_run_with_the_new_weights(tmp_
     assert (first.cache_hit, model.cache_hit) == (False, True) and model.key == first.key
     np.testing.assert_allclose(model.run({"x": X})["y"], interpreter.run(newer, {"x": X})["y"], rtol=1e-3, atol=1e-3)
     assert not np.allclose(model.run({"x": X})["y"], first.run({"x": X})["y"])
-    assert [p.name for p in tmp_path.iterdir()] == [first.key]
+    assert _entries(tmp_path) == [first.key]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([BUILD.KEY_FILE, first.key])
 
 
 @pytest.mark.parametrize("change", ["reshape shape", "attribute"])
@@ -135,9 +152,18 @@ def _header(code_bytes: bytes) -> tuple[bytes, bytes]:
     return code_bytes[:BUILD._CODE_HEADER], code_bytes[BUILD._CODE_HEADER:]
 
 
-def _planted(source_sha: bytes, text: str, path) -> bytes:
-    """A well-formed module.code holding ``text`` compiled, whose header claims ``source_sha``."""
-    return BUILD._code_bytes(compile(text, str(path), "exec"), source_sha)
+def _planted(text: str, path) -> bytes:
+    """A well-formed module.code holding ``text`` compiled, for the real source, whose MAC is made
+    under a key of the attacker's own (the cache's is not theirs to read)."""
+    source_sha = hashlib.sha256(path.with_name("module.py").read_bytes()).digest()
+    return BUILD._code_bytes(compile(text, str(path.with_name("module.py")), "exec"), os.urandom(32), path.parent,
+                             source_sha)
+
+
+def _other_entry_mac(meta_path) -> str:
+    """The real key's MAC of this very source, made for another entry's key."""
+    source = meta_path.with_name("module.py").read_bytes()
+    return private_dir.mac(_mac_key(meta_path.parents[1]), b"cuvil-edge build module.py", b"0" * 64, source).hex()
 
 
 EVIL = "def run(W, feeds):\n    raise SystemExit('planted code ran')\nBUILT_FOR = {'target': 'rpi4'}\n"
@@ -158,13 +184,13 @@ CORRUPTIONS = {
     "module.code empty": ("module.code", lambda p: p.write_bytes(b""), True),
     "module.code other python": ("module.code", lambda p: p.write_bytes(
         BUILD._CODE_TAG + bytes(4) + p.read_bytes()[len(BUILD._CODE_TAG) + 4:]), True),
-    "module.code planted, other source's digest": ("module.code", lambda p: p.write_bytes(
-        _planted(bytes(32), EVIL, p.with_name("module.py"))), True),
+    "module.code planted, MAC under another key": ("module.code", lambda p: p.write_bytes(_planted(EVIL, p)), True),
     "module.code planted, payload digest stale": ("module.code", lambda p: p.write_bytes(
         _header(p.read_bytes())[0] + marshal.dumps(compile(EVIL, str(p.with_name("module.py")), "exec"))), True),
-    "module.code not code": ("module.code", lambda p: p.write_bytes(
-        _header(p.read_bytes())[0][:-32] + __import__("hashlib").sha256(marshal.dumps(42)).digest()
-        + marshal.dumps(42)), True),
+    "module.code not code, a sha256 for its MAC": ("module.code", lambda p: p.write_bytes(
+        _header(p.read_bytes())[0][:-32] + hashlib.sha256(marshal.dumps(42)).digest() + marshal.dumps(42)), True),
+    "meta.json MAC of another entry": ("meta.json", lambda p: p.write_text(json.dumps(
+        {**json.loads(p.read_text()), "source_mac": _other_entry_mac(p)})), False),
 }
 
 
@@ -184,8 +210,8 @@ def test_a_corrupted_cache_entry_is_rebuilt_not_trusted(tmp_path, case, in_memor
         _forget()
         assert build(Package(_graph(), _digest(1)), "rpi4", cache_dir=tmp_path).cache_hit
     # the entry is whole again: a fresh process takes it as a hit and compiles nothing
-    sha = __import__("hashlib").sha256((entry / "module.py").read_bytes()).digest()
-    assert BUILD._read_code(entry / "module.code", sha, entry / "module.py") is not None
+    sha = hashlib.sha256((entry / "module.py").read_bytes()).digest()
+    assert BUILD._read_code(entry / "module.code", _mac_key(tmp_path), sha, entry / "module.py") is not None
     assert json.loads((entry / "meta.json").read_text())["source_sha256"] == sha.hex()
 
 
@@ -198,12 +224,19 @@ def test_module_code_from_a_moved_cache_folder_is_recompiled(tmp_path):
     assert first.source_path != again.source_path
 
 
-def test_module_code_header_names_python_magic_and_source(tmp_path):
+def test_module_code_header_names_python_magic_and_holds_the_mac_of_its_source_and_code(tmp_path):
     model = build(Package(_graph(), _digest(1)), "rpi4", cache_dir=tmp_path)
-    data = (model.source_path.parent / "module.code").read_bytes()
+    entry = model.source_path.parent
+    data = (entry / "module.code").read_bytes()
     tag, magic = BUILD._CODE_TAG, importlib.util.MAGIC_NUMBER
     assert data.startswith(tag + magic)
-    assert data[len(tag) + len(magic):][:32] == __import__("hashlib").sha256(model.source.encode()).digest()
+    mac = data[len(tag) + len(magic):BUILD._CODE_HEADER]
+    parts = (b"cuvil-edge build module.code", model.key.encode(), magic, hashlib.sha256(model.source.encode()).digest(),
+             data[BUILD._CODE_HEADER:])
+    assert private_dir.mac_matches(_mac_key(tmp_path), mac, *parts)
+    meta = json.loads((entry / "meta.json").read_text())
+    assert private_dir.mac_matches(_mac_key(tmp_path), bytes.fromhex(meta["source_mac"]), b"cuvil-edge build module.py",
+                                   model.key.encode(), model.source.encode())
 
 
 # --- concurrency ------------------------------------------------------------------------------------
@@ -231,7 +264,7 @@ def test_two_threads_building_one_key_at_once_both_succeed(tmp_path, round_):
         np.testing.assert_allclose(got, interpreter.run(graph, {"x": X})["y"], rtol=1e-5, atol=1e-6)
     _forget()
     assert build(Package(graphs[0], _digest(3)), "x86-64", cache_dir=tmp_path).cache_hit
-    assert len(list(tmp_path.iterdir())) == 1 and not list(tmp_path.glob("*/.*.tmp"))
+    assert len(_entries(tmp_path)) == 1 and not list(tmp_path.glob("*/.*.tmp")) and not list(tmp_path.glob(".*.tmp"))
 
 
 # --- the cold path's shortcuts leave the module as it was ---------------------------------------------
@@ -316,3 +349,122 @@ def test_an_int_tensor_another_op_also_reads_still_keys_the_cache(tmp_path):
     assert BUILD.structure_digest(_qdq_graph(np.arange(6), 0)) == BUILD.structure_digest(_qdq_graph(-np.arange(6), 5))
     assert BUILD.structure_digest(_qdq_graph(np.arange(6), 0)) != BUILD.structure_digest(
         _qdq_graph(np.arange(6), 0, shape=(3, 2)))
+
+
+# --- attacks on the cache (issue 21, item 4): one named test each ------------------------------------
+def _marker_module(marker) -> str:
+    """A module that would pass every check but the MAC: it writes ``marker`` when it is run."""
+    return (f"open({str(marker)!r}, 'w').write('planted module ran')\n"
+            "def run(W, feeds):\n    raise SystemExit('planted module ran')\nBUILT_FOR = {'target': 'rpi4'}\n")
+
+
+def _rebuilt_and_correct(tmp_path, first):
+    again = build(Package(_graph(), _digest(1)), "rpi4", cache_dir=tmp_path)
+    np.testing.assert_allclose(again.run({"x": X})["y"], interpreter.run(_graph(), {"x": X})["y"], rtol=1e-5, atol=1e-6)
+    assert again.source == first.source and first.source_path.read_text() == first.source
+    return again
+
+
+@pytest.mark.parametrize("fresh_process", [True, False])
+def test_swapped_module_with_matching_sha256_is_rebuilt_not_run(tmp_path, fresh_process):
+    """module.py rewritten and meta.json's sha256 updated to match (anyone can compute a sha256):
+    the MAC does not verify, so the module is generated again; the planted one never runs."""
+    first = build(Package(_graph(), _digest(1)), "rpi4", cache_dir=tmp_path)
+    entry, marker = first.source_path.parent, tmp_path.parent / f"{tmp_path.name}-module-ran"
+    evil = _marker_module(marker)
+    first.source_path.write_text(evil)
+    meta = json.loads((entry / "meta.json").read_text())
+    (entry / "meta.json").write_text(json.dumps({**meta, "source_sha256": hashlib.sha256(evil.encode()).hexdigest()}))
+    if fresh_process:
+        _forget()
+    try:
+        again = _rebuilt_and_correct(tmp_path, first)
+    finally:
+        assert not marker.exists(), "the swapped module.py ran"
+    assert not again.cache_hit
+
+
+def test_swapped_module_code_is_rebuilt(tmp_path):
+    """module.code replaced by planted code under a header of checkable hashes (the real source's
+    sha256, the payload's own sha256; what the cache used to accept): it is not authenticated,
+    so the checked module.py is compiled again and module.code rewritten; the planted code never runs."""
+    first = build(Package(_graph(), _digest(1)), "rpi4", cache_dir=tmp_path)
+    entry, marker = first.source_path.parent, tmp_path.parent / f"{tmp_path.name}-code-ran"
+    payload = marshal.dumps(compile(_marker_module(marker), str(first.source_path), "exec"))
+    (entry / "module.code").write_bytes(b"CUVLCODE" + importlib.util.MAGIC_NUMBER
+                                        + hashlib.sha256(first.source.encode()).digest()
+                                        + hashlib.sha256(payload).digest() + payload)
+    _forget()
+    try:
+        again = _rebuilt_and_correct(tmp_path, first)
+    finally:
+        assert not marker.exists(), "the swapped module.code ran"
+    assert again.cache_hit  # the source was intact: only its code was made again
+    sha = hashlib.sha256(first.source.encode()).digest()
+    assert BUILD._read_code(entry / "module.code", _mac_key(tmp_path), sha, first.source_path) is not None
+
+
+def test_a_new_cache_is_private(tmp_path):
+    root = tmp_path / "made" / "cache"
+    model = build(Package(_graph(), _digest(1)), "rpi4", cache_dir=root)
+    entry = model.source_path.parent
+    modes = {p.name: stat.S_IMODE(os.lstat(p).st_mode) for p in (root.parent, root, entry, root / BUILD.KEY_FILE,
+                                                                   *entry.iterdir())}
+    assert modes == {"made": 0o700, "cache": 0o700, model.key: 0o700, BUILD.KEY_FILE: 0o600,
+                     "module.py": 0o600, "module.code": 0o600, "meta.json": 0o600}
+
+
+def _built(tmp_path):
+    model = build(Package(_graph(), _digest(1)), "rpi4", cache_dir=tmp_path / "cache")
+    return model, tmp_path / "cache", model.source_path.parent
+
+
+#: what is opened up -> (where, mode, what the message says to run)
+OPENED = {"cache folder": (lambda root, entry: root, 0o777, "chmod 700"),
+          "entry folder": (lambda root, entry: entry, 0o775, "chmod 700"),
+          "module.py": (lambda root, entry: entry / "module.py", 0o666, "chmod 600"),
+          "meta.json": (lambda root, entry: entry / "meta.json", 0o620, "chmod 600"),
+          "module.code": (lambda root, entry: entry / "module.code", 0o602, "chmod 600"),
+          "MAC key readable by others": (lambda root, entry: root / BUILD.KEY_FILE, 0o644, "chmod 600")}
+
+
+@pytest.mark.parametrize("case", list(OPENED))
+def test_group_or_other_writable_build_cache_is_refused(tmp_path, case):
+    where, mode, fix = OPENED[case]
+    _, root, entry = _built(tmp_path)
+    path = where(root, entry)
+    os.chmod(path, mode)
+    _forget()
+    named = re.escape(str(path))
+    with pytest.raises(UnsafePathError, match=f"{named}.*group or others.*{fix} {named}"):
+        build(Package(_graph(), _digest(1)), "rpi4", cache_dir=root)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="chown to another user needs root")
+@pytest.mark.parametrize("name", ["cache folder", "entry folder", "module.py", "meta.json", "module.code"])
+def test_foreign_owned_entry_is_refused(tmp_path, name):
+    where, *_ = OPENED[name]
+    _, root, entry = _built(tmp_path)
+    path = where(root, entry)
+    os.chown(path, 12345, -1)
+    _forget()
+    named = re.escape(str(path))
+    with pytest.raises(UnsafePathError, match=f"{named} is owned by uid 12345.*rm -r {named}"):
+        build(Package(_graph(), _digest(1)), "rpi4", cache_dir=root)
+
+
+@pytest.mark.parametrize("name", ["module.py", "module.code", "entry folder", "cache folder"])
+def test_symlinked_build_cache_entry_is_refused(tmp_path, name):
+    """A link to a copy of the real file or folder (so the content would pass): refused, not followed."""
+    import shutil
+
+    where, *_ = OPENED[name]
+    _, root, entry = _built(tmp_path)
+    path = where(root, entry)
+    copy = tmp_path / "elsewhere"
+    (shutil.copytree if path.is_dir() else shutil.copy2)(path, copy)
+    shutil.rmtree(path) if path.is_dir() else path.unlink()
+    path.symlink_to(copy)
+    _forget()
+    with pytest.raises(UnsafePathError, match=f"{re.escape(str(path))} is a symbolic link"):
+        build(Package(_graph(), _digest(1)), "rpi4", cache_dir=root)

@@ -5,7 +5,11 @@ required: a missing or damaged library falls back to numpy."""
 from __future__ import annotations
 
 import math
+import os
 import re
+import stat
+import subprocess
+import sys
 import threading
 
 import numpy as np
@@ -13,7 +17,9 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from cuvil_edge import private_dir
 from cuvil_edge.device_targets import build, load_target
+from cuvil_edge.errors import UnsafePathError
 from cuvil_edge.frontend import load_model
 from cuvil_edge.ir import interpreter
 from cuvil_edge.ir.ops import _native
@@ -215,7 +221,7 @@ def test_no_compiler_means_no_library(monkeypatch, tmp_path):
 @needs_compiler
 def test_a_damaged_cached_library_is_compiled_again(monkeypatch, tmp_path):
     monkeypatch.setenv("CUVIL_EDGE_NATIVE_CACHE", str(tmp_path))
-    path = _native._compile(_native._compiler(), tmp_path)
+    path, _ = _native._library_bytes(_native._compiler(), tmp_path)
     path.write_bytes(b"\x7fELF not really a shared object")
     lib = _native._load()
     assert lib is not None and lib.cuvil_abi_version() == _native.ABI_VERSION
@@ -230,7 +236,7 @@ def test_concurrent_first_uses_compile_without_corrupting_the_cache(tmp_path):
 
     def first_use():
         try:
-            paths.append(_native._compile(_native._compiler(), tmp_path))
+            paths.append(_native._library_bytes(_native._compiler(), tmp_path)[0])
         except Exception as e:  # noqa: BLE001 - collected and asserted below
             errors.append(e)
 
@@ -240,7 +246,8 @@ def test_concurrent_first_uses_compile_without_corrupting_the_cache(tmp_path):
     for t in threads:
         t.join()
     assert not errors and len(set(paths)) == 1
-    assert [p.name for p in tmp_path.iterdir()] == [paths[0].name]  # no temporary file left behind
+    name = paths[0].name  # no temporary file left behind: the library, its MAC and the cache's key
+    assert sorted(p.name for p in tmp_path.iterdir()) == [name, name + _native.MAC_SUFFIX, _native.KEY_FILE]
     assert paths[0].read_bytes()[:4] == b"\x7fELF"
 
 
@@ -381,3 +388,128 @@ def test_softmax_over_an_inner_axis_takes_the_numpy_path(tmp_path, monkeypatch):
     native, numpy_only, want, *_ = _run_three_ways(tmp_path, model, {"x": x})
     assert "cuvil_softmax_f32" not in spy.called
     np.testing.assert_allclose(native, want, rtol=2e-6, atol=1e-7)
+
+
+# --- attacks on the native-library cache (issue 21, item 4): one named test each ----------------------
+def _plant(path, marker, tmp_path):
+    """Compile, with this machine's compiler, a library whose constructor writes ``marker`` the
+    moment it is loaded (and which answers the ABI probe), and put it at ``path``."""
+    source = tmp_path / "planted.c"
+    source.write_text(f'#include <stdio.h>\n#include <stdint.h>\n'
+                      f'__attribute__((constructor)) static void planted(void) {{\n'
+                      f'    FILE *f = fopen("{marker}", "w"); if (f) {{ fputs("planted", f); fclose(f); }}\n}}\n'
+                      f'int64_t cuvil_abi_version(void) {{ return {_native.ABI_VERSION}; }}\n')
+    subprocess.run([_native._compiler(), "-shared", "-fPIC", "-o", str(path), str(source)], check=True)
+
+
+def _first_use_in_another_process(cache):
+    """What an earlier run of the agent leaves: the library compiled into ``cache`` (and, in this
+    process, nothing loaded from there)."""
+    env = {**os.environ, "CUVIL_EDGE_NATIVE_CACHE": str(cache)}
+    subprocess.run([sys.executable, "-c", "from cuvil_edge.ir.ops import _native; assert _native._load()"], env=env,
+                   check=True, timeout=300)
+    [library] = cache.glob("kernels-*.so")
+    return library.name
+
+
+def _assert_native_kernels_work(lib):
+    x = np.linspace(-6, 6, 101, dtype=np.float32)
+    y = np.empty_like(x)
+    lib.cuvil_sigmoid_f32(x.ctypes.data, y.ctypes.data, x.size)
+    np.testing.assert_allclose(y, 1 / (1 + np.exp(-x.astype(np.float64))), rtol=1e-6)
+
+
+@needs_compiler
+@pytest.mark.parametrize("when", ["before first use", "over the built library", "with a MAC under another key"])
+def test_planted_native_library_is_not_loaded(tmp_path, monkeypatch, when):
+    """A library planted under the name the loader computes (with the real one's MAC file beside it,
+    or a MAC of the attacker's own key): its MAC does not verify, so it is compiled again; the
+    planted constructor never runs, and the kernels work."""
+    cache, marker = tmp_path / "cache", tmp_path / "constructor-ran"
+    if when == "before first use":  # the name is computable from public inputs: here, from another cache's
+        name = _first_use_in_another_process(tmp_path / "other")
+        cache.mkdir()
+    else:
+        name = _first_use_in_another_process(cache)
+    _plant(cache / name, marker, tmp_path)
+    planted = (cache / name).read_bytes()
+    if when == "with a MAC under another key":
+        (cache / (name + ".hmac")).write_text(private_dir.mac(os.urandom(32), planted).hex() + "\n")
+    monkeypatch.setenv("CUVIL_EDGE_NATIVE_CACHE", str(cache))
+    try:
+        lib = _native._load()
+    finally:
+        assert not marker.exists(), "the planted library's constructor ran in this process"
+    assert lib is not None and lib.cuvil_abi_version() == _native.ABI_VERSION
+    _assert_native_kernels_work(lib)
+    assert (cache / name).read_bytes() != planted  # the entry was rebuilt
+    assert _native._library_bytes(_native._compiler(), cache)[1] == (cache / name).read_bytes()  # and verifies
+
+
+def _built_cache(tmp_path, monkeypatch):
+    """A cache holding this machine's library, made by a first use; (the cache, the library)."""
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("CUVIL_EDGE_NATIVE_CACHE", str(cache))
+    assert _native._load() is not None
+    [library] = cache.glob("kernels-*.so")
+    return cache, library
+
+
+#: what is opened up -> (where, mode, what the message says to run)
+OPENED = {"cache folder": (lambda cache, lib: cache, 0o777, "chmod 700"),
+          "cache folder, group-writable": (lambda cache, lib: cache, 0o770, "chmod 700"),
+          "library": (lambda cache, lib: lib, 0o666, "chmod 600"),
+          "library MAC": (lambda cache, lib: lib.with_name(lib.name + _native.MAC_SUFFIX), 0o622, "chmod 600"),
+          "MAC key readable by others": (lambda cache, lib: cache / _native.KEY_FILE, 0o604, "chmod 600")}
+
+
+@needs_compiler
+@pytest.mark.parametrize("case", list(OPENED))
+def test_group_writable_native_cache_is_refused(tmp_path, monkeypatch, case):
+    where, mode, fix = OPENED[case]
+    cache, library = _built_cache(tmp_path, monkeypatch)
+    path = where(cache, library)
+    os.chmod(path, mode)
+    named = re.escape(str(path))
+    with pytest.raises(UnsafePathError, match=f"{named}.*group or others.*{fix} {named}.*CUVIL_EDGE_NATIVE=0"):
+        _native._load()
+    monkeypatch.setattr(_native, "_state", {})
+    with pytest.raises(UnsafePathError):  # what kernels call: refused there too, and not remembered as "no library"
+        _native.library()
+    assert "lib" not in _native._state
+
+
+@needs_compiler
+@pytest.mark.skipif(os.geteuid() != 0, reason="chown to another user needs root")
+@pytest.mark.parametrize("case", ["cache folder", "library", "library MAC"])
+def test_foreign_owned_native_cache_entry_is_refused(tmp_path, monkeypatch, case):
+    where, *_ = OPENED[case]
+    cache, library = _built_cache(tmp_path, monkeypatch)
+    path = where(cache, library)
+    os.chown(path, 12345, -1)
+    with pytest.raises(UnsafePathError, match=f"{re.escape(str(path))} is owned by uid 12345"):
+        _native._load()
+
+
+@needs_compiler
+@pytest.mark.parametrize("case", ["cache folder", "library"])
+def test_symlinked_native_cache_entry_is_refused(tmp_path, monkeypatch, case):
+    """A link to a genuine copy (whose bytes and MAC would pass): refused, not followed."""
+    where, *_ = OPENED[case]
+    cache, library = _built_cache(tmp_path, monkeypatch)
+    path = where(cache, library)
+    copy = tmp_path / "elsewhere"
+    path.rename(copy)
+    path.symlink_to(copy)
+    with pytest.raises(UnsafePathError, match=f"{re.escape(str(path))} is a symbolic link"):
+        _native._load()
+
+
+@needs_compiler
+def test_a_new_native_cache_is_private(tmp_path, monkeypatch):
+    cache = tmp_path / "made" / "native"
+    monkeypatch.setenv("CUVIL_EDGE_NATIVE_CACHE", str(cache))
+    _native._load()
+    files = {p.name: stat.S_IMODE(os.lstat(p).st_mode) for p in cache.iterdir()}
+    assert stat.S_IMODE(os.lstat(cache).st_mode) == stat.S_IMODE(os.lstat(cache.parent).st_mode) == 0o700
+    assert files == {_native.KEY_FILE: 0o600, **{p.name: 0o600 for p in cache.glob("kernels-*")}} and len(files) == 3

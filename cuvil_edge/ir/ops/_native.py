@@ -10,6 +10,17 @@ The shared object is cached per (source, compiler, flags, machine) under
 ``$CUVIL_EDGE_NATIVE_CACHE`` (default ``~/.cache/cuvil-edge/native``), written to a temporary
 name and renamed, so concurrent first uses and a crash mid-compile never leave a half-written
 library that a later process would load. A cold compile takes ~0.5 s once per machine.
+
+A library in the cache is code this process will run, so the cache is private
+(:mod:`cuvil_edge.private_dir`): the folder is created 0700, and it or an entry that is a link,
+another user's, or writable by group or others is refused (:class:`UnsafePathError`, raised by
+:func:`library`: the message says what to fix). And each ``kernels-<digest>.so`` is used only when
+``kernels-<digest>.so.hmac`` holds HMAC-SHA256 of its exact bytes under ``mac.key`` (32 random bytes,
+0600, made in the cache on first use): the digest in the name is computable from public inputs, the
+MAC is not, so a planted or damaged library is compiled again (a logged warning), never loaded. The
+bytes that were checked are the ones loaded: they are read once, verified in memory, written to a
+fresh private temporary file in the cache (0600, a random name) and ``ctypes.CDLL`` loads that file,
+which is unlinked at once; so nothing can swap the library between the check and the load.
 """
 
 from __future__ import annotations
@@ -27,10 +38,16 @@ from pathlib import Path
 
 import numpy as np
 
+from cuvil_edge import private_dir
+from cuvil_edge.atomic import atomic_write
+from cuvil_edge.errors import UnsafePathError
+
 logger = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("native_kernels.c")
 ABI_VERSION = 3
+KEY_FILE = "mac.key"
+MAC_SUFFIX = ".hmac"
 
 _BASE_FLAGS = ("-O3", "-march=native", "-fno-math-errno", "-fopenmp-simd", "-fPIC", "-shared")
 #: glibc on x86-64 ships vector erff/expf (libmvec); elsewhere the loops call the scalar functions.
@@ -67,58 +84,123 @@ def _compiler() -> str | None:
     return None
 
 
-def _compile(compiler: str, folder: Path) -> Path | None:
+def _mac_parts(path: Path, data: bytes) -> tuple[bytes, ...]:
+    """What a library's MAC covers: its file name (the variant) and its exact bytes."""
+    return b"cuvil-edge native kernels", path.name.encode(), data
+
+
+def _verified(path: Path, key: bytes) -> bytes | None:
+    """The bytes of the cached library ``path`` if its MAC file authenticates them, else None.
+
+    Raises:
+        UnsafePathError: the library or its MAC file is a link, another user's, or writable by others.
+    """
+    data = private_dir.read_private(path, what="native kernel library")
+    if data is None:
+        return None
+    stored = private_dir.read_private(path.with_name(path.name + MAC_SUFFIX), what="native kernel library MAC")
+    try:
+        tag = bytes.fromhex(stored.decode("ascii")) if stored is not None else None
+    except ValueError:
+        tag = None
+    if private_dir.mac_matches(key, tag, *_mac_parts(path, data)):
+        return data
+    logger.warning("native kernel library %s does not match its MAC (%s): not loaded, compiling it again",
+                   path, "missing" if stored is None else path.name + MAC_SUFFIX)
+    return None
+
+
+def _build(compiler: str, flags: tuple[str, ...], libs: tuple[str, ...], folder: Path,
+           errors: list[str]) -> bytes | None:
+    """The library compiled into a private temporary file of ``folder``: its bytes, or None (the
+    compiler's complaint appended to ``errors``)."""
+    handle, temp = tempfile.mkstemp(prefix=".kernels-", suffix=".so", dir=folder)
+    os.close(handle)
+    try:
+        done = subprocess.run([compiler, *flags, "-o", temp, str(SOURCE), *libs], capture_output=True, timeout=120)
+        if done.returncode == 0:
+            return Path(temp).read_bytes()
+        errors.append(done.stderr.decode(errors="replace")[-500:])
+    except (OSError, subprocess.SubprocessError) as e:
+        errors.append(str(e))
+    finally:
+        if os.path.exists(temp):
+            os.unlink(temp)
+    return None
+
+
+def _library_bytes(compiler: str, folder: Path) -> tuple[Path, bytes] | None:
+    """The cache entry of this machine's library and its authenticated bytes: the cached library
+    when its MAC verifies, else compiled now (MAC file first, then the library, each renamed into
+    place); None where no variant compiles.
+
+    Raises:
+        UnsafePathError: the cache, its key or an entry read is not private (see the module docstring).
+        OSError: the cache cannot be created or written.
+    """
+    private_dir.ensure_private_dir(folder, what="native kernel cache")
+    key = private_dir.load_or_create_key(folder / KEY_FILE, what="native kernel cache key")
     source = SOURCE.read_bytes()
     try:
         version = subprocess.run([compiler, "--version"], capture_output=True, timeout=30).stdout
     except (OSError, subprocess.SubprocessError):
         return None
-    errors = []
+    errors: list[str] = []
     for defines, libs in _VARIANTS:
         flags = _BASE_FLAGS + defines
         digest = hashlib.sha256(b"\0".join([source, version, " ".join(flags + libs).encode(),
                                             platform.machine().encode()])).hexdigest()[:24]
         target = folder / f"kernels-{digest}.so"
-        if target.exists():
-            return target
-        folder.mkdir(parents=True, exist_ok=True, mode=0o700)
-        handle, temp = tempfile.mkstemp(prefix=".kernels-", suffix=".so", dir=folder)
-        os.close(handle)
-        try:
-            done = subprocess.run([compiler, *flags, "-o", temp, str(SOURCE), *libs], capture_output=True,
-                                  timeout=120)
-            if done.returncode == 0:
-                os.replace(temp, target)
-                return target
-            errors.append(done.stderr.decode(errors="replace")[-500:])
-        except (OSError, subprocess.SubprocessError) as e:
-            errors.append(str(e))
-        finally:
-            if os.path.exists(temp):
-                os.unlink(temp)
+        data = _verified(target, key)
+        if data is None:
+            data = _build(compiler, flags, libs, folder, errors)
+            if data is None:
+                continue
+            tag = private_dir.mac(key, *_mac_parts(target, data))
+            atomic_write(target.with_name(target.name + MAC_SUFFIX), tag.hex().encode() + b"\n", mode=0o600)
+            atomic_write(target, data, mode=0o600)
+        return target, data
     logger.warning("native kernels did not compile with %s; numpy kernels run instead: %s", compiler, errors[-1:])
     return None
 
 
+def _open(folder: Path, data: bytes) -> ctypes.CDLL:
+    """Load ``data`` (checked bytes) from a fresh private file, unlinked once loaded.
+
+    Raises:
+        OSError: the dynamic loader refused it.
+    """
+    handle, temp = tempfile.mkstemp(prefix=".load-", suffix=".so", dir=folder)
+    try:
+        with os.fdopen(handle, "wb") as f:
+            f.write(data)
+        return ctypes.CDLL(temp)
+    finally:
+        os.unlink(temp)
+
+
 def _load() -> ctypes.CDLL | None:
+    """The library, loaded; None where it is off, missing, or does not load.
+
+    Raises:
+        UnsafePathError: the cache is not private to this user (nothing in it was loaded).
+    """
     if os.environ.get("CUVIL_EDGE_NATIVE", "1") == "0":
         return None
     compiler = _compiler()
     if compiler is None:
         logger.info("no C compiler on PATH: numpy kernels run instead of native ones")
         return None
-    lib = None
-    for attempt in range(2):
-        path = None
-        try:
-            path = _compile(compiler, cache_dir())
-            lib = ctypes.CDLL(str(path)) if path is not None else None
-            break
-        except OSError as e:  # a damaged cached library: remove it and compile once more
-            logger.warning("cannot load the native kernels %s (%s)%s", path, e,
-                           "; compiling again" if attempt == 0 else "; numpy kernels run instead")
-            if path is not None and attempt == 0:
-                path.unlink(missing_ok=True)
+    folder = cache_dir()
+    try:
+        built = _library_bytes(compiler, folder)
+        lib = _open(folder, built[1]) if built is not None else None
+    except UnsafePathError as e:
+        raise UnsafePathError(f"{e}; or point CUVIL_EDGE_NATIVE_CACHE at a private directory, or set "
+                              "CUVIL_EDGE_NATIVE=0 for the numpy kernels") from e
+    except OSError as e:
+        logger.warning("cannot build or load the native kernels in %s (%s); numpy kernels run instead", folder, e)
+        return None
     if lib is None or lib.cuvil_abi_version() != ABI_VERSION:
         return None
     for name, (argtypes, restype) in _SIGNATURES.items():
@@ -128,7 +210,12 @@ def _load() -> ctypes.CDLL | None:
 
 
 def library() -> ctypes.CDLL | None:
-    """The loaded native library, compiled on first use; None where it is unavailable."""
+    """The loaded native library, compiled on first use; None where it is unavailable.
+
+    Raises:
+        UnsafePathError: the native kernel cache is not private to this user (checked again on
+            every call until it is fixed; nothing in it was loaded).
+    """
     try:
         return _state["lib"]  # type: ignore[return-value]
     except KeyError:
