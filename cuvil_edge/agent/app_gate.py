@@ -25,7 +25,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -35,7 +34,6 @@ APP_REFUSED_CODE = 4003
 #: Error code of the reply when the installed ClientApp itself raised (its type only leaves the device).
 APP_FAILED_CODE = 4004
 TOKEN_ENV = "CUVIL_EDGE_TASK_TOKEN"
-_ACQUIRE = "/flwr.proto.Runtime/AcquireTask"
 
 
 def _runtime_client(address: str, interceptors: list):
@@ -49,45 +47,23 @@ def _runtime_client(address: str, interceptors: list):
         retry_invoker=make_simple_http_retry_invoker())
 
 
-def serve_tasks(address: str, secret_file: Path, parent_pid: int | None = None, poll_s: float = 1.0) -> None:
+def serve_tasks(address: str, secret_file: Path, parent_pid: int | None = None) -> None:
     """Start a ``task`` process for every ClientApp task the SuperNode at ``address`` hands out;
     return when the parent (the SuperNode) is gone."""
-    from flwr.proto.runtime_pb2 import AcquireTaskRequest  # pylint: disable=no-name-in-module
     from flwr.supercore.constant import TaskType
-    from flwr.supercore.interceptors import SuperExecAuthHttpInterceptor
 
-    secret = Path(secret_file).read_bytes()
-    client = _runtime_client(address, [SuperExecAuthHttpInterceptor(master_secret=secret,
-                                                                    protected_methods=frozenset({_ACQUIRE}))])
+    from cuvil_edge.config.flower_app import acquire_tasks
+
     running: list[subprocess.Popen] = []
-    try:
-        while parent_pid is None or _alive(parent_pid):
-            running = [p for p in running if p.poll() is None]  # reap finished tasks
-            try:
-                res = client.AcquireTask(AcquireTaskRequest(supported_task_types=[TaskType.CLIENT_APP],
-                                                            agentapp_fab_hashes=[]))
-            except Exception as e:  # noqa: BLE001 - the SuperNode restarts or is gone: the parent check decides
-                log.debug("AcquireTask failed: %s", e)
-                time.sleep(poll_s)
-                continue
-            if res.HasField("task") and res.token:
-                env = {**os.environ, TOKEN_ENV: res.token}
-                running.append(subprocess.Popen([sys.executable, "-m", "cuvil_edge.agent.app_gate", "task",
-                                                 "--runtime-api-address", address, "--parent-pid", str(os.getpid())],
-                                                env=env))
-            time.sleep(poll_s)
-    finally:
-        client.close()
 
+    def launch(task, token: str) -> None:
+        running[:] = [p for p in running if p.poll() is None]  # reap finished tasks
+        running.append(subprocess.Popen([sys.executable, "-m", "cuvil_edge.agent.app_gate", "task",
+                                         "--runtime-api-address", address, "--parent-pid", str(os.getpid())],
+                                        env={**os.environ, TOKEN_ENV: token}))
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    acquire_tasks(address, secret_file, TaskType.CLIENT_APP, launch, root_certificates=None, parent_pid=parent_pid,
+                  component="flwr-clientapp")
 
 
 def run_task(address: str, token: str) -> int:

@@ -37,16 +37,16 @@ RUNTIME_SECRET = "runtime.secret"
 
 
 def runtime_secret(state: Path) -> Path:
-    """``<state>/keys/runtime.secret`` (0600), made on first use."""
-    import os
-    import secrets
+    """``<state>/keys/runtime.secret`` (0600), made on first use.
 
-    from cuvil_edge.atomic import atomic_write
+    Raises:
+        UnsafePathError: it exists but is not private to this user.
+    """
+    from cuvil_edge.private_dir import load_or_create_key
 
     path = Path(state) / "keys" / RUNTIME_SECRET
-    if not path.exists():
-        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        atomic_write(path, secrets.token_hex(32).encode("ascii"), mode=0o600)
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    load_or_create_key(path, what="the SuperNode's Runtime API secret")
     return path
 
 

@@ -78,3 +78,64 @@ def check_run_app(fab: bytes) -> None:
     raise ForeignAppError("the run's app is not the cuvil-edge app installed here (" + "; ".join(parts) + "): "
                           "only `cuvil-edge run` of the same cuvil-edge release is executed; upgrade both sides "
                           "to one release if this is your own run")
+
+
+def installed_app_hash() -> str:
+    """sha256 of the FAB Flower builds from the installed app: the ``fab_hash`` a SuperLink gives a
+    run of it when `cuvil-edge run` submitted it from this machine (the SuperLink hashes the bytes)."""
+    import hashlib
+
+    from flwr.cli.build import build_fab_from_disk
+
+    return hashlib.sha256(build_fab_from_disk(APP_DIR)).hexdigest()
+
+
+def acquire_tasks(address: str, secret_file: Path, task_type: str, handle, *, root_certificates: bytes | None,
+                  parent_pid: int | None = None, poll_s: float = 1.0, component: str = "SuperExec") -> None:
+    """Poll the Runtime API at ``address`` for tasks of ``task_type`` (AcquireTask, signed with the
+    executor secret in ``secret_file``) and call ``handle(task, token)`` for each; return when
+    ``parent_pid`` is gone. This is the loop of Flower's ``flower-superexec``, which cuvil-edge's
+    gates run instead of it so that they decide what is launched. ``root_certificates`` None means
+    the plain-HTTP loopback Runtime API of a SuperNode.
+    """
+    import logging
+    import os
+    import time
+
+    from flwr.proto.runtime_pb2 import AcquireTaskRequest  # pylint: disable=no-name-in-module
+    from flwr.supercore.interceptors import RuntimeVersionHttpInterceptor, SuperExecAuthHttpInterceptor
+    from flwr.supercore.retry import make_simple_http_retry_invoker
+    from flwr.supercore.runtime import RuntimeHttpClient
+
+    log = logging.getLogger(__name__)
+    auth = SuperExecAuthHttpInterceptor(master_secret=Path(secret_file).read_bytes(),
+                                        protected_methods=frozenset({"/flwr.proto.Runtime/AcquireTask"}))
+    client = RuntimeHttpClient.from_server_address(
+        server_address=address, insecure=root_certificates is None, root_certificates=root_certificates,
+        interceptors=[RuntimeVersionHttpInterceptor(component_name=component), auth],
+        retry_invoker=make_simple_http_retry_invoker())
+
+    def alive() -> bool:
+        if parent_pid is None:
+            return True
+        try:
+            os.kill(parent_pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            pass
+        return True
+
+    try:
+        while alive():
+            try:
+                res = client.AcquireTask(AcquireTaskRequest(supported_task_types=[task_type], agentapp_fab_hashes=[]))
+            except Exception as e:  # noqa: BLE001 - the API restarts or is gone: the parent check decides
+                log.debug("AcquireTask failed: %s", e)
+                time.sleep(poll_s)
+                continue
+            if res.HasField("task") and res.token:
+                handle(res.task, res.token)
+            time.sleep(poll_s)
+    finally:
+        client.close()

@@ -7,7 +7,8 @@ whole life::
     versions.json    per-site package version counters
     sites.json       the site registry: site -> target, node auth public key, seal public key
     tls/             CA and SuperLink certificate (coordinator/tls.py)
-    checkpoints/     the global model after each completed round
+    checkpoints/     the global model after each completed round (checkpoint-mac.key authenticates them)
+    superexec.secret the SuperLink Runtime API's secret (`serve`, coordinator/superlink.py)
 
 Enrolling a site (``cuvil-edge coordinator enroll FILE``) records its node key and seal key; one
 site has one node key and one node key belongs to one site. Packages for an enrolled site are

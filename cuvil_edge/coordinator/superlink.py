@@ -32,7 +32,8 @@ DEFAULT_ADDRESS = "127.0.0.1:9093"
 #: operator's `flwr` CLI (`cuvil-edge run`, `status`) and the ServerApp executor use it.
 DEFAULT_OPERATOR_ADDRESS = "127.0.0.1:9092"
 #: The Runtime API's shared secret (Flower's `--superexec-auth-secret-file`): only the executor
-#: `serve` starts can take ServerApp tasks, not any process that reaches the loopback port.
+#: `serve` starts (coordinator/serverapp_gate.py) can take ServerApp tasks, not any process that
+#: reaches the loopback port.
 SECRET_FILE = "superexec.secret"
 
 
@@ -84,16 +85,15 @@ def _loopback(address: str) -> tuple[str, int]:
 
 
 def secret_file(home: Path) -> Path:
-    """``<home>/superexec.secret`` (0600), made on first use: the Runtime API's shared secret."""
-    import os
-    import secrets
+    """``<home>/superexec.secret`` (0600), made on first use: the Runtime API's shared secret.
 
-    from cuvil_edge.atomic import atomic_write
+    Raises:
+        UnsafePathError: it exists but is not private to this user.
+    """
+    from cuvil_edge.private_dir import load_or_create_key
 
     path = Path(home) / SECRET_FILE
-    if not path.exists():
-        atomic_write(path, secrets.token_hex(32).encode("ascii"), mode=0o600)
-    os.chmod(path, 0o600)
+    load_or_create_key(path, what="the SuperLink's Runtime API secret")
     return path
 
 
@@ -126,11 +126,13 @@ def superlink_command(home: Path, operator_address: str = DEFAULT_OPERATOR_ADDRE
 
 
 def superexec_command(home: Path, operator_address: str = DEFAULT_OPERATOR_ADDRESS) -> list[str]:
-    """Flower's ServerApp executor, holding the Runtime API secret; it stops when ``serve`` does."""
+    """The ServerApp executor (coordinator/serverapp_gate.py), holding the Runtime API secret: it
+    runs only the installed app's ServerApp, and stops when ``serve`` does."""
     import os
+    import sys
 
-    return [flower_tool("flower-superexec"), "--runtime-api-address", operator_address, "--root-certificates",
-            str(_tls(home).ca_cert.resolve()), "--superexec-auth-secret-file", str(secret_file(home)),
+    return [sys.executable, "-m", "cuvil_edge.coordinator.serverapp_gate", "--runtime-api-address", operator_address,
+            "--root-certificates", str(_tls(home).ca_cert.resolve()), "--secret-file", str(secret_file(home)),
             "--parent-pid", str(os.getpid())]
 
 

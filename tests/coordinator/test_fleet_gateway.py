@@ -44,7 +44,8 @@ def test_the_superlink_listens_on_loopback_in_process_isolation_with_the_runtime
     assert command[command.index("--isolation") + 1] == "process"
     secret = command[command.index("--superexec-auth-secret-file") + 1]
     assert (home / "superexec.secret").samefile(secret) and (home / "superexec.secret").stat().st_mode & 0o077 == 0
-    assert "--superexec-auth-secret-file" in superexec_command(home, "127.0.0.1:9092")
+    executor = superexec_command(home, "127.0.0.1:9092")  # our gate, holding the same secret
+    assert "cuvil_edge.coordinator.serverapp_gate" in executor and secret in executor
 
 
 @pytest.mark.parametrize("operator", ["0.0.0.0:9092", "10.0.0.5:9092", "coordinator.example:9092", "[::]:9092"])

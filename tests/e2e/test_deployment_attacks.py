@@ -70,12 +70,41 @@ def test_a_foreign_app_on_the_device_port_is_refused(fed, tmp_path):
     assert not marks["server-marker"].exists()
 
 
-def test_a_foreign_app_from_the_operator_is_refused_on_every_device(fed, tmp_path):
-    """An insider (or a stolen operator account) submits its app through the operator's own
-    loopback connection: its ServerApp runs on the coordinator (the operator's power), but every
-    device refuses the run before importing any of it, says so in its log, and answers with a
-    typed refusal; the attacker's ClientApp never runs."""
+def _runs(home: Path) -> list[dict]:
+    return json.loads(flwr_cli(home, "ls", CONNECTION, "--format", "json").stdout)["runs"]
+
+
+def test_a_foreign_app_from_a_local_user_never_runs_on_the_coordinator(fed, tmp_path):
+    """A process on the coordinator host reaches the loopback Control API (it authenticates
+    nobody) and submits its app: the coordinator's executor refuses the run before installing
+    anything of it, the run ends failed with the reason, and its ServerApp never runs."""
     proc, marks = _foreign_run(fed.home, CONNECTION, tmp_path)
+    assert not marks["server-marker"].exists(), proc.stdout + proc.stderr
+    [run] = [r for r in _runs(fed.home) if "attacker" in str(r.get("fab-id", ""))]
+    assert run["status"] == "finished:failed", run
+    assert "refused by the coordinator" in (fed.root / "superlink.log").read_text(errors="replace")
+    assert not marks["client-marker"].exists()
+
+
+def test_a_foreign_app_from_a_compromised_operator_is_refused_on_every_device(fed, tmp_path):
+    """A stolen operator account can do what the coordinator's user can: here it swaps the
+    executor for Flower's own (which runs any app) using the secret it can read, and submits its
+    app. Its ServerApp runs on the coordinator, but every device refuses the run before importing
+    any of it, says so in its log, and answers with a typed refusal; its ClientApp never runs."""
+    from cuvil_edge.coordinator.superlink import secret_file, superexec_command
+
+    home, address = fed.home, fed.superlink.operator_address
+    fed.superlink.superexec.terminate()
+    fed.superlink.superexec.wait(timeout=30)
+    stock = subprocess.Popen([flower_tool("flower-superexec"), "--runtime-api-address", address, "--root-certificates",
+                              str(home / "tls" / "ca.crt"), "--superexec-auth-secret-file", str(secret_file(home))],
+                             env=flwr_env(home), stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    try:
+        proc, marks = _foreign_run(home, CONNECTION, tmp_path)
+    finally:
+        stock.terminate()
+        stock.wait(timeout=30)
+        fed.superlink.superexec = subprocess.Popen(superexec_command(home, address), env=flwr_env(home))
     assert marks["server-marker"].exists(), proc.stdout + proc.stderr
     assert not marks["client-marker"].exists()
     answers = json.loads(marks["replies"].read_text())
