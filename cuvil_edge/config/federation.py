@@ -144,7 +144,8 @@ class QuantizationSection(_Strict):
 class FederationConfig(_Strict):
     """One federation: which model goes to which sites for how many rounds."""
 
-    name: str = Field(min_length=1)
+    #: also a folder name (the home's checkpoints/<name>/, runs/<name>-<time>): no separators or dots first
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
     rounds: int = Field(ge=1, le=10000)
     model: str
     sites: list[Path] = Field(min_length=1)

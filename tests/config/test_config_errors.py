@@ -123,3 +123,13 @@ def test_federation_min_sites_must_fit(tmp_path, extra, match):
                 "fed.yaml")
     with pytest.raises(ConfigError, match=match):
         load_federation(fed)
+
+
+@pytest.mark.parametrize("name", ["../x", "a/b", ".hidden", "", "a b", "x" * 65])
+def test_federation_name_cannot_leave_its_folder(tmp_path, name):
+    """The name is a folder in the home (checkpoints/<name>/, runs/<name>-<time>): `../x` would put
+    checkpoints outside checkpoints/."""
+    write(tmp_path, GOOD_SITE, "a.yaml")
+    fed = write(tmp_path, f"name: '{name}'\nrounds: 2\nmodel: builtin:digits-cnn\nsites: [a.yaml]\n", "fed.yaml")
+    with pytest.raises(ConfigError, match=r"fed.yaml: name"):
+        load_federation(fed)
