@@ -96,12 +96,16 @@ def serve(home: Path = _HOME, address: str = typer.Option("127.0.0.1:9093", "--a
     import signal
     import sys
 
+    from rich.markup import escape
+
     from cuvil_edge.coordinator.superlink import start_superlink
 
     coordinator = start_superlink(home, address, log_file=Path(home) / "superlink.log",
                                   operator_address=operator_address)
-    console.print(f"Fleet API for devices at {address} (TLS, node authentication); SuperLink and operator "
-                  f"access on {operator_address} only; log {Path(home) / 'superlink.log'}")
+    console.print(escape(f"Fleet API for devices at {address} (TLS, node authentication); SuperLink and operator "
+                         f"access on {operator_address} only; log {Path(home) / 'superlink.log'}"))
+    for site, why in coordinator.unregistered.items():
+        console.print(escape(f"site {site!r} is not registered, so its device cannot join: {why}"))
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     code = 0
     try:

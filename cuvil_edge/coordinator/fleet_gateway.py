@@ -26,6 +26,12 @@ log = logging.getLogger(__name__)
 FLEET_PREFIX = "/v1/fleet/"
 HEALTH_PATH = "/health"
 #: Headers that describe one hop, not the request (RFC 9110 §7.6.1); never forwarded.
+#: The largest request body forwarded. Fleet calls are small: a message travels as content-addressed
+#: objects, arrays in 5 MiB chunks (notes/flower-1.42.md §1); anyone can send to this port before
+#: node authentication, so nothing larger is buffered.
+MAX_BODY_BYTES = 64 * 1024 * 1024
+#: Connections served at once; more get 503 (uvicorn's limit_concurrency).
+MAX_CONNECTIONS = 512
 HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-connection", "te", "trailer", "transfer-encoding",
                         "upgrade", "host", "content-length"})
 
@@ -76,7 +82,12 @@ class FleetGateway:
                    if k.decode("latin-1").lower() not in HOP_BY_HOP]
         query = scope.get("query_string", b"").decode("latin-1")
         url = self.upstream + scope["path"] + (f"?{query}" if query else "")
-        body = await _read_body(receive)
+        body = await _read_body(receive, scope, MAX_BODY_BYTES)
+        if body is None:
+            log.warning("refused a %s body over %d bytes from %s", scope["path"][:200], MAX_BODY_BYTES,
+                        (scope.get("client") or ("?",))[0])
+            await _respond(send, 413, b"request body too large\n")
+            return
         request = self.client.build_request(scope["method"], url, headers=headers, content=body)
         try:
             response = await self.client.send(request, stream=True)
@@ -105,13 +116,21 @@ class FleetGateway:
                 return
 
 
-async def _read_body(receive: Receive) -> bytes:
-    chunks = []
+async def _read_body(receive: Receive, scope: dict[str, Any], limit: int) -> bytes | None:
+    """The request body, or None once it is over ``limit`` bytes (declared or received)."""
+    declared = dict(scope["headers"]).get(b"content-length", b"0")
+    if not declared.isdigit() or int(declared) > limit:
+        return None
+    chunks, size = [], 0
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
             break
-        chunks.append(message.get("body", b""))
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            return None
+        chunks.append(chunk)
         if not message.get("more_body", False):
             break
     return b"".join(chunks)
@@ -137,7 +156,7 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s fleet-gateway %(levelname)s %(message)s")
     uvicorn.run(FleetGateway(f"https://{args.upstream}", args.cafile), host=host.strip("[]"), port=int(port),
                 ssl_certfile=args.certfile, ssl_keyfile=args.keyfile, log_level="warning", access_log=False,
-                lifespan="on")
+                lifespan="on", limit_concurrency=MAX_CONNECTIONS)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ import ssl
 import subprocess
 import time
 import urllib.request
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from cuvil_edge.config.flower_env import flower_tool, flwr_env
@@ -196,6 +196,8 @@ class Coordinator:
     superlink: subprocess.Popen
     superexec: subprocess.Popen
     gateway: subprocess.Popen
+    #: enrolled sites the SuperLink did not register at start-up, and why (they cannot join yet)
+    unregistered: dict[str, str] = field(default_factory=dict)
 
     @property
     def processes(self) -> list[subprocess.Popen]:
@@ -260,14 +262,14 @@ def start_superlink(home: Path, address: str = DEFAULT_ADDRESS, log_file: Path |
         started.append(subprocess.Popen(commands[1], env=env, stdout=out, stderr=subprocess.STDOUT))
         wait_healthy(f"https://{address}", _ca_context(home))
         write_connection(home, operator_address)
-        register_enrolled(home)
+        _, failed = register_enrolled(home)
     except BaseException:
         for proc in started:
             proc.terminate()
         for proc in started:
             proc.wait(timeout=30)
         raise
-    return Coordinator(address, operator_address, link, started[1], started[2])
+    return Coordinator(address, operator_address, link, started[1], started[2], failed)
 
 
 def flwr_cli(home: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:

@@ -207,15 +207,16 @@ def test_one_failing_site_does_not_stop_the_others(tmp_path, federation, caplog)
     first, honest = _device(tmp_path, federation, "dev1"), _device(tmp_path, federation, "dev2")
     _old_registry(federation, {"site-a": _entry(first), "site-b": _entry(first, node_public_key=first[
         "node_public_key"] + " copy"), "site-c": _entry(honest)})
-    options = {"operator_address": f"127.0.0.1:{free_port()}"}
     caplog.set_level(logging.WARNING, logger="cuvil_edge.coordinator.superlink")
 
-    link = start_superlink(federation, f"127.0.0.1:{free_port()}", log_file=tmp_path / "superlink.log", **options)
+    link = start_superlink(federation, f"127.0.0.1:{free_port()}", log_file=tmp_path / "superlink.log",
+                           operator_address=f"127.0.0.1:{free_port()}")
     try:
         sites = SiteRegistry(federation).sites()
     finally:
         link.terminate()  # by PID; `serve` started, which is the point
-        link.wait(timeout=60)
+
+    assert set(link.unregistered) == {"site-b"}  # what `serve` prints
 
     assert sites["site-a"].get("node_id") and sites["site-c"].get("node_id") and not sites["site-b"].get("node_id")
     [warning] = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]

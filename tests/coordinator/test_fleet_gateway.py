@@ -69,3 +69,52 @@ def test_server_certificates_cover_loopback_and_old_ones_are_refused_with_the_fi
     (home / "tls" / "server.crt").write_bytes((home / "tls" / "ca.crt").read_bytes())  # no 127.0.0.1 in it
     with pytest.raises(ConfigError, match="certs --force"):
         superlink_command(home, "127.0.0.1:9092")
+
+
+def _call(home, method: str, path: str, headers: list[tuple[bytes, bytes]], body_chunks: list[bytes]) -> int:
+    """Drive the gateway's ASGI interface as uvicorn would, with nothing listening upstream
+    (127.0.0.1:1); the status it answers."""
+    import asyncio
+
+    from cuvil_edge.coordinator.fleet_gateway import FleetGateway
+
+    async def run() -> int:
+        gateway = FleetGateway("https://127.0.0.1:1", cafile=str(home / "tls" / "ca.crt"))
+        pending = [{"type": "http.request", "body": c, "more_body": i < len(body_chunks) - 1}
+                   for i, c in enumerate(body_chunks)] or [{"type": "http.request", "body": b""}]
+        sent: list[dict] = []
+
+        async def receive() -> dict:
+            return pending.pop(0)
+
+        async def send(message: dict) -> None:
+            sent.append(message)
+
+        scope = {"type": "http", "method": method, "path": path, "headers": headers, "query_string": b"",
+                 "client": ("203.0.113.9", 4242)}
+        await gateway(scope, receive, send)
+        await gateway.client.aclose()
+        return sent[0]["status"]
+
+    return asyncio.run(run())
+
+
+def test_an_oversized_body_is_refused_before_it_is_read(home):
+    from cuvil_edge.coordinator.fleet_gateway import MAX_BODY_BYTES
+
+    declared = [(b"content-length", str(MAX_BODY_BYTES + 1).encode())]
+    assert _call(home, "POST", "/v1/fleet/push-object", declared, [b"x"]) == 413
+
+
+def test_a_body_that_grows_past_the_limit_is_refused(home):
+    from cuvil_edge.coordinator import fleet_gateway
+
+    chunk = b"\0" * (1 << 20)
+    chunks = [chunk] * (fleet_gateway.MAX_BODY_BYTES // len(chunk) + 1)  # chunked: no length declared
+    assert _call(home, "POST", "/v1/fleet/push-object", [], chunks) == 413
+
+
+def test_a_refused_path_never_reaches_the_superlink(home):
+    """The upstream (port 1) is never contacted: the answer is 404, not the 502 of a failed forward."""
+    assert _call(home, "POST", "/v1/control/start-run", [], [b"run my app"]) == 404
+    assert _call(home, "POST", "/v1/fleet/pull-messages", [], [b""]) == 502  # an allowed path is forwarded
