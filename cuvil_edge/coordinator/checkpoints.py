@@ -33,8 +33,6 @@ import io
 import json
 import os
 import re
-import secrets
-import tempfile
 import zipfile
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -42,9 +40,10 @@ from typing import Mapping, Optional
 
 import numpy as np
 
-from cuvil_edge.atomic import atomic_write, fsync_dir
+from cuvil_edge.atomic import atomic_write
 from cuvil_edge.config.federation import load_federation
 from cuvil_edge.config.run_spec import RunSpec
+from cuvil_edge.private_dir import KEY_BYTES, load_or_create_key
 from cuvil_edge.errors import (
     CheckpointAuthenticationError, CheckpointError, ConfigError, NonFiniteCheckpointError, StateError,
 )
@@ -59,7 +58,6 @@ MAC_KEY = "__checkpoint_mac__"
 #: The coordinator home's checkpoint MAC secret (32 random bytes, 0600), beside ``keys/`` rather than
 #: in it: ``keys/*.key`` are Ed25519 keys (``keys rotate`` loads them all) and ``root.key`` may move offline.
 KEY_FILE = "checkpoint-mac.key"
-_KEY_BYTES = 32
 _MAC_DOMAIN = b"cuvil-edge checkpoint v1\0"
 #: Array kinds a checkpoint holds: bool, signed and unsigned integers, floats, complex.
 _PLAIN_KINDS = "biufc"
@@ -210,12 +208,12 @@ def _checkpoint_key(home: Path, checkpoint: Path, *, create: bool) -> bytes:
         OSError: with ``create``, it cannot be written.
     """
     path = checkpoint_key_file(home)
-    if create and not os.path.lexists(path):
-        _create_key(path)
+    if create:  # made once, 0600, never replacing a concurrent writer's; refused unless private to us
+        return load_or_create_key(path, what="the checkpoint key")
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
         with os.fdopen(fd, "rb") as f:
-            key = f.read(_KEY_BYTES + 1)
+            key = f.read(KEY_BYTES + 1)
     except FileNotFoundError:
         raise CheckpointAuthenticationError(
             f"checkpoint {checkpoint} cannot be authenticated: this home has no checkpoint key {path} (deleted, "
@@ -223,29 +221,10 @@ def _checkpoint_key(home: Path, checkpoint: Path, *, create: bool) -> bytes:
             "federation afresh (a new --home or federation name)") from None
     except OSError as e:
         raise StateError(f"cannot read the checkpoint key {path} ({e}); it must be a plain file (0600)") from e
-    if len(key) != _KEY_BYTES:
-        raise StateError(f"{path} holds {len(key)} bytes, not a {_KEY_BYTES}-byte checkpoint key; restore it "
+    if len(key) != KEY_BYTES:
+        raise StateError(f"{path} holds {len(key)} bytes, not a {KEY_BYTES}-byte checkpoint key; restore it "
                          "from backup, or start the federation afresh (a new --home)")
     return key
-
-
-def _create_key(path: Path) -> None:
-    """A fresh random key at ``path`` (0600), never replacing one a concurrent writer made first:
-    written and synced under a temporary name, then hard-linked into place (fails if it exists)."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        os.fchmod(fd, 0o600)
-        with os.fdopen(fd, "wb") as f:
-            f.write(secrets.token_bytes(_KEY_BYTES))
-            f.flush()
-            os.fsync(f.fileno())
-        try:
-            os.link(tmp, path)
-        except FileExistsError:
-            pass  # another process made it first; every checkpoint then uses that one
-    finally:
-        os.unlink(tmp)
-    fsync_dir(path.parent)
 
 
 def _accountant(state: Optional[np.ndarray], path: Path) -> Optional[dict]:
