@@ -156,7 +156,7 @@ def _plot_many(rounds: list[dict], ax_acc, ax_eps, ax_status) -> None:
     ax_eps.fill_between(xs, q[:, 0], q[:, 4], alpha=0.2, color="tab:blue", label="min–max over sites")
     ax_eps.fill_between(xs, q[:, 1], q[:, 3], alpha=0.35, color="tab:blue", label="middle half")
     ax_eps.plot(xs, q[:, 2], marker="o", color="tab:blue", label="median site")
-    fed = [(r["round"], r["federated_accuracy"]) for r in rounds if r.get("federated_accuracy")]
+    fed = [(r["round"], r["federated_accuracy"]) for r in rounds if _estimable(r.get("federated_accuracy"))]
     if fed:
         ax_acc.errorbar([x for x, _ in fed], [f["accuracy"] for _, f in fed],
                         yerr=[[f["accuracy"] - f["low"] for _, f in fed], [f["high"] - f["accuracy"] for _, f in fed]],
@@ -191,10 +191,7 @@ def format_round(entry: dict) -> str:
     """The text report of one round: one line per site up to :data:`TABLE_MAX_SITES` sites, a
     summary beyond."""
     head = f"round {entry['round']}: global test accuracy {entry['global_accuracy']:.4f}"
-    fed = entry.get("federated_accuracy")
-    if fed is not None:
-        head += (f"; sites' pooled accuracy {fed['accuracy']:.3f} (95 % interval {fed['low']:.3f}–{fed['high']:.3f}, "
-                 f"noisy n={fed['noisy_total']})")
+    head += _pooled_text(entry)
     if not entry["sites"] or entry["round"] == 0:
         return head
     many = len(entry["sites"]) > TABLE_MAX_SITES
@@ -208,6 +205,25 @@ def format_round(entry: dict) -> str:
     lines.append("  * local accuracy = the site's noisy correct / noisy total (discrete Laplace, eval_epsilon), "
                  "clipped to [0, 1]")
     return "\n".join(lines)
+
+
+def _estimable(fed: dict | None) -> bool:
+    """Whether a pooled result has an informative interval (older entries carry no flag)."""
+    return fed is not None and fed.get("estimable", True)
+
+
+def _pooled_text(entry: dict) -> str:
+    """The pooled accuracy with its 95 % interval, or "not estimable" where the DP noise is
+    comparable to the totals (``coordinator/evaluation.py``: never an interval of [0, 1])."""
+    fed = entry.get("federated_accuracy")
+    if _estimable(fed):
+        return (f"; sites' pooled accuracy {fed['accuracy']:.3f} (95 % interval {fed['low']:.3f}–{fed['high']:.3f}, "
+                f"noisy n={fed['noisy_total']})")
+    if fed is not None:
+        return f"; sites' pooled accuracy not estimable (DP noise comparable to the noisy n={fed['noisy_total']})"
+    if any("eval-noisy-total" in s for s in entry.get("sites", {}).values()):
+        return "; sites' pooled accuracy not estimable (noisy total <= 0)"
+    return ""
 
 
 def _site_table(entry: dict) -> list[str]:
