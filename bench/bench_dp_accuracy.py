@@ -46,6 +46,7 @@ from cuvil_edge.config import load_federation
 from cuvil_edge.coordinator.model import load_federation_model
 from cuvil_edge.coordinator.packaging import with_initializers
 from cuvil_edge.datasets import digits
+from cuvil_edge.datasets.split import PUBLIC_SPLIT_KEY, split_records
 from cuvil_edge.ir import interpreter
 from cuvil_edge.privacy import PrivacyLedger
 from cuvil_edge.privacy.dpsgd import plan_dp_sgd
@@ -179,9 +180,9 @@ def main() -> None:
     if overrides:
         print(f"training overrides (all sites): {overrides}", flush=True)
     d = federation.dataset
-    splits = [digits.split_eval(digits.site_partition(i, len(sites), test_fraction=d.test_fraction,
-                                                     alpha=d.dirichlet_alpha, seed=d.seed),
-                                s.data.eval_fraction, seed=i) for i, s in enumerate(sites)]
+    splits = [split_records(digits.site_partition(i, len(sites), test_fraction=d.test_fraction,
+                                                 alpha=d.dirichlet_alpha, seed=d.seed),
+                            s.data.eval_fraction, key=PUBLIC_SPLIT_KEY) for i, s in enumerate(sites)]
     test = digits.global_test(d.test_fraction)
     runs, start = [], time.perf_counter()
     jobs = [(eps, rep) for eps in args.eps for rep in range(args.first_rep, args.first_rep + args.reps)]

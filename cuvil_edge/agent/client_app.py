@@ -25,6 +25,7 @@ from cuvil_edge.config.run_spec import RUN_CONFIG_KEY, RunSpec
 from cuvil_edge.config.site import SiteConfig
 from cuvil_edge.datasets import digits
 from cuvil_edge.datasets.site_files import load_site_data
+from cuvil_edge.datasets.split import load_split_key, split_records
 from cuvil_edge.ir.graph import Graph
 from cuvil_edge.errors import BudgetExhaustedError, ConfigError, CuvilError, PackageFormatError, PackageSizeError
 
@@ -105,13 +106,15 @@ def _local_dp(context: Context, site: SiteConfig) -> bool:
 def _local_data(agent: AgentRuntime, index: int, count: int, context: Context,
                 graph: Graph) -> tuple[digits.Split, digits.Split]:
     """(train, eval) records of this site: from its own files when its YAML's ``data`` names them
-    (checked against ``graph``'s input and classes), else the demo's digits partition."""
+    (checked against ``graph``'s input and classes), else the demo's digits partition; split per
+    record under the site's secret key in its state directory (datasets.split)."""
+    key = load_split_key(agent.state_dir)
     if agent.site.data.kind != "digits-partition":
-        return load_site_data(agent.site.data, graph, cache_dir=agent.state_dir / "data-cache")
+        return load_site_data(agent.site.data, graph, cache_dir=agent.state_dir / "data-cache", split_key=key)
     d = DatasetSection() if _deployed(context) else load_federation(_simulation_spec(context).federation).dataset
     part = digits.site_partition(index, count, test_fraction=d.test_fraction, alpha=d.dirichlet_alpha, seed=d.seed,
                                  cache_dir=agent.state_dir / "data-cache")
-    return digits.split_eval(part, agent.site.data.eval_fraction, seed=index)
+    return split_records(part, agent.site.data.eval_fraction, key=key)
 
 
 def _error(msg: Message, error: Exception) -> Message:

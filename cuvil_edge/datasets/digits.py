@@ -3,6 +3,9 @@
 A stratified global test set is held out; the rest is split per class by
 Dirichlet(alpha) proportions with a fixed seed, so every site sees a skewed
 label mix and the split is identical in every process that computes it.
+
+A site's partition is then divided into local train and evaluation records by the per-record rule
+of :mod:`cuvil_edge.datasets.split` (a keyed hash of each record), like every other data source.
 """
 
 from __future__ import annotations
@@ -75,14 +78,6 @@ def site_partition(index: int, num_sites: int, *, test_fraction: float = 0.2,
         except OSError:
             pass  # a cache only: the next message computes it again
     return split
-
-
-def split_eval(split: Split, eval_fraction: float, seed: int = 0) -> tuple[Split, Split]:
-    """Split a site's data into local train and local evaluation parts."""
-    order = np.random.default_rng(seed).permutation(len(split.y))
-    cut = int(round(len(order) * (1 - eval_fraction)))
-    a, b = order[:cut], order[cut:]
-    return Split(split.x[a], split.y[a]), Split(split.x[b], split.y[b])
 
 
 @lru_cache(maxsize=4)

@@ -45,7 +45,8 @@ import numpy as np
 
 from cuvil_edge.atomic import atomic_write
 from cuvil_edge.config.site import DataSection
-from cuvil_edge.datasets.digits import Split, split_eval
+from cuvil_edge.datasets.digits import Split
+from cuvil_edge.datasets.split import PUBLIC_SPLIT_KEY, split_records
 from cuvil_edge.errors import DataError
 from cuvil_edge.ir.graph import Graph
 
@@ -78,14 +79,20 @@ def model_io(graph: Graph) -> tuple[tuple[int, ...], int]:
     return record, int(out[-1])
 
 
-def load_site_data(data: DataSection, graph: Graph, cache_dir: Optional[Path] = None) -> tuple[Split, Split]:
-    """(train, eval) records of a site from its own files, checked against ``graph``.
+def load_site_data(data: DataSection, graph: Graph, cache_dir: Optional[Path] = None, *,
+                   split_key: Optional[bytes] = None) -> tuple[Split, Split]:
+    """(train, eval) records of a site from its own files, checked against ``graph``, split by the
+    per-record rule of :mod:`cuvil_edge.datasets.split` under ``split_key`` (the agent passes its
+    site's secret key, :func:`~cuvil_edge.datasets.split.load_split_key`; without one, benchmarks
+    get :data:`~cuvil_edge.datasets.split.PUBLIC_SPLIT_KEY`). The data cache holds records, never
+    a split: the split is computed again from the records each time.
 
     Raises:
         DataError: the file is missing or unreadable, or its records do not fit the model (the
             message names the file and the key).
     """
-    return split_eval(load_records(data, graph, cache_dir), data.eval_fraction, seed=data.seed)
+    records = load_records(data, graph, cache_dir)
+    return split_records(records, data.eval_fraction, key=PUBLIC_SPLIT_KEY if split_key is None else split_key)
 
 
 def load_records(data: DataSection, graph: Graph, cache_dir: Optional[Path] = None) -> Split:
