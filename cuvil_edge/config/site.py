@@ -75,7 +75,9 @@ class DataSection(_Strict):
     feature_columns: Optional[list[str]] = None
     classes: Optional[list[str]] = None
     eval_fraction: float = Field(gt=0, lt=1, default=0.2)
-    seed: int = Field(ge=0, default=0, description="shuffle of the local train / eval split")
+    #: Ignored: the split is decided per record by a keyed hash (datasets/split.py), not by a shuffle;
+    #: kept so that site files written for older releases still load.
+    seed: int = Field(ge=0, default=0, description="ignored (the train / eval split is per record)")
 
     @field_validator("path", mode="before")
     @classmethod
