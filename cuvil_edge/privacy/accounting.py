@@ -49,6 +49,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 from fractions import Fraction
 from functools import lru_cache
@@ -296,6 +298,94 @@ def rdp_to_epsilon(orders: Sequence[float], rdp: Sequence[float], delta: float) 
     return float(max(eps[i], 0.0)), float(a[i])
 
 
+#: Privacy-loss grid of the PLD accountant: every loss value is rounded *up* to a multiple of
+#: this (``pessimistic_estimate=True``), so the PLD's ε is an upper bound of the true one. A
+#: finer grid is tighter but slower: on the demo's 20 rounds + 20 evaluations, 1e-3 gives ε
+#: within 2e-4 of 3e-5's, in about a tenth of the time of 1e-4's.
+PLD_VALUE_INTERVAL = 1e-3
+
+_PLD_PREFIX_CACHE_SIZE = 16
+_pld_prefixes: OrderedDict[tuple, Any] = OrderedDict()
+_pld_lock = threading.Lock()
+
+
+@lru_cache(maxsize=256)
+def event_pld(event: Event, interval: float = PLD_VALUE_INTERVAL) -> Any:
+    """The privacy-loss distribution (``dp_accounting.pld``) of one event, add/remove neighbours,
+    pessimistic (never under-counting) on the grid ``interval``:
+
+    * ``DpSgd``: the Poisson-subsampled Gaussian (σ, q), self-composed ``steps`` times;
+    * ``Gaussian``: the Gaussian mechanism, std ``noise_std``, sensitivity ``sensitivity``;
+    * ``Laplace``: the Laplace mechanism of parameter 1/ε at sensitivity 1 (the same fine-grid
+      assumption as its RDP curve, see the module docstring);
+    * ``PureDp``: the worst case of every ε-DP mechanism (randomized response's pair: loss ±ε,
+      ``from_privacy_parameters(ε, 0)``), so it holds for a discrete Laplace at any sensitivity.
+    """
+    from dp_accounting.pld import common
+    from dp_accounting.pld import privacy_loss_distribution as pld
+
+    if isinstance(event, DpSgd):
+        one = pld.from_gaussian_mechanism(event.noise_multiplier, sensitivity=1, pessimistic_estimate=True,
+                                          value_discretization_interval=interval, sampling_prob=event.sample_rate)
+        return one.self_compose(event.steps) if event.steps > 1 else one
+    if isinstance(event, Gaussian):
+        return pld.from_gaussian_mechanism(event.noise_std, sensitivity=event.sensitivity, pessimistic_estimate=True,
+                                           value_discretization_interval=interval)
+    if isinstance(event, Laplace):
+        return pld.from_laplace_mechanism(1.0 / event.epsilon, sensitivity=1, pessimistic_estimate=True,
+                                          value_discretization_interval=interval)
+    if isinstance(event, PureDp):
+        return pld.from_privacy_parameters(common.DifferentialPrivacyParameters(event.epsilon, 0.0),
+                                           value_discretization_interval=interval)
+    raise PrivacyError(f"not a privacy event: {event!r}")
+
+
+def composed_pld(events: Sequence[Event], interval: float = PLD_VALUE_INTERVAL) -> Any:
+    """The PLD of ``events`` composed in their order (None when there are none).
+
+    The composition of every recent prefix is remembered, so a ledger that grows by one event
+    composes one more PLD, not all of them again; composing in order along one path also makes a
+    prefix's value the same whether it was reached step by step or from scratch.
+    """
+    key = (interval, *events)
+    with _pld_lock:
+        start, acc = 0, None
+        for n in range(len(events), max(0, len(events) - 64), -1):
+            hit = _pld_prefixes.get(key[:n + 1])
+            if hit is not None:
+                _pld_prefixes.move_to_end(key[:n + 1])
+                start, acc = n, hit
+                break
+    for i in range(start, len(events)):
+        one = event_pld(events[i], interval)
+        acc = one if acc is None else acc.compose(one)
+    if events:
+        with _pld_lock:
+            _pld_prefixes[key] = acc
+            _pld_prefixes.move_to_end(key)
+            while len(_pld_prefixes) > _PLD_PREFIX_CACHE_SIZE:
+                _pld_prefixes.popitem(last=False)
+    return acc
+
+
+def pld_epsilon(events: Sequence[Event], delta: float, interval: float = PLD_VALUE_INTERVAL) -> float:
+    """ε at ``delta`` of ``events`` composed by the pessimistic PLD accountant.
+
+    Raises:
+        PrivacyError: bad delta or not an event.
+    """
+    delta = positive_finite("delta", delta)
+    if delta >= 1:
+        raise PrivacyError(f"delta must be in (0, 1), got {delta!r}")
+    events = tuple(events)
+    for e in events:
+        if type(e) not in _NAMES:
+            raise PrivacyError(f"not a privacy event: {e!r}")
+    if not events:
+        return 0.0
+    return max(0.0, float(composed_pld(events, interval).get_epsilon_for_delta(delta)))
+
+
 class Accountant:
     """An append-only list of events, composed on demand (see the module docstring)."""
 
@@ -327,6 +417,15 @@ class Accountant:
         if not self.events:
             return 0.0
         return rdp_to_epsilon(self.orders, self.rdp(), delta)[0]
+
+    def pld_epsilon(self, delta: float) -> float:
+        """ε at ``delta`` with every event composed by the pessimistic PLD accountant."""
+        return pld_epsilon(self.events, delta)
+
+    def breakdown(self, delta: float) -> dict[str, float]:
+        """Every bound at ``delta``: ``pld``, ``rdp``, ``basic`` and the ``charged`` total."""
+        return {"pld": self.pld_epsilon(delta), "rdp": self.rdp_epsilon(delta),
+                "basic": float(self.basic_epsilon(delta)), "charged": self.epsilon(delta)}
 
     def basic_epsilon(self, delta: float) -> Fraction:
         """Exact sum of the Laplace ε plus the RDP ε of the approximate events at ``delta``."""
