@@ -25,11 +25,11 @@ import numpy as np
 
 from cuvil_edge.agent.runtime import AgentRuntime
 from cuvil_edge.device_targets.build import CompiledModel, build
-from cuvil_edge.errors import ConfigError, CuvilError, PrivacyError
+from cuvil_edge.errors import ConfigError, PrivacyError
 from cuvil_edge.ir.graph import Graph, TensorType, Value
 from cuvil_edge.ir.infer import build_graph
 from cuvil_edge.passes.dead_code import live_nodes
-from cuvil_edge.privacy.release import LaplaceMechanism, reserve_release
+from cuvil_edge.privacy.release import LaplaceMechanism
 
 
 @dataclass(frozen=True)
@@ -166,12 +166,9 @@ def infer_private(runtime: AgentRuntime, package_bytes: bytes, x: np.ndarray, ep
     sensitivity = 2.0 * float(clip_l1)
     ledger = runtime.ledger()
     key = key or request_key(activated.package.manifest_digest, x, epsilon, clip_l1, feature)
-    pending = reserve_release(LaplaceMechanism(sensitivity, epsilon), size, ledger, key=key)
-    try:
+    plan = LaplaceMechanism(sensitivity, epsilon).plan(size, ledger.delta)
+    with ledger.claim(plan.event(), key=key):  # aborted if the run fails: nothing computed from x left
         name, y = next(iter(model.run(feed).items()))
-    except CuvilError:
-        pending.abort()  # nothing computed from x left the device
-        raise
-    noisy = pending.publish(clip_rows_l1(zero_nonfinite_rows(y), float(clip_l1)))
+        noisy = plan.apply(plan.prepare(clip_rows_l1(zero_nonfinite_rows(y), float(clip_l1)), None, None), None)
     return PrivateOutput(np.asarray(noisy).reshape(y.shape), name, float(epsilon), sensitivity,
                          activated.package.manifest.version, ledger.spent(), ledger.remaining())

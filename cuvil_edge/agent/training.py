@@ -10,7 +10,7 @@ import numpy as np
 
 from cuvil_edge.config.site import SiteConfig
 from cuvil_edge.datasets.digits import Split
-from cuvil_edge.errors import BudgetExhaustedError, PrivacyError
+from cuvil_edge.errors import BudgetExhaustedError
 from cuvil_edge.ir.graph import Graph
 from cuvil_edge.privacy import PrivacyLedger
 
@@ -71,14 +71,10 @@ def train_round(graph: Graph, site: SiteConfig, data: Split, ledger: PrivacyLedg
             f"site {site.site}: round {server_round} would bring ε to {total:.3f}, over the budget "
             f"{ledger.epsilon_budget}; the site sits this round out"
         )
-    reservation = ledger.reserve(event, key=train_key(server_round, package_version), round=server_round)
-    try:
+    # the ledger's one way to charge: reserved before the data is touched, aborted if training raises
+    with ledger.claim(event, key=train_key(server_round, package_version), round=server_round):
         result = train_dp_sgd(model, data.x, data.y, plan, lr=t.learning_rate, momentum=t.momentum,
                               max_grad_norm=t.max_grad_norm, seed=seed, proximal_mu=mu)
-    except PrivacyError:
-        ledger.abort(reservation)  # nothing computed from the data left the process
-        raise
-    ledger.commit(reservation)
     weights = {k: np.array(v) for k, v in graph.initializers.items() if v.dtype == np.float32}
     weights.update(model.ir_weights())
     return TrainOutcome(weights, result.epsilon, plan.noise_multiplier, plan.sample_rate, plan.steps,

@@ -40,11 +40,12 @@ import os
 import sqlite3
 import threading
 import uuid
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from fractions import Fraction
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from cuvil_edge.errors import BudgetExhaustedError, LedgerError, PrivacyError, ReplayError
 from cuvil_edge.privacy._checks import positive_finite
@@ -382,6 +383,25 @@ class PrivacyLedger(_LedgerFile):
             row = self._rows(conn, "WHERE idempotency_key = ?", (key,))[0]
         logger.info("site %r reserved %s eps=%.6g key=%s", self.site, row.mechanism, row.epsilon, key)
         return row
+
+    @contextmanager
+    def claim(self, event: Event, *, key: str | None = None, round: int | None = None) -> Iterator[Reservation]:
+        """The one way a site is charged: reserve ``event`` under ``key`` (exclusively, before anything
+        is computed), run the block, then commit; if the block raises, abort (nothing computed under
+        the claim left the process) and re-raise. A crash inside the block leaves the row reserved,
+        which over-counts, never under-counts. Training, evaluation and inference all charge this way.
+
+        Raises:
+            ReplayError, BudgetExhaustedError, PrivacyError, LedgerError: as :meth:`reserve`
+                (nothing ran); LedgerError also when the commit cannot be written.
+        """
+        reservation = self.reserve(event, key=key, round=round)
+        try:
+            yield reservation
+        except BaseException:
+            self.abort(reservation)
+            raise
+        self.commit(reservation)
 
     def commit(self, reservation: Reservation) -> Reservation:
         """Mark a reserved spend committed (its value was released); only the holder of the
