@@ -57,7 +57,8 @@ def write_federation(root: Path, sites: int, rounds: int) -> Path:
             "site": f"site-{i:03d}", "target": TARGETS[i % len(TARGETS)],
             "privacy": {"epsilon_budget": 8.0, "epsilon_per_round": 2.0, "eval_epsilon": 0.3},
             "training": TRAINING,
-            "data": {"kind": "npz", "path": f"../data/site-{i:03d}.npz", "eval_fraction": 0.2}}))
+            "data": {"kind": "npz", "path": f"../data/site-{i:03d}.npz", "eval_fraction": 0.2,
+                     "input_shape": [1, 8, 8], "num_classes": 10}}))
     federation = root / "federation.yaml"
     federation.write_text(yaml.safe_dump({
         "name": "scale", "rounds": rounds, "model": "builtin:digits-cnn",

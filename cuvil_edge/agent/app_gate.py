@@ -27,12 +27,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+from cuvil_edge.config.round_protocol import Failures
+
 log = logging.getLogger(__name__)
 
-#: Error code of the reply to a run whose app is not the one installed here.
-APP_REFUSED_CODE = 4003
-#: Error code of the reply when the installed ClientApp itself raised (its type only leaves the device).
-APP_FAILED_CODE = 4004
+#: Error code of the reply to a run whose app is not the one installed here (``app-refused``).
+APP_REFUSED_CODE = Failures.APP_REFUSED.code
+#: Error code of the reply when the installed ClientApp itself raised (``app-failed``; its type only
+#: leaves the device).
+APP_FAILED_CODE = Failures.APP_FAILED.code
 TOKEN_ENV = "CUVIL_EDGE_TASK_TOKEN"
 
 

@@ -21,30 +21,30 @@ from cuvil_edge.agent.runtime import AgentRuntime
 from cuvil_edge.config import load_federation, load_site
 from cuvil_edge.config.federation import DatasetSection
 from cuvil_edge.config.home import site_state_dir
+from cuvil_edge.config import round_protocol as rp
+from cuvil_edge.config.round_protocol import Failure, Failures
 from cuvil_edge.config.run_spec import RUN_CONFIG_KEY, RunSpec
 from cuvil_edge.config.site import SiteConfig
 from cuvil_edge.datasets import digits
-from cuvil_edge.datasets.site_files import load_site_data
+from cuvil_edge.datasets.site_files import load_site_data, model_io
 from cuvil_edge.datasets.split import load_split_key, split_records
 from cuvil_edge.ir.graph import Graph
-from cuvil_edge.errors import BudgetExhaustedError, ConfigError, CuvilError, PackageFormatError, PackageSizeError
+from cuvil_edge.errors import (BudgetExhaustedError, ConfigError, CuvilError, DataError, ModelError, PackageError,
+                               PackageFormatError, PackageSizeError, ReplayError, WrongSiteError)
 
 log = logging.getLogger(__name__)
 
 app = ClientApp()
 
-#: Error code of replies for rejected packages and other site-side failures.
-SITE_ERROR_CODE = 4001
-#: Config key Flower's DifferentialPrivacyClientSideFixedClipping adds to train messages.
-CLIPPING_NORM_KEY = "clipping_norm"
-#: Config key naming the weights a train reply carries, when none travel beside the package
-#: (the coordinator's strategy.REPLY_KEYS).
-REPLY_KEYS = "reply-keys"
+
+
+class ModelIncompatibleError(ModelError):
+    """The package's model does not fit the site YAML's public data metadata (``model-incompatible``)."""
 
 
 def central_dp(msg: Message) -> bool:
     """Whether the coordinator runs central DP this round (it sent a clipping norm)."""
-    return CLIPPING_NORM_KEY in msg.content["config"]
+    return rp.CLIPPING_NORM in msg.content[rp.CONFIG_RECORD]
 
 
 def central_dp_clipping_mod(msg: Message, context: Context, call_next) -> Message:
@@ -117,9 +117,46 @@ def _local_data(agent: AgentRuntime, index: int, count: int, context: Context,
     return split_records(part, agent.site.data.eval_fraction, key=key)
 
 
-def _error(msg: Message, error: Exception) -> Message:
-    log.warning("%s", error)
-    return Message(Error(code=SITE_ERROR_CODE, reason=f"{type(error).__name__}: {error}"), reply_to=msg)
+def check_model(site: SiteConfig, graph: Graph) -> None:
+    """The package's model against the public metadata of the site YAML (``data.input_shape``,
+    ``data.num_classes``, see :meth:`DataSection.model_metadata`), before any record is read: a
+    mismatch is refused whatever the records hold, so it says nothing about them.
+
+    Raises:
+        ModelIncompatibleError: the model's record shape or classes differ from the metadata, the
+            model is not one input -> one score per class, or the YAML does not state the metadata.
+    """
+    shape, classes = site.data.model_metadata()
+    if shape is None or classes is None:
+        raise ModelIncompatibleError(f"site {site.site}: its YAML states no data.input_shape / data.num_classes "
+                                     f"(data.classes) for its {site.data.kind} data; every package is refused "
+                                     "until it does")
+    try:
+        record, outputs = model_io(graph)
+    except DataError as e:
+        raise ModelIncompatibleError(str(e)) from e
+    if record != shape or outputs != classes:
+        raise ModelIncompatibleError(f"site {site.site}: the package's model takes records {record} and gives "
+                                     f"{outputs} classes; the site YAML says {shape} and {classes}")
+
+
+def failure_of(error: BaseException) -> Failure:
+    """The code from the protocol's fixed set that a site replies with for ``error``."""
+    for kind, failure in ((ReplayError, Failures.REPLAYED), (BudgetExhaustedError, Failures.BUDGET_EXHAUSTED),
+                          (DataError, Failures.DATA_INVALID), (ModelIncompatibleError, Failures.MODEL_INCOMPATIBLE),
+                          (PackageError, Failures.PACKAGE_REJECTED), (ModelError, Failures.MODEL_INCOMPATIBLE)):
+        if isinstance(error, kind):
+            return failure
+    return Failures.INTERNAL_ERROR
+
+
+def _error(msg: Message, error: BaseException) -> Message:
+    """A failure reply: the code and its name, nothing else; the details go to this device's log only
+    (DESIGN.md §3: nothing derived from the data leaves in an error)."""
+    failure = failure_of(error)
+    log.warning("replying %s (%d): %s: %s", failure.name, failure.code, type(error).__name__, error,
+                exc_info=not isinstance(error, CuvilError))
+    return Message(Error(code=failure.code, reason=failure.name), reply_to=msg)
 
 
 def _budget_reply(msg: Message, agent: AgentRuntime, error: BudgetExhaustedError) -> Message:
@@ -130,20 +167,20 @@ def _budget_reply(msg: Message, agent: AgentRuntime, error: BudgetExhaustedError
     """
     ledger = agent.ledger()
     central = msg.metadata.message_type == MessageType.TRAIN and central_dp(msg)
-    metrics = MetricRecord({"num-examples": 1 if central else 0, "budget-exhausted": 1,
-                            "eps-spent": ledger.spent(), "eps-remaining": ledger.remaining()})
+    metrics = MetricRecord(rp.EXHAUSTED_REPLY.metrics(num_examples=1 if central else 0, budget_exhausted=1,
+                                                      eps_spent=ledger.spent(), eps_remaining=ledger.remaining()))
     log.warning("%s", error)
-    arrays = msg.content["arrays"] if central else ArrayRecord()
-    return Message(RecordDict({"arrays": arrays, "metrics": metrics}), reply_to=msg)
+    arrays = msg.content[rp.ARRAYS_RECORD] if central else ArrayRecord()
+    return Message(RecordDict({rp.ARRAYS_RECORD: arrays, rp.METRICS_RECORD: metrics}), reply_to=msg)
 
 
 def _package(msg: Message, agent: AgentRuntime) -> bytes:
-    config = msg.content["config"]
-    if config.get("site") != agent.site.site:
-        raise ConfigError(f"message for site {config.get('site')!r} reached site {agent.site.site!r}")
-    package = config.get("package")
+    config = msg.content[rp.CONFIG_RECORD]
+    if config.get(rp.SITE) != agent.site.site:
+        raise WrongSiteError(f"message for site {config.get(rp.SITE)!r} reached site {agent.site.site!r}")
+    package = config.get(rp.PACKAGE)
     if not isinstance(package, bytes):
-        raise PackageFormatError("the message carries no package bytes under config['package']")
+        raise PackageFormatError(f"the message carries no package bytes under config[{rp.PACKAGE!r}]")
     if len(package) > agent.max_package_bytes:  # before anything else looks at it
         raise PackageSizeError(f"the message carries a {len(package)}-byte package, over this site's limit of "
                                f"{agent.max_package_bytes} (agent.max_package_bytes)")
@@ -155,14 +192,14 @@ def query(msg: Message, context: Context) -> Message:
     """Tell the coordinator which site this node is."""
     try:
         agent, _, _ = _agent(context)
-    except CuvilError as e:
+    except Exception as e:  # noqa: BLE001 - a failure is a code (see _error)
         return _error(msg, e)
-    return Message(RecordDict({"config": ConfigRecord({"site": agent.site.site})}), reply_to=msg)
+    return Message(RecordDict({rp.CONFIG_RECORD: ConfigRecord({rp.SITE: agent.site.site})}), reply_to=msg)
 
 
 #: Reply fields measured on public inputs only (the package and this hardware, before any data
 #: is touched): they are the same for neighbouring datasets up to timing noise.
-DATA_INDEPENDENT_MEASUREMENTS = ("build-seconds", "verify-seconds")
+DATA_INDEPENDENT_MEASUREMENTS = (rp.BUILD_SECONDS, rp.VERIFY_SECONDS)
 
 
 @app.train(mods=[central_dp_clipping_mod])
@@ -180,23 +217,25 @@ def train(msg: Message, context: Context) -> Message:
     try:
         agent, index, count = _agent(context)
         activated = agent.activate(_package(msg, agent))
+        check_model(agent.site, activated.model.graph)  # before any record is read
+        keys = _reply_keys(msg, activated.model.graph)  # before training: a bad request spends nothing
         train_data, _ = _local_data(agent, index, count, context, activated.model.graph)
         ledger = agent.ledger()
-        keys = _reply_keys(msg, activated.model.graph)  # before training: a bad request spends nothing
+        config = msg.content[rp.CONFIG_RECORD]
         # the graph as loaded: fp16-stored weights widened to the float32 the trainer updates
         outcome = train_round(activated.model.graph, agent.site, train_data, ledger,
-                              int(msg.content["config"]["server-round"]), activated.package.manifest.version,
+                              int(config[rp.SERVER_ROUND]), activated.package.manifest.version,
                               local_dp=_local_dp(context, agent.site),
                               # FedProx: Flower's strategy sends its mu; the term is free under DP-SGD
-                              proximal_mu=msg.content["config"].get("proximal-mu", 0.0),
+                              proximal_mu=config.get(rp.PROXIMAL_MU, 0.0),
                               plan_cache=agent.state_dir)  # the noise search, once per device, not per message
     except BudgetExhaustedError as e:
         return _budget_reply(msg, agent, e)
-    except CuvilError as e:
+    except Exception as e:  # noqa: BLE001 - a failure is a code (see _error)
         return _error(msg, e)
     metrics = MetricRecord(train_metrics(agent.site, outcome, ledger, activated, central=central_dp(msg)))
     arrays = ArrayRecord({k: Array(outcome.weights[k]) for k in keys})
-    return Message(RecordDict({"arrays": arrays, "metrics": metrics}), reply_to=msg)
+    return Message(RecordDict({rp.ARRAYS_RECORD: arrays, rp.METRICS_RECORD: metrics}), reply_to=msg)
 
 
 def _reply_keys(msg: Message, graph) -> list[str]:
@@ -208,7 +247,8 @@ def _reply_keys(msg: Message, graph) -> list[str]:
         PackageFormatError: a requested weight is not a float32 weight of the package.
     """
     weights = [k for k, v in graph.initializers.items() if v.dtype == np.float32]
-    keys = list(msg.content["arrays"].keys()) or [str(k) for k in msg.content["config"].get(REPLY_KEYS, [])]
+    keys = (list(msg.content[rp.ARRAYS_RECORD].keys())
+            or [str(k) for k in msg.content[rp.CONFIG_RECORD].get(rp.REPLY_KEYS, [])])
     missing = sorted(set(keys) - set(weights))
     if missing:
         raise PackageFormatError(f"the coordinator asks for weights {missing[:3]} the package does not hold as "
@@ -219,44 +259,42 @@ def _reply_keys(msg: Message, graph) -> list[str]:
 def train_metrics(site: SiteConfig, outcome, ledger, activated, *, central: bool) -> dict:
     """The metrics of a train reply; every value is public configuration, a ledger total of
     events planned from it, or measured on the package (:data:`DATA_INDEPENDENT_MEASUREMENTS`)."""
-    return {
-        "num-examples": 1 if central else site.training.weight, "eps-round": outcome.epsilon_round,
-        "eps-spent": ledger.spent(), "eps-remaining": ledger.remaining(),
-        "noise-multiplier": outcome.noise_multiplier, "local-dp": int(outcome.noise_multiplier > 0),
-        "build-seconds": activated.model.build_seconds, "verify-seconds": activated.verify_seconds,
-        "package-bytes": activated.package_bytes, "budget-exhausted": 0,
-    }
+    return rp.TRAIN_REPLY.metrics(
+        num_examples=1 if central else site.training.weight, eps_round=outcome.epsilon_round,
+        eps_spent=ledger.spent(), eps_remaining=ledger.remaining(),
+        noise_multiplier=outcome.noise_multiplier, local_dp=int(outcome.noise_multiplier > 0),
+        build_seconds=activated.model.build_seconds, verify_seconds=activated.verify_seconds,
+        package_bytes=activated.package_bytes, budget_exhausted=0)
 
 
 @app.evaluate()
 def evaluate(msg: Message, context: Context) -> Message:
     """Verify and build the package, then release noisy counts (correct, total) of the local
-    evaluation: the spend is claimed under ``eval-r<round>-v<version>`` before the data is read,
-    so a replayed message is refused; the coordinator pools every site's counts into one accuracy."""
-    from cuvil_edge.privacy.release import reserve_release
-
+    evaluation: the spend is claimed (``ledger.claim``) under ``eval-r<round>-v<version>`` before the
+    data is read, so a replayed message is refused, and given back if anything fails before the
+    counts are noised (the reply is then a code only); the coordinator pools every site's counts."""
     try:
         agent, index, count = _agent(context)
         activated = agent.activate(_package(msg, agent))
+        check_model(agent.site, activated.model.graph)  # before any record is read
         ledger = agent.ledger()
-        server_round = int(msg.content["config"]["server-round"])
-        pending = reserve_release(eval_mechanism(agent.site), 2, ledger, round=server_round,
-                                  key=f"eval-r{server_round}-v{activated.package.manifest.version}")
-        try:
+        server_round = int(msg.content[rp.CONFIG_RECORD][rp.SERVER_ROUND])
+        plan = eval_mechanism(agent.site).plan(2, ledger.delta)
+        with ledger.claim(plan.event(), key=f"eval-r{server_round}-v{activated.package.manifest.version}",
+                          round=server_round):
             _, eval_data = _local_data(agent, index, count, context, activated.model.graph)
             correct = agent.correct(activated.model, eval_data.x, eval_data.y)
-        except CuvilError:
-            pending.abort()  # nothing computed from the data left the process
-            raise
-        noisy_correct, noisy_total = (int(v) for v in pending.publish(np.array([correct, len(eval_data.y)])))
+            counts = plan.prepare(np.array([correct, len(eval_data.y)]), None, None)
+            noisy_correct, noisy_total = (int(v) for v in plan.apply(counts, None))
     except BudgetExhaustedError as e:
         return _budget_reply(msg, agent, e)
-    except CuvilError as e:
+    except Exception as e:  # noqa: BLE001 - a failure is a code (see _error)
         return _error(msg, e)
-    metrics = MetricRecord({"noisy-correct": noisy_correct, "noisy-total": noisy_total,
-                            "count-noise-scale": float(2 / agent.site.privacy.eval_epsilon),
-                            "eps-spent": ledger.spent(), "eps-remaining": ledger.remaining(), "budget-exhausted": 0})
-    return Message(RecordDict({"metrics": metrics}), reply_to=msg)
+    metrics = MetricRecord(rp.EVALUATE_REPLY.metrics(
+        noisy_correct=noisy_correct, noisy_total=noisy_total,
+        count_noise_scale=float(2 / agent.site.privacy.eval_epsilon),
+        eps_spent=ledger.spent(), eps_remaining=ledger.remaining(), budget_exhausted=0))
+    return Message(RecordDict({rp.METRICS_RECORD: metrics}), reply_to=msg)
 
 
 def eval_mechanism(site: SiteConfig):

@@ -16,6 +16,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 from cuvil_edge.config.loader import load_model
 
 SITE_ID_PATTERN = r"^[a-z0-9][a-z0-9-]{0,62}$"
+#: The demo's digits partition (scikit-learn's 8x8 digits): public, so its model check needs no YAML key.
+DIGITS_INPUT_SHAPE, DIGITS_CLASSES = (1, 8, 8), 10
 
 
 class _Strict(BaseModel):
@@ -67,6 +69,16 @@ class DataSection(_Strict):
     every other column, in file order) by name. ``image-folder``: one sub-folder per class holding
     PNG/JPEG files, resized to the model's input. Labels are indices ``0 .. classes-1``, or names
     listed in ``classes`` (whose order then gives the indices; for image folders, the sub-folder names).
+
+    **Public model metadata** (issue 22, item 2). ``input_shape`` (one record's shape, the model's
+    input without the batch axis) and ``num_classes`` (the model's outputs) are public facts about
+    the site's data: the agent checks every package's model against them *before reading any
+    record* and refuses a mismatch with the code ``model-incompatible``, so no coordinator can probe
+    the records with models of other shapes. Defaults (:meth:`model_metadata`): ``num_classes`` is
+    ``len(classes)`` when ``classes`` is listed; for ``csv`` with ``feature_columns`` the input shape
+    is ``[len(feature_columns)]``; the digits partition is public (``[1, 8, 8]``, 10 classes). For
+    a file source where either stays unknown, the safe default: every package is refused
+    (``model-incompatible``, the device's log says which key to add); the check is never skipped.
     """
 
     kind: Literal["digits-partition", "npz", "csv", "image-folder"] = "digits-partition"
@@ -74,6 +86,10 @@ class DataSection(_Strict):
     label_column: Optional[str] = None
     feature_columns: Optional[list[str]] = None
     classes: Optional[list[str]] = None
+    input_shape: Optional[list[int]] = Field(default=None, description="one record's shape: the model input "
+                                             "without the batch axis (public; checked before any record is read)")
+    num_classes: Optional[int] = Field(default=None, ge=1, le=1_000_000,
+                                       description="the model's number of classes (public; default len(classes))")
     eval_fraction: float = Field(gt=0, lt=1, default=0.2)
     #: Ignored: the split is decided per record by a keyed hash (datasets/split.py), not by a shuffle;
     #: kept so that site files written for older releases still load.
@@ -86,9 +102,29 @@ class DataSection(_Strict):
             return (Path((info.context or {}).get("base_dir", Path("."))) / value).resolve()
         return value
 
+    def model_metadata(self) -> tuple[Optional[tuple[int, ...]], Optional[int]]:
+        """(record shape, number of classes) every package's model must have; None where the site
+        YAML does not say (the agent then refuses every package: see the class docstring)."""
+        if self.kind == "digits-partition":
+            return DIGITS_INPUT_SHAPE, DIGITS_CLASSES
+        shape = tuple(self.input_shape) if self.input_shape is not None else (
+            (len(self.feature_columns),) if self.kind == "csv" and self.feature_columns else None)
+        classes = self.num_classes if self.num_classes is not None else (
+            len(self.classes) if self.classes else None)
+        return shape, classes
+
     @model_validator(mode="after")
     def _complete(self) -> "DataSection":
+        if self.input_shape is not None and (not self.input_shape or any(d < 1 for d in self.input_shape)):
+            raise ValueError("input_shape must list one or more positive dimensions (the model input without "
+                             "the batch axis)")
+        if self.classes and self.num_classes is not None and self.num_classes != len(self.classes):
+            raise ValueError(f"num_classes {self.num_classes} differs from the {len(self.classes)} names in classes")
         if self.kind == "digits-partition":
+            if (self.input_shape is not None and tuple(self.input_shape) != DIGITS_INPUT_SHAPE) or \
+                    self.num_classes not in (None, DIGITS_CLASSES):
+                raise ValueError(f"the digits partition has input_shape {list(DIGITS_INPUT_SHAPE)} and "
+                                 f"{DIGITS_CLASSES} classes")
             if self.path is not None or self.label_column or self.feature_columns or self.classes:
                 raise ValueError("kind digits-partition reads no files; path, label_column, feature_columns "
                                  "and classes belong to kinds npz, csv and image-folder")

@@ -20,25 +20,22 @@ import time
 from typing import Iterable
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, Error, Message, MessageType, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import (DifferentialPrivacyClientSideFixedClipping, FedAdam, FedAvg, FedAvgM,
                                      FedProx, FedYogi, Strategy)
 
+from cuvil_edge.config import round_protocol as rp
+from cuvil_edge.config.round_protocol import failure_text
 from cuvil_edge.coordinator.evaluation import SiteCounts, clip01, pool
 from cuvil_edge.coordinator.packaging import FrozenWeights, PackageFactory
 from cuvil_edge.coordinator.report import EXHAUSTED_STATUS, FAILED_STATUS, NOT_PUSHED_STATUS
 
 log = logging.getLogger(__name__)
 
-#: Keys of the per-site ConfigRecord the agent reads (see agent/client_app.py).
-PACKAGE_KEY = "package"
-SITE_KEY = "site"
-EXHAUSTED_METRIC = "budget-exhausted"
-#: The weights a reply carries, when none travel beside the package (a plain round).
-REPLY_KEYS = "reply-keys"
-#: Config key Flower's DifferentialPrivacyClientSideFixedClipping adds to train messages.
-CLIPPING_NORM_KEY = "clipping_norm"
+#: Keys of the round's messages: config/round_protocol.py, shared with the agent (never spelled here).
+PACKAGE_KEY, SITE_KEY, EXHAUSTED_METRIC = rp.PACKAGE, rp.SITE, rp.BUDGET_EXHAUSTED
+REPLY_KEYS, CLIPPING_NORM_KEY = rp.REPLY_KEYS, rp.CLIPPING_NORM
 
 #: The federation YAML's ``strategy.name`` -> Flower's strategy class (never a copy of one).
 FLOWER_STRATEGIES: dict[str, type[FedAvg]] = {"fedavg": FedAvg, "fedprox": FedProx, "fedadam": FedAdam,
@@ -102,15 +99,16 @@ class SitePackages(Strategy):
                     log.warning("node %s is registered as %r, not an enrolled site; it gets nothing", nid, site)
             return
         queries = [
-            Message(RecordDict({"config": ConfigRecord({"ask": SITE_KEY})}), dst_node_id=nid,
+            Message(RecordDict({rp.CONFIG_RECORD: ConfigRecord({rp.ASK: SITE_KEY})}), dst_node_id=nid,
                     message_type=MessageType.QUERY)
             for nid in unknown
         ]
         for reply in grid.send_and_receive(queries, timeout=120):
             if reply.has_error():
-                log.warning("node %s did not say which site it is: %s", reply.metadata.src_node_id, reply.error.reason)
+                log.warning("node %s did not say which site it is: %s", reply.metadata.src_node_id,
+                            failure_text(reply.error.code))
                 continue
-            site = str(reply.content["config"][SITE_KEY])
+            site = str(reply.content[rp.CONFIG_RECORD][SITE_KEY])
             if site not in self.factory.sites:
                 log.warning("node %s claims unknown site %r; ignoring it", reply.metadata.src_node_id, site)
                 continue
@@ -146,25 +144,25 @@ class SitePackages(Strategy):
             if site is None:
                 continue  # logged in _resolve_sites; an unknown node gets nothing
             if site in self.factory.refused:  # its compile plan does not fit: the others go on
-                log.warning("not pushing round %s to site %r: %s", message.content["config"]["server-round"], site,
+                log.warning("not pushing round %s to site %r: %s", message.content[rp.CONFIG_RECORD][rp.SERVER_ROUND], site,
                             self.factory.refused[site])
-                stats = self._site_stats(int(message.content["config"]["server-round"]), site)
+                stats = self._site_stats(int(message.content[rp.CONFIG_RECORD][rp.SERVER_ROUND]), site)
                 stats["status"] = NOT_PUSHED_STATUS
                 stats["train-error"] = f"not pushed: {self.factory.refused[site]}"
                 continue
             package = self.factory.issue(site, weights)
             # FedAvg shares one RecordDict (and config) across messages: build a fresh one per site.
-            config = ConfigRecord(dict(message.content["config"]))
+            config = ConfigRecord(dict(message.content[rp.CONFIG_RECORD]))
             config[SITE_KEY] = site
             config[PACKAGE_KEY] = package.data
-            content = RecordDict({"arrays": self._site_arrays(site, weights, config), "config": config})
+            content = RecordDict({rp.ARRAYS_RECORD: self._site_arrays(site, weights, config), rp.CONFIG_RECORD: config})
             out.append(Message(content=content, dst_node_id=node, message_type=message.metadata.message_type))
-            stats = self._site_stats(int(config["server-round"]), site)
-            stats["package-bytes"], stats["precision"] = len(package.data), self.factory.precisions.get(site, "fp32")
+            stats = self._site_stats(int(config[rp.SERVER_ROUND]), site)
+            stats[rp.PACKAGE_BYTES], stats["precision"] = len(package.data), self.factory.precisions.get(site, "fp32")
         self._sent = [(m, self.node_to_site[m.metadata.dst_node_id]) for m in out]
         if messages:  # what the coordinator spent signing, sealing and packing this phase's packages
             phase = "train" if messages[0].metadata.message_type == MessageType.TRAIN else "eval"
-            server_round = int(messages[0].content["config"]["server-round"])
+            server_round = int(messages[0].content[rp.CONFIG_RECORD][rp.SERVER_ROUND])
             self.timings.setdefault(server_round, {})[f"{phase}-packages-seconds"] = time.perf_counter() - started
         return out
 
@@ -188,8 +186,8 @@ class SitePackages(Strategy):
             if reply.has_error() or self.factory.precisions.get(site, "fp32") == "fp32" or self._weights is None:
                 continue
             shipped = self.factory.shipped(site, self._weights)
-            record = reply.content["arrays"]
-            reply.content["arrays"] = ArrayRecord({
+            record = reply.content[rp.ARRAYS_RECORD]
+            reply.content[rp.ARRAYS_RECORD] = ArrayRecord({
                 k: Array(a.numpy() + (self._weights[k] - shipped[k]) if k in shipped else a.numpy())
                 for k, a in record.items()})
         return replies
@@ -203,7 +201,7 @@ class SitePackages(Strategy):
     @property
     def weighted_by_key(self) -> str:
         """The reply metric the wrapped strategy weights by (Flower's DP wrapper reads it)."""
-        return getattr(self.strategy, "weighted_by_key", "num-examples")
+        return getattr(self.strategy, "weighted_by_key", rp.NUM_EXAMPLES)
 
     def summary(self) -> None:
         log.debug("per-site packages for %d sites around %s", len(getattr(self.factory, "sites", ())),
@@ -262,14 +260,15 @@ class SitePackages(Strategy):
             site = self._reply_site(reply, sent)
             answered.add(site)
             stats = self._site_stats(server_round, site)
-            if reply.has_error():
-                stats[f"{prefix}-error"] = reply.error.reason
+            if reply.has_error():  # only the code is kept: a reason text is never read (DESIGN.md §3)
+                shown = stats[f"{prefix}-error"] = failure_text(reply.error.code)
                 stats["status"] = FAILED_STATUS
-                log.warning("site %s failed in round %d (%s): %s", site, server_round, prefix, reply.error.reason)
-                kept.append(reply)  # FedAvg logs it as a failure
+                log.warning("site %s failed in round %d (%s): %s", site, server_round, prefix, shown)
+                reply.error = Error(code=reply.error.code, reason=shown)  # FedAvg logs it as a failure
+                kept.append(reply)
                 continue
-            metrics = dict(reply.content["metrics"])
-            stats.update({f"{prefix}-{k}" if k not in ("eps-spent", "eps-remaining") else k: v
+            metrics = dict(reply.content[rp.METRICS_RECORD])
+            stats.update({f"{prefix}-{k}" if k not in rp.LEDGER_TOTALS else k: v
                           for k, v in metrics.items()})
             if metrics.get(EXHAUSTED_METRIC):
                 stats["status"] = EXHAUSTED_STATUS
@@ -294,9 +293,9 @@ class SitePackages(Strategy):
         for reply in self._record(server_round, replies, "eval"):
             if reply.has_error():
                 continue
-            m = reply.content["metrics"]
+            m = reply.content[rp.METRICS_RECORD]
             site = self.node_to_site.get(reply.metadata.src_node_id)
-            c = SiteCounts(int(m["noisy-correct"]), int(m["noisy-total"]), float(m["count-noise-scale"]))
+            c = SiteCounts(int(m[rp.NOISY_CORRECT]), int(m[rp.NOISY_TOTAL]), float(m[rp.COUNT_NOISE_SCALE]))
             counts.append(c)
             if site is not None:
                 self._site_stats(server_round, site)["eval-accuracy"] = (

@@ -26,7 +26,7 @@ def _reply(sent: Message, src: int, *, error: str | None = None, arrays: ArrayRe
                     reply_to_message_id=sent.metadata.message_id, group_id="1", created_at=time.time(), ttl=60,
                     message_type=MessageType.TRAIN)
     if error is not None:
-        return Message(Error(code=0, reason=error), metadata=meta)
+        return Message(Error(code=5, reason=error), metadata=meta)  # Flower's NODE_UNAVAILABLE
     return Message(RecordDict({"arrays": arrays, "metrics": MetricRecord({"num-examples": 1})}), metadata=meta)
 
 
@@ -53,13 +53,13 @@ def test_a_dead_nodes_failure_is_credited_to_its_site_and_silence_is_reported(tm
     strategy.aggregate_train(1, replies)
 
     stats = strategy.rounds[1]
-    assert stats[sites[0].site]["status"] == FAILED_STATUS and "heartbeat" in stats[sites[0].site]["train-error"]
+    assert stats[sites[0].site]["status"] == FAILED_STATUS and stats[sites[0].site]["train-error"] == "flower-node-unavailable"
     assert stats[sites[1].site]["status"] == "ok"
     assert stats[sites[2].site]["status"] == FAILED_STATUS
     assert "no reply" in stats[sites[2].site]["train-error"]
     shown = {site: {"target": "x", **entry} for site, entry in stats.items()}
     table = format_round({"round": 1, "global_accuracy": 0.5, "sites": shown, "dropped_out": []})
-    assert f"{sites[0].site} failed (train): Node Unavailable" in table
+    assert f"{sites[0].site} failed (train): flower-node-unavailable" in table
 
 
 class _Grid:

@@ -58,6 +58,6 @@ def test_the_example_federation_learns_from_the_hospitals_own_files(tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     stats = json.loads((tmp_path / "run2" / "metrics.json").read_text())["rounds"][-1]["sites"]
     assert stats["hospital-3"]["status"] == "failed"
-    assert "hospital-3.csv" in stats["hospital-3"]["train-error"] and "healthy" in stats["hospital-3"]["train-error"]
+    assert stats["hospital-3"]["train-error"] == "data-invalid"  # the code only: the file and cell stay on the device
     assert stats["hospital-1"]["status"] == stats["hospital-2"]["status"] == "ok"
     assert "eps-spent" not in stats["hospital-3"]  # refused before anything was reserved or released

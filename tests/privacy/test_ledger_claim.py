@@ -45,7 +45,7 @@ def test_an_unaffordable_claim_never_runs_its_block(tmp_path):
     assert ledger.history() == []
 
 
-@pytest.mark.parametrize("module", ["training.py", "inference.py"])
+@pytest.mark.parametrize("module", ["training.py", "inference.py", "client_app.py"])
 def test_the_agent_charges_only_through_claim(module):
     calls = {n.func.attr for n in ast.walk(ast.parse((AGENT / module).read_text(encoding="utf-8")))
              if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)}
