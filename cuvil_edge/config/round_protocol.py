@@ -28,6 +28,10 @@ class Sensitivity(str, Enum):
     MEASURED = "measured before any record is read"
     #: Computed from the site's records, noised and charged to the site's ledger.
     NOISED = "noised and charged"
+    #: A code of the fixed set: public configuration, except that ``data-invalid`` depends on the
+    #: site's own files (never on what the coordinator sends: the model is checked against public
+    #: metadata first), so it is the same for a malformed dataset and its neighbours.
+    CODE = "failure code, not noised"
     #: Sent by the coordinator (a request field: nothing of the site's).
     REQUEST = "coordinator request"
 
@@ -183,8 +187,8 @@ EXHAUSTED_REPLY = MessageSpec("budget-exhausted reply", "train or evaluate", "re
     METRICS_RECORD: (Field(NUM_EXAMPLES, "int", P, "0, or 1 under central DP"), *_LEDGER,
                      Field(BUDGET_EXHAUSTED, "int", P, "1"))})
 FAILURE_REPLY = MessageSpec("failure reply", "any", "reply", {
-    "error": (Field("code", "int", P, "a code of the fixed set (Failures)"),
-              Field("reason", "str", P, "that code's name, nothing else"))})
+    "error": (Field("code", "int", Sensitivity.CODE, "a code of the fixed set (Failures)"),
+              Field("reason", "str", Sensitivity.CODE, "that code's name, nothing else"))})
 
 MESSAGES = (QUERY_REQUEST, QUERY_REPLY, TRAIN_REQUEST, TRAIN_REPLY, EVALUATE_REQUEST, EVALUATE_REPLY,
             EXHAUSTED_REPLY, FAILURE_REPLY)
