@@ -72,12 +72,13 @@ def train_round(graph: Graph, site: SiteConfig, data: Split, ledger: PrivacyLedg
             f"{ledger.epsilon_budget}; the site sits this round out"
         )
     # the ledger's one way to charge: reserved before the data is touched, aborted if training raises
-    with ledger.claim(event, key=train_key(server_round, package_version), round=server_round):
+    with ledger.claim(event, key=train_key(server_round, package_version), round=server_round) as reservation:
         result = train_dp_sgd(model, data.x, data.y, plan, lr=t.learning_rate, momentum=t.momentum,
                               max_grad_norm=t.max_grad_norm, seed=seed, proximal_mu=mu)
     weights = {k: np.array(v) for k, v in graph.initializers.items() if v.dtype == np.float32}
     weights.update(model.ir_weights())
-    return TrainOutcome(weights, result.epsilon, plan.noise_multiplier, plan.sample_rate, plan.steps,
+    # the round's ε as the ledger charges it (PLD); result.epsilon is the RDP ε it was planned at
+    return TrainOutcome(weights, reservation.epsilon, plan.noise_multiplier, plan.sample_rate, plan.steps,
                         result.final_loss)
 
 

@@ -27,7 +27,8 @@ alone is refused; a smaller one is enforced as given.
 Accounting (:mod:`cuvil_edge.privacy.accounting`): DP-SGD events are stored
 as ``(noise_multiplier, sample_rate, steps)``, Gaussian releases as
 ``(noise_std, sensitivity)``, Laplace and other pure releases as their ε; the total is
-min(all events composed by RDP, basic composition) at the ledger's δ.
+min(all events composed by the pessimistic PLD accountant, basic composition) at the ledger's δ
+(RDP is the cross-check). Each row also keeps its standalone ε by the same accountant.
 """
 
 from __future__ import annotations
@@ -275,7 +276,7 @@ class PrivacyLedger(_LedgerFile):
     def spent(self) -> float:
         """Total epsilon spent (reserved or committed) at the ledger's delta.
 
-        min(RDP composition, basic composition); see :mod:`.accounting`.
+        min(PLD composition, basic composition); see :mod:`.accounting`.
 
         Raises:
             LedgerError: the ledger cannot be read.
@@ -356,7 +357,7 @@ class PrivacyLedger(_LedgerFile):
         params = event_parameters(event)
         fields = {c: params.get(c) for c in PARAMETER_COLUMNS}
         fields.update(mechanism=event.mechanism, delta=0.0 if pure else self.delta,
-                      epsilon=params["epsilon"] if pure else Accountant([event]).rdp_epsilon(self.delta))
+                      epsilon=params["epsilon"] if pure else Accountant([event]).epsilon(self.delta))
         with self._lock, self._transaction() as conn:
             existing = self._rows(conn, "WHERE idempotency_key = ?", (key,))
             if existing:

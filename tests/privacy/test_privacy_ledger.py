@@ -17,6 +17,7 @@ from cuvil_edge.privacy.accounting import Accountant, DpSgd, Gaussian, Laplace, 
 from cuvil_edge.privacy.ledger import budget_config_hash
 
 DELTA = 1e-5
+ONE_RUN = Accountant([DpSgd(1.5, 0.04, 2250)]).epsilon(DELTA)  # PLD: 6.7695 (RDP 7.3291)
 
 
 def _ledger(path: Path, budget: float = 3.0, site: str = "site-a") -> PrivacyLedger:
@@ -54,9 +55,10 @@ def test_exact_laplace_sum_at_the_boundary(tmp_path: Path) -> None:
     led = _ledger(tmp_path / "l.db", budget=1.0)
     led.reserve(Laplace(0.5), key="a")
     led.reserve(Laplace(0.5), key="b")  # exactly 1.0 fits
+    assert led.spent() == 1.0
 
-    with pytest.raises(BudgetExhaustedError):
-        led.reserve(Laplace(1e-12), key="c")
+    with pytest.raises(BudgetExhaustedError):  # (the PLD of all three, 1.00996, is just above)
+        led.reserve(Laplace(0.01), key="c")
 
 
 _CRASH_CHILD = textwrap.dedent(
@@ -107,11 +109,11 @@ def test_sigkill_from_outside_between_reserve_and_commit_fails_closed(tmp_path: 
 
     led = _ledger(path, budget=10.0)
     assert [r["status"] for r in led.history()] == ["reserved"]
-    assert led.spent() == pytest.approx(7.32911117143, abs=1e-4)  # the reserved run still counts
+    assert led.spent() == pytest.approx(ONE_RUN)  # the reserved run still counts
     with pytest.raises(ReplayError):  # the retry after the crash never trains again
         led.reserve(DpSgd(1.5, 0.04, 2250), key="train-v1", round=1)
     assert len(led.history()) == 1
-    assert led.spent() == pytest.approx(7.32911117143, abs=1e-4)
+    assert led.spent() == pytest.approx(ONE_RUN)
     with pytest.raises(BudgetExhaustedError):
         led.reserve(Laplace(50.0), key="eval")
 
@@ -142,30 +144,32 @@ def test_key_reuse_for_a_different_event_is_refused(tmp_path: Path) -> None:
         led.reserve(Laplace(0.5), key="k")
 
 
-def test_rdp_composition_matches_opacus_golden_value(tmp_path: Path) -> None:
+def test_dpsgd_is_charged_by_pld_below_opacus_rdp_golden_value(tmp_path: Path) -> None:
     led = _ledger(tmp_path / "l.db", budget=10.0)
 
     led.commit(led.reserve(DpSgd(1.5, 0.04, 2250), key="train-1", round=1))
 
-    # Opacus' own test value for sigma=1.5, q=0.04, 2250 steps, delta=1e-5.
-    assert led.spent() == pytest.approx(7.32911117143, abs=1e-4)
+    # Google PLD 6.7688 (notes §2); Opacus' own RDP test value is 7.32911117143.
+    assert led.spent() == pytest.approx(6.7688, abs=2e-3) == ONE_RUN
+    assert led.spent() < Accountant([DpSgd(1.5, 0.04, 2250)]).rdp_epsilon(DELTA) == pytest.approx(7.32911, abs=1e-4)
+    assert led.history()[0]["epsilon"] == pytest.approx(led.spent())
     row = led.history()[0]
     assert (row["noise_multiplier"], row["sample_rate"], row["steps"]) == (1.5, 0.04, 2250)
     assert row["delta"] == DELTA
 
 
-def test_dpsgd_and_laplace_compose_by_min_of_rdp_and_basic(tmp_path: Path) -> None:
+def test_dpsgd_and_laplace_compose_by_min_of_pld_and_basic(tmp_path: Path) -> None:
     led = _ledger(tmp_path / "l.db", budget=10.0)
     led.reserve(DpSgd(1.5, 0.04, 2250), key="t")
 
     exceed, total = led.would_exceed(DpSgd(1.5, 0.04, 2250))
     led.reserve(Laplace(1.0), key="q")
 
-    # Two identical DP-SGD runs compose under RDP to less than twice one run.
-    assert exceed and 7.33 < total < 2 * 7.33
+    # Two identical DP-SGD runs compose to less than twice one run.
+    assert exceed and ONE_RUN < total < 2 * ONE_RUN
     expected = Accountant([DpSgd(1.5, 0.04, 2250), Laplace(1.0)])
-    assert led.spent() == expected.epsilon(DELTA) == min(expected.rdp_epsilon(DELTA), 7.32911117143 + 1.0)
-    assert 7.33 < led.spent() < 7.32911117143 + 1.0  # RDP beats the plain sum here
+    assert led.spent() == expected.epsilon(DELTA) < expected.rdp_epsilon(DELTA)
+    assert ONE_RUN < led.spent() < ONE_RUN + 1.0  # the PLD beats the plain sum here
     with pytest.raises(BudgetExhaustedError):
         led.reserve(DpSgd(1.5, 0.04, 2250), key="t2")
 
