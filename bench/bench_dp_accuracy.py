@@ -226,7 +226,7 @@ def main() -> None:
     lines = ["# Global test accuracy under local DP-SGD (digits demo)", "",
              f"3 non-IID sites, {opts['rounds']} rounds, δ = {DELTA:g}, {args.reps} repetitions (seeds "
              f"{args.first_rep}..{args.first_rep + args.reps - 1}); ε is each site's total as its ledger composes it "
-             f"(min of RDP and basic composition): DP-SGD plus one noisy-count evaluation release per round of "
+             f"(min of the pessimistic PLD total and basic composition): DP-SGD plus one noisy-count evaluation release per round of "
              f"ε·{opts['eval_share']:g}/{opts['rounds']}, the DP-SGD share calibrated so the total fits ε.",
              "Produced by `bench/bench_dp_accuracy.py` (the demo's functions without Flower):", "",
              f"    {result['setup']['command']}", "",
