@@ -281,10 +281,16 @@ def _row(array: np.ndarray, axis: State, i: int) -> np.ndarray:
 
 
 def _compare(name: str, want: np.ndarray, got: np.ndarray, what: str) -> None:
-    """Raise unless ``got`` matches ``want`` (floats to a relative 1e-5 of the output's scale, others exactly)."""
+    """Raise unless ``got`` matches ``want`` (floats to a relative 1e-4 of the output's scale, others exactly).
+
+    A row run alone and the same row inside a batch take different BLAS blockings, so float32 sums
+    differ by a few ulps per accumulation: 1.06e-5 of the scale was measured on the digits CNN's
+    softmax after training at ε = 1 (bench_dp_accuracy), which 1e-5 refused. Ops that mix rows
+    change a row by far more; the static allow-list above is the primary check.
+    """
     same = want.shape == got.shape and want.dtype == got.dtype
     if same and want.dtype.kind == "f":
-        tol = max(1e-5, 8 * float(np.finfo(want.dtype).eps))
+        tol = max(1e-4, 8 * float(np.finfo(want.dtype).eps))
         scale = float(np.nanmax(np.abs(want), initial=0.0)) if want.size else 0.0
         same = bool(np.allclose(got, want, rtol=tol, atol=tol * max(scale, 1e-3), equal_nan=True))
     elif same:
