@@ -237,7 +237,7 @@ class ReplayError(PrivacyError):
     never trained, evaluated or released again."""
 
 
-# --- coordinator checkpoints (issue 21, item 5) ------------------------------------
+# --- coordinator checkpoints: resuming from a file the coordinator wrote --------------
 class CheckpointError(StateError):
     """A coordinator checkpoint cannot be used to resume; nothing of it was used (the message names
     the file and what to do)."""

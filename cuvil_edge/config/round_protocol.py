@@ -1,5 +1,5 @@
 """The round protocol: every request and reply between the coordinator and a site (DESIGN.md §2,
-layer 4½, shared by coordinator and agent; issue 22, item 3).
+layer 4½, shared by coordinator and agent).
 
 Each message is a :class:`MessageSpec`: the Flower records it carries and, for each, its
 :class:`Field` s (key, type, sensitivity). Both sides read the key strings from here only; a site

@@ -70,7 +70,7 @@ class DataSection(_Strict):
     PNG/JPEG files, resized to the model's input. Labels are indices ``0 .. classes-1``, or names
     listed in ``classes`` (whose order then gives the indices; for image folders, the sub-folder names).
 
-    **Public model metadata** (issue 22, item 2). ``input_shape`` (one record's shape, the model's
+    **Public model metadata**. ``input_shape`` (one record's shape, the model's
     input without the batch axis) and ``num_classes`` (the model's outputs) are public facts about
     the site's data: the agent checks every package's model against them *before reading any
     record* and refuses a mismatch with the code ``model-incompatible``, so no coordinator can probe

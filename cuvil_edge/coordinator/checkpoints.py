@@ -9,7 +9,7 @@ continue with weights whose privacy cost it forgot. A server optimiser's state (
 FedAdam's and FedYogi's moments; :mod:`cuvil_edge.coordinator.server_optimiser`) is stored beside the
 weights under :data:`OPTIMISER_PREFIX`, so a resumed run continues the optimiser too.
 
-**Authentication (issue 21, item 5).** A resumed run signs the checkpoint's weights into every
+**Authentication.** A resumed run signs the checkpoint's weights into every
 site's package and trusts its accountant state for ε, so the file is authenticated: each one holds
 an HMAC-SHA256 (under :data:`MAC_KEY`) over the federation name, the round and every other array
 (name, dtype, shape, bytes; see :func:`_mac`), keyed by a 32-byte secret in the coordinator home,

@@ -1,5 +1,5 @@
 """`cuvil-edge plan`: what the federation's model will cost on each site's device, at each precision,
-and the most accurate precision that fits the site's limits (issue 13, item 5).
+and the most accurate precision that fits the site's limits.
 
 Per site and precision (fp32, then fp16, then int8: most accurate first), the plan gives the
 package bytes (the variant's real payload), the planned peak memory of one inference (the build's

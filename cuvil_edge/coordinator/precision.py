@@ -1,4 +1,4 @@
-"""The precision a package carries (issue 13, item 4): fp32 as optimized, fp16 weight storage, or
+"""The precision a package carries: fp32 as optimized, fp16 weight storage, or
 int8 QDQ calibrated on sample inputs the coordinator provides (`passes.quantize`).
 
 Calibration samples come from an ``.npz`` file (``--calibration``): one array per model input,

@@ -1,4 +1,4 @@
-"""A site's own records, read from the files its YAML's ``data`` section names (issue 14, item 1).
+"""A site's own records, read from the files its YAML's ``data`` section names.
 
 Three sources: ``npz`` (arrays ``x`` and ``y``), ``csv`` (named feature and label columns) and
 ``image-folder`` (one sub-folder per class of PNG/JPEG files, resized to the model's input). Every
@@ -10,7 +10,7 @@ The agent reads these on its own device; the records never leave it. Decoded ima
 in the agent's data cache (an ``.npz`` keyed by the folder's file list, sizes and modification
 times, and the model input), so a round does not decode every image again.
 
-**Image files are untrusted input (issue 21, item 6).** Whoever can drop a file into a class folder
+**Image files are untrusted input.** Whoever can drop a file into a class folder
 must not be able to make the agent run other decoders, exhaust its memory, or read files elsewhere:
 
 - Only Pillow's PNG and JPEG decoders are tried (``Image.open(..., formats=("PNG", "JPEG"))``),

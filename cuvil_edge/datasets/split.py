@@ -1,4 +1,4 @@
-"""The per-record train / evaluation split (DESIGN §3 "Privacy"; issue 22, item 1).
+"""The per-record train / evaluation split (DESIGN §3 "Privacy").
 
 A record belongs to evaluation when the keyed hash of that record alone falls below
 ``eval_fraction``, else to training:

@@ -1,4 +1,4 @@
-"""Calibration: measure this host and write a target spec for it (issue 13, item 2).
+"""Calibration: measure this host and write a target spec for it.
 
 `cuvil-edge calibrate` times, on one thread (BLAS held to one thread with threadpoolctl, as the
 benchmarks run): the per-kernel terms of :mod:`cost_kernels` on synthetic shapes (sgemm over a

@@ -1,4 +1,4 @@
-"""Cost model: predicted latency of a build, per node and per graph, from the target spec (issue 13, item 1).
+"""Cost model: predicted latency of a build, per node and per graph, from the target spec.
 
 Each node is mapped to the kernel the target's build actually runs (the branches of ``k_conv``,
 ``k_mat_mul``, ``k_fused_mat_mul``, ``k_gemm``, the native C kernels), and costed as

@@ -1,4 +1,4 @@
-/* Native kernels for the ops numpy cannot run near the hardware's speed (issue 12).
+/* Native kernels for the ops numpy cannot run near the hardware's speed.
  *
  * Compiled on the device by its own C compiler (cuvil_edge/ir/ops/_native.py) and called through
  * ctypes from kernels that keep a complete numpy path: a target without a compiler, or a call
