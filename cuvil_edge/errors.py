@@ -33,6 +33,10 @@ class UnsupportedAttributeError(ModelError):
     """An op attribute or dtype has a value the IR does not implement."""
 
 
+class ModelIncompatibleError(ModelError):
+    """A package's model does not fit the public data metadata of the site YAML (input shape, classes)."""
+
+
 class ShapeInferenceError(ModelError):
     """Input shapes or dtypes of a node are inconsistent with its op."""
 

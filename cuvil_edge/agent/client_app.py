@@ -29,17 +29,13 @@ from cuvil_edge.datasets import digits
 from cuvil_edge.datasets.site_files import load_site_data, model_io
 from cuvil_edge.datasets.split import load_split_key, split_records
 from cuvil_edge.ir.graph import Graph
-from cuvil_edge.errors import (BudgetExhaustedError, ConfigError, CuvilError, DataError, ModelError, PackageError,
+from cuvil_edge.errors import (BudgetExhaustedError, ConfigError, CuvilError, DataError, ModelError,
+                               ModelIncompatibleError, PackageError,
                                PackageFormatError, PackageSizeError, ReplayError, WrongSiteError)
 
 log = logging.getLogger(__name__)
 
 app = ClientApp()
-
-
-
-class ModelIncompatibleError(ModelError):
-    """The package's model does not fit the site YAML's public data metadata (``model-incompatible``)."""
 
 
 def central_dp(msg: Message) -> bool:
