@@ -3,7 +3,8 @@
 Order: read/decode -> graph and opset present -> every node in the default
 domain and implemented -> initializers, input types, attributes -> structure
 (cycles, dangling inputs, double producers) -> ``onnx.checker`` -> Constant
-folding -> :func:`~cuvil_edge.ir.infer.build_graph` (type inference).
+folding -> names a package refuses renamed -> :func:`~cuvil_edge.ir.infer.build_graph`
+(type inference).
 Every failure is a :class:`~cuvil_edge.errors.ModelError` naming the problem and the fix.
 """
 
@@ -22,6 +23,7 @@ from cuvil_edge.ir import dtypes, ops
 from cuvil_edge.ir.graph import Dim, Graph, Node, TensorType, Value
 from cuvil_edge.ir.infer import build_graph, topological_order
 from cuvil_edge.ir.ops import constant
+from cuvil_edge.passes.naming import fresh_graph_name, fresh_tensor_name, is_graph_name, is_tensor_name
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +65,37 @@ def load_model(source: str | Path | bytes | onnx.ModelProto) -> Graph:
         else:
             nodes.append(node)
     outputs = [vi.name for vi in graph.output]
+    nodes, initializers = _package_names({v.name for v in inputs}, outputs, nodes, initializers, opset)
     return build_graph(graph.name or "model", inputs, outputs, nodes, initializers, opset)
+
+
+def _package_names(inputs: set[str], outputs: list[str], nodes: list[Node], initializers: dict[str, np.ndarray],
+                   opset: int) -> tuple[list[Node], dict[str, np.ndarray]]:
+    """The graph with every name a package refuses (PACKAGE_SPEC §1.3) renamed to a valid, unused one.
+
+    torch names the outputs of its Constant nodes like paths (``/Constant_output_0``), and they
+    become initializers above, whose names may not start with ``/``; some exporters name weights
+    so too.  Graph inputs and outputs keep their names, since feeds and results are keyed by them:
+    an initializer that is itself a graph output is renamed and passed out through an Identity
+    under the output's name (a refused input or output name is left for the package writer to
+    report).  The coordinator's weights are then keyed by the new names.
+    """
+    kept = inputs | set(outputs)
+    taken = kept | set(initializers) | {x for n in nodes for x in (n.name, *n.inputs, *n.outputs) if x}
+    mapping = {k: fresh_tensor_name(taken, k) for k in initializers if not is_tensor_name(k)}
+    mapping.update({o: fresh_graph_name(taken, o) for n in nodes for o in n.outputs
+                    if o and o not in kept and not is_graph_name(o)})
+    bad_nodes = [n for n in nodes if not is_graph_name(n.name)]
+    if not mapping and not bad_nodes:
+        return nodes, initializers
+    log.info("renamed %d names a package refuses: %s", len(mapping) + len(bad_nodes),
+             ", ".join(f"{k!r} -> {v!r}" for k, v in list(mapping.items())[:5]))
+    renamed = [Node(n.name if is_graph_name(n.name) else fresh_graph_name(taken, n.name), n.op_type,
+                    tuple(mapping.get(i, i) for i in n.inputs), tuple(mapping.get(o, o) for o in n.outputs),
+                    n.attrs, n.version) for n in nodes]
+    renamed += [Node(fresh_graph_name(taken, f"{out}_identity"), "Identity", (mapping[out],), (out,), {}, opset)
+                for out in dict.fromkeys(outputs) if out in mapping]
+    return renamed, {mapping.get(k, k): v for k, v in initializers.items()}
 
 
 def _read(source: Any) -> onnx.ModelProto:

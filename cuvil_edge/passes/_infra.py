@@ -5,7 +5,8 @@ its :class:`PassResult` says whether the graph changed and what changed.  Graphs
 are immutable: a rewrite builds a new one with :func:`rebuild` (which re-runs
 structure checks and type inference).  The :class:`PassManager` runs a list of
 passes until none changes the graph (bounded), checks that every pass keeps
-the graph outputs (names and types), and names the failing pass in its
+the graph outputs (names and types) and creates only names a package accepts
+(:mod:`.naming`), and names the failing pass in its
 :class:`~cuvil_edge.errors.PassError`.
 """
 
@@ -20,6 +21,7 @@ import numpy as np
 from cuvil_edge.errors import PassError
 from cuvil_edge.ir.graph import Graph, Node
 from cuvil_edge.ir.infer import build_graph
+from cuvil_edge.passes.naming import fresh_graph_name, fresh_name, fresh_tensor_name, is_graph_name, is_tensor_name
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +63,7 @@ class Pass:
         try:
             self.postcondition(result.graph)
             check_outputs_kept(graph, result.graph)
+            check_names_created(graph, result.graph)
         except Exception as e:
             raise PassError(f"pass {self.name!r} failed its postcondition on graph {graph.name!r}: {e}") from e
         return result
@@ -77,6 +80,22 @@ def check_outputs_kept(before: Graph, after: Graph) -> None:
                         f"to {[str(v.type) + ' ' + v.name for v in after.outputs]}")
     if [(v.name, v.type) for v in before.inputs] != [(v.name, v.type) for v in after.inputs]:
         raise PassError("graph inputs changed")
+
+
+def check_names_created(before: Graph, after: Graph) -> None:
+    """Every name a pass creates is one the package accepts (PACKAGE_SPEC §1.3, :mod:`.naming`):
+    a graph that optimizes must also package.  Names the pass found in ``before`` are the
+    importer's business, not the pass's.
+
+    Raises:
+        PassError: a new initializer, value or node name the package would refuse.
+    """
+    bad = [f"initializer {n!r}" for n in after.initializers if n not in before.initializers and not is_tensor_name(n)]
+    old = all_names(before)
+    bad += [f"name {n!r}" for n in all_names(after) - old if not is_graph_name(n)]
+    if bad:
+        raise PassError(f"created names a package refuses: {', '.join(sorted(bad)[:5])}; name new initializers "
+                        "with naming.fresh_tensor_name, new values and nodes with naming.fresh_graph_name")
 
 
 @dataclass(frozen=True)
@@ -185,16 +204,6 @@ def sole_user(graph: Graph, value: str, uses: Mapping[str, list[Node]]) -> Node 
     return readers[0]
 
 
-def fresh_name(taken: set[str], base: str) -> str:
-    """``base`` or ``base_1``, ``base_2`` ... not in ``taken`` (which is updated)."""
-    name, suffix = base, 0
-    while name in taken:
-        suffix += 1
-        name = f"{base}_{suffix}"
-    taken.add(name)
-    return name
-
-
 def all_names(graph: Graph) -> set[str]:
     return set(graph.types) | {n.name for n in graph.nodes}
 
@@ -224,4 +233,5 @@ def initializer(graph: Graph, name: str) -> np.ndarray | None:
 
 
 __all__ = ["Pass", "PassResult", "PassManager", "PassReport", "OptimizeReport", "rebuild", "replaced", "users",
-           "sole_user", "fresh_name", "all_names", "rename_inputs", "with_", "initializer", "check_outputs_kept"]
+           "sole_user", "fresh_name", "fresh_tensor_name", "fresh_graph_name", "all_names", "rename_inputs", "with_",
+           "initializer", "check_outputs_kept", "check_names_created"]

@@ -14,7 +14,9 @@ from __future__ import annotations
 import numpy as np
 
 from cuvil_edge.ir.graph import Graph, Node
-from cuvil_edge.passes._infra import Pass, PassResult, all_names, fresh_name, replaced, sole_user, users, with_
+from cuvil_edge.passes._infra import (
+    Pass, PassResult, all_names, fresh_tensor_name, replaced, sole_user, users, with_,
+)
 
 
 def _bn_params(graph: Graph, bn: Node):
@@ -75,7 +77,8 @@ class FoldBatchNorm(Pass):
             if not folded:
                 continue
             new_w, new_b, attrs = folded
-            w_name, b_name = fresh_name(taken, f"{prev.inputs[1]}_bn"), fresh_name(taken, f"{prev.name}_bn_bias")
+            w_name = fresh_tensor_name(taken, f"{prev.inputs[1]}_bn")
+            b_name = fresh_tensor_name(taken, f"{prev.name}_bn_bias")
             inits[w_name], inits[b_name] = new_w, new_b
             replace[id(prev)] = with_(prev, inputs=(prev.inputs[0], w_name, b_name), outputs=bn.outputs[:1],
                                       set_attrs=attrs)

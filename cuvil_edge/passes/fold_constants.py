@@ -10,7 +10,10 @@ shape vectors):
       is [0, -1])
 
 The subgraph that computed the folded values (Shape -> Gather -> ... ) is left
-for dead-code elimination.
+for dead-code elimination.  A folded value keeps its name when that is a valid
+tensor name; torch's ``/Shape_output_0`` is not (PACKAGE_SPEC §1.3), so such a
+value becomes an initializer named ``Shape_output_0`` (unique) and its readers
+are renamed.
 """
 
 from __future__ import annotations
@@ -21,7 +24,8 @@ from cuvil_edge.errors import PassError
 from cuvil_edge.ir import shape_values
 from cuvil_edge.ir.graph import Graph, Node
 from cuvil_edge.ir.infer import known_values
-from cuvil_edge.passes._infra import Pass, PassResult, all_names, fresh_name, rebuild, with_
+from cuvil_edge.passes._infra import Pass, PassResult, all_names, fresh_tensor_name, rebuild, rename_inputs, with_
+from cuvil_edge.passes.naming import is_tensor_name
 
 
 def _foldable(node: Node, known: dict[str, np.ndarray], graph: Graph) -> bool:
@@ -38,18 +42,21 @@ class ConstantFolding(Pass):
         known = known_values(graph)
         taken = all_names(graph)
         inits = dict(graph.initializers)
-        nodes, changes = [], []
+        nodes, changes, renamed = [], [], {}
         for node in graph.nodes:
             if _foldable(node, known, graph):
                 for out in node.outputs:
-                    if out:
-                        inits[out] = known[out].astype(np.dtype(graph.types[out].dtype), copy=False)
-                changes.append(f"folded {node.describe()} into constant {', '.join(o for o in node.outputs if o)}")
+                    if out:  # never a graph output (_foldable), so its readers can read a new name
+                        name = out if is_tensor_name(out) else fresh_tensor_name(taken, out)
+                        renamed[out] = name
+                        inits[name] = known[out].astype(np.dtype(graph.types[out].dtype), copy=False)
+                changes.append(f"folded {node.describe()} into constant "
+                               f"{', '.join(renamed[o] for o in node.outputs if o)}")
                 continue
             nodes.append(self._concretize(node, graph, known, inits, taken, changes))
         if not changes:
             return PassResult(graph, False)
-        return PassResult(rebuild(graph, nodes, inits), True, changes)
+        return PassResult(rebuild(graph, rename_inputs(nodes, renamed), inits), True, changes)
 
     @staticmethod
     def _concretize(node, graph, known, inits, taken, changes) -> Node:
@@ -63,7 +70,7 @@ class ConstantFolding(Pass):
         concrete = shape_values.concrete_input(node, index, value, [graph.types.get(i) for i in node.inputs])
         if concrete is None:
             return node
-        name = fresh_name(taken, f"{node.name}_const{index}")
+        name = fresh_tensor_name(taken, f"{node.name}_const{index}")
         inits[name] = concrete
         changes.append(f"{node.describe()} input {index} {list(value)} is now constant {concrete.tolist()}")
         inputs = list(node.inputs)

@@ -13,7 +13,9 @@ from __future__ import annotations
 import numpy as np
 
 from cuvil_edge.ir.graph import Graph, Node
-from cuvil_edge.passes._infra import Pass, PassResult, all_names, fresh_name, replaced, sole_user, users, with_
+from cuvil_edge.passes._infra import (
+    Pass, PassResult, all_names, fresh_tensor_name, replaced, sole_user, users, with_,
+)
 
 
 def _channel_vector(c: np.ndarray, channels: int, rank: int, axis: int) -> np.ndarray | None:
@@ -95,7 +97,7 @@ class FuseBias(Pass):
                 if fused is None:
                     continue
                 op, bias, attrs = fused
-                name = fresh_name(taken, f"{prev.name}_bias")
+                name = fresh_tensor_name(taken, f"{prev.name}_bias")
                 inits[name] = bias.astype(c.dtype)
                 replace[id(prev)] = with_(prev, op_type=op, inputs=(*prev.inputs[:2], name), outputs=add.outputs,
                                           set_attrs=attrs)

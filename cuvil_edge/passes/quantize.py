@@ -42,7 +42,9 @@ from cuvil_edge.errors import CuvilError, ExecutionError, PassError
 from cuvil_edge.ir import ops
 from cuvil_edge.ir.graph import Graph, Node
 from cuvil_edge.ir.interpreter import bind_inputs
-from cuvil_edge.passes._infra import all_names, check_outputs_kept, fresh_name, rebuild
+from cuvil_edge.passes._infra import (
+    all_names, check_names_created, check_outputs_kept, fresh_graph_name, fresh_tensor_name, rebuild,
+)
 from cuvil_edge.passes.quantize_weights import Site, sequential
 
 #: op -> how to find the output-channel axis of its weight (input 1), given the node and weight rank.
@@ -68,12 +70,6 @@ METHODS = ("mse", "minmax", "percentile")
 #: it ("gptq"; both need the samples), or to nearest.
 WEIGHT_METHODS = ("gptq", "gptq_fp32", "rtn")
 QDQ_VERSION = 13  # the first opset with per-axis scales
-
-
-def _base(name: str) -> str:
-    """A stem for initializer names made from a value name: package tensor names may not look like
-    paths (PACKAGE_SPEC §1.3), and torch names its values ``/layer/Relu_output_0``."""
-    return "/".join(p for p in name.split("/") if p not in ("", "..")) or "value"
 
 
 def quantizable(graph: Graph) -> list[tuple[Node, str, str, int]]:
@@ -325,19 +321,19 @@ def quantize_int8(graph: Graph, ranges: Mapping[str, tuple[float, float]], *, sa
             done.add(w)
             q, scale = weight_scales(inits[w], axis)
             del inits[w]
-            qn, sn = fresh_name(taken, f"{_base(w)}.int8"), fresh_name(taken, f"{_base(w)}.scale")
+            qn, sn = fresh_tensor_name(taken, f"{w}.int8"), fresh_tensor_name(taken, f"{w}.scale")
             stored[w] = (qn, sn)
             inits[qn], inits[sn] = q, scale
-            insert.append(Node(fresh_name(taken, f"{w}.dequantize"), "DequantizeLinear", (qn, sn), (w,),
+            insert.append(Node(fresh_graph_name(taken, f"{w}.dequantize"), "DequantizeLinear", (qn, sn), (w,),
                                {"axis": axis}, QDQ_VERSION))
         if x not in activation:
             scale, zero = activation_params(*ranges[x])
-            sn, zn = fresh_name(taken, f"{_base(x)}.scale"), fresh_name(taken, f"{_base(x)}.zero_point")
-            qx, dx = fresh_name(taken, f"{x}.quantized"), fresh_name(taken, f"{x}.dequantized")
+            sn, zn = fresh_tensor_name(taken, f"{x}.scale"), fresh_tensor_name(taken, f"{x}.zero_point")
+            qx, dx = fresh_graph_name(taken, f"{x}.quantized"), fresh_graph_name(taken, f"{x}.dequantized")
             inits[sn], inits[zn] = scale, zero
-            insert.append(Node(fresh_name(taken, f"{x}.quantize"), "QuantizeLinear", (x, sn, zn), (qx,), {},
+            insert.append(Node(fresh_graph_name(taken, f"{x}.quantize"), "QuantizeLinear", (x, sn, zn), (qx,), {},
                                QDQ_VERSION))
-            insert.append(Node(fresh_name(taken, f"{x}.dequantize"), "DequantizeLinear", (qx, sn, zn), (dx,), {},
+            insert.append(Node(fresh_graph_name(taken, f"{x}.dequantize"), "DequantizeLinear", (qx, sn, zn), (dx,), {},
                                QDQ_VERSION))
             activation[x] = dx
         renamed[id(node)] = activation[x]
@@ -349,7 +345,7 @@ def quantize_int8(graph: Graph, ranges: Mapping[str, tuple[float, float]], *, sa
             node = Node(node.name, node.op_type, (renamed[id(node)], *node.inputs[1:]), node.outputs, node.attrs,
                         node.version)
         nodes.append(node)
-    result = _finish(graph, nodes, inits)
+    result = _finish(graph, nodes, inits, packaged=True)
     if weights == "rtn" and not bias_correction:
         return result
     batches = [feeds for _, feeds in _checked_batches(graph, samples)]
@@ -374,12 +370,12 @@ def store_fp16(graph: Graph) -> Graph:
         if (array.dtype != np.float32 or array.size < FP16_MIN_ELEMENTS or name in inputs
                 or not np.isfinite(array).all() or float(np.abs(array).max()) > FP16_MAX):
             continue
-        half = fresh_name(taken, f"{_base(name)}.fp16")
+        half = fresh_tensor_name(taken, f"{name}.fp16")
         inits[half] = inits.pop(name).astype(np.float16)
-        casts.append(Node(fresh_name(taken, f"{name}.cast"), "Cast", (half,), (name,), {"to": FLOAT32_CODE}, 13))
+        casts.append(Node(fresh_graph_name(taken, f"{name}.cast"), "Cast", (half,), (name,), {"to": FLOAT32_CODE}, 13))
     if not casts:
         return graph
-    return _finish(graph, casts + list(graph.nodes), inits)
+    return _finish(graph, casts + list(graph.nodes), inits, packaged=True)
 
 
 #: Ops whose output is a function of constants only, folded by :func:`dequantize_at_load`.
@@ -413,12 +409,16 @@ def dequantize_at_load(graph: Graph) -> Graph:
     return _finish(graph, nodes, inits)
 
 
-def _finish(graph: Graph, nodes: list[Node], inits: dict[str, np.ndarray]) -> Graph:
-    """Rebuild with only the initializers still read (the package must not carry the old weights)."""
+def _finish(graph: Graph, nodes: list[Node], inits: dict[str, np.ndarray], packaged: bool = False) -> Graph:
+    """Rebuild with only the initializers still read (the package must not carry the old weights);
+    a ``packaged`` result (what the coordinator ships, not the agent's load fold) creates only
+    names the package accepts."""
     read = {n for node in nodes for n in node.inputs} | {v.name for v in graph.outputs}
     try:
         out = rebuild(graph, nodes, {k: v for k, v in inits.items() if k in read})
         check_outputs_kept(graph, out)
+        if packaged:
+            check_names_created(graph, out)
     except CuvilError as e:
         raise PassError(f"quantization of graph {graph.name!r} produced an invalid graph: {e}") from e
     return out
