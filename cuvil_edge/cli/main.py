@@ -226,6 +226,7 @@ def _mount_subcommands() -> None:
     from cuvil_edge.cli.agent_keys_cmd import agent_keys_app
     from cuvil_edge.cli.calibrate_cmd import calibrate_cmd
     from cuvil_edge.cli.plan_cmd import plan_cmd
+    from cuvil_edge.cli.ops_cmd import ops_cmd
     from cuvil_edge.cli.coordinator_cmd import coordinator_app
     from cuvil_edge.cli.keys_cmd import keys_app
     from cuvil_edge.cli.privacy_cmd import privacy_app
@@ -237,6 +238,7 @@ def _mount_subcommands() -> None:
     app.add_typer(coordinator_app, name="coordinator")
     app.command("calibrate")(calibrate_cmd)
     app.command("plan")(plan_cmd)
+    app.command("ops")(ops_cmd)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -27,7 +27,7 @@ from cuvil_edge.passes.naming import fresh_graph_name, fresh_tensor_name, is_gra
 
 log = logging.getLogger(__name__)
 
-DEFAULT_DOMAINS = ("", "ai.onnx")
+DEFAULT_DOMAINS = ops.DEFAULT_DOMAINS
 
 
 def load_model(source: str | Path | bytes | onnx.ModelProto) -> Graph:
@@ -46,7 +46,7 @@ def load_model(source: str | Path | bytes | onnx.ModelProto) -> Graph:
     if graph is None:
         raise MalformedModelError("the model has no graph; export a complete ONNX model (ModelProto with a graph)")
     opset = _default_opset(model)
-    _check_ops(graph)
+    _check_ops(graph, opset)
     if len(graph.sparse_initializer):
         raise UnsupportedAttributeError("the model has sparse initializers; convert them to dense tensors")
     initializers = {t.name: _tensor(t, f"initializer {t.name!r}") for t in graph.initializer}
@@ -146,20 +146,18 @@ def _default_opset(model: onnx.ModelProto) -> int:
     return int(max(versions))
 
 
-def _check_ops(graph: onnx.GraphProto) -> None:
-    """Reject non-default domains and ops without a module, naming every offending node."""
+def _check_ops(graph: onnx.GraphProto, opset: int) -> None:
+    """Reject non-default domains and ops without a module: the first offending node explained
+    (:func:`ops.unsupported`: close names, docs/OPS.md), the other offending op types named."""
     supported = ops.registry()
-    for index, n in enumerate(graph.node):
-        where = f"node {n.name or f'#{index}'!r}"
-        if n.domain not in DEFAULT_DOMAINS:
-            raise UnsupportedOpError(
-                f"{where} uses op {n.op_type!r} from domain {n.domain!r}; only the default ONNX domain is supported "
-                f"(ops: {', '.join(ops.supported_ops())}). Re-export the model without custom ops")
-    missing = [f"{n.op_type!r} at node {n.name or f'#{i}'!r}" for i, n in enumerate(graph.node) if n.op_type not in supported]
-    if missing:
-        raise UnsupportedOpError(
-            f"unsupported op {', '.join(missing)}; supported ops: {', '.join(ops.supported_ops())}. "
-            "Re-export the model using only these ops, or add an op module under cuvil_edge/ir/ops/.")
+    bad = [(i, n) for i, n in enumerate(graph.node) if n.domain not in DEFAULT_DOMAINS or n.op_type not in supported]
+    if not bad:
+        return
+    index, first = bad[0]
+    others = sorted({n.op_type for _, n in bad[1:]} - {first.op_type})
+    more = f" Also unsupported: {', '.join(others[:6])}{', ...' if len(others) > 6 else ''}." if others else ""
+    where = f"node {first.name or f'#{index}'!r}"
+    raise UnsupportedOpError(ops.unsupported(first.op_type, where, opset, first.domain) + more)
 
 
 def _nodes(graph: onnx.GraphProto, opset: int) -> list[Node]:

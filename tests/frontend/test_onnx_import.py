@@ -15,7 +15,7 @@ from cuvil_edge.errors import (
     UnsupportedOpError,
 )
 from cuvil_edge.frontend import load_model
-from cuvil_edge.ir import interpreter, ops
+from cuvil_edge.ir import interpreter
 
 
 def _model(nodes, inputs=None, outputs=("y",), inits=(), opset=13, extra_opsets=(), out_shape=("batch", 3)):
@@ -94,16 +94,16 @@ def test_attributes_are_converted_and_names_generated(tmp_path):
 
 
 @pytest.mark.parametrize("op", ["Bernoulli", "StringNormalizer"])  # random and string ops stay out of scope
-def test_unsupported_op_names_op_node_and_supported_ops(op):
+def test_unsupported_op_names_op_node_and_where_the_supported_ops_are(op):
     # prepare
     model = _model([helper.make_node(op, ["x"], ["y"], name="the_node")])
     # act
     with pytest.raises(UnsupportedOpError) as info:
         load_model(model)
-    # assert
+    # assert: a pointer to the list, not the list itself
     message = str(info.value)
     assert op in message and "the_node" in message
-    assert all(name in message for name in ops.supported_ops())
+    assert "docs/OPS.md" in message and "`cuvil-edge ops`" in message and len(message) < 300
 
 
 def test_non_default_domain_is_rejected():

@@ -17,10 +17,15 @@ against the spec). The oldest is the floor: a model below it is refused (:func:`
 so ``int(node.attr(...))`` never meets a list or a string. ``CONST_INPUTS`` lists inputs whose
 *values* ``infer`` needs (Reshape's shape): ``infer(node, inputs, consts={index: array})``, see
 :func:`cuvil_edge.ir.infer.const_inputs`.
+
+docs/OPS.md is this registry rendered (:mod:`cuvil_edge.ir.op_catalog`): a new op, or a change to
+an op's ``VERSIONS``, ``ATTRS`` or ``CONST_INPUTS``, means running ``cuvil-edge ops --write
+docs/OPS.md`` (a test compares). Errors point there rather than listing every op.
 """
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import pkgutil
 from functools import lru_cache
@@ -55,22 +60,65 @@ def supported_ops() -> list[str]:
     return sorted(registry())
 
 
-def get(op_type: str, where: str = "", opset: int | None = None) -> OpDef:
-    """The definition of ``op_type``.
+#: The domains the registry's ops belong to: ONNX's default one, under both of its names.
+DEFAULT_DOMAINS = ("", "ai.onnx")
+
+#: Where a person finds every supported op and its opsets (rendered from this registry by
+#: :mod:`cuvil_edge.ir.op_catalog`); an error points there instead of listing every name.
+SEE_ALSO = "see docs/OPS.md or run `cuvil-edge ops`"
+
+
+@lru_cache(maxsize=1)
+def op_modules() -> dict[str, str]:
+    """The module of this package that defines each op (``"unary"``, ``"window"``...)."""
+    registry()  # refuses a broken module first, with registry's message
+    return {op.OP_TYPE: info.name for info in pkgutil.iter_modules(__path__) if not info.name.startswith("_")
+            for op in importlib.import_module(f"{__name__}.{info.name}").OPS}
+
+
+def get(op_type: str, where: str = "", opset: int | None = None, domain: str = "") -> OpDef:
+    """The definition of ``op_type`` (in ``domain``, for a model of default-domain ``opset``).
 
     Raises:
-        UnsupportedOpError: no module implements the op, or not at ``opset``.
+        UnsupportedOpError: the domain is not ONNX's default one, no module implements the op, or
+            not at ``opset``; the message names the op and what is known of it (:func:`unsupported`).
     """
     module = registry().get(op_type)
-    loc = f" at {where}" if where else ""
-    if module is None:
-        raise UnsupportedOpError(
-            f"unsupported op {op_type!r}{loc}; supported ops: {', '.join(supported_ops())}. "
-            "Re-export the model using only these ops, or add an op definition under cuvil_edge/ir/ops/ (see _contract.py)."
-        )
-    if opset is not None and opset < min(module.VERSIONS):
-        raise UnsupportedOpError(
-            f"op {op_type!r}{loc} at opset {opset} is older than the oldest supported version "
-            f"{min(module.VERSIONS)}; upgrade the model with onnx.version_converter"
-        )
+    if domain not in DEFAULT_DOMAINS or module is None or (opset is not None and opset < min(module.VERSIONS)):
+        raise UnsupportedOpError(unsupported(op_type, where, opset, domain))
     return module
+
+
+def unsupported(op_type: str, where: str = "", opset: int | None = None, domain: str = "") -> str:
+    """Why ``op_type`` cannot be used: a custom domain, an unknown name (with close names) or an
+    opset below the op's oldest version (with the versions it has). Short: it points to
+    docs/OPS.md rather than listing every op."""
+    loc = f" at {where}" if where else ""
+    known = registry().get(op_type)
+    if domain not in DEFAULT_DOMAINS:
+        same = f" (ai.onnx has {op_type!r} from opset {min(known.VERSIONS)}: re-export with it)" if known else ""
+        return (f"op {op_type!r}{loc} is from domain {domain!r}; cuvil-edge supports only the default ONNX domain"
+                f"{same}. Supported ops: {SEE_ALSO}")
+    if known is None:
+        close = similar(op_type)
+        hint = f" (did you mean {' or '.join(map(repr, close))}?)" if close else ""
+        asked = f", ai.onnx opset {opset}" if opset is not None else ""
+        return (f"unsupported op {op_type!r}{loc}{asked}: cuvil-edge has no op of that name{hint}. Supported ops: "
+                f"{SEE_ALSO}; re-export the model without it, or add it under cuvil_edge/ir/ops/")
+    versions = ", ".join(map(str, known.VERSIONS))
+    return (f"op {op_type!r}{loc} needs opset {min(known.VERSIONS)} or later (cuvil-edge has its ONNX versions "
+            f"{versions}), the model has opset {opset}; upgrade it with onnx.version_converter "
+            f"(`cuvil-edge ops {op_type}`, docs/OPS.md)")
+
+
+def similar(op_type: str, limit: int = 3) -> list[str]:
+    """Supported op names close to ``op_type``: the same name in other case (``GeLU``), or else
+    difflib's closest and names one is a prefix of the other (``LayerNorm``, ``Convolution``)."""
+    asked = op_type.lower()
+    lowered = {name.lower(): name for name in registry()}
+    if asked in lowered:
+        return [lowered[asked]]
+    close = difflib.get_close_matches(asked, list(lowered), n=limit, cutoff=0.75)
+    prefixed = (n for n in lowered if min(len(n), len(asked)) >= 4 and (n.startswith(asked) or asked.startswith(n)))
+    close += sorted(prefixed, key=len)
+    return [lowered[n] for n in dict.fromkeys(close)][:limit]
