@@ -1,8 +1,8 @@
 """What people export (issue 11, item 3): torch models in the style of ViT, Swin, ConvNeXt,
 EfficientNet, MobileNetV3, a GroupNorm CNN, an AlexNet-style LRN network, a U-Net at opset 9
 (``Upsample``) and a BERT-style encoder with attention masks, exported by ``torch.onnx.export``
-with a symbolic batch (the TorchScript exporter: the dynamo one needs onnxscript, which is not
-installed), random weights and randomised normalisation statistics.
+with a symbolic batch (the TorchScript exporter, ``dynamo=False``; test_dynamo_exports.py covers
+the dynamo one, torch's default), random weights and randomised normalisation statistics.
 
 Each export must contain the ops its style is about, and must run in cuvil-edge: the interpreter
 on the imported and on the optimised graph, and the module compiled for x86-64 from the optimised
