@@ -49,8 +49,8 @@ from cuvil_edge.device_targets.cost_kernels import (MMAP_LIMIT, depthwise_ns, ge
 from cuvil_edge.device_targets.memory_plan import VIEW_OPS, plan_memory
 from cuvil_edge.device_targets.spec import PRECISIONS, TargetSpec, resolve
 from cuvil_edge.errors import BuildError, CuvilError
-from cuvil_edge.ir import cost, dtypes, ops
-from cuvil_edge.ir.graph import Graph, Node, TensorType, dim_terms
+from cuvil_edge.ir import cost, dims, dtypes, ops
+from cuvil_edge.ir.graph import Graph, Node, TensorType
 
 Bound = Literal["compute", "memory", "overhead"]
 
@@ -491,5 +491,5 @@ def _bound(graph: Graph, name: str, bindings: dict[str, int], fp16: bool) -> Ten
 def _batch_symbol(graph: Graph) -> str | None:
     """The one symbol the inputs lead with (plan_memory has already refused several)."""
     leading = {s for v in graph.inputs if v.type.shape and isinstance(v.type.shape[0], str)
-               for s in dim_terms(v.type.shape[0])[1]}
+               for s in dims.symbols_of(v.type.shape[0])}
     return leading.pop() if len(leading) == 1 else None

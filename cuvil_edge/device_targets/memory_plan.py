@@ -18,8 +18,8 @@ import numpy as np
 
 from cuvil_edge.device_targets.spec import TargetSpec, resolve
 from cuvil_edge.errors import BuildError, CuvilError
-from cuvil_edge.ir import dtypes, ops
-from cuvil_edge.ir.graph import Graph, Node, TensorType, dim_terms
+from cuvil_edge.ir import dims, dtypes, ops
+from cuvil_edge.ir.graph import Graph, Node, TensorType
 
 #: Python objects one run creates (frames, argument tuples, the feeds and outputs dicts): 1-4 KiB measured.
 OVERHEAD_BYTES = 2048
@@ -375,7 +375,7 @@ def plan_memory(graph: Graph, target: TargetSpec | str, *, precision: str = "fp3
     if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
         raise BuildError(f"batch must be a positive int, got {batch!r}")
     leading = {name for v in graph.inputs if v.type.shape and isinstance(v.type.shape[0], str)
-               for name in dim_terms(v.type.shape[0])[1]}
+               for name in dims.symbols_of(v.type.shape[0])}
     if len(leading) > 1:
         raise BuildError(f"graph {graph.name!r} inputs lead with several symbols {sorted(leading)}; the memory plan "
                          "binds one batch symbol. Export the model with one batch axis shared by its inputs")

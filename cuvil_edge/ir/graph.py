@@ -1,7 +1,8 @@
 """The Cuvil IR: typed values, nodes and graphs.
 
-A :class:`Graph` is immutable.  Dimensions are ints or symbol names (``"batch"``)
-so one graph serves every batch size.  Initializers are read-only numpy arrays.
+A :class:`Graph` is immutable.  Dimensions are ints, symbol names (``"batch"``) or integer
+expressions over symbols in canonical text (``"batch*seq+batch"``, see :mod:`cuvil_edge.ir.dims`),
+so one graph serves every batch size and sequence length.  Initializers are read-only numpy arrays.
 Graphs are built through :func:`cuvil_edge.ir.infer.build_graph`, which checks
 structure and infers every value's type from the op registry.
 """
@@ -13,9 +14,9 @@ from typing import Any, Mapping, Union
 
 import numpy as np
 
-from cuvil_edge.ir import dtypes
+from cuvil_edge.ir import dims, dtypes
+from cuvil_edge.ir.dims import Dim
 
-Dim = Union[int, str]
 #: Larger dims are treated as malformed: no edge model has 2^31 elements on one axis.
 MAX_DIM = 2**31 - 1
 #: Larger element counts (of the static dims; a symbol counts 1) are treated as malformed, so that
@@ -28,35 +29,9 @@ MAX_RANK = 64
 AttrValue = Union[int, float, str, list, tuple, np.ndarray]
 
 
-def dim_terms(dim: Dim) -> tuple[int, tuple[str, ...]]:
-    """A dim as (integer coefficient, sorted symbol names): ``7`` is (7, ()), ``"batch"`` is
-    (1, ("batch",)), ``"4*batch"`` is (4, ("batch",)). A symbolic dim is a product of symbols
-    with a coefficient, written ``"4*batch"`` (reshaping the batch into another axis makes one:
-    Swin's windows are ``[4*batch, 16, C]``)."""
-    if isinstance(dim, int):
-        return dim, ()
-    coefficient, symbols = 1, []
-    for part in dim.split("*"):
-        if part.isdigit():
-            coefficient *= int(part)
-        else:
-            symbols.append(part)
-    if not symbols or not all(symbols):  # "4*", "*" or "2*3": not a product of named symbols
-        return 1, (dim,)
-    return coefficient, tuple(sorted(symbols))
-
-
-def make_dim(coefficient: int, symbols) -> Dim:
-    """The dim ``coefficient * prod(symbols)`` in canonical form (an int without symbols)."""
-    symbols = sorted(symbols)
-    if not symbols or coefficient == 0:
-        return coefficient
-    return "*".join(([str(coefficient)] if coefficient != 1 else []) + symbols)
-
-
 @dataclass(frozen=True)
 class TensorType:
-    """Element type and shape; a dim is an int >= 0 or a symbol name."""
+    """Element type and shape; a dim is an int >= 0 or the canonical text of a symbolic dim."""
 
     dtype: str
     shape: tuple[Dim, ...]
@@ -70,28 +45,18 @@ class TensorType:
         return all(isinstance(d, int) for d in self.shape)
 
     def symbols(self) -> set[str]:
-        """The symbol names the dims use (``"4*batch"`` uses ``batch``)."""
-        return {name for d in self.shape if isinstance(d, str) for name in dim_terms(d)[1]}
+        """The symbol names the dims use (``"4*batch"`` and ``"(seq//16)"`` use one each)."""
+        return {name for d in self.shape if isinstance(d, str) for name in dims.symbols_of(d)}
 
     def bind(self, bindings: Mapping[str, int]) -> "TensorType":
         """Replace symbols by sizes (symbols missing from ``bindings`` stay)."""
-        def bound(d: Dim) -> Dim:
-            if isinstance(d, int):
-                return d
-            if d in bindings:
-                return bindings[d]
-            coefficient, symbols = dim_terms(d)
-            left = [s for s in symbols if s not in bindings]
-            for s in symbols:
-                coefficient *= bindings.get(s, 1)
-            return make_dim(coefficient, left)
-        return TensorType(self.dtype, tuple(bound(d) for d in self.shape))
+        return TensorType(self.dtype, tuple(dims.bind(d, bindings) for d in self.shape))
 
     def numel(self) -> int:
-        """Element count of a static type (symbols count as 1)."""
+        """Element count of a static type (a symbolic dim counts its value with every symbol 1)."""
         n = 1
         for d in self.shape:
-            n *= dim_terms(d)[0]
+            n *= dims.size_hint(d)
         return n
 
     def nbytes(self) -> int:

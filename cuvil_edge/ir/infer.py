@@ -8,7 +8,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from cuvil_edge.errors import CuvilError, MalformedModelError, ShapeInferenceError
-from cuvil_edge.ir import dtypes, ops, shape_values
+from cuvil_edge.ir import dims, dtypes, ops, shape_values
 from cuvil_edge.ir.graph import MAX_DIM, MAX_ELEMENTS, MAX_RANK, Graph, Node, TensorType, Value, readonly
 from cuvil_edge.ir.ops._util import check_attrs
 
@@ -16,14 +16,18 @@ from cuvil_edge.ir.ops._util import check_attrs
 def check_type(t: TensorType, where: str) -> TensorType:
     """Reject unknown dtypes, negative, absurd or non-integer dims, and absurd element counts.
 
+    Symbolic dims come back in canonical text (:mod:`cuvil_edge.ir.dims`).
+
     Raises:
-        MalformedModelError: a dim is negative, too large, or not an int/symbol; the rank is
+        MalformedModelError: a dim is negative, too large, or not an int/symbolic dim; the rank is
             over :data:`MAX_RANK`; or the static dims hold more than :data:`MAX_ELEMENTS` elements.
         UnsupportedAttributeError: the dtype is not supported.
     """
     dtypes.check(t.dtype, where)
     if t.rank > MAX_RANK:
         raise MalformedModelError(f"{where} has rank {t.rank}, more than {MAX_RANK}; fix the model's shapes")
+    if any(isinstance(d, str) for d in t.shape):
+        t = TensorType(t.dtype, tuple(_canonical_dim(d, where) for d in t.shape))
     for d in t.shape:
         if isinstance(d, bool) or not isinstance(d, (int, str)):
             raise MalformedModelError(f"{where} has a dim {d!r} that is neither an int nor a symbol")
@@ -35,6 +39,17 @@ def check_type(t: TensorType, where: str) -> TensorType:
         raise MalformedModelError(f"{where} has shape {list(t.shape)}: more than {MAX_ELEMENTS} elements; "
                                   "fix the model's shapes")
     return t
+
+
+def _canonical_dim(d, where: str):
+    """A symbolic dim in canonical text; a constant expression becomes its int."""
+    if not isinstance(d, str) or not d:
+        return d
+    try:
+        return dims.canonical(d)
+    except (dims.DimError, ArithmeticError) as e:
+        raise MalformedModelError(f"{where} has a dim that is not a symbol or an integer expression over "
+                                  f"symbols ({e}); name dynamic axes like 'batch'") from None
 
 
 def topological_order(nodes: Sequence[Node], available: set[str]) -> list[Node]:

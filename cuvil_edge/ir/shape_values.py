@@ -10,11 +10,13 @@ with a dynamic batch).  A known value is:
 * the output of a node whose inputs are all known numeric arrays of at most
   :data:`SMALL` elements (the op's own kernel evaluates it at build time);
 * a *symbolic vector*: a numpy array of ``dtype=object`` holding ints and
-  symbol names, e.g. ``Shape`` of a ``float32[batch, 16, 4, 4]`` value is
-  ``array(['batch', 16, 4, 4], dtype=object)``.  Ops that list ``CONST_INPUTS``
-  accept such arrays (the convention agreed with the op modules).  They flow
-  through the ops of :data:`SYMBOLIC` with plain numpy object-array semantics;
-  an object result without symbols becomes an ``int64`` array.
+  symbolic dims (canonical text, :mod:`cuvil_edge.ir.dims`), e.g. ``Shape`` of a
+  ``float32[batch, 16, 4, 4]`` value is ``array(['batch', 16, 4, 4], dtype=object)``.
+  Ops that list ``CONST_INPUTS`` accept such arrays (the convention agreed with the
+  op modules).  They flow through the ops of :data:`SYMBOLIC`: indexing ops with
+  numpy object-array semantics, int64 arithmetic (Add, Sub, Mul, Div, Mod, Max, Min,
+  Neg) on the expressions, so ``Shape -> Gather -> Mul -> Concat -> Reshape`` gives
+  ``[4*batch, 16]``; an object result without symbols becomes an ``int64`` array.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ from typing import Callable, Mapping, Optional, Sequence
 
 import numpy as np
 
+from cuvil_edge.ir import dims
+from cuvil_edge.ir.dims import Expr
 from cuvil_edge.ir.graph import Node, TensorType
 
 log = logging.getLogger(__name__)
@@ -151,11 +155,11 @@ def _equal(node, values, types):
     a, b = (_obj(v) for v in values[:2])
     def eq(x, y):
         if isinstance(x, str) or isinstance(y, str):
-            if isinstance(x, str) and isinstance(y, str) and x == y:
+            ex, ey = _as_expr(x), _as_expr(y)
+            if ex == ey:
                 return True
-            other = y if isinstance(x, str) else x
-            if isinstance(other, (int, np.integer)) and other < 0:
-                return False  # a dim (even a symbolic one) is >= 0
+            if dims.provably_different(ex, ey):
+                return False  # symbols are sizes: batch is never -1, 6*batch never 20
             raise ValueError("unknown")
         return x == y
     return np.vectorize(eq, otypes=[bool])(a, b)
@@ -168,10 +172,35 @@ def _where(node, values, types):
     return _settle(np.where(np.asarray(cond).astype(bool), _obj(values[1]), _obj(values[2])))
 
 
+def _as_expr(v) -> Expr:
+    return Expr.of(int(v)) if isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_)) else Expr.of(v)
+
+
+def _arithmetic(combine: Callable[[Expr, Expr], Expr]) -> Callable:
+    """An int64 elementwise op on shape vectors, dims as expressions (``Mul(batch, 4)`` is ``4*batch``)."""
+    def rule(node, values, types):
+        if any(t is None or t.dtype not in ("int32", "int64") for t in types[:2]):
+            return None
+        combined = np.frompyfunc(lambda x, y: combine(_as_expr(x), _as_expr(y)).to_dim(), 2, 1)
+        return _settle(np.asarray(combined(_obj(values[0]), _obj(values[1])), dtype=object))
+    return rule
+
+
+def _size(node, values, types):
+    return np.array(dims.product(types[0].shape), dtype=object) if types[0] is not None else None
+
+
+def _neg(node, values, types):
+    return _settle(np.asarray(np.frompyfunc(lambda x: (-_as_expr(x)).to_dim(), 1, 1)(_obj(values[0])), dtype=object))
+
+
 #: op -> evaluation of its first output on symbolic vectors (None: unknown).
 SYMBOLIC: dict[str, Callable] = {
     "Gather": _gather, "Unsqueeze": _unsqueeze, "Squeeze": _squeeze, "Concat": _concat,
     "Slice": _slice, "Cast": _cast, "Identity": _identity, "Reshape": _reshape, "Equal": _equal, "Where": _where,
+    "Add": _arithmetic(lambda a, b: a + b), "Sub": _arithmetic(lambda a, b: a - b),
+    "Mul": _arithmetic(lambda a, b: a * b), "Div": _arithmetic(dims.floordiv), "Mod": _arithmetic(dims.mod),
+    "Max": _arithmetic(dims.maximum), "Min": _arithmetic(dims.minimum), "Neg": _neg,
 }
 
 
@@ -191,6 +220,8 @@ def evaluate(node: Node, module, values: Sequence[Optional[np.ndarray]],
     are all the types the op infers (the kernel computes every one, declared or not).
     """
     unknown: list[Optional[np.ndarray]] = [None] * len(node.outputs)
+    if node.op_type == "Size" and in_types and in_types[0] is not None and not in_types[0].is_static:
+        return [_size(node, values, in_types)] + unknown[1:]
     if node.op_type == "Shape" and in_types and in_types[0] is not None:
         try:
             return [_shape(node, values, in_types)] + unknown[1:]

@@ -27,7 +27,7 @@ import numpy as np
 
 from cuvil_edge.errors import BatchMixingError
 from cuvil_edge.ir.graph import Dim, Node, TensorType
-from cuvil_edge.ir.ops._shape import dims_product
+from cuvil_edge.ir import dims as dim_exprs
 
 CONST = "constant"
 SIZE = "batch size"
@@ -97,10 +97,9 @@ def _norm(axis: int, rank: int) -> int:
     return int(axis) + rank if int(axis) < 0 else int(axis)
 
 
-def _product(dims: Sequence[Dim]) -> tuple[int, tuple[tuple[str, int], ...]]:
-    """A product of dims as (int part, symbol multiset): equal pairs are equal for every binding."""
-    size, symbols = dims_product(dims)
-    return size, tuple(sorted(symbols.items()))
+def _product(dims: Sequence[Dim]) -> Dim:
+    """A product of dims, canonical: equal products are equal for every binding."""
+    return dim_exprs.product(dims)
 
 
 # --- rules ------------------------------------------------------------------------------

@@ -108,7 +108,9 @@ def test_reshape_target_resolves_symbols_on_matching_axes_only():
 def test_graphs_without_shape_subgraphs_build_as_before():
     nodes = [Node("r", "Reshape", ("x", "t"), ("y",))]
     inputs = [Value("x", TensorType("float32", ("batch", 2, 3)))]
+    # a -1 the build cannot divide exactly stays a division, checked when it runs (as numpy does)
+    assert build_graph("g", inputs, ["y"], nodes, {"t": I64(4, -1)}, 13).types["y"].shape == (4, "(6*batch//4)")
     with pytest.raises(ShapeInferenceError):
-        build_graph("g", inputs, ["y"], nodes, {"t": I64(4, -1)}, 13)
+        build_graph("g", inputs, ["y"], nodes, {"t": I64(4, 5)}, 13)
     g = build_graph("g", inputs, ["y"], nodes, {"t": I64(0, 6)}, 13)
     assert g.types["y"].shape == ("batch", 6)

@@ -12,21 +12,8 @@ from onnx import TensorProto, helper, numpy_helper
 from cuvil_edge.errors import ShapeInferenceError
 from cuvil_edge.frontend import load_model
 from cuvil_edge.ir import interpreter
-from cuvil_edge.ir.graph import TensorType, dim_terms, make_dim
-
-
-@pytest.mark.parametrize("dim,terms", [
-    (7, (7, ())), ("batch", (1, ("batch",))), ("4*batch", (4, ("batch",))), ("seq*batch*2", (2, ("batch", "seq"))),
-    ("2*3", (1, ("2*3",))), ("a**b", (1, ("a**b",))), ("4*", (1, ("4*",))),  # not products of names: one symbol
-])
-def test_dim_terms(dim, terms):
-    assert dim_terms(dim) == terms
-
-
-def test_make_dim_is_canonical():
-    assert make_dim(4, ["batch"]) == "4*batch" and make_dim(1, ["seq", "batch"]) == "batch*seq"
-    assert make_dim(6, []) == 6 and make_dim(0, ["batch"]) == 0
-    assert make_dim(*dim_terms("seq*batch*2")) == "2*batch*seq"
+from cuvil_edge.errors import ExecutionError
+from cuvil_edge.ir.graph import TensorType
 
 
 def test_bind_numel_and_symbols_read_products():
@@ -76,10 +63,28 @@ def test_flatten_of_batch_and_channels_is_a_product():
     assert load_model(model.SerializeToString()).types["y"].shape == ("3*N", 4)
 
 
-def test_a_split_that_no_product_names_is_refused():
-    shape = numpy_helper.from_array(np.array([-1, 4], np.int64), "shape")
+def _split_model(dim: int) -> bytes:
+    shape = numpy_helper.from_array(np.array([-1, dim], np.int64), "shape")
     graph = helper.make_graph([helper.make_node("Reshape", ["x", "shape"], ["y"], name="r")], "r",
                               [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 6])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["M", dim])], [shape])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)]).SerializeToString()
+
+
+def test_a_split_the_build_cannot_prove_exact_is_a_division_the_run_checks():
+    """[N, 6] -> [-1, 4] holds for even N only: the dim is (6*N//4) and an odd N is a clear error."""
+    graph = load_model(_split_model(4))
+    assert graph.types["y"].shape == ("(6*N//4)", 4)
+    x = np.arange(12, dtype=np.float32).reshape(2, 6)
+    np.testing.assert_array_equal(interpreter.run(graph, {"x": x})["y"], x.reshape(3, 4))
+    with pytest.raises(ExecutionError, match="'r'"):
+        interpreter.run(graph, {"x": np.zeros((1, 6), np.float32)})
+
+
+def test_a_split_that_can_never_hold_is_refused():
+    shape = numpy_helper.from_array(np.array([-1, 4], np.int64), "shape")
+    graph = helper.make_graph([helper.make_node("Reshape", ["x", "shape"], ["y"], name="r")], "r",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 6])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["M", 4])], [shape])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)])
     with pytest.raises(Exception, match="cannot resolve -1") as info:

@@ -7,13 +7,12 @@ entries are Python ints or symbol names (``np.array(["batch", 256], dtype=object
 
 from __future__ import annotations
 
-from collections import Counter
-from typing import Iterable, Sequence
+from typing import Sequence
 
 import numpy as np
 
 from cuvil_edge.errors import ShapeInferenceError
-from cuvil_edge.ir.graph import Dim, Node, TensorType, dim_terms
+from cuvil_edge.ir.graph import Dim, Node, TensorType
 
 
 def vector(node: Node, consts, index: int, what: str, *, required: bool = True,
@@ -92,12 +91,3 @@ def same_rank(node: Node, types: Sequence[TensorType]) -> int:
     return ranks.pop()
 
 
-def dims_product(dims: Iterable[Dim]) -> tuple[int, Counter]:
-    """A product of dims as (its int part, the multiset of its symbols): two products are equal for
-    every binding of the symbols exactly when both parts are equal."""
-    size, symbols = 1, Counter()
-    for d in dims:
-        coefficient, names = dim_terms(d)
-        size *= coefficient
-        symbols.update(names)
-    return size, symbols

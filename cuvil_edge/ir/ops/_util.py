@@ -7,7 +7,8 @@ from typing import Any, Sequence
 import numpy as np
 
 from cuvil_edge.errors import ShapeInferenceError, UnsupportedAttributeError
-from cuvil_edge.ir.graph import Dim, Node, TensorType, dim_terms, make_dim
+from cuvil_edge.ir import dims
+from cuvil_edge.ir.graph import Dim, Node, TensorType
 
 
 def need(node: Node, inputs: Sequence[TensorType | None], count: int, optional: int = 0) -> None:
@@ -108,13 +109,16 @@ def broadcast(node: Node, a: Sequence[Dim], b: Sequence[Dim]) -> tuple[Dim, ...]
 
 def pool_out(node: Node, size: Dim, kernel: int, stride: int, pad_begin: int, pad_end: int,
              dilation: int = 1, ceil_mode: int = 0) -> Dim:
-    """Output length of a conv/pool window along one axis (symbols pass through only when kernel 1, stride 1)."""
-    if isinstance(size, str):
-        if kernel == 1 and stride == 1 and pad_begin == pad_end == 0:
-            return size
-        raise ShapeInferenceError(f"{node.describe()} needs a static spatial size, got symbol {size!r}")
+    """Output length of a conv/pool window along one axis; a symbolic size gives the expression
+    (a 16x16 patch convolution with stride 16 over ``H`` is ``(H//16)``)."""
     if kernel < 1:
         raise ShapeInferenceError(f"{node.describe()}: the window (kernel) size {kernel} must be at least 1")
+    if isinstance(size, str):
+        if ceil_mode:
+            raise ShapeInferenceError(f"{node.describe()} with ceil_mode needs a static spatial size, got {size!r}")
+        span = dilation * (kernel - 1) + 1
+        steps = dims.Expr.of(size) + (pad_begin + pad_end - span)
+        return (dims.floordiv(steps, dims.Expr.const(stride)) + 1).to_dim()
     span = dilation * (kernel - 1) + 1
     padded = size + pad_begin + pad_end
     if padded < span:
@@ -177,26 +181,22 @@ DEFAULT_CAPABILITIES: dict[str, object] = {
 }
 
 
-def dim_product(node: Node, dims: Sequence[Dim]) -> Dim:
+def dim_product(node: Node, dims_: Sequence[Dim]) -> Dim:
     """Product of dims: an int, or a symbolic dim (``[batch, 4] -> "4*batch"``, ``[batch, 1] -> batch``)."""
-    size, symbols = 1, []
-    for d in dims:
-        coefficient, names = dim_terms(d)
-        size *= coefficient
-        symbols.extend(names)
-    return make_dim(size, symbols)
+    return dims.product(dims_)
 
 
 def data_dependent_dim(node: Node, what: str = "count") -> str:
     """The symbol naming a length of ``node``'s first output that only the data decides (NonZero,
-    Unique, NonMaxSuppression): ``<output>.count``.
+    Unique, NonMaxSuppression): ``<output>_count``, the output name made a symbol (other characters
+    become ``_``, with a short digest of the name so that two outputs never share a symbol).
 
     Raises:
         ShapeInferenceError: the node names no first output.
     """
     if not node.outputs or not node.outputs[0]:
         raise ShapeInferenceError(f"{node.describe()} must name its first output; its length depends on the data")
-    return f"{node.outputs[0]}.{what}"
+    return dims.symbol_for(node.outputs[0], what)
 
 
 def axis_index(node: Node, axis: int, rank: int, extra: int = 0) -> int:

@@ -13,9 +13,11 @@ from __future__ import annotations
 import numpy as np
 
 from cuvil_edge.errors import ShapeInferenceError
-from cuvil_edge.ir.graph import TensorType, make_dim
+from cuvil_edge.ir import dims
+from cuvil_edge.ir.dims import Expr
+from cuvil_edge.ir.graph import TensorType
 from cuvil_edge.ir.ops._contract import OpDef
-from cuvil_edge.ir.ops._shape import attr_or_input, axes as norm_axes, dims_product, vector
+from cuvil_edge.ir.ops._shape import attr_or_input, axes as norm_axes, vector
 from cuvil_edge.ir.ops._util import INT, INTS, axis_index, broadcast, dim_product, ints, need
 
 
@@ -93,21 +95,35 @@ def _infer_reshape(node, inputs, consts=None):
         raise ShapeInferenceError(f"{node.describe()}: the shape input must be a 1-D int64 initializer or Constant")
     shape = vector(node, consts, 1, "shape", symbols=True)
     out = _target(node, x, shape)
-    in_size, in_syms = dims_product(x.shape)
-    out_size, out_syms = dims_product(d for d in out if d is not None)
-    left = in_syms - out_syms
-    if out_syms - in_syms:
+    if TensorType(x.dtype, tuple(d for d in out if d is not None)).symbols() - x.symbols():
         raise ShapeInferenceError(f"{node.describe()}: target {out} names symbols the input {x} lacks")
     if None in out:
-        # -1 is what is left: an int, or a symbolic product ((batch, 2, 2, 16) -> [-1, 16] is (4*batch, 16))
-        if out_size == 0 or in_size % out_size or (left and in_size == 0):
-            raise ShapeInferenceError(
-                f"{node.describe()}: cannot resolve -1 reshaping {x} to {shape}; "
-                "the target hard-codes sizes that depend on a symbolic dim (fix that dim, or use 0 to copy it)")
-        out[out.index(None)] = make_dim(in_size // out_size, left.elements())
-    elif left or in_size != out_size:
-        raise ShapeInferenceError(f"{node.describe()}: cannot reshape {x} to {out}; element counts differ or depend on a symbol")
+        out[out.index(None)] = _rest(node, x, shape, [d for d in out if d is not None])
+    else:
+        total, wanted = Expr.of(dims.product(x.shape)), Expr.of(dims.product(out))
+        if total != wanted and (x.is_static and TensorType(x.dtype, tuple(out)).is_static
+                                or dims.provably_different(total, wanted)):
+            raise ShapeInferenceError(f"{node.describe()}: cannot reshape {x} to {out}; the element counts differ")
     return [TensorType(x.dtype, tuple(out))]
+
+
+def _rest(node, x, shape, given):
+    """What -1 stands for: the input's elements over the given dims'. Equal dims cancel first, so
+    ``(batch, seq+1, 768) -> [batch, seq+1, 12, -1]`` is 64; a division the build cannot prove exact
+    (``(batch, H, W) -> [-1, 7, 7]``) stays a ``//`` dim, and the run checks it as numpy does."""
+    left = list(x.shape)
+    rest = []
+    for d in given:
+        if d in left:
+            left.remove(d)
+        else:
+            rest.append(d)
+    total, part = Expr.of(dims.product(left)), Expr.of(dims.product(rest))
+    if part == Expr.const(0) or (total.is_const() and part.is_const() and total.constant() % part.constant()):
+        raise ShapeInferenceError(f"{node.describe()}: cannot resolve -1 reshaping {x} to {shape}; "
+                                  "the element counts do not divide")
+    quotient = dims.divide_exactly(total, part)
+    return (quotient if quotient is not None else dims.floordiv(total, part)).to_dim()
 
 
 # --- Flatten, Transpose, Expand, Shape ---------------------------------------------------------

@@ -2,7 +2,7 @@
 ``_contract.py``): NonZero, Compress, Unique, ReverseSequence, EyeLike, CenterCropPad.
 
 NonZero, Unique and Compress (with a condition known only at run time) have an output length
-that depends on the data: inference names it with a symbol of its own (``<output>.count``),
+that depends on the data: inference names it with a symbol of its own (``<output>_count``),
 which the run binds like any other symbol.
 """
 

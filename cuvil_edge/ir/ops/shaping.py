@@ -10,6 +10,8 @@ import math
 import numpy as np
 
 from cuvil_edge.errors import ShapeInferenceError
+from cuvil_edge.ir import dims
+from cuvil_edge.ir.dims import Expr
 from cuvil_edge.ir.graph import TensorType
 from cuvil_edge.ir.ops._contract import OpDef, per_element
 from cuvil_edge.ir.ops._elementwise import ALL, FLOATS, INTS, want
@@ -68,28 +70,28 @@ def _scalar(node, consts, index, what):
     value = (consts or {}).get(index)
     if value is None or np.asarray(value).size != 1:
         raise ShapeInferenceError(f"{node.describe()}: {what} must be a constant scalar; it decides the output shape")
-    scalar = np.asarray(value).reshape(())
-    if scalar.dtype == object and isinstance(scalar.item(), str):  # a symbolic dim reached it (Shape -> Gather)
-        raise ShapeInferenceError(f"{node.describe()}: {what} is the symbolic dim {scalar.item()!r}, so the output "
-                                  "has no static size; fix that dim when exporting")
-    return scalar
+    return np.asarray(value).reshape(())
 
 
 def _infer_tile(node, inputs, consts=None):
     need(node, inputs, 2)
     x = inputs[0]
-    reps = vector(node, consts, 1, "repeats")
-    if len(reps) != x.rank or any(r < 0 for r in reps):
+    reps = vector(node, consts, 1, "repeats", symbols=True)
+    if len(reps) != x.rank or any(isinstance(r, int) and r < 0 for r in reps):
         raise ShapeInferenceError(f"{node.describe()}: repeats {reps} must give one count >= 0 per axis of {x}")
-    return [TensorType(x.dtype, tuple(d * r if isinstance(d, int) else (d if r == 1 else None)
-                                      for d, r in zip(x.shape, reps)))]
+    return [TensorType(x.dtype, tuple(dims.product((d, r)) for d, r in zip(x.shape, reps)))]
 
 
-def _checked_tile(node, inputs, consts=None):
-    out = _infer_tile(node, inputs, consts)
-    if None in out[0].shape:
-        raise ShapeInferenceError(f"{node.describe()}: repeating a symbolic dim more than once has no static size")
-    return out
+def _symbolic_count(node, dtype: str, start, limit, delta):
+    """How many values ``range(start, limit, delta)`` has when a bound is a symbolic dim
+    (``torch.arange(batch)``: ``batch``); the step must be a nonzero integer."""
+    if dtype not in ("int16", "int32", "int64") or isinstance(delta, str) or not delta:
+        raise ShapeInferenceError(f"{node.describe()}: a Range over the symbolic dim {start!r}..{limit!r} needs an "
+                                  f"integer type and a constant nonzero integer step, got {dtype} step {delta!r}")
+    step = int(delta)
+    span = (Expr.of(limit) - Expr.of(start)) if step > 0 else (Expr.of(start) - Expr.of(limit))
+    count = dims.floordiv(span + (abs(step) - 1), Expr.const(abs(step)))
+    return dims.maximum(count, Expr.const(0)).to_dim()
 
 
 def _infer_range(node, inputs, consts=None):
@@ -98,7 +100,10 @@ def _infer_range(node, inputs, consts=None):
     want(node, inputs[0], ((11, FLOATS | {"int16", "int32", "int64"}),))
     if any(t.dtype != dtype or t.rank != 0 for t in inputs):
         raise ShapeInferenceError(f"{node.describe()}: start, limit and delta must be scalars of one dtype")
-    start, limit, delta = (float(_scalar(node, consts, i, w)) for i, w in enumerate(("start", "limit", "delta")))
+    scalars = [_scalar(node, consts, i, w).item() for i, w in enumerate(("start", "limit", "delta"))]
+    if any(isinstance(s, str) for s in scalars):
+        return [TensorType(dtype, (_symbolic_count(node, dtype, *scalars),))]
+    start, limit, delta = (float(s) for s in scalars)
     if delta == 0:
         raise ShapeInferenceError(f"{node.describe()}: delta is 0")
     return [TensorType(dtype, (max(int(math.ceil((limit - start) / delta)), 0),))]
@@ -191,7 +196,7 @@ def _zero(node, inputs, outputs):
 
 
 OPS = (
-    OpDef("Tile", (6, 13), _checked_tile, k_tile, _zero, CONST_INPUTS=(1,)),
+    OpDef("Tile", (6, 13), _infer_tile, k_tile, _zero, CONST_INPUTS=(1,)),
     OpDef("Range", (11,), _infer_range, k_range, per_element(2), CONST_INPUTS=(0, 1, 2)),
     OpDef("TopK", (1, 10, 11), _infer_topk, k_topk, lambda node, inputs, outputs: 2 * inputs[0].numel(),
           _topk_kernel_attrs, ATTRS={"axis": INT, "k": INT, "largest": INT, "sorted": INT}, CONST_INPUTS=(1,)),

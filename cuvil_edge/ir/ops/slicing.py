@@ -15,6 +15,8 @@ import math
 import numpy as np
 
 from cuvil_edge.errors import ShapeInferenceError, UnsupportedAttributeError
+from cuvil_edge.ir import dims
+from cuvil_edge.ir.dims import Expr
 from cuvil_edge.ir.graph import TensorType
 from cuvil_edge.ir.ops._contract import OpDef
 from cuvil_edge.ir.ops._shape import attr_or_input, axes as norm_axes, same_rank, vector
@@ -84,8 +86,8 @@ def _concat_axis(node):
 
 
 def _infer_concat(node, inputs):
-    """Other axes must agree (a symbol meets an int by taking the int); a symbol on the joined axis
-    cannot be summed. Negative axis from opset 11."""
+    """Other axes must agree (a symbol meets an int by taking the int); the joined axis is the sum
+    of the inputs' (symbolic ones included: ``1 + seq`` is ``seq+1``). Negative axis from opset 11."""
     if not inputs or any(t is None for t in inputs):
         raise ShapeInferenceError(f"{node.describe()} needs at least one input and no empty ones")
     dtype = same_dtype(node, inputs)
@@ -95,20 +97,14 @@ def _infer_concat(node, inputs):
     for t in inputs:
         for i, d in enumerate(t.shape):
             if i == axis:
-                if isinstance(d, str):
-                    if len(inputs) == 1:
-                        total = d
-                        continue
-                    raise ShapeInferenceError(
-                        f"{node.describe()}: cannot concatenate along axis {axis}, which is symbolic ({d!r}) in {t}")
-                total += d
+                total = Expr.of(total) + Expr.of(d) if isinstance(d, str) or isinstance(total, Expr) else total + d
             elif d != out[i]:
                 if isinstance(out[i], str):
                     out[i] = d
                 elif not isinstance(d, str):
                     raise ShapeInferenceError(
                         f"{node.describe()}: inputs differ on axis {i} ({out[i]} vs {d}); only axis {axis} may differ")
-    out[axis] = total
+    out[axis] = total.to_dim() if isinstance(total, Expr) else total
     return [TensorType(dtype, tuple(out))]
 
 
@@ -137,6 +133,18 @@ def sizes(node, dim: int, split, count: int) -> list[int]:
     return [dim // count] * count
 
 
+def _symbolic_sizes(node, dim: str, split, count: int) -> list:
+    """Parts of a symbolic axis: the given sizes (the run checks they add up), or equal parts."""
+    if split:
+        if len(split) != count or min(split) < 0:
+            raise ShapeInferenceError(f"{node.describe()}: split {list(split)} does not cut {dim} into {count} parts")
+        return [int(s) for s in split]
+    if count < 1 or (node.version >= 18 and node.attr("num_outputs") is not None):
+        raise ShapeInferenceError(f"{node.describe()}: num_outputs parts of the symbolic axis {dim!r} have no "
+                                  "static sizes; give split sizes")
+    return [dims.floordiv(Expr.of(dim), Expr.const(count)).to_dim()] * count
+
+
 def _infer_split(node, inputs, consts=None):
     need(node, inputs, 1, optional=1 if node.version >= 13 else 0)
     x = inputs[0]
@@ -144,8 +152,9 @@ def _infer_split(node, inputs, consts=None):
     split = attr_or_input(node, consts, "split", 1, 13)
     dim = x.shape[axis]
     if isinstance(dim, str):
-        raise ShapeInferenceError(f"{node.describe()}: cannot split symbolic axis {axis} ({dim!r}) of {x}")
-    parts = sizes(node, dim, split, len(node.outputs))
+        parts = _symbolic_sizes(node, dim, split, len(node.outputs))
+    else:
+        parts = sizes(node, dim, split, len(node.outputs))
     return [TensorType(x.dtype, x.shape[:axis] + (p,) + x.shape[axis + 1:]) for p in parts]
 
 
@@ -181,20 +190,46 @@ def length(dim: int, start: int, end: int, step: int) -> int:
     return len(range(*slice(start, end, step).indices(dim)))
 
 
+def symbolic_length(dim, start, end, step: int):
+    """``len(range(dim)[start:end:step])`` for symbolic dims or bounds (``step >= 1``). Bounds that
+    are symbolic, or negative offsets from a symbolic end, are taken to lie within the axis, as the
+    models that write them mean (``x[:, :seq]`` of a longest-sequence buffer, ``x[-2:]`` of a
+    rolled window axis); a static bound on a symbolic axis is clamped exactly (``min(5,seq)``)."""
+    size = Expr.of(dim)
+
+    def clamp(bound, is_end: bool) -> Expr:
+        if isinstance(bound, int):
+            if is_end and bound >= _BIG // 4:
+                return size
+            if size.is_const():
+                return Expr.const(min(max(bound + size.constant() if bound < 0 else bound, 0), size.constant()))
+            if bound < 0:
+                return size + bound
+            return dims.minimum(Expr.const(bound), size)
+        return size if dims.provably_le(size, Expr.of(bound)) else Expr.of(bound)
+
+    span = clamp(end, True) - clamp(start, False)
+    if dims.provably_le(span, Expr.const(0)):
+        return 0
+    return (span if step == 1 else dims.floordiv(span + (step - 1), Expr.const(step))).to_dim()
+
+
 def _infer_slice(node, inputs, consts=None):
-    """Starts and ends clamp like Python slices; a symbolic axis passes through only when sliced
-    whole (start 0, end >= the dim, step 1) or ended at its own symbol."""
+    """Starts and ends clamp like Python slices. Symbolic bounds or axes give symbolic lengths
+    (step 1 or more); a symbolic bound on a static axis is taken to lie within it: a buffer of the
+    longest sequence sliced to the sequence (GPT-2's causal mask) is ``seq`` long, not ``min(seq, 1024)``."""
     need(node, inputs, 1, optional=4 if node.version >= 10 else 0)
     x = inputs[0]
     out = list(x.shape)
     for start, end, axis, step in zip(*_slice_params(node, consts, x.rank)):
         dim = x.shape[axis]
         if isinstance(dim, str) or isinstance(start, str) or isinstance(end, str):
-            if start == 0 and step == 1 and (end == dim or (isinstance(end, int) and end >= _BIG // 4)):
-                continue
-            raise ShapeInferenceError(
-                f"{node.describe()}: slicing axis {axis} ({dim!r}) from {start!r} to {end!r} step {step} "
-                "gives a size that depends on a symbol; make that dim static")
+            if step < 0:
+                raise ShapeInferenceError(
+                    f"{node.describe()}: slicing axis {axis} ({dim!r}) from {start!r} to {end!r} step {step} "
+                    "backwards gives a size that depends on a symbol; make that dim static")
+            out[axis] = symbolic_length(dim, start, end, step)
+            continue
         out[axis] = length(dim, start, end, step)
     return [TensorType(x.dtype, tuple(out))]
 
@@ -238,7 +273,8 @@ def _infer_pad(node, inputs, consts=None):
     value = inputs[2] if len(inputs) > 2 else None
     if value is not None and (value.dtype != x.dtype or not (value.is_static and value.numel() <= 1)):
         raise ShapeInferenceError(f"{node.describe()}: constant_value {value} must be a {x.dtype} scalar like the data")
-    pads = attr_or_input(node, consts, "pads", 1, 11, required=True)
+    pads = (attr_or_input(node, consts, "pads", 1, 11, required=True) if node.version < 11
+            else vector(node, consts, 1, "pads", symbols=True))
     axes = vector(node, consts, 3, "axes", required=False) if node.version >= 18 else None
     axes = list(range(x.rank)) if axes is None else norm_axes(node, axes, x.rank)
     if pads is None or len(pads) != 2 * len(axes):
@@ -248,8 +284,12 @@ def _infer_pad(node, inputs, consts=None):
         begin, end, dim = pads[i], pads[i + len(axes)], x.shape[axis]
         if begin == end == 0:
             continue
-        if isinstance(dim, str):
-            raise ShapeInferenceError(f"{node.describe()}: cannot pad symbolic axis {axis} ({dim!r}) of {x}")
+        if isinstance(dim, str) or isinstance(begin, str) or isinstance(end, str):
+            if mode != "constant":
+                raise ShapeInferenceError(f"{node.describe()}: {mode} padding of axis {axis} ({dim!r}) by {begin!r}, "
+                                          f"{end!r} needs static sizes to check the pads fit")
+            out[axis] = dims.maximum(Expr.of(dim) + Expr.of(begin) + Expr.of(end), Expr.const(0)).to_dim()
+            continue
         if dim + min(begin, 0) + min(end, 0) < 0 or (mode == "reflect" and max(begin, end) >= dim) or (mode != "constant" and dim == 0):
             raise ShapeInferenceError(f"{node.describe()}: pads {begin}, {end} do not fit axis {axis} of size {dim} in mode {mode}")
         out[axis] = dim + begin + end

@@ -1,0 +1,498 @@
+"""Symbolic dims: integer expressions over named symbols (``batch``, ``seq``).
+
+A dim of a :class:`~cuvil_edge.ir.graph.TensorType` is an ``int`` or the canonical text of an
+:class:`Expr`: a polynomial with integer coefficients whose variables are symbols and *atoms*,
+the parts that do not expand: ``(e//k)``, ``(e%k)``, ``min(a,b)`` and ``max(a,b)``.  Two dims are
+the same for every binding when their canonical texts are equal, so shape inference compares
+dims as strings; ``batch*seq+batch`` is ``batch*(seq+1)`` written canonically.
+
+Symbols stand for sizes, so they are taken to be at least 1 where that decides something
+(``max(batch, 1)`` is ``batch``); nothing else is assumed.  Division is floor division, as
+Python's ``//``: for the non-negative sizes shapes are made of it equals ONNX's truncating
+integer ``Div``.
+
+The text is parsed by a small recursive-descent parser with limits on length and depth (a dim
+in a package comes from outside the device), never by ``eval``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import re
+from functools import lru_cache
+from typing import Callable, Mapping, Union
+
+Dim = Union[int, str]
+
+#: Longest dim text accepted (a package carries graph input and output dims as text).
+MAX_TEXT = 512
+#: Deepest nesting of parentheses, atoms and unary minus accepted.
+MAX_DEPTH = 32
+#: A symbol: what ONNX exporters write as ``dim_param`` (``batch_size``, ``s0``, ``N``);
+#: the frontend renames anything else to this form.
+SYMBOL = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+_TOKEN = re.compile(r"\s*(?:(\d+)|([A-Za-z_][A-Za-z0-9_]*)|(//|[-+*%(),]))")
+_FUNCTIONS = ("min", "max")
+
+
+class DimError(ValueError):
+    """A dim text that is not an integer expression over symbols (the caller names where)."""
+
+
+class Expr:
+    """An immutable polynomial: ``{monomial: coefficient}``, a monomial being a sorted tuple
+    of factors (a symbol name, or an atom ``(kind, args)``; repeated for powers)."""
+
+    __slots__ = ("terms", "_text")
+
+    def __init__(self, terms: Mapping[tuple, int]) -> None:
+        self.terms = {m: c for m, c in terms.items() if c}
+        self._text: str | None = None
+
+    # construction
+    @staticmethod
+    def const(value: int) -> "Expr":
+        return Expr({(): int(value)})
+
+    @staticmethod
+    def symbol(name: str) -> "Expr":
+        return Expr({(name,): 1})
+
+    @staticmethod
+    def of(dim: "Dim | Expr") -> "Expr":
+        if isinstance(dim, Expr):
+            return dim
+        if isinstance(dim, bool):
+            raise DimError(f"{dim!r} is not a dim")
+        if isinstance(dim, int):
+            return Expr.const(dim)
+        return parse(dim)
+
+    # queries
+    def is_const(self) -> bool:
+        return all(not m for m in self.terms)
+
+    def constant(self) -> int:
+        return self.terms.get((), 0)
+
+    def symbols(self) -> frozenset[str]:
+        found: set[str] = set()
+        for monomial in self.terms:
+            for factor in monomial:
+                if isinstance(factor, str):
+                    found.add(factor)
+                else:
+                    for arg in factor[1]:
+                        found |= arg.symbols()
+        return frozenset(found)
+
+    def to_dim(self) -> Dim:
+        """The int when constant, else the canonical text."""
+        return self.constant() if self.is_const() else str(self)
+
+    def evaluate(self, bindings: Mapping[str, int]) -> int:
+        """The value for ``bindings``; raises KeyError naming a symbol it lacks."""
+        total = 0
+        for monomial, coefficient in self.terms.items():
+            value = coefficient
+            for factor in monomial:
+                value *= bindings[factor] if isinstance(factor, str) else _evaluate_atom(factor, bindings)
+            total += value
+        return total
+
+    def substitute(self, bindings: Mapping[str, int]) -> "Expr":
+        """Bound symbols replaced by their values; the others stay."""
+        if not self.symbols() & set(bindings):
+            return self
+        out = Expr.const(0)
+        for monomial, coefficient in self.terms.items():
+            term = Expr.const(coefficient)
+            for factor in monomial:
+                if isinstance(factor, str):
+                    term = term * (Expr.const(bindings[factor]) if factor in bindings else Expr.symbol(factor))
+                else:
+                    args = [a.substitute(bindings) for a in factor[1]]
+                    term = term * _ATOM_OPS[factor[0]](*args)
+            out = out + term
+        return out
+
+    def lower_bound(self) -> int | None:
+        """A lower bound from symbols >= 1 (``x % k`` >= 0, ``x // k`` >= 0 for x >= 0), when every
+        term with a negative coefficient is constant; else None (such a term can be anything)."""
+        bound = self.constant()
+        for monomial, coefficient in self.terms.items():
+            if not monomial:
+                continue
+            low = 1
+            for factor in monomial:
+                f = 1 if isinstance(factor, str) else _atom_lower_bound(factor)
+                if f is None or f < 0:
+                    return None
+                low *= f
+            if coefficient < 0:
+                return None
+            bound += coefficient * low
+        return bound
+
+    # arithmetic
+    def __add__(self, other: "Expr | int") -> "Expr":
+        other = Expr.of(other)
+        terms = dict(self.terms)
+        for m, c in other.terms.items():
+            terms[m] = terms.get(m, 0) + c
+        return Expr(terms)
+
+    def __neg__(self) -> "Expr":
+        return Expr({m: -c for m, c in self.terms.items()})
+
+    def __sub__(self, other: "Expr | int") -> "Expr":
+        return self + (-Expr.of(other))
+
+    def __mul__(self, other: "Expr | int") -> "Expr":
+        other = Expr.of(other)
+        terms: dict[tuple, int] = {}
+        for m1, c1 in self.terms.items():
+            for m2, c2 in other.terms.items():
+                m = tuple(sorted(m1 + m2, key=_factor_key))
+                terms[m] = terms.get(m, 0) + c1 * c2
+        return Expr(terms)
+
+    def __floordiv__(self, other: "Expr | int") -> "Expr":
+        return floordiv(self, Expr.of(other))
+
+    def __mod__(self, other: "Expr | int") -> "Expr":
+        return mod(self, Expr.of(other))
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Expr) and self.terms == other.terms
+
+    def __hash__(self) -> int:
+        return hash(str(self))
+
+    def __str__(self) -> str:
+        if self._text is None:
+            self._text = _render(self)
+        return self._text
+
+    def __repr__(self) -> str:
+        return f"Expr({str(self)!r})"
+
+    def python(self, name: Callable[[str], str]) -> str:
+        """Python source computing the value, each symbol written as ``name(symbol)``."""
+        return _render(self, name)
+
+
+# atoms -----------------------------------------------------------------------------------------
+
+def _atom(kind: str, *args: Expr) -> Expr:
+    if kind in _FUNCTIONS:
+        args = tuple(sorted(args, key=str))
+    return Expr({((kind, tuple(args)),): 1})
+
+
+def floordiv(a: Expr, b: Expr) -> Expr:
+    """``a // b``, exact where the division is (a multiple of ``b`` plus a constant remainder)."""
+    if b.is_const():
+        k = b.constant()
+        if k == 0:
+            raise ZeroDivisionError("a dim divided by zero")
+        if k < 0:
+            return floordiv(-a, Expr.const(-k))
+        exact = Expr({m: c for m, c in a.terms.items() if c % k == 0})
+        rest = a - exact
+        quotient = Expr({m: c // k for m, c in exact.terms.items()})
+        if rest.is_const():
+            return quotient + rest.constant() // k
+        return quotient + _atom("//", rest, b)
+    quotient = divide_exactly(a, b)
+    return quotient if quotient is not None else _atom("//", a, b)
+
+
+def mod(a: Expr, b: Expr) -> Expr:
+    """``a % b``: the remainder left after the exact part of the division."""
+    if b.is_const():
+        k = b.constant()
+        if k == 0:
+            raise ZeroDivisionError("a dim modulo zero")
+        if k < 0:
+            return -mod(-a, Expr.const(-k))
+        rest = Expr({m: c % k for m, c in a.terms.items()})
+        if rest.is_const():
+            return Expr.const(rest.constant() % k)
+        return _atom("%", rest, b)
+    if divide_exactly(a, b) is not None:
+        return Expr.const(0)
+    return _atom("%", a, b)
+
+
+def minimum(a: Expr, b: Expr) -> Expr:
+    if provably_le(a, b):
+        return a
+    return b if provably_le(b, a) else _atom("min", a, b)
+
+
+def maximum(a: Expr, b: Expr) -> Expr:
+    if provably_le(a, b):
+        return b
+    return a if provably_le(b, a) else _atom("max", a, b)
+
+
+def provably_le(a: Expr, b: Expr) -> bool:
+    """``a <= b`` for every binding of the symbols (each at least 1)."""
+    low = (b - a).lower_bound()
+    return low is not None and low >= 0
+
+
+def provably_different(a: Expr, b: Expr) -> bool:
+    """``a != b`` for every binding of the symbols (each at least 1): the difference has a positive
+    bound, or its constant is no multiple of its other coefficients' gcd (``6*batch`` is never 20)."""
+    gcd = math.gcd(*(c for m, c in (a - b).terms.items() if m))
+    if gcd and (a - b).constant() % gcd:
+        return True
+    for diff in (a - b, b - a):
+        low = diff.lower_bound()
+        if low is not None and low > 0:
+            return True
+    return False
+
+
+def divide_exactly(a: Expr, b: Expr) -> Expr | None:
+    """``q`` with ``q * b == a`` as polynomials, or None (long division by ``b``'s leading term)."""
+    if b.is_const():
+        k = b.constant()
+        if k and all(c % k == 0 for c in a.terms.values()):
+            return Expr({m: c // k for m, c in a.terms.items()})
+        return None
+    lead_m, lead_c = max(b.terms.items(), key=lambda item: _monomial_order(item[0]))
+    quotient, rest = Expr.const(0), a
+    for _ in range(64):  # each step removes rest's leading term; a bound keeps bad input finite
+        if not rest.terms:
+            return quotient
+        m, c = max(rest.terms.items(), key=lambda item: _monomial_order(item[0]))
+        left = _divide_monomial(m, lead_m)
+        if left is None or c % lead_c:
+            return None
+        step = Expr({left: c // lead_c})
+        quotient, rest = quotient + step, rest - step * b
+    return None
+
+
+def _divide_monomial(m: tuple, d: tuple) -> tuple | None:
+    left = list(m)
+    for factor in d:
+        if factor not in left:
+            return None
+        left.remove(factor)
+    return tuple(left)
+
+
+def _monomial_order(m: tuple) -> tuple:
+    return (len(m), tuple(_factor_key(f) for f in m))
+
+
+def _atom_lower_bound(atom: tuple) -> int | None:
+    kind, (x, y) = atom
+    if kind == "%":
+        return 0 if y.is_const() and y.constant() > 0 else None
+    low_x, low_y = x.lower_bound(), y.lower_bound()
+    if kind == "//":
+        return low_x // y.constant() if low_x is not None and low_x >= 0 and y.is_const() and y.constant() > 0 else None
+    if low_x is None or low_y is None:
+        return None
+    return min(low_x, low_y) if kind == "min" else max(low_x, low_y)
+
+
+def _evaluate_atom(atom: tuple, bindings: Mapping[str, int]) -> int:
+    kind, args = atom
+    values = [a.evaluate(bindings) for a in args]
+    if kind == "//":
+        return values[0] // values[1]
+    if kind == "%":
+        return values[0] % values[1]
+    return min(values) if kind == "min" else max(values)
+
+
+_ATOM_OPS = {"//": floordiv, "%": mod, "min": minimum, "max": maximum}
+
+
+# text ------------------------------------------------------------------------------------------
+
+def _factor_key(factor) -> tuple:
+    return (0, factor) if isinstance(factor, str) else (1, _render_atom(factor, str))
+
+
+def _render_atom(atom: tuple, name: Callable[[str], str]) -> str:
+    kind, args = atom
+    a, b = (_render(x, name) for x in args)
+    if kind in _FUNCTIONS:
+        return f"{kind}({a},{b})"
+    return f"({_wrap(args[0], a)}{kind}{_wrap(args[1], b)})"
+
+
+def _wrap(e: Expr, text: str) -> str:
+    simple = len(e.terms) <= 1 and all(c >= 0 for c in e.terms.values())
+    return text if simple else f"({text})"
+
+
+def _render(e: Expr, name: Callable[[str], str] = str) -> str:
+    if not e.terms:
+        return "0"
+    ordered = sorted(e.terms.items(), key=lambda item: (-len(item[0]), [_factor_key(f) for f in item[0]]))
+    out = ""
+    for monomial, coefficient in ordered:
+        factors = [name(f) if isinstance(f, str) else _render_atom(f, name) for f in monomial]
+        magnitude = abs(coefficient)
+        if magnitude != 1 or not factors:
+            factors.insert(0, str(magnitude))
+        text = "*".join(factors)
+        if coefficient < 0:
+            out += f"-{text}"
+        else:
+            out += f"+{text}" if out else text
+    return out
+
+
+@lru_cache(maxsize=4096)
+def parse(text: str) -> Expr:
+    """The expression a dim text stands for.
+
+    Raises:
+        DimError: not text, too long, nested too deep, or not an integer expression over symbols.
+    """
+    if not isinstance(text, str) or not text or len(text) > MAX_TEXT:
+        raise DimError(f"{text!r:.80} is not a dim: a symbol or an integer expression of at most {MAX_TEXT} "
+                       "characters is")
+    tokens: list[str] = []
+    position = 0
+    while position < len(text):
+        if text[position:].isspace():
+            break
+        match = _TOKEN.match(text, position)
+        if match is None:
+            raise DimError(f"dim {text!r:.80} has {text[position]!r} at {position}; a dim uses symbols, integers, "
+                           "+ - * // %, min(), max() and parentheses")
+        tokens.append(match.group(match.lastindex))
+        position = match.end()
+    parser = _Parser(text, tokens)
+    value = parser.expr(0)
+    if parser.at < len(tokens):
+        raise DimError(f"dim {text!r:.80} has {tokens[parser.at]!r} where it should end")
+    return value
+
+
+class _Parser:
+    def __init__(self, text: str, tokens: list[str]) -> None:
+        self.text, self.tokens, self.at = text, tokens, 0
+
+    def _fail(self, what: str) -> DimError:
+        return DimError(f"dim {self.text!r:.80}: {what}")
+
+    def _peek(self) -> str | None:
+        return self.tokens[self.at] if self.at < len(self.tokens) else None
+
+    def _take(self, token: str) -> None:
+        if self._peek() != token:
+            raise self._fail(f"expected {token!r}")
+        self.at += 1
+
+    def expr(self, depth: int) -> Expr:
+        if depth > MAX_DEPTH:
+            raise self._fail(f"nested more than {MAX_DEPTH} deep")
+        value = self.term(depth)
+        while self._peek() in ("+", "-"):
+            sign = self.tokens[self.at]
+            self.at += 1
+            right = self.term(depth)
+            value = value + right if sign == "+" else value - right
+        return value
+
+    def term(self, depth: int) -> Expr:
+        value = self.unary(depth)
+        while self._peek() in ("*", "//", "%"):
+            op = self.tokens[self.at]
+            self.at += 1
+            right = self.unary(depth)
+            try:
+                value = value * right if op == "*" else floordiv(value, right) if op == "//" else mod(value, right)
+            except ZeroDivisionError as e:
+                raise self._fail(str(e)) from None
+        return value
+
+    def unary(self, depth: int) -> Expr:
+        if self._peek() == "-":
+            self.at += 1
+            if depth + 1 > MAX_DEPTH:
+                raise self._fail(f"nested more than {MAX_DEPTH} deep")
+            return -self.unary(depth + 1)
+        return self.primary(depth)
+
+    def primary(self, depth: int) -> Expr:
+        token = self._peek()
+        if token is None:
+            raise self._fail("ends too early")
+        self.at += 1
+        if token.isdigit():
+            return Expr.const(int(token))
+        if token == "(":
+            value = self.expr(depth + 1)
+            self._take(")")
+            return value
+        if token in _FUNCTIONS and self._peek() == "(":
+            self.at += 1
+            a = self.expr(depth + 1)
+            self._take(",")
+            b = self.expr(depth + 1)
+            self._take(")")
+            return minimum(a, b) if token == "min" else maximum(a, b)
+        if SYMBOL.match(token):
+            return Expr.symbol(token)
+        raise self._fail(f"unexpected {token!r}")
+
+
+# helpers on dims -------------------------------------------------------------------------------
+
+def symbol_for(name: str, suffix: str) -> str:
+    """A symbol made from a value name: ``count`` of ``idx`` is ``idx_count``; of ``/NonZero:0``,
+    ``NonZero_0_<digest>_count`` (any character a symbol cannot hold makes the digest part of it)."""
+    text = f"{name}_{suffix}"
+    if SYMBOL.match(text) and len(text) <= 200:
+        return text
+    cleaned = re.sub(r"[^A-Za-z0-9_]+", "_", name).strip("_")[:120]
+    digest = hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()[:8]
+    return f"{'s_' if not cleaned or cleaned[0].isdigit() else ''}{cleaned}_{digest}_{suffix}"
+
+
+def canonical(dim: Dim) -> Dim:
+    """The dim in canonical form: an int, or the canonical text (``"seq+1-1"`` is ``"seq"``)."""
+    return dim if isinstance(dim, int) else parse(dim).to_dim()
+
+
+def symbols_of(dim: Dim) -> frozenset[str]:
+    return frozenset() if isinstance(dim, int) else parse(dim).symbols()
+
+
+def product(dims) -> Dim:
+    """The product of dims, canonical."""
+    out = Expr.const(1)
+    for d in dims:
+        out = out * Expr.of(d)
+    return out.to_dim()
+
+
+def bind(dim: Dim, bindings: Mapping[str, int]) -> Dim:
+    """Bound symbols replaced; an int when none is left."""
+    if isinstance(dim, int):
+        return dim
+    return parse(dim).substitute(bindings).to_dim()
+
+
+def size_hint(dim: Dim) -> int:
+    """A size to count with where symbols are unknown: the value with every symbol 1, at least 1."""
+    if isinstance(dim, int):
+        return dim
+    e = parse(dim)
+    try:
+        return max(1, e.evaluate({s: 1 for s in e.symbols()}))
+    except ZeroDivisionError:
+        return 1
