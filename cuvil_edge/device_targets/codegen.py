@@ -25,6 +25,7 @@ import os
 from dataclasses import dataclass
 from functools import lru_cache
 
+from cuvil_edge.device_targets import shape_code
 from cuvil_edge.device_targets.prune import segmenter, specialise_function
 from cuvil_edge.errors import BuildError
 from cuvil_edge.ir import ops
@@ -33,7 +34,7 @@ from cuvil_edge.ir.ops._contract import OpDef, source_literal, source_of
 from cuvil_edge.ir.ops._util import DEFAULT_CAPABILITIES
 
 #: Bump when the generated code's shape changes (part of every cache key).
-CODEGEN_VERSION = "2"  # 2: kernels specialised per call site
+CODEGEN_VERSION = "3"  # 2: kernels specialised per call site; 3: shape vectors as literals
 
 #: Names the generated wrapper defines; op templates must not reuse them.
 RESERVED = frozenset({"np", "run", "_forward", "_run_static_batches", "BUILT_FOR", "W", "feeds"})
@@ -282,20 +283,32 @@ def _forward_source(graph: Graph, specialised: Specialiser) -> str:
     lines = ["", "", "def _forward(W, feeds):", '    """Straight-line graph body: one kernel call per node."""']
     for v in graph.inputs:
         lines.append(f"    {ident(v.name)} = feeds[{v.name!r}]")
-    needed = {i for n in graph.nodes for i in n.inputs} | {v.name for v in graph.outputs}
+    shapes = shape_code.plan(graph)
+    reads = lambda index, node: () if index in shapes.literals else node.inputs  # noqa: E731
+    running = [(index, node) for index, node in enumerate(graph.nodes) if index in shapes.live]
+    needed = {i for index, n in running for i in reads(index, n)} | {v.name for v in graph.outputs}
     for key in graph.initializers:
         if key in needed:
             lines.append(f"    {ident(key)} = W[{key!r}]")
+    for symbol, (name, axis) in shapes.symbols.items():
+        lines.append(f"    {shape_code.variable(symbol)} = {ident(name)}.shape[{axis}]")
     last_use: dict[str, int] = {}
-    for index, node in enumerate(graph.nodes):
-        for name in node.inputs:
+    for index, node in running:
+        for name in reads(index, node):
             if name:
                 last_use[name] = index
     keep = {v.name for v in graph.outputs}
-    for index, node in enumerate(graph.nodes):
+    for index, node in running:
+        outs = [ident(o) if o else "_" for o in node.outputs]
+        if index in shapes.literals:
+            lines.append(f"    # {node.op_type} node {node.name!r}: evaluated by the build"[:200])
+            lines.extend(f"    {outs[i]} = {shapes.literals[index][o]}" for i, o in enumerate(node.outputs) if o)
+            dead = [o for o in node.outputs if o and o not in keep and o not in last_use]
+            if dead:
+                lines.append(f"    del {', '.join(names[d] for d in dead)}")
+            continue
         module = ops.get(node.op_type, node.describe())
         args = [ident(i) if i else "" for i in node.inputs]
-        outs = [ident(o) if o else "_" for o in node.outputs]
         try:
             call = specialised.call(module, node, args, outs)
         except Exception as e:  # an op module fault must name the node

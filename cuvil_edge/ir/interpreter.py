@@ -12,7 +12,7 @@ from typing import Mapping
 import numpy as np
 
 from cuvil_edge.errors import CuvilError, ExecutionError
-from cuvil_edge.ir import ops
+from cuvil_edge.ir import dims, ops
 from cuvil_edge.ir.graph import Graph, TensorType
 
 
@@ -55,7 +55,7 @@ def run(graph: Graph, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     Raises:
         ExecutionError: bad feeds, or a kernel failed (the node is named).
     """
-    bind_inputs(graph, feeds)
+    bindings = bind_inputs(graph, feeds)
     last_use: dict[str, int] = {}
     for index, node in enumerate(graph.nodes):
         for name in node.inputs:
@@ -74,8 +74,38 @@ def run(graph: Graph, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
             raise ExecutionError(f"{node.describe()} failed: {type(e).__name__}: {e}") from e
         for name, value in zip(node.outputs, results):
             if name:
+                _check_shape(graph, node, name, value, bindings)
                 env[name] = value
         for name in node.inputs:
             if last_use.get(name) == index and name not in keep and name not in graph.initializers:
                 env.pop(name, None)
     return {v.name: env[v.name] for v in graph.outputs}
+
+
+def _check_shape(graph: Graph, node, name: str, value, bindings: dict[str, int]) -> None:
+    """A value's shape is its inferred type's, bound to the feeds' sizes: a symbolic dim the build
+    took on trust (a slice bound within its axis, a division it could not prove exact) that this
+    run breaks is an error naming the node, not a wrong shape passed on. Symbols only the data
+    decides (NonZero's count) are bound where they first appear."""
+    want = graph.types.get(name)
+    shape = getattr(value, "shape", None)
+    if want is None or shape is None or want.is_static and tuple(want.shape) == tuple(shape):
+        return
+    if len(shape) != want.rank:
+        raise ExecutionError(f"{node.describe()} made {name!r} of shape {list(shape)}, but its type is {want}")
+    for dim, size in zip(want.shape, shape):
+        if isinstance(dim, int):
+            ok = dim == size
+        else:
+            expr = dims.parse(dim)
+            free = expr.symbols() - set(bindings)
+            if len(free) == 1 and expr == dims.Expr.symbol(next(iter(free))):
+                bindings[dim] = int(size)
+                continue
+            ok = bool(free) or expr.evaluate(bindings) == size
+        if not ok:
+            bound = want.bind(bindings)
+            raise ExecutionError(
+                f"{node.describe()} made {name!r} of shape {list(shape)}, but its type {want} is {list(bound.shape)} "
+                f"for {', '.join(f'{k}={v}' for k, v in sorted(bindings.items()))}: the model does not hold for "
+                "these input sizes (a slice or reshape it makes assumes other sizes)")

@@ -146,9 +146,15 @@ def _reshape(node, values, types):
         return None
     target = [int(d) for d in np.asarray(values[1]).reshape(-1)]
     data = _obj(values[0])
-    if len(target) == 1 and target[0] in (-1, data.size):
-        return _settle(data.reshape(-1))
-    return None
+    if not (node.version >= 14 and int(node.attr("allowzero", 0))):
+        target = [data.shape[i] if d == 0 and i < data.ndim else d for i, d in enumerate(target)]
+    return _settle(data.reshape(target))
+
+
+def _transpose(node, values, types):
+    perm = node.attr("perm")
+    data = _obj(values[0])
+    return _settle(np.transpose(data, None if perm is None else [int(p) for p in perm]))
 
 
 def _equal(node, values, types):
@@ -159,7 +165,9 @@ def _equal(node, values, types):
             if ex == ey:
                 return True
             if dims.provably_different(ex, ey):
-                return False  # symbols are sizes: batch is never -1, 6*batch never 20
+                return False  # symbols are sizes: 6*batch is never 20
+            if any(not isinstance(v, str) and v < 0 for v in (x, y)):
+                return False  # a symbolic entry is a size (torch's Where(Equal(shape, -1), 1, shape))
             raise ValueError("unknown")
         return x == y
     return np.vectorize(eq, otypes=[bool])(a, b)
@@ -198,7 +206,7 @@ def _neg(node, values, types):
 SYMBOLIC: dict[str, Callable] = {
     "Gather": _gather, "Unsqueeze": _unsqueeze, "Squeeze": _squeeze, "Concat": _concat,
     "Slice": _slice, "Cast": _cast, "Identity": _identity, "Reshape": _reshape, "Equal": _equal, "Where": _where,
-    "Add": _arithmetic(lambda a, b: a + b), "Sub": _arithmetic(lambda a, b: a - b),
+    "Transpose": _transpose, "Add": _arithmetic(lambda a, b: a + b), "Sub": _arithmetic(lambda a, b: a - b),
     "Mul": _arithmetic(lambda a, b: a * b), "Div": _arithmetic(dims.floordiv), "Mod": _arithmetic(dims.mod),
     "Max": _arithmetic(dims.maximum), "Min": _arithmetic(dims.minimum), "Neg": _neg,
 }

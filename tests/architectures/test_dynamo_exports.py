@@ -6,9 +6,9 @@ Models: ours in the style of ResNet-18, MLP, MobileNetV3, ConvNeXt, EfficientNet
 CNN and a BERT-style encoder, and GPT-2 as Hugging Face transformers writes it (random weights from
 a config). A dynamic batch is ``dynamic_shapes`` with ``torch.export.Dim`` for dynamo (what torch
 2.13 documents; ``dynamic_axes`` is deprecated there, though still converted) and ``dynamic_axes``
-for TorchScript. The cases marked xfail fail in symbolic shape inference (a Range or Slice whose
-size depends on a symbolic dim) and pass once the IR's shape engine evaluates such sizes; strict,
-so that day they must be unmarked. The README's export example is run here as written."""
+for TorchScript. Transformers' BERT builds its mask with ``torch.arange(batch)``, and the
+``*_dynamic_seq`` cases leave the sequence length symbolic too (a ``Range`` and a ``Slice`` of a
+longest-sequence buffer sized by a symbol). The README's export example is run here as written."""
 
 from __future__ import annotations
 
@@ -32,7 +32,6 @@ import export_models as em
 import torch_models as tm
 from cuvil_edge.cli.main import main
 from cuvil_edge.device_targets import build
-from cuvil_edge.errors import ShapeInferenceError
 from cuvil_edge.frontend import load_model
 from cuvil_edge.ir import interpreter
 from cuvil_edge.passes import optimize
@@ -115,24 +114,13 @@ CASES = {
     "gpt2_dynamic_seq": Case(gpt2, tokens(VARYING_SEQ), dynamic_seq=True),
 }
 
-SYMBOLIC = {  # (case, exporter) -> what symbolic shape inference refuses today
-    ("hf_bert", "dynamo"): "Range's limit is the symbolic dim 'batch', so its output has no static size",
-    ("hf_bert", "torchscript"): "Range's limit is the symbolic dim 'batch', so its output has no static size",
-    ("bert_dynamic_seq", "dynamo"): "Slice of a 40-row buffer up to 'seq' gives a size that depends on a symbol",
-    ("gpt2_dynamic_seq", "dynamo"): "Range's limit is the symbolic dim 'seq', so its output has no static size",
-}
-
-
 def cases() -> list:
     params = []
     for name, case in CASES.items():
         for exporter in ("dynamo", "torchscript"):
             if case.dynamic_seq and exporter == "torchscript":
                 continue  # time: a symbolic length meets the same shape inference whichever exporter wrote it
-            reason = SYMBOLIC.get((name, exporter))
-            marks = [pytest.mark.xfail(raises=ShapeInferenceError, strict=True, reason=f"symbolic shapes: {reason}")
-                     ] if reason else []
-            params.append(pytest.param(name, exporter, marks=marks, id=f"{name}-{exporter}"))
+            params.append(pytest.param(name, exporter, id=f"{name}-{exporter}"))
     return params
 
 
