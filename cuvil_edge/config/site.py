@@ -14,6 +14,7 @@ from typing import Literal, Optional
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from cuvil_edge.config.loader import load_model
+from cuvil_edge.ir.dims import SYMBOL
 
 SITE_ID_PATTERN = r"^[a-z0-9][a-z0-9-]{0,62}$"
 #: The demo's digits partition (scikit-learn's 8x8 digits): public, so its model check needs no YAML key.
@@ -168,6 +169,19 @@ class LimitsSection(_Strict):
     latency_ms: Optional[float] = Field(default=None, gt=0, description="slowest acceptable inference, batch 1")
     memory_mb: Optional[float] = Field(default=None, gt=0, description="most memory one inference may take at its peak")
     download_mb: Optional[float] = Field(default=None, gt=0, description="largest package the site's link should carry")
+    dims: dict[str, int] = Field(default_factory=dict, description=(
+        "the largest size of each dynamic axis other than the batch (a sequence length, an image side), "
+        "e.g. {seq: 128}: memory and latency are planned at these sizes; the device runs any size"))
+
+    @field_validator("dims")
+    @classmethod
+    def _dims(cls, value: dict[str, int]) -> dict[str, int]:
+        for name, size in value.items():
+            if not SYMBOL.match(name):
+                raise ValueError(f"limits.dims key {name!r} must name a dynamic axis of the model (letters, digits, _)")
+            if isinstance(size, bool) or not 1 <= size <= 2**24:
+                raise ValueError(f"limits.dims.{name} must be an int from 1 to {2**24}, got {size!r}")
+        return value
 
 
 class SiteConfig(_Strict):

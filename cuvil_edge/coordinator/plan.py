@@ -25,6 +25,7 @@ from cuvil_edge.device_targets.memory_plan import plan_memory
 from cuvil_edge.device_targets.spec import TargetSpec
 from cuvil_edge.errors import CuvilError
 from cuvil_edge.ir.graph import Graph
+from cuvil_edge.ir.infer import with_sizes
 from cuvil_edge.ir_serialize import encode_payload
 from cuvil_edge.passes.quantize import dequantize_at_load, store_fp16
 
@@ -89,14 +90,14 @@ def _option(site: SiteConfig, spec: TargetSpec, precision: str, graph: Graph, la
     package = len(encode_payload(graph))
     # the device dequantizes stored fp16/int8 weights once at load; it computes in fp16 only where it can
     compute = "fp16" if precision == "fp16" and spec.fp16 else "fp32"
-    runnable = _loaded(graph)
     try:
+        runnable = with_sizes(_loaded(graph), site.limits.dims)
         peak = plan_memory(runnable, spec, precision=compute, native=spec.native_kernels).peak_bytes
     except CuvilError as e:
         peak = None
         problems.append(f"no memory plan ({e})")
     batch_ms = train_ms = round_s = None
-    if latency is not None:
+    if latency is not None and peak is not None:
         batch_ms = latency(runnable, spec, compute, 1) * 1e3
         train_ms = latency(runnable, spec, compute, site.training.batch_size) * 1e3
         round_s = 3 * train_ms / 1e3 * steps if steps else None

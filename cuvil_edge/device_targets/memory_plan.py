@@ -426,8 +426,9 @@ class _Types(dict):
             if not (t := t.bind(bindings)).is_static:
                 raise BuildError(
                     f"value {name!r} of graph {graph.name!r} has shape {list(t.shape)}: a dim is neither fixed nor "
-                    f"the batch ({', '.join(bindings) or 'none'}), so its size is unknown before running. Export "
-                    "the model with that axis fixed (e.g. a fixed sequence length)")
+                    f"the batch ({', '.join(bindings) or 'none'}), so its size is unknown before running. Give "
+                    "the largest size of each such axis in the site's limits.dims (e.g. {seq: 128}), or "
+                    "export the model with that axis fixed")
             self[name] = TensorType("float16", t.shape) if fp16 and t.dtype == "float32" else t
 
     def bytes(self, name: str) -> int:

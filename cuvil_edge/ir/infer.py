@@ -202,6 +202,28 @@ def build_graph(
     return Graph(name, tuple(inputs), tuple(out_values), tuple(order), frozen, types, opset)
 
 
+def with_sizes(graph: Graph, sizes: Mapping[str, int]) -> Graph:
+    """The same graph with some dynamic axes fixed (``{"seq": 128}``), every type inferred again:
+    what a plan of memory and time needs for the axes other than the batch.
+
+    Raises:
+        ShapeInferenceError: a name is not a dynamic axis of the graph's inputs, or a size is not
+            a positive int (or the model does not hold at that size).
+    """
+    if not sizes:
+        return graph
+    axes = {d for v in graph.inputs for d in v.type.shape if isinstance(d, str)}
+    for name, size in sizes.items():
+        if name not in axes:
+            raise ShapeInferenceError(f"the model has no dynamic axis {name!r}; its inputs' dynamic axes are "
+                                      f"{', '.join(sorted(axes)) or 'none'}")
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+            raise ShapeInferenceError(f"dynamic axis {name!r} must be sized by a positive int, got {size!r}")
+    inputs = [Value(v.name, v.type.bind(sizes)) for v in graph.inputs]
+    return build_graph(graph.name, inputs, [v.name for v in graph.outputs], graph.nodes, graph.initializers,
+                       graph.opset)
+
+
 def with_initializers(graph: Graph, arrays: Mapping[str, np.ndarray]) -> Graph:
     """The same graph with some initializers replaced (same dtype and shape required).
 
