@@ -11,6 +11,7 @@ Every failure is a :class:`~cuvil_edge.errors.ModelError` naming the problem and
 from __future__ import annotations
 
 import logging
+import re
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from cuvil_edge.errors import MalformedModelError, ModelFileError, UnsupportedAttributeError, UnsupportedOpError
-from cuvil_edge.ir import dtypes, ops
+from cuvil_edge.ir import dims as dim_exprs, dtypes, ops
 from cuvil_edge.ir.graph import Dim, Graph, Node, TensorType, Value
 from cuvil_edge.ir.infer import build_graph, topological_order
 from cuvil_edge.ir.ops import constant
@@ -50,7 +51,8 @@ def load_model(source: str | Path | bytes | onnx.ModelProto) -> Graph:
     if len(graph.sparse_initializer):
         raise UnsupportedAttributeError("the model has sparse initializers; convert them to dense tensors")
     initializers = {t.name: _tensor(t, f"initializer {t.name!r}") for t in graph.initializer}
-    inputs = [_value(vi) for vi in graph.input if vi.name not in initializers]
+    symbols: dict[str, str] = {}
+    inputs = [_value(vi, symbols) for vi in graph.input if vi.name not in initializers]
     all_nodes = _nodes(graph, opset)
     # our structural check first: it names the cycle / dangling input better than the checker
     topological_order(all_nodes, {v.name for v in inputs} | set(initializers))
@@ -226,7 +228,26 @@ def _dtype(code: int, where: str) -> str:
     return name
 
 
-def _value(vi: onnx.ValueInfoProto) -> Value:
+def _symbol(param: str, symbols: dict[str, str]) -> str:
+    """The IR symbol for a ``dim_param``: itself when it is a name (``batch``, ``s0``), else a name
+    made from it (``batch size`` -> ``batch_size``, ``input:0_dim0`` -> ``input_0_dim0``), one per
+    distinct param, so that a dim is never read as an expression it was not meant to be."""
+    if param not in symbols:
+        taken = set(symbols.values())
+        name = param if dim_exprs.SYMBOL.match(param) else re.sub(r"[^A-Za-z0-9_]+", "_", param).strip("_") or "dim"
+        if name[0].isdigit():
+            name = f"d_{name}"
+        base, n = name, 1
+        while name in taken:
+            n += 1
+            name = f"{base}_{n}"
+        if name != param:
+            log.info("dynamic axis %r is named %r in the IR (a symbol is letters, digits and _)", param, name)
+        symbols[param] = name
+    return symbols[param]
+
+
+def _value(vi: onnx.ValueInfoProto, symbols: dict[str, str]) -> Value:
     where = f"graph input {vi.name!r}"
     kind = vi.type.WhichOneof("value")
     if kind != "tensor_type":
@@ -241,7 +262,7 @@ def _value(vi: onnx.ValueInfoProto) -> Value:
         if which == "dim_value":
             dims.append(int(d.dim_value))
         elif which == "dim_param" and d.dim_param:
-            dims.append(d.dim_param)
+            dims.append(_symbol(d.dim_param, symbols))
         else:
-            dims.append(f"{vi.name}_dim{axis}")
+            dims.append(_symbol(f"{vi.name}_dim{axis}", symbols))
     return Value(vi.name, TensorType(dtype, tuple(dims)))

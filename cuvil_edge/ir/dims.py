@@ -158,6 +158,15 @@ class Expr:
                 terms[m] = terms.get(m, 0) + c1 * c2
         return Expr(terms)
 
+    def __radd__(self, other: int) -> "Expr":
+        return self + other
+
+    def __rsub__(self, other: int) -> "Expr":
+        return Expr.of(other) - self
+
+    def __rmul__(self, other: int) -> "Expr":
+        return self * other
+
     def __floordiv__(self, other: "Expr | int") -> "Expr":
         return floordiv(self, Expr.of(other))
 

@@ -21,8 +21,10 @@ import torch
 from onnx import TensorProto, helper, numpy_helper
 
 import shape_patterns as patterns
-from cuvil_edge.device_targets import build
-from cuvil_edge.errors import ExecutionError
+import test_site_path as site_path
+from test_site_path import build_cache, coordinator  # noqa: F401 (fixtures)
+from cuvil_edge.device_targets import build, load_target
+from cuvil_edge.errors import BuildError, ExecutionError
 from cuvil_edge.frontend import load_model
 from cuvil_edge.ir import interpreter
 from cuvil_edge.passes import optimize
@@ -172,3 +174,26 @@ def test_the_compiled_module_computes_no_shape_per_call(tmp_path):
     for kernel in ("k_shape", "k_unsqueeze", "k_cast", "k_where"):
         assert kernel not in forward, f"{kernel} still runs per call"
     assert forward.count("k_gather") == 1  # x[:, 0], the class token's output: data, not a shape
+
+
+DYNAMIC_TARGETS = [t for t in site_path.TARGETS if not load_target(t).static_shapes]
+
+
+@pytest.mark.parametrize("target", site_path.TARGETS)
+@pytest.mark.parametrize("name", list(CASES))
+def test_a_site_runs_each_pattern_from_its_package(name, target, coordinator, build_cache, tmp_path):
+    """The whole path a site takes: packaged and signed, verified and accepted, built for its target,
+    run at a size other than the trace's. A static-shape target (the NPU) takes a dynamic batch
+    only, and says so when it is given more."""
+    data = exported(name)
+    package = coordinator.package(name, data, target)
+    if target not in DYNAMIC_TARGETS:
+        with pytest.raises(BuildError, match="static-shape targets support only a leading batch dim"):
+            site_path.site_runs(coordinator, package, target, tmp_path / "state", build_cache)
+        return
+    _, model = site_path.site_runs(coordinator, package, target, tmp_path / "state", build_cache)
+    feeds = feeds_for(name, 3, CASES[name].sizes[1], 5)
+    want = ort.InferenceSession(data, providers=["CPUExecutionProvider"]).run(None, feeds)
+    got = model.run(feeds)
+    for value, expected in zip(model.graph.outputs, want):
+        np.testing.assert_allclose(got[value.name], expected, rtol=RTOL, atol=ATOL, err_msg=f"{name} on {target}")
