@@ -75,10 +75,13 @@ def optimize_model(model: Path) -> tuple[Graph, CompileReport]:
         ConfigError: the model file does not exist.
         ModelError: the model is malformed or unsupported.
         PassError: an optimization pass failed (it is named).
+        PackageFormatError: the optimized graph could not be written as a package (a graph input or
+            output name the package refuses, such as ``x:0``).
     """
     if not model.is_file():
         raise ConfigError(f"{model}: model file not found")
     graph, report = optimize(load_model(model))
+    encode_payload(graph)  # what would not package is an error here, not after the report said "ok"
     return graph, _report(graph, report)
 
 

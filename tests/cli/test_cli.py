@@ -62,3 +62,18 @@ def test_inspect_rejects_garbage(workdir, capsys):
     (workdir / "junk.cpkg").write_bytes(b"not a package at all" * 10)
     assert main(["inspect", "junk.cpkg"]) == 2
     assert capsys.readouterr().err.startswith("error: ")
+
+
+def test_compile_report_refuses_what_could_not_be_packaged(workdir, capsys):
+    """The report runs the package writer's name checks, so it never says a model is fine that
+    `compile --site` then cannot package (a TensorFlow-style input name ``x:0``)."""
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph([helper.make_node("Relu", ["x:0"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x:0", TensorProto.FLOAT, ["batch", 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])])
+    (workdir / "tf.onnx").write_bytes(helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString())
+    assert main(["compile", "tf.onnx", "--report"]) != 0
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "'x:0'" in err and "drive letter" in err
