@@ -6,7 +6,6 @@ axis, from one export (``torch.onnx.export``, TorchScript exporter, traced at ba
 
 from __future__ import annotations
 
-import hashlib
 import io
 import warnings
 from dataclasses import dataclass
@@ -22,6 +21,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import shape_patterns as patterns
 import test_site_path as site_path
+from test_exports import _Package
 from test_site_path import build_cache, coordinator  # noqa: F401 (fixtures)
 from cuvil_edge.device_targets import build, load_target
 from cuvil_edge.errors import BuildError, ExecutionError
@@ -97,11 +97,6 @@ def exported(name: str) -> bytes:
         torch.onnx.export(model, tuple(torch.from_numpy(a) for a in feeds.values()), buffer, dynamo=False,
                           opset_version=17, input_names=list(feeds), output_names=["y"], dynamic_axes=case.dynamic)
     return buffer.getvalue()
-
-
-class _Package:
-    def __init__(self, graph, data: bytes) -> None:
-        self.graph, self.payload_digest = graph, hashlib.sha256(data).hexdigest()
 
 
 @pytest.mark.parametrize("name", list(CASES))
