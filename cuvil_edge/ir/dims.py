@@ -26,7 +26,9 @@ from typing import Callable, Mapping, Union
 Dim = Union[int, str]
 
 #: Longest dim text accepted (a package carries graph input and output dims as text).
-MAX_TEXT = 512
+MAX_TEXT = 2048
+#: Most terms one expression may have (a product of sums expands; a bound keeps crafted text finite).
+MAX_TERMS = 64
 #: Deepest nesting of parentheses, atoms and unary minus accepted.
 MAX_DEPTH = 32
 #: A symbol: what ONNX exporters write as ``dim_param`` (``batch_size``, ``s0``, ``N``);
@@ -48,6 +50,9 @@ class Expr:
 
     def __init__(self, terms: Mapping[tuple, int]) -> None:
         self.terms = {m: c for m, c in terms.items() if c}
+        if len(self.terms) > MAX_TERMS:
+            raise DimError(f"a dim expression grew past {MAX_TERMS} terms; the model's shape arithmetic is too "
+                           "involved to follow symbolically (fix an axis when exporting)")
         self._text: str | None = None
 
     # construction
@@ -208,9 +213,14 @@ def floordiv(a: Expr, b: Expr) -> Expr:
             raise ZeroDivisionError("a dim divided by zero")
         if k < 0:
             return floordiv(-a, Expr.const(-k))
+        offset = a.constant()
+        if multiple_of(a - offset, k):  # the part a size that was rounded up to k would have
+            a, carry = a - offset, Expr.const(offset // k)
+        else:
+            carry = Expr.const(0)
         exact = Expr({m: c for m, c in a.terms.items() if c % k == 0})
         rest = a - exact
-        quotient = Expr({m: c // k for m, c in exact.terms.items()})
+        quotient = Expr({m: c // k for m, c in exact.terms.items()}) + carry
         if rest.is_const():
             return quotient + rest.constant() // k
         return quotient + _atom("//", rest, b)
@@ -226,13 +236,37 @@ def mod(a: Expr, b: Expr) -> Expr:
             raise ZeroDivisionError("a dim modulo zero")
         if k < 0:
             return -mod(-a, Expr.const(-k))
-        rest = Expr({m: c % k for m, c in a.terms.items()})
+        rest = _reduced(a, k)
+        rest = Expr({m: c % k for m, c in rest.terms.items()})
         if rest.is_const():
             return Expr.const(rest.constant() % k)
         return _atom("%", rest, b)
     if divide_exactly(a, b) is not None:
         return Expr.const(0)
     return _atom("%", a, b)
+
+
+def _reduced(a: Expr, k: int) -> Expr:
+    """``a`` with every ``(y % k)`` replaced by ``y``: congruent to ``a`` modulo ``k``."""
+    if not any(_is_mod(f, k) for m in a.terms for f in m):
+        return a
+    out = Expr.const(0)
+    for monomial, coefficient in a.terms.items():
+        term = Expr.const(coefficient)
+        for factor in monomial:
+            term = term * (factor[1][0] if _is_mod(factor, k) else Expr({(factor,): 1}))
+        out = out + term
+    return out
+
+
+def _is_mod(factor, k: int) -> bool:
+    return not isinstance(factor, str) and factor[0] == "%" and factor[1][1] == Expr.const(k)
+
+
+def multiple_of(a: Expr, k: int) -> bool:
+    """``a`` is a multiple of ``k`` for every binding: ``H + (7 - H%7)%7`` (a size padded up to a
+    multiple of 7) is, because ``H%7`` is congruent to ``H``."""
+    return all(c % k == 0 for c in _reduced(a, k).terms.values())
 
 
 def minimum(a: Expr, b: Expr) -> Expr:
@@ -325,6 +359,51 @@ def _evaluate_atom(atom: tuple, bindings: Mapping[str, int]) -> int:
 _ATOM_OPS = {"//": floordiv, "%": mod, "min": minimum, "max": maximum}
 
 
+#: Sizes tried for each symbol by :func:`same`: small ones (every residue of small moduli), the
+#: common image and sequence sizes, and some primes; fixed, so inference is deterministic.
+_SAMPLE_SIZES = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 23, 24, 31, 32, 48, 49, 56, 64, 97,
+                 100, 112, 128, 224, 256, 384, 512, 1000, 1024)
+_SAMPLES = 48
+
+
+def same(a: Dim, b: Dim) -> bool:
+    """Whether two dims are equal for every binding, as far as the build can tell: equal texts, or
+    equal values at a fixed set of bindings that covers small residues (expressions of floors and
+    remainders that one model builds two ways, such as Swin's window count as ``(Hp//4)*(Wp//4)``
+    and as ``(Hp*Wp)//16``). Where it is wrong the run's shapes disagree with the types, which the
+    interpreter reports (node named)."""
+    if a == b:
+        return True
+    if isinstance(a, int) and isinstance(b, int):
+        return False
+    x, y = Expr.of(a), Expr.of(b)
+    if provably_different(x, y):
+        return False
+    names = sorted(x.symbols() | y.symbols())
+    if not names:
+        return x == y
+    agree = 0
+    for i in range(_SAMPLES * 2):
+        binding = {n: _SAMPLE_SIZES[(i * (3 + 2 * j) + j * 7 + (i * i) % 5) % len(_SAMPLE_SIZES)]
+                   for j, n in enumerate(names)}
+        try:
+            if x.evaluate(binding) != y.evaluate(binding):
+                return False
+        except ZeroDivisionError:
+            continue
+        agree += 1
+        if agree >= _SAMPLES:
+            return True
+    return False
+
+
+def simpler(a: Dim, b: Dim) -> Dim:
+    """Of two dims known to be :func:`same`, the one to keep: an int, else the shorter text."""
+    if isinstance(a, int) or isinstance(b, int):
+        return a if isinstance(a, int) else b
+    return min(a, b, key=lambda d: (len(d), d))
+
+
 # text ------------------------------------------------------------------------------------------
 
 def _factor_key(factor) -> tuple:
@@ -336,12 +415,19 @@ def _render_atom(atom: tuple, name: Callable[[str], str]) -> str:
     a, b = (_render(x, name) for x in args)
     if kind in _FUNCTIONS:
         return f"{kind}({a},{b})"
-    return f"({_wrap(args[0], a)}{kind}{_wrap(args[1], b)})"
+    return f"({_wrap(args[0], a, False)}{kind}{_wrap(args[1], b, True)})"
 
 
-def _wrap(e: Expr, text: str) -> str:
-    simple = len(e.terms) <= 1 and all(c >= 0 for c in e.terms.values())
-    return text if simple else f"({text})"
+def _wrap(e: Expr, text: str, right: bool) -> str:
+    """Parentheses where the text would read otherwise: a sum on either side, and on the right of
+    ``//`` or ``%`` anything but one factor or a constant (``a//(b*c)``, not ``a//b*c``)."""
+    if len(e.terms) > 1 or any(c < 0 for c in e.terms.values()):
+        return f"({text})"
+    if right and e.terms and not e.is_const():
+        (monomial, coefficient), = e.terms.items()
+        if coefficient != 1 or len(monomial) > 1:
+            return f"({text})"
+    return text
 
 
 def _render(e: Expr, name: Callable[[str], str] = str) -> str:

@@ -22,6 +22,8 @@ with a dynamic batch).  A known value is:
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
+from fractions import Fraction
 from typing import Callable, Mapping, Optional, Sequence
 
 import numpy as np
@@ -41,18 +43,37 @@ FOLD_MAX_FLOPS = 2**26
 
 #: ONNX TensorProto codes of the integer types a shape vector may be cast to.
 _INT_CODES = {6: "int32", 7: "int64"}
+#: ... and the float types it may be cast to (torch computes ``ceil(size / patch)`` in float).
+_FLOAT_CODES = {1: "float32", 10: "float16", 11: "float64"}
 
 
 def is_symbolic(value: Optional[np.ndarray]) -> bool:
     return value is not None and value.dtype == object
 
 
-def _settle(array: np.ndarray) -> np.ndarray:
-    """An object array without symbols becomes int64; others stay object."""
+@dataclass(frozen=True)
+class Quotient:
+    """A float shape value ``num / den`` that is not a whole number for every binding (a size over
+    a patch before torch's ``ceil``): what ``Cast(to=FLOAT) -> Div`` makes of a dim."""
+
+    num: Expr
+    den: int
+
+    @staticmethod
+    def make(num: Expr, den: int):
+        """The value in lowest terms: a dim where the division is exact."""
+        if den < 0:
+            num, den = -num, -den
+        exact = dims.divide_exactly(num, Expr.const(den)) if den != 1 else num
+        return exact.to_dim() if exact is not None else Quotient(num, den)
+
+
+def _settle(array: np.ndarray, dtype: str = "int64") -> np.ndarray:
+    """An object array without symbols becomes a numeric array of ``dtype``; others stay object."""
     array = np.asarray(array, dtype=object)
-    if any(isinstance(v, str) for v in array.reshape(-1)):
+    if any(isinstance(v, (str, Quotient)) for v in array.reshape(-1)):
         return array
-    return np.asarray(array.astype(np.int64))
+    return np.asarray(array.astype(np.dtype(dtype)))
 
 
 def _obj(value: np.ndarray) -> np.ndarray:
@@ -132,9 +153,54 @@ def _slice(node, values, types):
 
 
 def _cast(node, values, types):
-    if values[0] is None or int(node.attr("to", 0)) not in _INT_CODES:
+    """To an integer type (a float quotient is truncated, as Cast does: sizes are >= 0), or to a
+    float type (the value is kept: dims are whole numbers, exact in float)."""
+    to = int(node.attr("to", 0))
+    if values[0] is None or to not in _INT_CODES and to not in _FLOAT_CODES:
         return None
-    return _settle(values[0])
+    if to in _FLOAT_CODES:
+        return _settle(values[0], _FLOAT_CODES[to])
+    whole = np.frompyfunc(lambda v: dims.floordiv(v.num, Expr.const(v.den)).to_dim()
+                          if isinstance(v, Quotient) else v, 1, 1)
+    return _settle(np.asarray(whole(_obj(values[0])), dtype=object))
+
+
+def _ratio(v) -> tuple[Expr, int]:
+    """A float shape entry as (numerator, denominator); a float that is no small fraction raises."""
+    if isinstance(v, Quotient):
+        return v.num, v.den
+    if isinstance(v, (float, np.floating)):
+        f = Fraction(float(v))
+        if f.denominator > 1024:
+            raise ValueError("not a small fraction")
+        return Expr.const(f.numerator), f.denominator
+    return _as_expr(v), 1
+
+
+def _float_arithmetic(op: str) -> Callable:
+    """Add/Sub/Mul/Div of float shape values (a division only by a constant), as fractions."""
+    def combine(x, y):
+        (n1, d1), (n2, d2) = _ratio(x), _ratio(y)
+        if op == "Add":
+            return Quotient.make(n1 * d2 + n2 * d1, d1 * d2)
+        if op == "Sub":
+            return Quotient.make(n1 * d2 - n2 * d1, d1 * d2)
+        if op == "Mul":
+            return Quotient.make(n1 * n2, d1 * d2)
+        if not n2.is_const() or n2.constant() == 0:
+            raise ValueError("a division by a symbolic float")
+        return Quotient.make(n1 * d2, d1 * n2.constant())
+    return combine
+
+
+def _rounding(floor: bool) -> Callable:
+    def rule(node, values, types):
+        def whole(v):
+            if not isinstance(v, Quotient):
+                return v
+            return dims.floordiv(v.num + (0 if floor else v.den - 1), Expr.const(v.den)).to_dim()
+        return _settle(np.asarray(np.frompyfunc(whole, 1, 1)(_obj(values[0])), dtype=object), types[0].dtype)
+    return rule
 
 
 def _identity(node, values, types):
@@ -185,9 +251,17 @@ def _as_expr(v) -> Expr:
 
 
 def _arithmetic(combine: Callable[[Expr, Expr], Expr]) -> Callable:
-    """An int64 elementwise op on shape vectors, dims as expressions (``Mul(batch, 4)`` is ``4*batch``)."""
+    """An int64 elementwise op on shape vectors, dims as expressions (``Mul(batch, 4)`` is ``4*batch``);
+    on float shape values (torch's ``ceil(size / patch)``) Add/Sub/Mul/Div as fractions."""
     def rule(node, values, types):
-        if any(t is None or t.dtype not in ("int32", "int64") for t in types[:2]):
+        if any(t is None for t in types[:2]):
+            return None
+        if types[0].dtype in _FLOAT_CODES.values() and types[1].dtype == types[0].dtype:
+            if node.op_type not in ("Add", "Sub", "Mul", "Div"):
+                return None
+            combined = np.frompyfunc(_float_arithmetic(node.op_type), 2, 1)
+            return _settle(np.asarray(combined(_obj(values[0]), _obj(values[1])), dtype=object), types[0].dtype)
+        if any(t.dtype not in ("int32", "int64") for t in types[:2]):
             return None
         combined = np.frompyfunc(lambda x, y: combine(_as_expr(x), _as_expr(y)).to_dim(), 2, 1)
         return _settle(np.asarray(combined(_obj(values[0]), _obj(values[1])), dtype=object))
@@ -209,6 +283,7 @@ SYMBOLIC: dict[str, Callable] = {
     "Transpose": _transpose, "Add": _arithmetic(lambda a, b: a + b), "Sub": _arithmetic(lambda a, b: a - b),
     "Mul": _arithmetic(lambda a, b: a * b), "Div": _arithmetic(dims.floordiv), "Mod": _arithmetic(dims.mod),
     "Max": _arithmetic(dims.maximum), "Min": _arithmetic(dims.minimum), "Neg": _neg,
+    "Ceil": _rounding(floor=False), "Floor": _rounding(floor=True),
 }
 
 

@@ -13,7 +13,6 @@ import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # before transformers is imported: never reach the hub
 
-import hashlib
 import io
 import warnings
 from dataclasses import dataclass
@@ -27,7 +26,7 @@ import torch
 import transformers
 
 from cuvil_edge.device_targets import build
-from cuvil_edge.errors import ShapeInferenceError
+from test_exports import _Package
 from cuvil_edge.frontend import load_model
 from cuvil_edge.ir import interpreter
 from cuvil_edge.passes import optimize
@@ -173,21 +172,6 @@ CASES = {
     "mobilevit_batch": Case(mobilevit, pixels, (64, 64), ((64, 64),), BATCH_ONLY),
 }
 
-#: Cases cuvil-edge does not run yet, with the error it raises: kept, so that a fix shows up as XPASS.
-XFAIL: dict[str, str] = {
-    # The window reverse's -1 dim does not cancel to ``batch`` and its element count is written out
-    # term by term; with the limit raised, the patch merge then fails to broadcast its halves
-    # ((height//2)+1)//2 against ((height//2)-min((height//2),1)+1)//2, equal only for even sizes.
-    "swin": "ShapeInferenceError: node '/model/encoder/layers.0/blocks.0/Reshape_9' (Reshape): cannot infer "
-            "output types (DimError: '16*(((height//2)%2)%2)*(((width//2)%2)%2)*(4*batch*(((((height//2)%2)%2)+"
-            "(heigh is not a dim: a symbol or an integer expression of at most 512 characters is); the model is "
-            "malformed or uses the op in a way the IR does not support",
-    # unfold's ceil(size / patch) * patch goes through Cast(to=FLOAT), Div, Ceil: the value is lost.
-    "mobilevit": "ShapeInferenceError: node '/model/encoder/layer.2/Reshape' (Reshape): the shape input must be a "
-                 "1-D int64 initializer or Constant",
-}
-
-
 def feeds_for(name: str, batch: int, size, seed: int) -> dict[str, np.ndarray]:
     return CASES[name].feeds(batch, size, np.random.default_rng(seed))
 
@@ -211,16 +195,6 @@ def exported(name: str) -> bytes:
     return buffer.getvalue()
 
 
-class _Package:
-    def __init__(self, graph, data: bytes) -> None:
-        self.graph, self.payload_digest = graph, hashlib.sha256(data).hexdigest()
-
-
-def _marked(names):
-    return [pytest.param(n, marks=pytest.mark.xfail(strict=True, raises=ShapeInferenceError, reason=XFAIL[n]))
-            if n in XFAIL else n for n in names]
-
-
 @pytest.mark.parametrize("name", list(CASES))
 def test_onnxruntime_runs_the_export_as_torch_runs_the_model(name):
     """The reference is right at the sizes the tests run: the trace baked none of its own sizes in
@@ -237,7 +211,7 @@ def test_onnxruntime_runs_the_export_as_torch_runs_the_model(name):
             np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL, err_msg=f"{name} batch={batch} size={size}")
 
 
-@pytest.mark.parametrize("name", _marked(CASES))
+@pytest.mark.parametrize("name", list(CASES))
 def test_interpreter_and_compiled_module_match_onnxruntime(name, tmp_path):
     data = exported(name)
     graph = load_model(data)

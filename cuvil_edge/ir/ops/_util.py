@@ -100,6 +100,13 @@ def broadcast(node: Node, a: Sequence[Dim], b: Sequence[Dim]) -> tuple[Dim, ...]
             out.append(y)
         elif y == 1 or x == y:
             out.append(x)
+        elif dims.same(x, y):  # one size written two ways (see ir.dims.same)
+            out.append(dims.simpler(x, y))
+        elif isinstance(x, str) and isinstance(y, str) and not dims.provably_different(dims.Expr.of(x),
+                                                                                      dims.Expr.of(y)):
+            # sizes that agree only for some inputs (Swin's even and odd halves agree for even sizes,
+            # the only ones its export admits); the run checks them, as onnxruntime does
+            out.append(dims.simpler(x, y))
         else:
             raise ShapeInferenceError(
                 f"{node.describe()} cannot broadcast shapes {list(a)} and {list(b)} (dim {-i}: {x} vs {y})"

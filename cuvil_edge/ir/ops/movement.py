@@ -101,7 +101,7 @@ def _infer_reshape(node, inputs, consts=None):
         out[out.index(None)] = _rest(node, x, shape, [d for d in out if d is not None])
     else:
         total, wanted = Expr.of(dims.product(x.shape)), Expr.of(dims.product(out))
-        if total != wanted and (x.is_static and TensorType(x.dtype, tuple(out)).is_static
+        if not dims.same(total.to_dim(), wanted.to_dim()) and (x.is_static and TensorType(x.dtype, tuple(out)).is_static
                                 or dims.provably_different(total, wanted)):
             raise ShapeInferenceError(f"{node.describe()}: cannot reshape {x} to {out}; the element counts differ")
     return [TensorType(x.dtype, tuple(out))]
@@ -114,8 +114,9 @@ def _rest(node, x, shape, given):
     left = list(x.shape)
     rest = []
     for d in given:
-        if d in left:
-            left.remove(d)
+        match = next((i for i, e in enumerate(left) if dims.same(d, e)), None)
+        if match is not None:
+            del left[match]
         else:
             rest.append(d)
     total, part = Expr.of(dims.product(left)), Expr.of(dims.product(rest))
@@ -123,7 +124,14 @@ def _rest(node, x, shape, given):
         raise ShapeInferenceError(f"{node.describe()}: cannot resolve -1 reshaping {x} to {shape}; "
                                   "the element counts do not divide")
     quotient = dims.divide_exactly(total, part)
-    return (quotient if quotient is not None else dims.floordiv(total, part)).to_dim()
+    if quotient is not None:
+        return quotient.to_dim()
+    # a division the algebra cannot do is often one of the input's sizes written another way
+    # (Swin's window reverse gives back the batch): take that where the values agree
+    for candidate in (*left, *sorted(x.symbols())):
+        if dims.same((part * Expr.of(candidate)).to_dim(), total.to_dim()):
+            return candidate
+    return dims.floordiv(total, part).to_dim()
 
 
 # --- Flatten, Transpose, Expand, Shape ---------------------------------------------------------

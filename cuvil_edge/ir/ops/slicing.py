@@ -99,7 +99,9 @@ def _infer_concat(node, inputs):
             if i == axis:
                 total = Expr.of(total) + Expr.of(d) if isinstance(d, str) or isinstance(total, Expr) else total + d
             elif d != out[i]:
-                if isinstance(out[i], str):
+                if dims.same(d, out[i]):
+                    out[i] = dims.simpler(d, out[i])
+                elif isinstance(out[i], str):
                     out[i] = d
                 elif not isinstance(d, str):
                     raise ShapeInferenceError(
@@ -192,9 +194,10 @@ def length(dim: int, start: int, end: int, step: int) -> int:
 
 def symbolic_length(dim, start, end, step: int):
     """``len(range(dim)[start:end:step])`` for symbolic dims or bounds (``step >= 1``). Bounds that
-    are symbolic, or negative offsets from a symbolic end, are taken to lie within the axis, as the
-    models that write them mean (``x[:, :seq]`` of a longest-sequence buffer, ``x[-2:]`` of a
-    rolled window axis); a static bound on a symbolic axis is clamped exactly (``min(5,seq)``)."""
+    are symbolic, static starts and negative offsets from a symbolic end are taken to lie within
+    the axis, as the models that write them mean (``x[:, :seq]`` of a longest-sequence buffer,
+    ``x[-2:]`` of a rolled window axis, ``x[:, 1::2]`` of a patch grid); a static end on a symbolic
+    axis is clamped exactly (``min(5,seq)``)."""
     size = Expr.of(dim)
 
     def clamp(bound, is_end: bool) -> Expr:
@@ -205,7 +208,7 @@ def symbolic_length(dim, start, end, step: int):
                 return Expr.const(min(max(bound + size.constant() if bound < 0 else bound, 0), size.constant()))
             if bound < 0:
                 return size + bound
-            return dims.minimum(Expr.const(bound), size)
+            return dims.minimum(Expr.const(bound), size) if is_end else Expr.const(bound)
         return size if dims.provably_le(size, Expr.of(bound)) else Expr.of(bound)
 
     span = clamp(end, True) - clamp(start, False)
