@@ -11,6 +11,7 @@ import test_dynamo_exports
 import test_exports
 import test_site_path
 import test_symbolic_shapes
+import test_transformers_exports
 
 COUNTS = Path(__file__).resolve().parents[1] / "conformance" / "COUNTS.md"
 
@@ -35,6 +36,7 @@ def test_every_architecture_export_is_in_the_table():
         "test_symbolic_shapes.py": set(test_symbolic_shapes.CASES),
         "test_dynamo_exports.py": set(test_dynamo_exports.CASES),
         "test_site_path.py": set(test_site_path.SMALL),
+        "test_transformers_exports.py": set(test_transformers_exports.CASES),
     }
     missing = {f: sorted(names - rows.get(f, set())) for f, names in expected.items() if names - rows.get(f, set())}
     assert not missing, f"COUNTS.md lacks {missing}"

@@ -167,7 +167,7 @@ CASES = {
     # branches the trace took (no padding, shifted windows, no interpolation in unfold) hold.
     "swin": Case(swin, pixels, (16, 16), ((16, 24), (24, 16)), TOKENS_OUT),
     "mobilevit": Case(mobilevit, pixels, (64, 64), ((64, 128), (128, 64)), MAP_OUT),
-    # The same two exports with the image size fixed: what of them runs with only the batch dynamic.
+    # The same two exported with only the batch dynamic, as most exports are.
     "swin_batch": Case(swin, pixels, (16, 16), ((16, 16),), BATCH_ONLY),
     "mobilevit_batch": Case(mobilevit, pixels, (64, 64), ((64, 64),), BATCH_ONLY),
 }
