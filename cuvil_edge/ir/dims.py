@@ -1,18 +1,16 @@
 """Symbolic dims: integer expressions over named symbols (``batch``, ``seq``).
 
 A dim of a :class:`~cuvil_edge.ir.graph.TensorType` is an ``int`` or the canonical text of an
-:class:`Expr`: a polynomial with integer coefficients whose variables are symbols and *atoms*,
-the parts that do not expand: ``(e//k)``, ``(e%k)``, ``min(a,b)`` and ``max(a,b)``.  Two dims are
-the same for every binding when their canonical texts are equal, so shape inference compares
-dims as strings; ``batch*seq+batch`` is ``batch*(seq+1)`` written canonically.
+:class:`Expr`: a polynomial with integer coefficients over symbols and *atoms* that do not expand,
+``(e//k)``, ``(e%k)``, ``min(a,b)``, ``max(a,b)``; ``batch*(seq+1)`` is ``batch*seq+batch``.
+Equal texts are equal for every binding; :func:`same` also finds one size written two ways.
 
-Symbols stand for sizes, so they are taken to be at least 1 where that decides something
-(``max(batch, 1)`` is ``batch``); nothing else is assumed.  Division is floor division, as
-Python's ``//``: for the non-negative sizes shapes are made of it equals ONNX's truncating
-integer ``Div``.
+What the algebra knows: a symbol is a size, at least 1 (``max(batch, 1)`` is ``batch``); ``x % k``
+is congruent to ``x``, so a size padded up to a multiple of ``k`` divides by ``k``. Division is
+floor division, which for sizes equals ONNX's truncating integer ``Div``. Where the ops take a
+size on trust (see their docstrings) the interpreter checks it when it runs.
 
-The text is parsed by a small recursive-descent parser with limits on length and depth (a dim
-in a package comes from outside the device), never by ``eval``.
+Text is read by :mod:`cuvil_edge.ir.dim_parser` (bounded; never ``eval``).
 """
 
 from __future__ import annotations
@@ -20,7 +18,6 @@ from __future__ import annotations
 import hashlib
 import math
 import re
-from functools import lru_cache
 from typing import Callable, Mapping, Union
 
 Dim = Union[int, str]
@@ -34,7 +31,6 @@ MAX_DEPTH = 32
 #: A symbol: what ONNX exporters write as ``dim_param`` (``batch_size``, ``s0``, ``N``);
 #: the frontend renames anything else to this form.
 SYMBOL = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
-_TOKEN = re.compile(r"\s*(?:(\d+)|([A-Za-z_][A-Za-z0-9_]*)|(//|[-+*%(),]))")
 _FUNCTIONS = ("min", "max")
 
 
@@ -196,8 +192,6 @@ class Expr:
         """Python source computing the value, each symbol written as ``name(symbol)``."""
         return _render(self, name)
 
-
-# atoms -----------------------------------------------------------------------------------------
 
 def _atom(kind: str, *args: Expr) -> Expr:
     if kind in _FUNCTIONS:
@@ -404,8 +398,6 @@ def simpler(a: Dim, b: Dim) -> Dim:
     return min(a, b, key=lambda d: (len(d), d))
 
 
-# text ------------------------------------------------------------------------------------------
-
 def _factor_key(factor) -> tuple:
     return (0, factor) if isinstance(factor, str) else (1, _render_atom(factor, str))
 
@@ -448,104 +440,16 @@ def _render(e: Expr, name: Callable[[str], str] = str) -> str:
     return out
 
 
-@lru_cache(maxsize=4096)
 def parse(text: str) -> Expr:
-    """The expression a dim text stands for.
+    """The expression a dim text stands for (:mod:`cuvil_edge.ir.dim_parser`).
 
     Raises:
         DimError: not text, too long, nested too deep, or not an integer expression over symbols.
     """
-    if not isinstance(text, str) or not text or len(text) > MAX_TEXT:
-        raise DimError(f"{text!r:.80} is not a dim: a symbol or an integer expression of at most {MAX_TEXT} "
-                       "characters is")
-    tokens: list[str] = []
-    position = 0
-    while position < len(text):
-        if text[position:].isspace():
-            break
-        match = _TOKEN.match(text, position)
-        if match is None:
-            raise DimError(f"dim {text!r:.80} has {text[position]!r} at {position}; a dim uses symbols, integers, "
-                           "+ - * // %, min(), max() and parentheses")
-        tokens.append(match.group(match.lastindex))
-        position = match.end()
-    parser = _Parser(text, tokens)
-    value = parser.expr(0)
-    if parser.at < len(tokens):
-        raise DimError(f"dim {text!r:.80} has {tokens[parser.at]!r} where it should end")
-    return value
+    from cuvil_edge.ir.dim_parser import parse_text  # the parser builds Exprs: it imports this module
 
+    return parse_text(text)
 
-class _Parser:
-    def __init__(self, text: str, tokens: list[str]) -> None:
-        self.text, self.tokens, self.at = text, tokens, 0
-
-    def _fail(self, what: str) -> DimError:
-        return DimError(f"dim {self.text!r:.80}: {what}")
-
-    def _peek(self) -> str | None:
-        return self.tokens[self.at] if self.at < len(self.tokens) else None
-
-    def _take(self, token: str) -> None:
-        if self._peek() != token:
-            raise self._fail(f"expected {token!r}")
-        self.at += 1
-
-    def expr(self, depth: int) -> Expr:
-        if depth > MAX_DEPTH:
-            raise self._fail(f"nested more than {MAX_DEPTH} deep")
-        value = self.term(depth)
-        while self._peek() in ("+", "-"):
-            sign = self.tokens[self.at]
-            self.at += 1
-            right = self.term(depth)
-            value = value + right if sign == "+" else value - right
-        return value
-
-    def term(self, depth: int) -> Expr:
-        value = self.unary(depth)
-        while self._peek() in ("*", "//", "%"):
-            op = self.tokens[self.at]
-            self.at += 1
-            right = self.unary(depth)
-            try:
-                value = value * right if op == "*" else floordiv(value, right) if op == "//" else mod(value, right)
-            except ZeroDivisionError as e:
-                raise self._fail(str(e)) from None
-        return value
-
-    def unary(self, depth: int) -> Expr:
-        if self._peek() == "-":
-            self.at += 1
-            if depth + 1 > MAX_DEPTH:
-                raise self._fail(f"nested more than {MAX_DEPTH} deep")
-            return -self.unary(depth + 1)
-        return self.primary(depth)
-
-    def primary(self, depth: int) -> Expr:
-        token = self._peek()
-        if token is None:
-            raise self._fail("ends too early")
-        self.at += 1
-        if token.isdigit():
-            return Expr.const(int(token))
-        if token == "(":
-            value = self.expr(depth + 1)
-            self._take(")")
-            return value
-        if token in _FUNCTIONS and self._peek() == "(":
-            self.at += 1
-            a = self.expr(depth + 1)
-            self._take(",")
-            b = self.expr(depth + 1)
-            self._take(")")
-            return minimum(a, b) if token == "min" else maximum(a, b)
-        if SYMBOL.match(token):
-            return Expr.symbol(token)
-        raise self._fail(f"unexpected {token!r}")
-
-
-# helpers on dims -------------------------------------------------------------------------------
 
 def symbol_for(name: str, suffix: str) -> str:
     """A symbol made from a value name: ``count`` of ``idx`` is ``idx_count``; of ``/NonZero:0``,
