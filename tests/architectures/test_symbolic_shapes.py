@@ -110,16 +110,16 @@ def test_the_export_computes_its_shapes_at_run_time(name):
     assert len(symbolic) >= 2, f"{name}: inputs {[str(v.type) for v in graph.inputs]}"
 
 
-@pytest.mark.parametrize("name", list(CASES))
-def test_interpreter_and_compiled_module_match_onnxruntime(name, tmp_path):
-    data = exported(name)
+def match_onnxruntime(name: str, data: bytes, feeds_of: Callable, sizes, cache_dir) -> None:
+    """The interpreter (imported and optimised graph) and the x86-64 module built from the optimised
+    graph match onnxruntime at every batch of BATCHES and every size: ``feeds_of(batch, size, seed)``."""
     graph = load_model(data)
     optimized, _ = optimize(graph)
-    compiled = build(_Package(optimized, data), "x86-64", cache_dir=tmp_path)
+    compiled = build(_Package(optimized, data), "x86-64", cache_dir=cache_dir)
     session = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
-    for size in CASES[name].sizes:
+    for size in sizes:
         for batch in BATCHES:
-            feeds = feeds_for(name, batch, size, batch)
+            feeds = feeds_of(batch, size, batch)
             want = session.run(None, feeds)
             runs = {"interpreter": interpreter.run(graph, feeds), "interpreter (optimised)": interpreter.run(optimized, feeds),
                     "compiled": compiled.run(feeds)}
@@ -128,6 +128,12 @@ def test_interpreter_and_compiled_module_match_onnxruntime(name, tmp_path):
                     where = f"{name} {how} batch={batch} size={size}"
                     assert got[value.name].shape == expected.shape, where
                     np.testing.assert_allclose(got[value.name], expected, rtol=RTOL, atol=ATOL, err_msg=where)
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_interpreter_and_compiled_module_match_onnxruntime(name, tmp_path):
+    match_onnxruntime(name, exported(name), lambda batch, size, seed: feeds_for(name, batch, size, seed),
+                      CASES[name].sizes, tmp_path)
 
 
 def _buffer_sliced_to_the_sequence() -> bytes:

@@ -25,14 +25,9 @@ import pytest
 import torch
 import transformers
 
-from cuvil_edge.device_targets import build
-from test_exports import _Package
-from cuvil_edge.frontend import load_model
-from cuvil_edge.ir import interpreter
-from cuvil_edge.passes import optimize
+from test_symbolic_shapes import BATCHES, match_onnxruntime
 
 RTOL, ATOL = 1e-4, 1e-5
-BATCHES = (1, 3)
 TRACE_BATCH, TRACE_SEQ = 2, 8
 SEQS = (5, 11)
 VOCAB = 64
@@ -213,18 +208,5 @@ def test_onnxruntime_runs_the_export_as_torch_runs_the_model(name):
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_interpreter_and_compiled_module_match_onnxruntime(name, tmp_path):
-    data = exported(name)
-    graph = load_model(data)
-    optimized, _ = optimize(graph)
-    compiled = build(_Package(optimized, data), "x86-64", cache_dir=tmp_path)
-    session = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
-    for size in CASES[name].sizes:
-        for batch in BATCHES:
-            feeds = feeds_for(name, batch, size, batch)
-            want = session.run(None, feeds)
-            runs = {"interpreter": interpreter.run(graph, feeds), "compiled": compiled.run(feeds)}
-            for value, expected in zip(graph.outputs, want):
-                for how, got in runs.items():
-                    where = f"{name} {how} batch={batch} size={size}"
-                    assert got[value.name].shape == expected.shape, where
-                    np.testing.assert_allclose(got[value.name], expected, rtol=RTOL, atol=ATOL, err_msg=where)
+    match_onnxruntime(name, exported(name), lambda batch, size, seed: feeds_for(name, batch, size, seed),
+                      CASES[name].sizes, tmp_path)

@@ -12,14 +12,8 @@ from cuvil_edge.coordinator.plan import default_latency, plan_site
 from cuvil_edge.errors import ConfigError, ShapeInferenceError
 from cuvil_edge.frontend import load_model
 from cuvil_edge.ir.infer import with_sizes
+from test_plan import SITE  # the same rpi4 site, without limits
 
-SITE = """\
-site: clinic-x
-target: rpi4
-privacy:
-  epsilon_budget: 8.0
-  epsilon_per_round: 2.0
-"""
 
 
 @pytest.fixture(scope="module")
