@@ -40,7 +40,10 @@ def compile_cmd(model_arg: Optional[Path] = typer.Argument(None, metavar="MODEL"
                 key: Path = typer.Option(DEFAULT_STATE / "keys" / "coordinator.key", help="coordinator private key"),
                 validity: int = typer.Option(86400, help="seconds the package stays valid"),
                 report: bool = typer.Option(False, "--report", help="show what each optimization pass did, the "
-                                            "memory plan per target, and with --target the cost per node")) -> None:
+                                            "memory plan per target, and with --target the cost per node"),
+                dim: list[str] = typer.Option([], "--dim", help="NAME=SIZE: plan a dynamic axis other than the "
+                                              "batch at SIZE in the report (repeatable; a site's limits.dims "
+                                              "does this for `plan`)")) -> None:
     """Import and optimize MODEL; write a package signed for one site (--site) or a payload checked
     on one target (--target); without either, report only."""
     from cuvil_edge.coordinator.compile import compile_for_site, compile_for_target, optimize_model
@@ -49,10 +52,13 @@ def compile_cmd(model_arg: Optional[Path] = typer.Argument(None, metavar="MODEL"
     if model is None or (model_arg is not None and model != model_arg):
         raise CuvilConfigError("compile needs one model: MODEL or --model FILE")
     if site is None and output is None:
-        graph, info = optimize_model(model)
+        sizes = _dim_sizes(dim)
+        graph, info = optimize_model(model, sizes)
         _print_compile_report(info, full=report)
         if target is not None:
-            _print_node_costs(graph, target)
+            from cuvil_edge.ir.infer import with_sizes
+
+            _print_node_costs(with_sizes(graph, sizes), target)
         return
     if output is None:
         raise CuvilConfigError("compile --site needs -o/--output, the package file to write")
@@ -68,6 +74,17 @@ def compile_cmd(model_arg: Optional[Path] = typer.Argument(None, metavar="MODEL"
     if report and result.report is not None:
         _print_compile_report(result.report, full=True)
     console.print(f"wrote {output} ({result.size:,} bytes) {written}, {result.nodes} nodes; {result.precision_note}")
+
+
+def _dim_sizes(given: list[str]) -> dict[str, int]:
+    """``--dim seq=128`` options as ``{"seq": 128}``."""
+    sizes: dict[str, int] = {}
+    for item in given:
+        name, _, size = item.partition("=")
+        if not name or not size.isdigit() or int(size) < 1:
+            raise CuvilConfigError(f"--dim {item!r}: write NAME=SIZE with a positive size, e.g. --dim seq=128")
+        sizes[name.strip()] = int(size)
+    return sizes
 
 
 def _print_node_costs(graph, target: str) -> None:

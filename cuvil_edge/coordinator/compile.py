@@ -6,7 +6,7 @@ import hashlib
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 from cuvil_edge.config import load_site
 from cuvil_edge.coordinator.packaging import VersionCounter
@@ -17,6 +17,7 @@ from cuvil_edge.errors import ConfigError, CuvilError
 from cuvil_edge.frontend import load_model
 from cuvil_edge.ir.cost import node_flops, total_flops, total_macs
 from cuvil_edge.ir.graph import Graph
+from cuvil_edge.ir.infer import with_sizes
 from cuvil_edge.passes import OptimizeReport, optimize
 from cuvil_edge.coordinator.keys import load_signing_keys
 from cuvil_edge.ir_serialize import (
@@ -55,12 +56,13 @@ class CompileResult:
     precision_note: str = "fp32 weights"
 
 
-def _report(graph: Graph, report: OptimizeReport) -> CompileReport:
+def _report(graph: Graph, report: OptimizeReport, sizes: Mapping[str, int] | None = None) -> CompileReport:
     memory = []
+    planned = with_sizes(graph, sizes or {})
     for target in list_targets():
         spec = load_target(target)
         try:  # as the device will build it: its native kernels when its spec has them
-            plan = plan_memory(graph, spec, native=spec.native_kernels)
+            plan = plan_memory(planned, spec, native=spec.native_kernels)
             memory.append((target, plan.peak_bytes, plan.weights_bytes, plan.bound_bytes))
         except CuvilError as e:
             memory.append((target, None, None, str(e)))
@@ -68,13 +70,15 @@ def _report(graph: Graph, report: OptimizeReport) -> CompileReport:
                          total_flops(graph), total_macs(graph), graph.parameter_bytes(), memory)
 
 
-def optimize_model(model: Path) -> tuple[Graph, CompileReport]:
-    """Import ``model`` and run the default optimization pipeline; writes nothing.
+def optimize_model(model: Path, sizes: Mapping[str, int] | None = None) -> tuple[Graph, CompileReport]:
+    """Import ``model`` and run the default optimization pipeline; writes nothing. ``sizes`` fixes
+    dynamic axes other than the batch for the report's memory plans (``{"seq": 128}``).
 
     Raises:
         ConfigError: the model file does not exist.
         ModelError: the model is malformed or unsupported.
         PassError: an optimization pass failed (it is named).
+        ShapeInferenceError: ``sizes`` names an axis the model's inputs lack, or a bad size.
         PackageFormatError: the optimized graph could not be written as a package (a graph input or
             output name the package refuses, such as ``x:0``).
     """
@@ -82,7 +86,7 @@ def optimize_model(model: Path) -> tuple[Graph, CompileReport]:
         raise ConfigError(f"{model}: model file not found")
     graph, report = optimize(load_model(model))
     encode_payload(graph)  # what would not package is an error here, not after the report said "ok"
-    return graph, _report(graph, report)
+    return graph, _report(graph, report, sizes)
 
 
 def compile_for_site(model: Path, site_file: Path, output: Path, key: Path, validity: int,

@@ -77,3 +77,24 @@ def test_compile_report_refuses_what_could_not_be_packaged(workdir, capsys):
     assert main(["compile", "tf.onnx", "--report"]) != 0
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "'x:0'" in err and "drive letter" in err
+
+
+def test_compile_report_plans_another_dynamic_axis_at_a_given_size(workdir, capsys):
+    """A sequence model's memory plan needs the sequence length: --dim gives it, a bad one is one line."""
+    from onnx import TensorProto, helper, numpy_helper
+    import numpy as np
+
+    w = numpy_helper.from_array(np.ones((8, 8), np.float32), "w")
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq", 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "seq", 8])], [w])
+    (workdir / "seq.onnx").write_bytes(helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString())
+    assert main(["compile", "seq.onnx", "--report"]) == 0
+    assert "limits.dims" in capsys.readouterr().out  # no size: each target's row says what to give
+    assert main(["compile", "seq.onnx", "--report", "--dim", "seq=4096"]) == 0
+    assert "limits.dims" not in capsys.readouterr().out
+    for bad in ("seq", "seq=0", "tokens=4"):
+        assert main(["compile", "seq.onnx", "--report", "--dim", bad]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and err.startswith("error: ")
