@@ -210,8 +210,10 @@ def run_federation_cmd(federation: Path = typer.Option(Path("configs/federation.
                                                    help="continue from the newest checkpoint in the home")) -> None:
     """Submit the federation to the running SuperLink (`coordinator serve`) and stream its rounds."""
     from cuvil_edge.cli.local_federation import APP_DIR
+    from cuvil_edge.config import load_federation
     from cuvil_edge.coordinator.superlink import submit_run
 
+    load_federation(federation).load_sites()  # a bad file is one line here, not a failed run in the SuperLink's log
     status = submit_run(home, APP_DIR, federation, rounds, resume=resume)
     console.print(f"run {status}; reports in {home}/runs/")
 

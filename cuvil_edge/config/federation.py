@@ -7,7 +7,7 @@ from typing import Annotated, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from cuvil_edge.config.loader import load_model
+from cuvil_edge.config.loader import load_model, relative_to_file
 from cuvil_edge.config.site import DataSection, SiteConfig, load_site
 from cuvil_edge.errors import ConfigError
 
@@ -133,7 +133,7 @@ class QuantizationSection(_Strict):
     @classmethod
     def _calibration_file(cls, value: object, info: ValidationInfo) -> object:
         if isinstance(value, str):
-            path = (Path((info.context or {}).get("base_dir", ".")) / value).resolve()
+            path = relative_to_file(value, info)
             if not path.is_file():
                 raise ValueError(f"calibration file {path} not found; give an .npz of sample inputs "
                                  "(one array per model input, saved with numpy.savez)")
@@ -168,10 +168,7 @@ class FederationConfig(_Strict):
     @field_validator("sites", mode="before")
     @classmethod
     def _relative_sites(cls, value: object, info: ValidationInfo) -> object:
-        base = Path((info.context or {}).get("base_dir", "."))
-        if isinstance(value, list):
-            return [(base / v).resolve() if isinstance(v, str) else v for v in value]
-        return value
+        return [relative_to_file(v, info) for v in value] if isinstance(value, list) else value
 
     @field_validator("strategy", mode="before")
     @classmethod
@@ -184,8 +181,7 @@ class FederationConfig(_Strict):
     @classmethod
     def _model_path(cls, value: object, info: ValidationInfo) -> object:
         if isinstance(value, str) and not value.startswith("builtin:"):
-            base = Path((info.context or {}).get("base_dir", "."))
-            path = (base / value).resolve()
+            path = relative_to_file(value, info)
             if not path.is_file():
                 raise ValueError(f"model file {path} not found; give a path to an .onnx file or one of {BUILTIN_MODELS}")
             return str(path)

@@ -13,7 +13,7 @@ from typing import Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from cuvil_edge.config.loader import load_model
+from cuvil_edge.config.loader import load_model, relative_to_file
 from cuvil_edge.ir.dims import SYMBOL
 
 SITE_ID_PATTERN = r"^[a-z0-9][a-z0-9-]{0,62}$"
@@ -99,9 +99,7 @@ class DataSection(_Strict):
     @field_validator("path", mode="before")
     @classmethod
     def _relative_to_file(cls, value: object, info: ValidationInfo) -> object:
-        if isinstance(value, str):
-            return (Path((info.context or {}).get("base_dir", Path("."))) / value).resolve()
-        return value
+        return relative_to_file(value, info)
 
     def model_metadata(self) -> tuple[Optional[tuple[int, ...]], Optional[int]]:
         """(record shape, number of classes) every package's model must have; None where the site
@@ -156,10 +154,7 @@ class AgentSection(_Strict):
     @field_validator("state_dir", "trust_root", mode="before")
     @classmethod
     def _relative_to_file(cls, value: object, info: ValidationInfo) -> object:
-        if isinstance(value, str):
-            base = (info.context or {}).get("base_dir", Path("."))
-            return (Path(base) / value).resolve()
-        return value
+        return relative_to_file(value, info)
 
 
 class LimitsSection(_Strict):

@@ -37,7 +37,7 @@ def test_keys_init_refuses_to_overwrite(workdir, capsys):
 
 
 @pytest.mark.parametrize("site_text, fragment", [
-    ("site: x\n", "target: missing required key (+1 more)"),
+    ("site: x\n", "target: missing required key; privacy: missing required key"),
     ("site: x\ntarget: vax\nprivacy: {epsilon_budget: 1, epsilon_per_round: 1}\n", "target:"),
     ("site: x\ntarget: rpi4\nprivacy: {epsilon_budget: 1, epsilon_per_round: 1}\nextra: 1\n", "extra: unknown key"),
 ])

@@ -133,3 +133,46 @@ def test_federation_name_cannot_leave_its_folder(tmp_path, name):
     fed = write(tmp_path, f"name: '{name}'\nrounds: 2\nmodel: builtin:digits-cnn\nsites: [a.yaml]\n", "fed.yaml")
     with pytest.raises(ConfigError, match=r"fed.yaml: name"):
         load_federation(fed)
+
+
+FEDERATION = "name: f\nrounds: 2\nmodel: builtin:digits-cnn\nsites: [a.yaml]\n"
+
+
+@pytest.mark.parametrize("load, text, says", [
+    (load_site, GOOD_SITE + "privcy: {}\ntrainig: {}\n",
+     ["privcy: unknown key (did you mean privacy?)", "trainig: unknown key (did you mean training?)"]),
+    (load_site, GOOD_SITE + "limits:\n  latency: 5\n", ["limits.latency: unknown key (did you mean latency_ms?)"]),
+    (load_site, GOOD_SITE + "data:\n  kind: npz\n  pth: x.npz\n", ["data.pth: unknown key (did you mean path?)"]),
+    (load_federation, FEDERATION + "round_timout: 5\nlimts: 2\n",
+     ["round_timout: unknown key (did you mean round_timeout?)", "limts: unknown key (remove it or check"]),
+    (load_federation, FEDERATION + "strategy:\n  name: fedadam\n  bet_1: 0.8\n",
+     ["strategy.fedadam.bet_1: unknown key (did you mean beta_1?)"]),
+    (load_federation, FEDERATION + "dataset:\n  test:\n    kind: csv\n    pth: t.csv\n",
+     ["dataset.test.pth: unknown key (did you mean path?)"]),
+], ids=["two-misspelt-sections", "nested", "nested-optional", "one-close-one-not", "tagged-union", "deep"])
+def test_every_unknown_key_is_named_with_the_closest_valid_key(tmp_path, load, text, says):
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError) as info:
+        load(path)
+    message = str(info.value)
+    assert "\n" not in message and message.startswith(f"{path}: ") and "more" not in message
+    for fragment in says:
+        assert fragment in message
+
+
+def test_unknown_keys_come_before_missing_ones_and_every_one_is_named(tmp_path):
+    path = write(tmp_path, "site: x\ntaget: rpi4\nprivacy: {epsilon_budget: 1, epsilon_per_round: 1}\n")
+    with pytest.raises(ConfigError) as info:
+        load_site(path)
+    assert str(info.value) == (f"{path}: taget: unknown key (did you mean target?); "
+                               "target: missing required key")
+
+
+def test_past_eight_problems_the_rest_are_counted(tmp_path):
+    extra = "".join(f"unknown_{i}: 1\n" for i in range(10))
+    path = write(tmp_path, GOOD_SITE + extra)
+    with pytest.raises(ConfigError) as info:
+        load_site(path)
+    message = str(info.value)
+    assert "\n" not in message and message.endswith("; +2 more")
+    assert [f"unknown_{i}:" in message for i in range(10)] == [True] * 8 + [False] * 2
