@@ -220,11 +220,12 @@ def run_federation_cmd(federation: Path = typer.Option(Path("configs/federation.
 
 @app.command("status")
 def status_cmd(home: Path = typer.Option(DEFAULT_STATE, "--home", help="the coordinator home")) -> None:
-    """Enrolled sites, which are online, the last round and each site's reported ε."""
+    """Enrolled sites, which are online, the last round and each site's reported ε. Exits 1 when
+    the home's SuperLink does not answer."""
     from rich.markup import escape
     from rich.table import Table
 
-    from cuvil_edge.coordinator.status import federation_status
+    from cuvil_edge.coordinator.status import SUPERLINK_DOWN_EXIT, federation_status
 
     st = federation_status(home)
     console.print(f"SuperLink: {escape(st.superlink)}; last round: "
@@ -237,6 +238,8 @@ def status_cmd(home: Path = typer.Option(DEFAULT_STATE, "--home", help="the coor
                       "-" if s.eps_spent is None else f"{s.eps_spent:.3f}",
                       "-" if s.eps_remaining is None else f"{s.eps_remaining:.3f}")
     console.print(table)
+    if st.reachable is False:
+        raise typer.Exit(SUPERLINK_DOWN_EXIT)
 
 
 def _mount_subcommands() -> None:
@@ -265,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if not app.registered_groups:
             _mount_subcommands()
-        app(args=argv, standalone_mode=False)
+        code = app(args=argv, standalone_mode=False)  # a command's typer.Exit(N) comes back as N
     except CuvilError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -277,7 +280,7 @@ def main(argv: list[str] | None = None) -> int:
     except click.ClickException as e:
         e.show()
         return e.exit_code
-    return 0
+    return code if isinstance(code, int) else 0
 
 
 if __name__ == "__main__":
