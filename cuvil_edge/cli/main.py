@@ -23,6 +23,21 @@ console = Console()
 DEFAULT_STATE = Path(".cuvil")
 
 
+def _print_version(value: bool) -> None:
+    """``--version``: print ``cuvil-edge X.Y.Z`` and exit 0, before any command is parsed."""
+    if value:
+        from cuvil_edge import __version__
+
+        typer.echo(f"cuvil-edge {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True,
+                                       help="print the version and exit")) -> None:
+    """Federated edge deployment: ONNX -> signed per-site packages -> local builds -> DP training."""
+
+
 @app.command("compile")
 def compile_cmd(model_arg: Optional[Path] = typer.Argument(None, metavar="MODEL", help="ONNX model file"),
                 model: Optional[Path] = typer.Option(None, "--model", help="ONNX model file (instead of MODEL)"),
