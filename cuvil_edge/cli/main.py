@@ -267,6 +267,7 @@ def _mount_subcommands() -> None:
     from cuvil_edge.cli.coordinator_cmd import coordinator_app
     from cuvil_edge.cli.keys_cmd import keys_app
     from cuvil_edge.cli.privacy_cmd import privacy_app
+    from cuvil_edge.cli.runs_cmd import runs_cmd, stop_cmd
 
     app.add_typer(keys_app, name="keys")
     agent_app.add_typer(agent_keys_app, name="keys")
@@ -276,6 +277,8 @@ def _mount_subcommands() -> None:
     app.command("calibrate")(calibrate_cmd)
     app.command("plan")(plan_cmd)
     app.command("ops")(ops_cmd)
+    app.command("runs")(runs_cmd)
+    app.command("stop")(stop_cmd)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -110,7 +110,7 @@ def _accepted_version(device: Path) -> int:
     return max(int(p.name[1:21]) for p in (state / "packages").glob("v*.cpkg"))
 
 
-def test_enrolled_devices_run_a_rogue_is_refused_and_a_killed_coordinator_resumes(tmp_path):
+def test_enrolled_devices_run_a_rogue_is_refused_and_a_killed_coordinator_resumes(tmp_path, capsys):
     fed_path = _configs(tmp_path)
     with local_federation(tmp_path / "deployment", fed_path) as fed:
         home = fed.home
@@ -137,6 +137,18 @@ def test_enrolled_devices_run_a_rogue_is_refused_and_a_killed_coordinator_resume
         st = federation_status(home)  # `cuvil-edge status`
         assert st.superlink == "reachable" and st.last_round == 2
         assert all(s.registered and s.online and s.eps_spent > 0 for s in st.sites)
+        # `cuvil-edge runs` lists it; `stop` refuses an ended run and an unknown one, in one line
+        from cuvil_edge.cli.main import main as cli
+        from cuvil_edge.coordinator.runs import list_runs
+
+        [done] = list_runs(home)
+        assert done.status == "finished:completed" and done.app
+        capsys.readouterr()
+        assert cli(["runs", "--home", str(home)]) == 0 and str(done.run_id) in capsys.readouterr().out
+        assert cli(["stop", str(done.run_id), "--home", str(home)]) == 2
+        assert "already ended" in capsys.readouterr().err
+        assert cli(["stop", str(done.run_id + 1000), "--home", str(home)]) == 2
+        assert "no run" in capsys.readouterr().err
 
         # (d) the coordinator is killed between rounds and restarted: same keys, counters and
         # registrations; the run resumes from the last checkpoint and the devices accept its packages
@@ -147,8 +159,6 @@ def test_enrolled_devices_run_a_rogue_is_refused_and_a_killed_coordinator_resume
 
         # a lost device (docs/DEPLOYMENT.md §9): its replacement (the rogue's keys) is enrolled with
         # --replace while the SuperLink runs; the lost device's key is withdrawn at once, the new one joins
-        from cuvil_edge.cli.main import main as cli
-
         old_id = json.loads((home / "sites.json").read_text())["sites"]["hospital-a"]["node_id"]
         [rogue_enrollment] = (tmp_path / "rogue").glob("agents/*/enrollment.json")
         assert cli(["coordinator", "enroll", str(rogue_enrollment), "--home", str(home), "--replace"]) == 0

@@ -1,0 +1,72 @@
+"""`cuvil-edge runs` and `cuvil-edge stop RUN`: the SuperLink's runs, through Flower's own CLI.
+
+`flwr ls` and `flwr stop` exit 0 even when they fail (they print ``{"success": false, ...}``), so
+every answer is read for ``success`` and a failure is a :class:`DeploymentError` with Flower's
+message on one line.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from cuvil_edge.coordinator.superlink import CONNECTION, DeploymentError, flwr_cli
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    run_id: int
+    status: str  # "running", "finished:completed", "finished:failed", "finished:stopped", ...
+    app: str
+    elapsed: str
+    since: str  # when it reached its status (ISO 8601, UTC)
+
+
+def _ask(home: Path, *args: str) -> dict:
+    if not (Path(home) / "flwr" / "config.toml").exists():
+        raise DeploymentError(f"no SuperLink is configured in {home}; start one there with "
+                              "`cuvil-edge coordinator serve`")
+    try:
+        proc = flwr_cli(home, *args, "--format", "json", timeout=60)
+    except subprocess.TimeoutExpired:
+        raise DeploymentError(f"`flwr {args[0]}` did not answer in 60 s; is the SuperLink running?") from None
+    try:
+        answer = json.loads(proc.stdout)
+    except ValueError:
+        answer = None
+    if not isinstance(answer, dict):
+        raise DeploymentError(f"`flwr {args[0]}` failed: {' '.join((proc.stdout + proc.stderr).split())[-300:]}")
+    if not answer.get("success", False):
+        message = " ".join(str(answer.get("error-message", "no reason given")).split())
+        raise DeploymentError(f"the SuperLink did not answer `flwr {args[0]}`: {message[:300]}")
+    return answer
+
+
+def list_runs(home: Path) -> list[RunInfo]:
+    """The runs the SuperLink of ``home`` knows, oldest first.
+
+    Raises:
+        DeploymentError: no SuperLink is configured there, or it is not reachable.
+    """
+    runs = []
+    for r in _ask(home, "ls", CONNECTION).get("runs", []):
+        app = f"{r.get('fab-id', '')}=={r.get('fab-version', '')}".strip("=")
+        since = next((str(r[k]) for k in ("finished-at", "running-at", "starting-at", "pending-at") if r.get(k)), "")
+        runs.append(RunInfo(int(r.get("run-id", 0)), str(r.get("status", "?")), app, str(r.get("elapsed", "")), since))
+    return sorted(runs, key=lambda r: r.run_id)
+
+
+def stop_run(home: Path, run_id: int) -> None:
+    """Ask the SuperLink to stop ``run_id``.
+
+    Raises:
+        DeploymentError: no such run, it has already finished, or the SuperLink is not reachable.
+    """
+    known = {r.run_id: r for r in list_runs(home)}
+    if run_id not in known:
+        raise DeploymentError(f"the SuperLink has no run {run_id}; `cuvil-edge runs` lists them")
+    if known[run_id].status.startswith("finished"):
+        raise DeploymentError(f"run {run_id} has already ended ({known[run_id].status})")
+    _ask(home, "stop", str(run_id), CONNECTION)
