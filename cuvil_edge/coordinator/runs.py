@@ -1,18 +1,15 @@
 """`cuvil-edge runs` and `cuvil-edge stop RUN`: the SuperLink's runs, through Flower's own CLI.
 
-`flwr ls` and `flwr stop` exit 0 even when they fail (they print ``{"success": false, ...}``), so
-every answer is read for ``success`` and a failure is a :class:`DeploymentError` with Flower's
-message on one line.
+`flwr ls` and `flwr stop` exit 0 even when they fail; :func:`superlink.flwr_json` reads their
+answers for ``success``, and a failure is a :class:`DeploymentError` with Flower's message.
 """
 
 from __future__ import annotations
 
-import json
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from cuvil_edge.coordinator.superlink import CONNECTION, DeploymentError, flwr_cli
+from cuvil_edge.coordinator.superlink import CONNECTION, DeploymentError, flwr_json
 
 
 @dataclass(frozen=True)
@@ -28,20 +25,7 @@ def _ask(home: Path, *args: str) -> dict:
     if not (Path(home) / "flwr" / "config.toml").exists():
         raise DeploymentError(f"no SuperLink is configured in {home}; start one there with "
                               "`cuvil-edge coordinator serve`")
-    try:
-        proc = flwr_cli(home, *args, "--format", "json", timeout=60)
-    except subprocess.TimeoutExpired:
-        raise DeploymentError(f"`flwr {args[0]}` did not answer in 60 s; is the SuperLink running?") from None
-    try:
-        answer = json.loads(proc.stdout)
-    except ValueError:
-        answer = None
-    if not isinstance(answer, dict):
-        raise DeploymentError(f"`flwr {args[0]}` failed: {' '.join((proc.stdout + proc.stderr).split())[-300:]}")
-    if not answer.get("success", False):
-        message = " ".join(str(answer.get("error-message", "no reason given")).split())
-        raise DeploymentError(f"the SuperLink did not answer `flwr {args[0]}`: {message[:300]}")
-    return answer
+    return flwr_json(home, *args)
 
 
 def list_runs(home: Path) -> list[RunInfo]:

@@ -348,8 +348,12 @@ def submit_run(home: Path, app_dir: Path, federation: Path, rounds: int | None =
     run's final status.
 
     Raises:
-        DeploymentError: the run did not finish as completed.
+        DeploymentError: no SuperLink is configured in ``home`` or it does not answer (nothing is
+            submitted then), or the run did not finish as completed.
     """
+    if not (Path(home) / "flwr" / "config.toml").exists():  # else flwr would start a local simulation
+        raise DeploymentError(f"no SuperLink is configured in {home}; start one there with "
+                              "`cuvil-edge coordinator serve`, or give the coordinator home with --home")
     config = (f"federation='{Path(federation).resolve()}' home='{Path(home).resolve()}' rounds={rounds or 0} "
               f"resume={'true' if resume else 'false'}")
     return flwr_run(home, app_dir, CONNECTION, config, timeout=timeout)
@@ -386,17 +390,37 @@ def flwr_run(home: Path, app_dir: Path, connection: str, run_config: str, *, fed
     return status
 
 
-def _runs(home: Path, connection: str) -> list[dict]:
-    """The SuperLink's runs (`flwr ls --format json`).
+def flwr_json(home: Path, *args: str, timeout: float = 60) -> dict:
+    """``flwr ARGS --format json`` with the CLI configuration of ``home``, its answer checked: `flwr`
+    exits 0 when it fails, printing ``{"success": false, "error-message": ...}``.
 
     Raises:
-        DeploymentError: the listing failed.
+        DeploymentError: no answer in ``timeout`` s, no JSON, or ``success`` false (Flower's message,
+            on one line).
     """
-    listing = flwr_cli(home, "ls", connection, "--format", "json")
     try:
-        return list(json.loads(listing.stdout).get("runs", []))
-    except (ValueError, AttributeError) as e:
-        raise DeploymentError(f"`flwr ls` failed: {(listing.stdout + listing.stderr).strip()[-300:]}") from e
+        proc = flwr_cli(home, *args, "--format", "json", timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise DeploymentError(f"`flwr {args[0]}` did not answer in {timeout:g} s; is the SuperLink running?") from None
+    try:
+        answer = json.loads(proc.stdout)
+    except ValueError:
+        answer = None
+    if not isinstance(answer, dict):
+        raise DeploymentError(f"`flwr {args[0]}` failed: {' '.join((proc.stdout + proc.stderr).split())[-300:]}")
+    if not answer.get("success", False):
+        message = " ".join(str(answer.get("error-message", "no reason given")).split())
+        raise DeploymentError(f"the SuperLink did not answer `flwr {args[0]}`: {message[:300]}")
+    return answer
+
+
+def _runs(home: Path, connection: str) -> list[dict]:
+    """The SuperLink's runs (`flwr ls`).
+
+    Raises:
+        DeploymentError: the SuperLink did not answer (so nothing is submitted to it).
+    """
+    return list(flwr_json(home, "ls", connection).get("runs", []))
 
 
 def _relay(command: list[str], env: dict, timeout: float) -> subprocess.CompletedProcess:
