@@ -378,10 +378,14 @@ def flwr_run(home: Path, app_dir: Path, connection: str, run_config: str, *, fed
     if federation_config:
         command += ["--federation-config", federation_config]
     earlier = {r.get("run-id") for r in _runs(home, connection)}  # this run is the one not listed before
-    if verbose:
-        proc = subprocess.run(command, env=flwr_env(home), timeout=timeout)
-    else:
-        proc = _relay(command, flwr_env(home), timeout)
+    try:
+        if verbose:
+            proc = subprocess.run(command, env=flwr_env(home), timeout=timeout)
+        else:
+            proc = _relay(command, flwr_env(home), timeout)
+    except KeyboardInterrupt:  # Ctrl-C ends `flwr run`, not the run: stop it on the SuperLink too
+        _stop_new_runs(home, connection, earlier)
+        raise
     ours = sorted((r for r in _runs(home, connection) if r.get("run-id") not in earlier),
                   key=lambda r: str(r.get("pending-at") or ""))
     status = str(ours[-1].get("status", "unknown")) if ours else "no run"
@@ -412,6 +416,20 @@ def flwr_json(home: Path, *args: str, timeout: float = 60) -> dict:
         message = " ".join(str(answer.get("error-message", "no reason given")).split())
         raise DeploymentError(f"the SuperLink did not answer `flwr {args[0]}`: {message[:300]}")
     return answer
+
+
+def _stop_new_runs(home: Path, connection: str, earlier: set) -> None:
+    """Stop the runs submitted since ``earlier`` was listed that have not ended; say so on stderr.
+    Best effort: the user is leaving, so a failure is reported, not raised."""
+    import sys
+
+    try:
+        for run in _runs(home, connection):
+            if run.get("run-id") not in earlier and not str(run.get("status", "")).startswith("finished"):
+                flwr_json(home, "stop", str(run.get("run-id")), connection)
+                print(f"stopped run {run.get('run-id')} on the SuperLink", file=sys.stderr)
+    except (DeploymentError, OSError) as e:
+        print(f"could not stop the run on the SuperLink ({e}); `cuvil-edge runs` and `stop` can", file=sys.stderr)
 
 
 def _runs(home: Path, connection: str) -> list[dict]:

@@ -256,3 +256,34 @@ def test_a_killed_clientapp_fails_only_its_site_and_a_killed_supernode_rejoins_w
         assert restarted
     assert agent.poll() is not None  # stopping the agent stopped its SuperNode too
     assert all(not Path(f"/proc/{pid}").exists() for pid in restarted)
+
+
+def test_interrupting_run_stops_its_run_on_the_superlink(tmp_path):
+    """Ctrl-C on `cuvil-edge run` (SIGINT to its process group, as a terminal sends it) ends
+    `flwr run` and stops the run on the SuperLink too, instead of leaving it `running` there."""
+    from cuvil_edge.coordinator.runs import list_runs
+
+    fed_path = _configs(tmp_path)
+    with local_federation(tmp_path / "deployment", fed_path) as fed:
+        home = fed.home
+        command = [sys.executable, "-m", "cuvil_edge", "run", "--federation", str(fed_path), "--home", str(home),
+                   "--rounds", "5"]
+        proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                start_new_session=True)
+        try:
+            deadline = time.monotonic() + 180
+            while time.monotonic() < deadline and not any(r.status == "running" for r in list_runs(home)):
+                time.sleep(1)
+            [ours] = list_runs(home)
+            assert ours.status == "running", ours
+            os.killpg(proc.pid, signal.SIGINT)
+            output, _ = proc.communicate(timeout=120)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+        assert proc.returncode == 130, output[-2000:]
+        assert f"stopped run {ours.run_id} on the SuperLink" in output
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not list_runs(home)[0].status.startswith("finished"):
+            time.sleep(1)
+        assert list_runs(home)[0].status == "finished:stopped"
