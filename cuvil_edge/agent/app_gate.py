@@ -37,6 +37,8 @@ APP_REFUSED_CODE = Failures.APP_REFUSED.code
 #: leaves the device).
 APP_FAILED_CODE = Failures.APP_FAILED.code
 TOKEN_ENV = "CUVIL_EDGE_TASK_TOKEN"
+#: Seconds a task process outlives the executor that started it before it ends itself.
+ORPHAN_GRACE_S = 5.0
 
 
 def _runtime_client(address: str, interceptors: list):
@@ -141,7 +143,39 @@ def main(argv: list[str] | None = None) -> int:
         from flwr.supercore.app_utils import start_parent_process_monitor
 
         start_parent_process_monitor(args.parent_pid)
+        _exit_when_orphaned(args.parent_pid)
     return run_task(args.runtime_api_address, token)
+
+
+def _exit_when_orphaned(parent_pid: int, grace_s: float = ORPHAN_GRACE_S) -> None:
+    """End this process once ``parent_pid`` (the executor, under the SuperNode) is gone.
+
+    Flower's monitor raises SIGINT in its own thread, which a main thread inside Flower's
+    connection retries never sees: a task of a stopped run whose SuperNode then stopped kept
+    retrying for ever (seen after `flwr stop` mid-round). Nothing it computes could be delivered
+    any more, so after ``grace_s`` (Flower's stop first) it exits."""
+    import threading
+    import time
+
+    def orphaned() -> bool:
+        if os.getppid() != parent_pid:  # re-parented: the executor has exited
+            return True
+        try:
+            os.kill(parent_pid, 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:
+            return False
+        return False
+
+    def watch() -> None:
+        while not orphaned():
+            time.sleep(0.5)
+        time.sleep(grace_s)
+        log.warning("the executor (pid %d) is gone; this task stops", parent_pid)
+        os._exit(1)
+
+    threading.Thread(target=watch, daemon=True, name="orphan-watch").start()
 
 
 if __name__ == "__main__":
