@@ -1,4 +1,4 @@
-"""Benchmark the agent's inference path: verify, build, run; and the build cache (issue 12, item 5).
+"""Benchmark the agent's inference path: verify, build, run; and the build cache.
 
 Two parts, written to bench/results/agent_path.{json,md}:
 
@@ -209,7 +209,7 @@ def machine(commit_given: str | None = None) -> dict:
 def markdown(out: dict) -> str:
     ms = lambda s: f"{s * 1e3:.1f}"  # noqa: E731
     lines = [
-        "# Agent path: build cost (issue 12, item 5) and per-target run",
+        "# Agent path: build cost and per-target run",
         "",
         "    env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE .venv/bin/python bench/bench_agent_path.py",
         "",

@@ -1,5 +1,5 @@
 """The breast-cancer example under local DP: accuracy and AUC at per-site ε ∈ {1, 2, 4, 8}, next to
-non-private federated and centralised training (issue 14, item 2).
+non-private federated and centralised training.
 
     .venv/bin/python bench/bench_breast_cancer.py                  # writes bench/results/breast_cancer.{md,json}
     .venv/bin/python bench/bench_breast_cancer.py --eps 8 --seeds 1 --no-write --lr 0.5   # a sweep point

@@ -1,4 +1,4 @@
-"""Compiled module vs onnxruntime vs torch eager, one thread, interleaved (issue 12, item 1).
+"""Compiled module vs onnxruntime vs torch eager, one thread, interleaved.
 
 For each model (bench/compiled_models.py: MLP, the digits CNN, a 28x28 CNN, ResNet-18/50,
 MobileNetV2, EfficientNet-B0, ConvNeXt-pico, a transformer encoder) the torch model is exported to

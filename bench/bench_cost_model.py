@@ -1,4 +1,4 @@
-"""Cost model vs measurement on this host (issue 13, item 3).
+"""Cost model vs measurement on this host.
 
 Calibrates this host in-process (:func:`cuvil_edge.device_targets.calibrate.calibrate`, based on
 x86-64, one thread), then for each model (bench/compiled_models.py's nine and five architecture

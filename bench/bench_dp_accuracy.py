@@ -236,7 +236,7 @@ def main() -> None:
                 else " (configs/sites/*.yaml)") + f". Model: {model}. Aggregation: {server}.", "",
              "| per-site ε | mean accuracy | min | max | seeds |", "|---|---|---|---|---|"]
     lines += [f"| {t['epsilon']:g} | {t['mean']:.4f} | {t['min']:.4f} | {t['max']:.4f} | {t['n']} |" for t in table]
-    lines += ["", "Reference (issue 5): centralised DP-SGD 0.951 at ε = 8, 0.919 at ε = 2; non-private 0.977."]
+    lines += ["", "Reference: centralised DP-SGD 0.951 at ε = 8, 0.919 at ε = 2; non-private 0.977."]
     print("\n".join(lines))
     if not args.no_write:
         RESULTS.mkdir(parents=True, exist_ok=True)

@@ -1,4 +1,4 @@
-"""Package benchmark (issue 4 item 9): verify + map of a ~100 MB package, sealing throughput, and
+"""Package benchmark: verify + map of a ~100 MB package, sealing throughput, and
 the coordinator's time to issue one phase of 20 fp32 site packages of a 46 MB model.
 
     .venv/bin/python bench/bench_package.py            # writes bench/results/package.json

@@ -1,4 +1,4 @@
-"""Benchmark int8 and fp16 packages (issue 13, item 4): package bytes and accuracy against fp32.
+"""Benchmark int8 and fp16 packages: package bytes and accuracy against fp32.
 
 Three models, each optimized (``passes.optimize``) and then stored as fp32, fp16 (``store_fp16``) and
 int8 QDQ (``calibrate_ranges`` + ``quantize_int8``, min-max and 99.99th percentile):
@@ -249,7 +249,7 @@ def machine() -> dict:
 
 def markdown(out: dict) -> str:
     m = out["machine"]
-    lines = ["# INT8 and FP16 packages (issue 13, item 4)", "", f"    {COMMAND}", "",
+    lines = ["# INT8 and FP16 packages", "", f"    {COMMAND}", "",
              f"Machine: {m['platform']}, {m['cpus']} CPUs (shared; load average at start "
              f"{', '.join(f'{v:.2f}' for v in m['load_average_at_start'])}), Python {m['python']}, numpy "
              f"{m['numpy']}, torch {m['torch']}, cuvil_edge at {m['commit']}"

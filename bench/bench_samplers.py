@@ -4,7 +4,7 @@ Times (median of REPEATS) the discrete Laplace and discrete Gaussian samplers
 alone and the full grid mechanism (round to 2^-k, widen the sensitivity, add
 exact noise, scale back) for 100,000 float values, without the ledger (whose
 cost is one SQLite transaction per release, independent of the size).
-Target (issue 5): under 1 s per 100,000 released values. Writes
+Target: under 1 s per 100,000 released values. Writes
 bench/results/samplers.json.
 
     .venv/bin/python bench/bench_samplers.py

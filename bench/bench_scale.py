@@ -1,5 +1,5 @@
 """100 sites in Flower simulation on this machine: time per round, the coordinator's share, the
-agents' time per site and peak memory (issue 14, item 5; target <= 2 minutes per round).
+agents' time per site and peak memory (target <= 2 minutes per round).
 
     .venv/bin/python bench/bench_scale.py                       # 100 sites, 3 rounds -> bench/results/scale.{md,json}
     .venv/bin/python bench/bench_scale.py --sites 20 --no-write

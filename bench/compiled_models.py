@@ -1,4 +1,4 @@
-"""Torch models for bench/bench_compiled.py (issue 12, item 1): full-size architectures written
+"""Torch models for bench/bench_compiled.py: full-size architectures written
 out in torch (torchvision is not installed), random weights from a fixed seed, every BatchNorm's
 running statistics and affine parameters randomised (and ConvNeXt's layer scale), eval mode.
 

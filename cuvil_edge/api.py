@@ -253,7 +253,7 @@ def _calibration_batches(calibration: Calibration, graph: "Graph") -> list[dict[
     Raises:
         ConfigError: the file or arrays do not match the model's inputs, or hold no sample.
     """
-    from cuvil_edge.coordinator.precision import BATCH, load_calibration
+    from cuvil_edge.coordinator.precision import calibration_batches, load_calibration
 
     if isinstance(calibration, (str, os.PathLike)):
         return load_calibration(Path(calibration), graph)
@@ -265,14 +265,7 @@ def _calibration_batches(calibration: Calibration, graph: "Graph") -> list[dict[
     else:
         raise ConfigError(f"calibration must be an .npz path, an array (single-input model) or one array per "
                           f"input {inputs}, not {type(calibration).__name__}")
-    if sorted(arrays) != sorted(inputs):
-        raise ConfigError(f"calibration holds arrays {sorted(arrays)}, but the model's inputs are {inputs}")
-    counts = {name: (a.shape[0] if a.ndim else 0) for name, a in arrays.items()}
-    if len(set(counts.values())) != 1 or not next(iter(counts.values())):
-        raise ConfigError(f"calibration: every input needs the same, non-zero number of samples along axis 0, "
-                          f"got {counts}")
-    total = next(iter(counts.values()))
-    return [{name: a[start:start + BATCH] for name, a in arrays.items()} for start in range(0, total, BATCH)]
+    return calibration_batches(arrays, graph, "calibration")
 
 
 def _default_cache() -> Path:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import zipfile
 from pathlib import Path
-from typing import Optional
+from typing import Mapping, Optional
 
 import numpy as np
 
@@ -41,12 +41,24 @@ def load_calibration(path: Path, graph: Graph) -> list[dict[str, np.ndarray]]:
     inputs = [v.name for v in graph.inputs]
     if len(inputs) == 1 and len(arrays) == 1:
         arrays = {inputs[0]: next(iter(arrays.values()))}
+    return calibration_batches(arrays, graph, str(path))
+
+
+def calibration_batches(arrays: Mapping[str, np.ndarray], graph: Graph, where: str) -> list[dict[str, np.ndarray]]:
+    """Samples (one array per model input, samples along axis 0) as calibration batches of at most
+    :data:`BATCH`; ``where`` names their source in errors.
+
+    Raises:
+        ConfigError: the names do not match the model's inputs, the inputs hold different sample
+            counts, or they hold no sample.
+    """
+    inputs = [v.name for v in graph.inputs]
     if sorted(arrays) != sorted(inputs):
-        raise ConfigError(f"{path}: holds arrays {sorted(arrays)}, but the model's inputs are {inputs}; "
+        raise ConfigError(f"{where}: holds arrays {sorted(arrays)}, but the model's inputs are {inputs}; "
                           "name one array per input")
     counts = {name: (a.shape[0] if a.ndim else 0) for name, a in arrays.items()}
     if len(set(counts.values())) != 1 or not next(iter(counts.values())):
-        raise ConfigError(f"{path}: every input needs the same, non-zero number of samples along axis 0, "
+        raise ConfigError(f"{where}: every input needs the same, non-zero number of samples along axis 0, "
                           f"got {counts}")
     total = next(iter(counts.values()))
     return [{name: a[start:start + BATCH] for name, a in arrays.items()} for start in range(0, total, BATCH)]

@@ -315,7 +315,8 @@ class MemoryPlan:
 
     @property
     def bound_bytes(self) -> int:
-        """Issue 12's bound, before its 10 %: weights + the two largest simultaneously-live activations."""
+        """Weights plus the two largest simultaneously-live activations: a floor the plan is compared
+        with, so that ``over_bound`` can name the steps that need far more than it."""
         return self.weights_bytes + sum(size for _, size in self.largest_live)
 
     def over_bound(self, slack: float = 0.10) -> tuple[Step, ...]:

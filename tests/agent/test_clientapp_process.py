@@ -1,4 +1,4 @@
-"""The ClientApp in a fresh process per message, as on Flower's deployment engine (issue 10 item 8):
+"""The ClientApp in a fresh process per message, as on Flower's deployment engine:
 the evaluation path imports neither torch nor onnx, and the next round's package (same model, new
 weights) is not built again."""
 

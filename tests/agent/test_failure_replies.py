@@ -1,4 +1,4 @@
-"""Nothing data-dependent leaves a site in a failure reply (issue 22, item 2): one named attack per
+"""Nothing data-dependent leaves a site in a failure reply: one named attack per
 case. Every malformed-data case of tests/agent/test_site_data.py's tables and every model mismatch is
 delivered through the ClientApp (deployment engine: the site's own YAML and files) for a dataset and
 its neighbour (one record added); the two replies are identical and carry only a code of the fixed

@@ -1,4 +1,4 @@
-"""A site planned at int8 trains the package it was sent (issue 13, item 5).
+"""A site planned at int8 trains the package it was sent.
 
 The agent folds the int8 weights to float once at load; the activations' QuantizeLinear ->
 DequantizeLinear pairs stay, so the device computes what the int8 graph computes. Training lowers

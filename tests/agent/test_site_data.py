@@ -1,4 +1,4 @@
-"""A site's own data (issue 14, item 1): npz, csv and image-folder sources read on the device,
+"""A site's own data: npz, csv and image-folder sources read on the device,
 checked against the model the package carries, every failure one DataError naming file and key."""
 
 from __future__ import annotations
@@ -238,7 +238,7 @@ def test_the_coordinators_test_records_are_files_it_holds(tmp_path):
     assert load_federation(federation).dataset.test.path == (tmp_path / "test.npz").resolve()
 
 
-# --- image files are untrusted input (issue 21, item 6): one test per attack ----------------------
+# --- image files are untrusted input: one test per attack ----------------------
 def _png_declaring(width: int, height: int) -> bytes:
     """A valid 1-bit greyscale PNG of ``width`` x ``height`` zeros: a few KB on disk, whatever it declares."""
     import struct

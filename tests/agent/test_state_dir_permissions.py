@@ -1,4 +1,4 @@
-"""The site state directory is private to the agent's user (issue 21, item 4): created 0700,
+"""The site state directory is private to the agent's user: created 0700,
 `agent init` tightens an open one of ours, and the agent refuses one (or an entry in it) that is
 open to group or others, another user's, or a symbolic link -- one named test per attack."""
 

@@ -1,4 +1,4 @@
-"""Small torch models in the style of the architectures people export (issue 11, item 3): ViT,
+"""Small torch models in the style of the architectures people export: ViT,
 Swin, ConvNeXt, EfficientNet, MobileNetV3, a GroupNorm CNN, an AlexNet-style LRN network, a
 U-Net for an old opset (``Upsample``) and a BERT-style encoder with attention masks.
 

@@ -1,4 +1,4 @@
-"""What people export (issue 11, item 3): torch models in the style of ViT, Swin, ConvNeXt,
+"""What people export: torch models in the style of ViT, Swin, ConvNeXt,
 EfficientNet, MobileNetV3, a GroupNorm CNN, an AlexNet-style LRN network, a U-Net at opset 9
 (``Upsample``) and a BERT-style encoder with attention masks, exported by ``torch.onnx.export``
 with a symbolic batch (the TorchScript exporter, ``dynamo=False``; test_dynamo_exports.py covers

@@ -1,4 +1,4 @@
-"""One typed round protocol (issue 22, item 3): config/round_protocol.py defines every request and
+"""One typed round protocol: config/round_protocol.py defines every request and
 reply, both sides read their keys from it, no key string is spelled again in the coordinator or the
 agent, and docs/PRIVACY.md's table of what leaves a site agrees with it."""
 

@@ -29,7 +29,7 @@ from cuvil_edge.frontend.onnx_backend import CuvilBackend  # noqa: E402
 HERE = Path(__file__).parent
 MODES = ("interpreter", "compiled")
 
-#: The edge op set of issue 3 (the issue counts 63; its list names these 62).
+#: The edge op set the project started from (62 ops).
 EDGE_OPS = frozenset("""
     Conv ConvTranspose BatchNormalization Relu LeakyRelu Sigmoid Tanh HardSigmoid HardSwish Clip
     Add Sub Mul Div Sum MatMul Gemm MaxPool AveragePool GlobalAveragePool GlobalMaxPool
@@ -52,7 +52,7 @@ EDGE_OPS = frozenset("""
     GreaterOrEqual LessOrEqual Det CumProd TensorScatter Scatter BitCast DynamicQuantizeLinear Swish
     NonMaxSuppression RNN GRU LSTM LinearAttention CausalConvWithState DeformConv SwiGLU RoiAlign
     TfIdfVectorizer
-""".split())  # issue 11, growing towards every default-domain op ONNX's node suite covers
+""".split())  # growing towards every default-domain op ONNX's node suite covers
 
 RTOL, ATOL = 1e-3, 1e-7
 

@@ -84,7 +84,7 @@ def test_the_central_dp_accountant_travels_with_the_weights_in_one_file(tmp_path
         latest_checkpoint(tmp_path, "f")
 
 
-# --- attacks on a resume (issue 21, item 5): one test each -----------------------------------------
+# --- attacks on a resume: one test each -----------------------------------------
 ACCOUNTANT = {"schema_version": 1, "config": {"target_delta": 1e-5, "max_epsilon": 8.0},
               "compositions": [{"event": {"noise_multiplier": 1.0}, "count": 2}]}
 
@@ -204,7 +204,7 @@ def test_checkpoint_without_a_mac_is_refused(tmp_path):
     _rewrite(path, lambda arrays: arrays.pop(MAC_KEY))
     with pytest.raises(CheckpointAuthenticationError, match="round-00002.npz carries no MAC"):
         latest_checkpoint(tmp_path, "digits-demo")
-    np.savez(path, w=np.ones(2))  # a checkpoint as cuvil-edge wrote them before issue 21
+    np.savez(path, w=np.ones(2))  # a checkpoint as older versions wrote them, without a MAC
     with pytest.raises(CheckpointAuthenticationError, match="carries no MAC"):
         latest_checkpoint(tmp_path, "digits-demo")
 

@@ -1,4 +1,4 @@
-"""Coordinator home, TLS material, device set-up and enrollment (issue 10 items 1, 2, 10)."""
+"""Coordinator home, TLS material, device set-up and enrollment."""
 
 from __future__ import annotations
 

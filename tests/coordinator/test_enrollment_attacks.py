@@ -1,4 +1,4 @@
-"""Attacks on enrollment (issue 21 item 3), one named test each: the security review's scripts.
+"""Attacks on enrollment, one named test each: the security review's scripts.
 
 Registration failures are real ones: a stand-in SuperLink that answers its health check but
 refuses the Control API, a home whose SuperLink is down, and (one test) a real SuperLink on

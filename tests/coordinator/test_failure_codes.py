@@ -1,4 +1,4 @@
-"""The coordinator keeps only a failure reply's code (issue 22, item 2): whatever reason text a site
+"""The coordinator keeps only a failure reply's code: whatever reason text a site
 (an old agent, or Flower relaying a site's exception) puts in its reply, the round table, the log
 and metrics.json hold the code's name from config/round_protocol.py, never the text."""
 

@@ -1,4 +1,4 @@
-"""The compile plan (issue 13, item 5): per site and precision, package bytes, planned peak memory
+"""The compile plan: per site and precision, package bytes, planned peak memory
 and (with a cost model) latency against the site's limits; the most accurate precision that fits is
 chosen, a site nothing fits is flagged, and the coordinator pushes nothing to it while the round
 goes on with the others."""

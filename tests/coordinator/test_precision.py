@@ -1,4 +1,4 @@
-"""Package precisions from the coordinator (issue 13, items 4 and 6): calibration files are plain
+"""Package precisions from the coordinator: calibration files are plain
 npz arrays (never pickles) that must fit the model, int8 without samples says what it calibrated
 on, and `compile --target` proves the target builds the package before it writes it."""
 

@@ -1,4 +1,4 @@
-"""The per-record train / evaluation split (issue 22, item 1; DESIGN §3 "Privacy").
+"""The per-record train / evaluation split (DESIGN §3 "Privacy").
 
 Attacks, one named test each, on every source (npz, csv, image-folder, the demo's digits partition):
 

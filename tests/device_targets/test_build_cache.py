@@ -1,5 +1,5 @@
-"""The build cache (issue 12, item 5): keyed by structure, so new weights reuse the module without
-code generation; what is read back is checked, never trusted (issue 21, item 4: authenticated by the
+"""The build cache: keyed by structure, so new weights reuse the module without
+code generation; what is read back is checked, never trusted (authenticated by the
 cache's own MAC key, and refused when not private to this user); concurrent builds of one key
 succeed; and the cold path's shortcuts (memos, change tracking) leave the generated module as it was."""
 
@@ -351,7 +351,7 @@ def test_an_int_tensor_another_op_also_reads_still_keys_the_cache(tmp_path):
         _qdq_graph(np.arange(6), 0, shape=(3, 2)))
 
 
-# --- attacks on the cache (issue 21, item 4): one named test each ------------------------------------
+# --- attacks on the cache: one named test each ------------------------------------
 def _marker_module(marker) -> str:
     """A module that would pass every check but the MAC: it writes ``marker`` when it is run."""
     return (f"open({str(marker)!r}, 'w').write('planted module ran')\n"

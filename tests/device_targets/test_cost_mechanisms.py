@@ -1,4 +1,4 @@
-"""Cost-model mechanisms found by per-node measurement (issue 13, item 3): a batched np.matmul's further
+"""Cost-model mechanisms found by per-node measurement: a batched np.matmul's further
 products, the native Softmax's scalar row remainder, and the calibration's run and per-kind overheads
 timed in interleaved rounds. Correctness only (no timing): timing is bench/bench_cost_model.py's."""
 

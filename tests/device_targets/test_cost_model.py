@@ -1,4 +1,4 @@
-"""Cost model and calibration (issue 13, items 1-2): correctness only; timing is bench/bench_cost_model.py's."""
+"""Cost model and calibration: correctness only; timing is bench/bench_cost_model.py's."""
 
 from __future__ import annotations
 

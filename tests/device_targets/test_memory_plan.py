@@ -1,4 +1,4 @@
-"""plan_memory (issue 12, item 4): the planned peak of a compiled run against tracemalloc's measured
+"""plan_memory: the planned peak of a compiled run against tracemalloc's measured
 peak, on real models and on both a large-scratch (x86-64) and a low-memory (rpi4) target; the
 bound weights + two largest simultaneously-live activations + 10 %; liveness attacks, checked
 after every node of the generated module."""

@@ -1,4 +1,4 @@
-"""The native kernel path (issue 12 item 3): C kernels compiled on the device, kept or pruned by the
+"""The native kernel path: C kernels compiled on the device, kept or pruned by the
 ``TARGET_NATIVE`` capability, equal to onnxruntime and to the numpy path they replace, and never
 required: a missing or damaged library falls back to numpy."""
 
@@ -390,7 +390,7 @@ def test_softmax_over_an_inner_axis_takes_the_numpy_path(tmp_path, monkeypatch):
     np.testing.assert_allclose(native, want, rtol=2e-6, atol=1e-7)
 
 
-# --- attacks on the native-library cache (issue 21, item 4): one named test each ----------------------
+# --- attacks on the native-library cache: one named test each ----------------------
 def _plant(path, marker, tmp_path):
     """Compile, with this machine's compiler, a library whose constructor writes ``marker`` the
     moment it is loaded (and which answers the ABI probe), and put it at ``path``."""

@@ -1,4 +1,4 @@
-"""The breast-cancer example (issue 14, item 2): three hospitals train from their own CSV files
+"""The breast-cancer example: three hospitals train from their own CSV files
 under local DP-SGD through `cuvil-edge demo`, and the example's files are what its script writes."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Flower's deployment engine on 127.0.0.1: a TLS SuperLink with node authentication, three enrolled
-devices and one rogue (issue 10 item 6 a, b, d), and a device whose ClientApp and then SuperNode are
-killed (item 6 c). Every process started here is stopped by PID."""
+devices and one rogue, and a device whose ClientApp and then SuperNode are
+killed. Every process started here is stopped by PID."""
 
 from __future__ import annotations
 

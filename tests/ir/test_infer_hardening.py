@@ -1,4 +1,4 @@
-"""Typed errors for hostile graphs (issue 8 item 4): one row per root cause that the structured
+"""Typed errors for hostile graphs: one row per root cause that the structured
 fuzzer (tests/ir_serialize/fuzz_structured.py) found.  Every input gets a CuvilError of the
 expected leaf type, raised on purpose (no foreign exception in its cause chain), and build-time
 constant folding never runs a kernel whose work or temporaries are unbounded."""

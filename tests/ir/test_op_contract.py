@@ -1,4 +1,4 @@
-"""The op contract (issue 11 item 1): one kernel function per op, shared by the interpreter and
+"""The op contract: one kernel function per op, shared by the interpreter and
 compiled modules; attributes computed once and passed as keywords; families as table rows.
 The rows' numerics against onnxruntime are in test_ops_elementwise.py (cases per op and dtype)."""
 

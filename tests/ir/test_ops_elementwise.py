@@ -197,7 +197,7 @@ CASES = [
     case("relu_int32_opset14", "Relu", In((B, 3), I32), opset=14),
     case("relu_f16_opset13", "Relu", In((B, 3), F16)),
     case("relu_f32_opset7", "Relu", In((B, 3)), opset=7),
-    # --- issue 11: the unary table (cuvil_edge/ir/ops/unary.py)
+    # --- the unary table (cuvil_edge/ir/ops/unary.py)
     case("abs_i32", "Abs", In((B, 5), I32)),
     case("abs_f16", "Abs", In((B, 5), F16)),
     case("neg_i64", "Neg", In((B, 5), I64)),
@@ -230,7 +230,7 @@ CASES = [
     case("mish", "Mish", EDGE, opset=18),
     case("isnan", "IsNaN", arr(np.nan, 1.0, np.inf, -np.inf, 0.0)),
     case("isinf_positive_only", "IsInf", arr(np.nan, 1.0, np.inf, -np.inf, 0.0), detect_negative=0, opset=10),
-    # --- issue 11: the multi-input table (cuvil_edge/ir/ops/binary.py)
+    # --- the multi-input table (cuvil_edge/ir/ops/binary.py)
     case("min_three_bcast", "Min", In((B, 3, 1)), const(4), In((1, 1, 4))),
     case("min_i32_opset12", "Min", In((B, 3), I32), const(3, dtype=I32), opset=12),
     case("max_one", "Max", In((B, 3))),
@@ -489,7 +489,7 @@ def test_flops(id, op, opset, shapes, attrs, expected):
     assert ops.get(op).flops(node, [v.type for v in inputs], [graph.types["y"]]) == expected
 
 
-# --- issue 11: these ops are op-contract rows (one kernel, attrs() as keywords) ------------------
+# --- these ops are op-contract rows (one kernel, attrs() as keywords) ------------------
 
 MIGRATED = ("Add", "Sub", "Mul", "Div", "Pow", "Sum", "Equal", "Greater", "Less", "Not", "Where", "Tanh", "Exp", "Log",
             "Sqrt", "Erf", "LeakyRelu", "HardSigmoid", "Clip", "ReduceMax", "ReduceMean", "ReduceSum", "Cast",

@@ -1,4 +1,4 @@
-"""The ops of issue 11's second part (attention, feature normalisations, selection, signal,
+"""More of the edge op set (attention, feature normalisations, selection, signal,
 losses, sampling ...): the interpreter and the compiled x86-64 module against onnxruntime on
 random inputs, several attribute settings per op, and typed errors for what they refuse."""
 

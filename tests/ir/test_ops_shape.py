@@ -127,7 +127,7 @@ CASES = [
     case("rsum13_empty_noop", "ReduceSum", In((B, 3)), np.zeros(0, np.int64), noop_with_empty_axes=1),
     case("rsum13_int64", "ReduceSum", In((B, 3, 4), np.int64), I64(2)),
     case("rsum13_int32", "ReduceSum", In((2, 3, 4), np.int32), I64(0, 2), keepdims=0),
-    # --- issue 11: normalization.py and indexing.py
+    # --- normalization.py and indexing.py
     case("instnorm_eps", "InstanceNormalization", In((B, 3, 4, 5)), const(3), const(3), epsilon=1e-3),
     case("groupnorm21_per_channel", "GroupNormalization", In((B, 4, 3, 3)), const(4), const(4), num_groups=2, opset=21),
     case("lrn", "LRN", In((B, 6, 4, 3)), size=3, alpha=2e-3, beta=0.7, bias=1.5),  # ORT: odd sizes, 4-D only
@@ -143,7 +143,7 @@ CASES = [
     case("depthtospace_crd", "DepthToSpace", In((B, 8, 2, 3)), blocksize=2, mode="CRD"),
     case("depthtospace_dcr", "DepthToSpace", In((B, 8, 2, 3)), blocksize=2),
     case("spacetodepth", "SpaceToDepth", In((B, 2, 4, 6)), blocksize=2),
-    # --- issue 11: gather_scatter.py
+    # --- gather_scatter.py
     case("gather_elements_negative", "GatherElements", In((2, 3, 4)),
          np.random.default_rng(1).integers(-4, 4, size=(2, 3, 2)), axis=2),
     case("gathernd_batch_dims1", "GatherND", In((2, 3, 4)), np.random.default_rng(2).integers(0, 3, size=(2, 2, 1)),
@@ -154,7 +154,7 @@ CASES = [
          reduction="mul", opset=16),
     case("onehot_axis1", "OneHot", np.array([[1, -1], [0, 2]], np.int64), np.array(3, np.int64),
          np.array([0.0, 5.0], np.float32), axis=1, opset=11),
-    # --- issue 11: shaping.py
+    # --- shaping.py
     case("tile", "Tile", In((B, 2, 3)), I64(1, 2, 3)),
     case("range_int64", "Range", np.array(2, np.int64), np.array(11, np.int64), np.array(3, np.int64), opset=11),
     case("range_float_negative_delta", "Range", np.array(1.0, np.float32), np.array(-2.0, np.float32),
@@ -169,7 +169,7 @@ CASES = [
     case("einsum_batch_matmul", "Einsum", In((2, 3, 4)), const(2, 4, 5), equation="bij,bjk->bik", opset=12),
     case("einsum_implicit_ellipsis", "Einsum", In((2, 3, 4)), equation="...ij", opset=12),
     case("einsum_sum_int32", "Einsum", In((3, 4), np.int32), equation="ij->i", opset=12),
-    # --- issue 11: the reduction table (cuvil_edge/ir/ops/reduce.py)
+    # --- the reduction table (cuvil_edge/ir/ops/reduce.py)
     case("rmin_attr", "ReduceMin", In((B, 3, 4)), axes=[2]),
     case("rmin18_input_int32", "ReduceMin", In((B, 3, 4), np.int32), I64(1), opset=18),
     case("rprod_all_keepdims0", "ReduceProd", In((2, 3, 4)), keepdims=0),

@@ -1,4 +1,4 @@
-"""Mutation fuzzer for the package reader (issue 4 item 8, PACKAGE_SPEC §12).
+"""Mutation fuzzer for the package reader (PACKAGE_SPEC §12).
 
 Mutates valid packages (plain, sealed, with a root chain) and a bare container with bit
 flips, byte writes, truncations, splices (from itself and from another package),

@@ -1,4 +1,4 @@
-"""Structured fuzzer for package verification (issue 8 item 4: typed errors everywhere).
+"""Structured fuzzer for package verification: typed errors everywhere.
 
 Mutates the *graph* of a correctly signed package (node attributes, op names and
 versions, node inputs/outputs, graph input/output types, inline tensor attributes,

@@ -1,4 +1,4 @@
-"""verify_package: the happy paths, then one named test per attack (issue 4 item 7, PACKAGE_SPEC §12)."""
+"""verify_package: the happy paths, then one named test per attack (PACKAGE_SPEC §12)."""
 
 from __future__ import annotations
 

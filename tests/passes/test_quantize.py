@@ -1,4 +1,4 @@
-"""Post-training quantization (issue 13, item 4): int8 QDQ and fp16 graphs of real models build and
+"""Post-training quantization: int8 QDQ and fp16 graphs of real models build and
 run on every target (as shipped and after the fold at load), stay close to fp32, shrink the
 package, and bad calibration input is refused with a typed error that says how to fix it."""
 

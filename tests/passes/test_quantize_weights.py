@@ -1,4 +1,4 @@
-"""int8 weight rounding options (issue 13, item 4): with weights="gptq" GPTQ's Hessians come from the
+"""int8 weight rounding options: with weights="gptq" GPTQ's Hessians come from the
 inputs the already-quantized prefix gives each layer, and bias correction shifts the float32 biases
 so the quantized layers' outputs are unbiased on the calibration samples (and lower-biased off them);
 the default stays GPTQ on the float32 graph's Hessians without bias correction."""

@@ -108,7 +108,7 @@ REFUSED = {
         inits={"zero": np.array([0], I64), "one": np.array([1], I64)}), "'wide' (Expand"),
     "output_is_batch_size": (lambda: graph(("shape", "Shape", ["x"], ["s"]), ("f", "Cast", ["s"], ["y"], {"to": 1})),
                              "'f' (Cast"),
-    # the allow-list rows of issue 11: the batch moved off axis 0 into what they normalise over
+    # allow-list rows where the batch moved off axis 0 into what they normalise over
     "instancenorm_over_batch": (lambda: graph(("t", "Transpose", ["x"], ["xt"], {"perm": [1, 2, 0]}),
                                               ("in", "InstanceNormalization", ["xt", "s", "b"], ["y"]), x=(4, 3, 2),
                                               inits={"s": np.ones(2, F32), "b": np.zeros(2, F32)}),

@@ -1,4 +1,4 @@
-"""One way to charge the ledger (issue 22, item 3): ``PrivacyLedger.claim`` reserves before the block
+"""One way to charge the ledger: ``PrivacyLedger.claim`` reserves before the block
 runs, commits when it ends, aborts when it raises; training, evaluation and inference all use it."""
 
 from __future__ import annotations
