@@ -63,6 +63,44 @@ def infer_cmd(package: Path = typer.Argument(..., help="signed package for this 
                   f"site {config.site} has spent ε={result.eps_spent:.3f}, {result.eps_remaining:.3f} left")
 
 
+@agent_app.command("new-site")
+def new_site_cmd(site: str = typer.Argument(..., help="the site's id (lowercase letters, digits, '-')"),
+                 target: str = typer.Option(..., "--target", help="this device's spec: rpi4, jetson-orin-nano, "
+                                            "ascend-310, x86-64, or a calibrated spec file"),
+                 data: Path = typer.Option(..., "--data", help="this device's records: an .npz (arrays x, y), "
+                                           "a .csv or a folder with one sub-folder of images per class"),
+                 out: Path = typer.Option(Path("site.yaml"), "--out", "-o", help="the site YAML to write"),
+                 epsilon_budget: float = typer.Option(8.0, "--epsilon-budget", help="total ε this site may ever "
+                                                      "spend (a replacement device: what its predecessor left)"),
+                 epsilon_per_round: Optional[float] = typer.Option(None, "--epsilon-per-round",
+                                                                   help="DP-SGD ε of one round (default 2.18, or "
+                                                                   "the budget when less)"),
+                 label_column: Optional[str] = typer.Option(None, "--label-column", help="CSV: the class column"),
+                 input_shape: Optional[str] = typer.Option(None, "--input-shape", help="one record's shape, e.g. "
+                                                           "3,32,32 (needed for image folders)"),
+                 num_classes: Optional[int] = typer.Option(None, "--num-classes", help="the model's classes "
+                                                           "(default: from the labels)"),
+                 force: bool = typer.Option(False, help="overwrite an existing file")) -> None:
+    """Write this device's site YAML: who it is, its target, its privacy budget and its records
+    (kind, record shape and classes read from the records, which stay on the device)."""
+    from cuvil_edge.config import load_site
+    from cuvil_edge.config.writers import site_yaml, write_config
+    from cuvil_edge.datasets.describe import describe_records
+    from cuvil_edge.errors import ConfigError
+
+    try:
+        shape = [int(d) for d in input_shape.split(",")] if input_shape else None
+    except ValueError:
+        raise ConfigError(f"--input-shape {input_shape!r} must be sizes separated by commas, e.g. 3,32,32") from None
+    facts = describe_records(data, label_column=label_column, input_shape=shape, num_classes=num_classes)
+    write_config(out, site_yaml(site, target, facts, folder=out.resolve().parent, epsilon_budget=epsilon_budget,
+                                epsilon_per_round=epsilon_per_round), load_site, force=force)
+    config = load_site(out)
+    console.print(f"wrote {out}: site {config.site} on {config.target}, ε budget {config.privacy.epsilon_budget:g}, "
+                  f"{facts.kind} records {list(facts.input_shape or ())} with "
+                  f"{config.data.model_metadata()[1]} classes; next: `cuvil-edge agent init --site {out} ...`")
+
+
 @agent_app.command("init")
 def init_cmd(site: Path = typer.Option(..., "--site", help="this site's YAML"),
              trust_root: Path = typer.Option(..., "--trust-root", help="the federation's root.json, to pin"),

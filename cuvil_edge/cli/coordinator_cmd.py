@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import List
+from typing import List, Optional
 
 import typer
 from rich.console import Console
@@ -80,6 +80,77 @@ def enroll(file: Path = typer.Argument(..., help="the enrollment file a device w
     else:
         console.print("the SuperLink is not running: the node is registered when `cuvil-edge coordinator serve` "
                       "starts")
+
+
+@coordinator_app.command("federation")
+def federation(model: str = typer.Option(..., "--model", help="an .onnx file, or builtin:digits-cnn"),
+               home: Path = _HOME,
+               out: Path = typer.Option(Path("configs/federation.yaml"), "--out", "-o",
+                                        help="the federation YAML to write; site files go to sites/ beside it"),
+               name: str = typer.Option("federation", "--name", help="the federation's name (its checkpoints' "
+                                        "folder)"),
+               rounds: int = typer.Option(20, "--rounds", min=1, help="rounds the run plans"),
+               min_sites: Optional[int] = typer.Option(None, "--min-sites", min=1,
+                                                       help="fewest sites a round needs (default: all)"),
+               test: Optional[Path] = typer.Option(None, "--test", help="the coordinator's own test records "
+                                                   "(.npz or .csv; default: the digits test set)"),
+               label_column: Optional[str] = typer.Option(None, "--label-column", help="--test CSV: the class "
+                                                          "column"),
+               force: bool = typer.Option(False, help="overwrite existing files")) -> None:
+    """Write the coordinator's federation YAML over the sites enrolled in the home, and a site
+    file for each (its id and target from its enrollment)."""
+    from cuvil_edge.config import load_federation, load_site
+    from cuvil_edge.config.writers import federation_yaml, site_yaml, write_config
+    from cuvil_edge.coordinator.registry import SiteRegistry
+    from cuvil_edge.datasets.describe import describe_records
+    from cuvil_edge.errors import ConfigError
+
+    enrolled = SiteRegistry(home).sites()
+    if not enrolled:
+        raise ConfigError(f"no site is enrolled in {home}; enroll each device first (`cuvil-edge coordinator "
+                          "enroll FILE`)")
+    folder = out.resolve().parent
+    site_files = []
+    for site, entry in sorted(enrolled.items()):
+        path = folder / "sites" / f"{site}.yaml"
+        if not path.exists() or force:  # a site file the operator already tuned is kept
+            write_config(path, site_yaml(site, entry["target"], None, folder=path.parent), load_site, force=True)
+        site_files.append(path)
+    facts = describe_records(test, label_column=label_column) if test is not None else None
+    write_config(out, federation_yaml(name, model, site_files, folder=folder, rounds=rounds, min_sites=min_sites,
+                                      test=facts), load_federation, force=force)
+    console.print(f"wrote {out} over {len(site_files)} enrolled sites ({', '.join(sorted(enrolled))}); "
+                  f"run it: `cuvil-edge run --federation {out} --home {home}`")
+
+
+@coordinator_app.command("demo-data")
+def demo_data(sites: List[str] = typer.Argument(..., help="the sites to write a share for, in order"),
+              out: Path = typer.Option(Path("data"), "--out", "-o", help="folder for SITE.npz files"),
+              force: bool = typer.Option(False, help="overwrite existing files")) -> None:
+    """Write each site's share of the demo's digits (non-IID, as the demo splits them) as SITE.npz,
+    to copy onto the device for a trial without records of your own."""
+    import io
+
+    import numpy as np
+
+    from cuvil_edge.atomic import atomic_write
+    from cuvil_edge.datasets import digits
+    from cuvil_edge.errors import ConfigError
+
+    if len(set(sites)) != len(sites):
+        raise ConfigError("each site gets one share: name each site once")
+    targets = [Path(out) / f"{site}.npz" for site in sites]
+    existing = [str(t) for t in targets if t.exists()]
+    if existing and not force:
+        raise ConfigError(f"{', '.join(existing)} exist; keep them, or pass --force to write them again")
+    Path(out).mkdir(parents=True, exist_ok=True)
+    for index, path in enumerate(targets):
+        share = digits.site_partition(index, len(sites))
+        buffer = io.BytesIO()
+        np.savez(buffer, x=share.x, y=share.y)
+        atomic_write(path, buffer.getvalue(), mode=0o644)
+        console.print(f"wrote {path}: {len(share.y)} records of shape {list(share.x.shape[1:])} (copy it to "
+                      f"{sites[index]}'s device)")
 
 
 @coordinator_app.command("serve")
