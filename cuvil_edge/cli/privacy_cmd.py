@@ -76,6 +76,10 @@ def raise_budget(site: Path = typer.Option(..., "--site", help="site YAML (its p
 
     config, path = _ledger_path(site, state_dir, home)
     new = config.privacy.epsilon_budget if to is None else to
+    if new > config.privacy.epsilon_budget:  # the lower of the two is enforced: the raise would not hold
+        raise ConfigError(f"{site} sets privacy.epsilon_budget {config.privacy.epsilon_budget:g}, below --to {new:g}; "
+                          f"the lower of the YAML's and the ledger's budget is enforced, so set it to {new:g} "
+                          "in the YAML and run this again")
     if not path.exists():
         raise ConfigError(f"no ledger at {path} yet; the site's first use creates it with its YAML budget")
     with PrivacyLedger(path, site=config.site, epsilon_budget=None, delta=config.privacy.delta) as ledger:

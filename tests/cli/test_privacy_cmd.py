@@ -135,3 +135,18 @@ def test_a_lower_yaml_budget_is_enforced_without_a_command(tmp_path):
     with PrivacyLedger(tmp_path / "state" / "ledger.sqlite", site="factory-b", epsilon_budget=2.5,
                        delta=1e-5) as led:
         assert led.remaining() == pytest.approx(0.5)
+
+
+def test_raise_budget_above_the_yaml_is_refused_with_the_fix(tmp_path, capsys):
+    """The lower of the YAML's and the ledger's budget is enforced: a raise the YAML does not
+    also say would be recorded and never take effect, so it is refused and the fix named."""
+    with _ledger(tmp_path / "state") as led:
+        led.commit(led.reserve(Laplace(1.0), key="a", round=1))
+    site = _site_with_budget(tmp_path, 8.0)
+    assert main(["privacy", "raise-budget", "--site", str(site), "--state-dir", str(tmp_path / "state"),
+                 "--to", "12", "--reason", "approved"]) == 2
+    err = capsys.readouterr().err
+    assert "set it to 12 in the YAML" in err and len(err.strip().splitlines()) == 1
+    with PrivacyLedger(tmp_path / "state" / "ledger.sqlite", site="factory-b", epsilon_budget=None,
+                       delta=1e-5) as led:
+        assert [h["epsilon_budget"] for h in led.budget_history()] == [8.0]  # nothing recorded
