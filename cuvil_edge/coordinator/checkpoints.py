@@ -7,7 +7,8 @@ file holds the accountant's state (its releases so far, as JSON bytes under
 :data:`ACCOUNTANT_KEY`): weights and ε are written in one atomic step, so a resumed run can never
 continue with weights whose privacy cost it forgot. A server optimiser's state (FedAvgM's momentum,
 FedAdam's and FedYogi's moments; :mod:`cuvil_edge.coordinator.server_optimiser`) is stored beside the
-weights under :data:`OPTIMISER_PREFIX`, so a resumed run continues the optimiser too.
+weights under :data:`OPTIMISER_PREFIX`, so a resumed run continues the optimiser too; the run's
+planned total rounds under :data:`PLANNED_KEY`, so a resumed run does the rest of that plan.
 
 **Authentication.** A resumed run signs the checkpoint's weights into every
 site's package and trusts its accountant state for ε, so the file is authenticated: each one holds
@@ -55,6 +56,11 @@ ACCOUNTANT_KEY = "__central_dp_accountant__"
 OPTIMISER_PREFIX = "__server_optimiser__/"
 #: The array holding the checkpoint's HMAC-SHA256 (32 bytes, uint8); no weight may use this name.
 MAC_KEY = "__checkpoint_mac__"
+#: The array holding the run's planned total rounds (an int64 scalar), so `--resume` runs the rest
+#: of that plan; checkpoints written before it have none (the federation's ``rounds`` then).
+PLANNED_KEY = "__planned_rounds__"
+#: Array names no weight may use.
+_RESERVED = (ACCOUNTANT_KEY, MAC_KEY, PLANNED_KEY)
 #: The coordinator home's checkpoint MAC secret (32 random bytes, 0600), beside ``keys/`` rather than
 #: in it: ``keys/*.key`` are Ed25519 keys (``keys rotate`` loads them all) and ``root.key`` may move offline.
 KEY_FILE = "checkpoint-mac.key"
@@ -74,6 +80,7 @@ class Checkpoint:
     path: Path
     accountant: Optional[dict] = None  # Flower's RdpAccountant.state_dict() under central DP
     optimiser: dict[str, np.ndarray] = field(default_factory=dict)  # server_optimiser.optimiser_state()
+    planned_rounds: Optional[int] = None  # the run's total rounds; None in checkpoints that predate it
 
 
 def checkpoint_dir(home: Path, federation: str) -> Path:
@@ -86,16 +93,18 @@ def checkpoint_key_file(home: Path) -> Path:
 
 
 def save_checkpoint(home: Path, federation: str, server_round: int, weights: Mapping[str, np.ndarray],
-                    accountant: Optional[dict] = None, optimiser: Optional[Mapping[str, np.ndarray]] = None) -> Path:
-    """Write the weights (and the central-DP ``accountant`` state, and the server ``optimiser``'s)
-    after ``server_round``, with their MAC (atomic: a crash leaves the previous checkpoints).
+                    accountant: Optional[dict] = None, optimiser: Optional[Mapping[str, np.ndarray]] = None,
+                    planned_rounds: Optional[int] = None) -> Path:
+    """Write the weights (and the central-DP ``accountant`` state, the server ``optimiser``'s, and
+    the run's ``planned_rounds`` in all) after ``server_round``, with their MAC (atomic: a crash
+    leaves the previous checkpoints).
 
     Raises:
         StateError: the checkpoint (or the home's checkpoint key) cannot be written, a weight's name
             is one checkpoints reserve (:data:`ACCOUNTANT_KEY`, :data:`MAC_KEY`, or starting with
             :data:`OPTIMISER_PREFIX`), or an array is not plain numbers.
     """
-    reserved = [k for k in weights if k in (ACCOUNTANT_KEY, MAC_KEY) or k.startswith(OPTIMISER_PREFIX)]
+    reserved = [k for k in weights if k in _RESERVED or k.startswith(OPTIMISER_PREFIX)]
     if reserved:
         raise StateError(f"a weight is named {reserved[0]!r}, which checkpoints reserve; rename it in the model")
     arrays = {k: np.asarray(v) for k, v in weights.items()}
@@ -106,6 +115,8 @@ def save_checkpoint(home: Path, federation: str, server_round: int, weights: Map
         except (TypeError, ValueError) as e:
             raise StateError(f"the central-DP accountant state cannot be checkpointed ({e})") from e
         arrays[ACCOUNTANT_KEY] = np.frombuffer(text.encode(), np.uint8)
+    if planned_rounds is not None:
+        arrays[PLANNED_KEY] = np.asarray(int(planned_rounds), np.int64)
     odd = [k for k, v in arrays.items() if v.dtype.kind not in _PLAIN_KINDS or v.dtype.fields is not None]
     if odd:
         raise StateError(f"checkpoint array {odd[0]!r} is {arrays[odd[0]].dtype}, not plain numbers; "
@@ -141,11 +152,22 @@ def latest_checkpoint(home: Path, federation: str) -> Checkpoint | None:
     arrays = _read_arrays(path)
     _authenticate(home, federation, server_round, path, arrays)
     state = arrays.pop(ACCOUNTANT_KEY, None)
+    planned = _planned(arrays.pop(PLANNED_KEY, None), server_round, path)
     optimiser = {k[len(OPTIMISER_PREFIX):]: arrays.pop(k) for k in list(arrays) if k.startswith(OPTIMISER_PREFIX)}
     accountant = _accountant(state, path)
     _refuse_non_finite(path, arrays, "weight")
     _refuse_non_finite(path, optimiser, "server-optimiser array")
-    return Checkpoint(server_round, arrays, path, accountant, optimiser)
+    return Checkpoint(server_round, arrays, path, accountant, optimiser, planned)
+
+
+def _planned(value: Optional[np.ndarray], server_round: int, path: Path) -> Optional[int]:
+    """The planned total rounds a checkpoint records (an integer scalar, at least its round)."""
+    if value is None:
+        return None
+    if value.shape != () or value.dtype.kind not in "iu" or int(value) < server_round:
+        raise CheckpointError(f"checkpoint {path} is unreadable (its planned rounds {value!r} are not a number of "
+                              f"rounds of at least {server_round}); {_FIX}")
+    return int(value)
 
 
 def _read_arrays(path: Path) -> dict[str, np.ndarray]:
@@ -264,19 +286,34 @@ def _refuse_non_finite(path: Path, arrays: Mapping[str, np.ndarray], what: str) 
                 f"{_FIX}")
 
 
-def resumed(spec: RunSpec) -> RunSpec:
-    """``spec`` continued from its federation's newest checkpoint: the rounds left, numbered on.
+def resume_plan(home: Path, federation_path: Path | str, planned: Optional[int] = None) -> tuple[int, int]:
+    """(rounds done, rounds planned in all) of resuming the federation from its newest checkpoint in
+    ``home``. The plan is ``planned`` (`--rounds`, the total) where given, else the one the
+    checkpoint records (the interrupted run's), else (an older checkpoint) the federation's ``rounds``.
 
     Raises:
-        ConfigError: there is no checkpoint, or every round is already done.
+        ConfigError: there is no checkpoint, or every planned round is already done.
         StateError: the newest checkpoint is unreadable, not authentic
             (:class:`~cuvil_edge.errors.CheckpointAuthenticationError`) or not finite
             (:class:`~cuvil_edge.errors.NonFiniteCheckpointError`).
     """
-    federation = load_federation(spec.federation)
-    last = latest_checkpoint(Path(spec.home), federation.name)
+    federation = load_federation(federation_path)
+    last = latest_checkpoint(Path(home), federation.name)
     if last is None:
-        raise ConfigError(f"nothing to resume: {spec.home} has no checkpoint of federation {federation.name!r}")
-    if last.round >= spec.rounds:
-        raise ConfigError(f"federation {federation.name!r} already completed {last.round} of {spec.rounds} rounds")
-    return replace(spec, rounds=spec.rounds - last.round, start_round=last.round)
+        raise ConfigError(f"nothing to resume: {home} has no checkpoint of federation {federation.name!r}")
+    total = planned or last.planned_rounds or federation.rounds
+    if last.round >= total:
+        raise ConfigError(f"federation {federation.name!r} already completed {last.round} of {total} rounds; "
+                          "give more with --rounds TOTAL")
+    return last.round, total
+
+
+def resumed(spec: RunSpec, planned: Optional[int] = None) -> RunSpec:
+    """``spec`` continued from its federation's newest checkpoint: the rounds left of the plan
+    (:func:`resume_plan`; ``planned`` is `--rounds`, None where not given), numbered on.
+
+    Raises:
+        ConfigError / StateError: see :func:`resume_plan`.
+    """
+    done, total = resume_plan(Path(spec.home), spec.federation, planned)
+    return replace(spec, rounds=total - done, start_round=done)

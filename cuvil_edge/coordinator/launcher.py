@@ -65,8 +65,8 @@ def prepare_run(federation_path: Path, run_dir: Path | None = None, rounds: int 
     spec = RunSpec(federation=str(federation_path), run_dir=str(run_dir), home=str(home),
                    coordinator_key=str(private), trust_root=str(public),
                    rounds=rounds or federation.rounds)
-    if resume:  # continue from the newest checkpoint in the home: the rounds left, numbered on
-        spec = resumed(spec)
+    if resume:  # continue from the newest checkpoint in the home: the rounds left of its plan, numbered on
+        spec = resumed(spec, rounds)
     spec.save(run_dir / "run_spec.json")
     return spec
 

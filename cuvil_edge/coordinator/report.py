@@ -62,16 +62,21 @@ class RunReport:
         self._last = time.monotonic()
 
     def add_round(self, server_round: int, accuracy: float, site_stats: dict[str, dict],
-                  central: dict | None = None, federated: dict | None = None, timings: dict | None = None) -> dict:
+                  central: dict | None = None, federated: dict | None = None, timings: dict | None = None,
+                  initial: bool = False) -> dict:
         """Record one round; ``central`` is the central-DP accounting (None without central DP),
         ``federated`` the accuracy pooled from the sites' noisy counts with its 95 % interval,
-        ``timings`` the coordinator's seconds per phase; ``seconds`` is the round's wall time."""
+        ``timings`` the coordinator's seconds per phase; ``seconds`` is the round's wall time.
+        ``initial``: the model this run starts from, evaluated before any site is asked (round 0,
+        or the checkpoint's round of a resumed run): no site table."""
         now = time.monotonic()
         sites = {s.site: {"target": s.target, **site_stats.get(s.site, {})} for s in self.sites}
         entry = {"round": server_round, "global_accuracy": accuracy, "sites": sites,
                  "dropped_out": sorted(k for k, v in sites.items() if v.get("status") == EXHAUSTED_STATUS),
                  "seconds": round(now - self._last, 3), **({"coordinator": timings} if timings else {})}
         self._last = now
+        if initial:
+            entry["initial"] = True
         if federated is not None:
             entry["federated_accuracy"] = federated
         if central is not None:
@@ -192,8 +197,8 @@ def format_round(entry: dict) -> str:
     summary beyond."""
     head = f"round {entry['round']}: global test accuracy {entry['global_accuracy']:.4f}"
     head += _pooled_text(entry)
-    if not entry["sites"] or entry["round"] == 0:
-        return head
+    if not entry["sites"] or entry["round"] == 0 or entry.get("initial"):
+        return head + (" (the checkpoint this run resumes from)" if entry.get("initial") and entry["round"] else "")
     many = len(entry["sites"]) > TABLE_MAX_SITES
     lines = [head, *(_site_summary(entry) if many else _site_table(entry))]
     central = entry.get("central_dp")

@@ -22,6 +22,7 @@ from cuvil_edge.coordinator.plan import default_latency, plan_federation, precis
 from cuvil_edge.coordinator.registry import SiteRegistry
 from cuvil_edge.coordinator.server_optimiser import optimiser_state, restore_optimiser
 from cuvil_edge.coordinator.report import STOPPED_CENTRAL_BUDGET, RunReport, show_round_table
+from cuvil_edge.coordinator.report import log as log_report
 from cuvil_edge.config.federation import FederationConfig
 from cuvil_edge.coordinator.strategy import CentralDpFixedClipping, SitePackages, arrays_to_numpy, flower_strategy
 from cuvil_edge.datasets import digits
@@ -42,7 +43,7 @@ def main(grid: Grid, context: Context) -> None:
         spec = RunSpec.of_simulation(config)
     else:  # deployment engine: the settings come in the run config
         spec = RunSpec.from_run_config(config)
-        spec = resumed(spec) if config.get("resume") else spec
+        spec = resumed(spec, int(config.get("rounds") or 0) or None) if config.get("resume") else spec
     # Flower's simulation engine starts Ray's processes (fork + exec) from another thread of this
     # process while the ServerApp runs; OpenBLAS' fork handler then deadlocks against a threaded BLAS
     # call in flight (seen: GPTQ's matrix inverse during Ray's start-up hung the run). The
@@ -93,6 +94,8 @@ def run_federation(grid: Grid, spec: RunSpec) -> RunReport:
         if restore_optimiser(sites_strategy.strategy, checkpoint.optimiser, trainable):
             log.info("resumed %s's optimiser state from round %d", type(sites_strategy.strategy).__name__, offset)
         sites_strategy.round_offset = offset
+        log_report.info("resuming %s after round %d of %d: %d round%s left", federation.name, offset,
+                        offset + spec.rounds, spec.rounds, "" if spec.rounds == 1 else "s")
     accountant = getattr(strategy, "accountant", None)  # central DP: Flower's RDP accountant
 
     def evaluate(server_round: int, arrays: ArrayRecord) -> MetricRecord:
@@ -103,11 +106,14 @@ def run_federation(grid: Grid, spec: RunSpec) -> RunReport:
         if server_round > 0:  # durable before the report says the round is done
             save_checkpoint(Path(spec.home), federation.name, offset + server_round, weights,
                             accountant=None if accountant is None else accountant.state_dict(),
-                            optimiser=optimiser_state(sites_strategy.strategy, trainable))
+                            optimiser=optimiser_state(sites_strategy.strategy, trainable),
+                            planned_rounds=offset + spec.rounds)
+        # server_round 0 is the model before this run's first round (a resumed run's: the checkpoint's),
+        # numbered as the round it comes from; no site was asked anything yet
         report.add_round(offset + server_round, accuracy, sites_strategy.rounds.get(server_round, {}),
                          central=sites_strategy.central.get(server_round),
                          federated=sites_strategy.evaluations.get(server_round),
-                         timings=sites_strategy.timings.get(server_round))
+                         timings=sites_strategy.timings.get(server_round), initial=server_round == 0)
         return MetricRecord({"accuracy": accuracy})
 
     start_rounds(strategy, report, grid, ArrayRecord({k: Array(np.array(v)) for k, v in trainable.items()}),

@@ -45,13 +45,44 @@ def test_an_unreadable_newest_checkpoint_stops_the_resume(tmp_path, content):
 def test_resume_continues_with_the_rounds_left(tmp_path):
     spec = prepare_run(FED, tmp_path / "run", rounds=5, home=tmp_path / "home")
     with pytest.raises(ConfigError, match="nothing to resume"):
-        resumed(spec)
+        resumed(spec, 5)
     save_checkpoint(tmp_path / "home", "digits-demo", 3, {"w": np.ones(1)})
-    again = resumed(spec)
+    again = resumed(spec, 5)  # --rounds 5: the total, rounds done included
     assert (again.start_round, again.rounds) == (3, 2)
     save_checkpoint(tmp_path / "home", "digits-demo", 5, {"w": np.ones(1)})
-    with pytest.raises(ConfigError, match="already completed"):
+    with pytest.raises(ConfigError, match="already completed 5 of 5"):
+        resumed(spec, 5)
+
+
+def test_resume_without_rounds_does_the_rest_of_the_interrupted_runs_plan(tmp_path):
+    """A run of 5 planned rounds stopped after round 3: --resume runs rounds 4 and 5, not the
+    federation's 20 again; a checkpoint from before plans were recorded falls back to those 20."""
+    home = tmp_path / "home"
+    spec = prepare_run(FED, tmp_path / "run", home=home)  # no --rounds
+    save_checkpoint(home, "digits-demo", 3, {"w": np.ones(1)}, planned_rounds=5)
+    assert latest_checkpoint(home, "digits-demo").planned_rounds == 5
+    assert (resumed(spec).start_round, resumed(spec).rounds) == (3, 2)
+    assert resumed(spec, 8).rounds == 5  # --rounds 8 replaces the plan
+    save_checkpoint(home, "digits-demo", 4, {"w": np.ones(1)})  # an older checkpoint: no plan in it
+    assert latest_checkpoint(home, "digits-demo").planned_rounds is None
+    assert (resumed(spec).start_round, resumed(spec).rounds) == (4, 16)
+    save_checkpoint(home, "digits-demo", 5, {"w": np.ones(1)}, planned_rounds=5)
+    with pytest.raises(ConfigError, match="already completed 5 of 5 rounds; give more with --rounds"):
         resumed(spec)
+    assert prepare_run(FED, tmp_path / "run2", home=home, resume=True, rounds=7).rounds == 2
+
+
+def test_the_planned_rounds_are_authenticated(tmp_path):
+    save_checkpoint(tmp_path, "f", 3, {"w": np.ones(2)}, planned_rounds=5)
+    path = tmp_path / "checkpoints" / "f" / "round-00003.npz"
+    with np.load(path) as data:
+        arrays = {k: data[k] for k in data.files}
+    arrays["__planned_rounds__"] = np.asarray(50, np.int64)  # a longer plan, without the key
+    np.savez(path, **arrays)
+    with pytest.raises(CheckpointAuthenticationError):
+        latest_checkpoint(tmp_path, "f")
+    with pytest.raises(StateError, match="reserve"):
+        save_checkpoint(tmp_path, "f", 4, {"__planned_rounds__": np.ones(1)})
 
 
 def test_a_crash_while_writing_a_checkpoint_leaves_the_previous_one(tmp_path, monkeypatch):
