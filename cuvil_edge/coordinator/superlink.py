@@ -19,6 +19,7 @@ from pathlib import Path
 
 from cuvil_edge.config.flower_env import flower_tool, flwr_env
 from cuvil_edge.coordinator.registry import SiteRegistry
+from cuvil_edge.coordinator.stopping import STOP_GRACE, stop_processes
 from cuvil_edge.coordinator.tls import covers_loopback, tls_files
 from cuvil_edge.errors import ConfigError, CuvilError
 
@@ -220,25 +221,19 @@ class Coordinator:
         self.terminate()
         return code
 
-    def terminate(self, grace: float = 30.0) -> None:
-        """SIGTERM all three, SIGKILL what is left after ``grace`` seconds."""
-        for proc in self.processes:
-            if proc.poll() is None:
-                proc.terminate()
-        for proc in self.processes:
-            try:
-                proc.wait(timeout=grace)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=30)
+    def terminate(self, grace: float = STOP_GRACE) -> None:
+        """Stop the executor first, with every ServerApp it started (its process group: SIGTERM lets
+        a ServerApp tell the SuperLink its run stopped), then the gateway and the SuperLink; SIGKILL
+        whatever is left of each after ``grace`` seconds. Their own graceful stops wait for open
+        streams (the SuperLink's took 48 s with a run streaming), so mid-round this takes about
+        twice ``grace``. The SuperLink's database is SQLite, which a kill leaves consistent."""
+        stop_processes([self.superexec], grace, group=True)
+        stop_processes([self.gateway, self.superlink], grace)
 
     def kill(self) -> None:
-        """SIGKILL all three (as a crash would)."""
-        for proc in self.processes:
-            if proc.poll() is None:
-                proc.kill()
-        for proc in self.processes:
-            proc.wait(timeout=30)
+        """SIGKILL all three, and the ServerApps the executor started (as a crash of the host would)."""
+        stop_processes([self.superexec], 0, group=True, term=False)
+        stop_processes([self.gateway, self.superlink], 0, term=False)
 
 
 def start_superlink(home: Path, address: str = DEFAULT_ADDRESS, log_file: Path | None = None, *,
@@ -257,17 +252,16 @@ def start_superlink(home: Path, address: str = DEFAULT_ADDRESS, log_file: Path |
     started: list[subprocess.Popen] = [link]
     try:
         wait_healthy(f"https://{operator_address}", _ca_context(home))
+        # its own process group, so that stopping it stops the ServerApps it started too
         started.append(subprocess.Popen(superexec_command(home, operator_address), env=env, stdout=out,
-                                        stderr=subprocess.STDOUT))
+                                        stderr=subprocess.STDOUT, start_new_session=True))
         started.append(subprocess.Popen(commands[1], env=env, stdout=out, stderr=subprocess.STDOUT))
         wait_healthy(f"https://{address}", _ca_context(home))
         write_connection(home, operator_address)
         _, failed = register_enrolled(home)
     except BaseException:
-        for proc in started:
-            proc.terminate()
-        for proc in started:
-            proc.wait(timeout=30)
+        stop_processes(started[1:2], STOP_GRACE, group=True)
+        stop_processes(started[:1] + started[2:], STOP_GRACE)
         raise
     return Coordinator(address, operator_address, link, started[1], started[2], failed)
 
