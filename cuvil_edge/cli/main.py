@@ -175,19 +175,27 @@ def demo(federation: Path = typer.Option(Path("configs/federation.yaml"), help="
     Sites spend from their durable ledgers in the home across runs; once their budgets are
     spent they sit rounds out. The demo's data is public, so a new home starts afresh."""
     from cuvil_edge.cli.local_federation import APP_DIR
-    from cuvil_edge.coordinator.launcher import prepare_run, run_in_simulation
+    from cuvil_edge.coordinator.launcher import RunFailedError, prepare_run, run_in_simulation
+    from cuvil_edge.coordinator.superlink import RunEndedError
 
     if not verbose:
         os.environ.setdefault("FLWR_LOG_LEVEL", "WARNING")
         logging.getLogger("flwr").setLevel(logging.WARNING)
-    if deployment:
-        _demo_on_deployment(federation, run_dir, rounds)
-        return
-    spec = prepare_run(federation, run_dir, rounds, home=home, resume=resume)
-    console.print(f"run directory: {spec.run_dir}")
-    console.print(f"federation home: {spec.home} (keys, version counters, each site's state and privacy ledger; "
-                  "they persist across runs)")
-    metrics = run_in_simulation(spec, APP_DIR, verbose=verbose)
+    try:
+        if deployment:
+            _demo_on_deployment(federation, run_dir, rounds, verbose)
+            return
+        spec = prepare_run(federation, run_dir, rounds, home=home, resume=resume)
+        console.print(f"run directory: {spec.run_dir}")
+        console.print(f"federation home: {spec.home} (keys, version counters, each site's state and privacy "
+                      "ledger; they persist across runs)")
+        if spec.start_round:
+            console.print(f"resuming after round {spec.start_round} of {spec.start_round + spec.rounds}: "
+                          f"{spec.rounds} round{'' if spec.rounds == 1 else 's'} left")
+        metrics = run_in_simulation(spec, APP_DIR, verbose=verbose)
+    except (RunFailedError, RunEndedError) as e:  # the run failed, not its configuration: exit 1
+        print(f"error: {e}", file=sys.stderr)
+        raise typer.Exit(1)
     final = metrics["rounds"][-1]
     worst = max(s.get("eps-spent", 0.0) for s in final["sites"].values())
     console.print(f"[bold]final global test accuracy {final['global_accuracy']:.4f}[/bold], "
@@ -202,7 +210,7 @@ def demo(federation: Path = typer.Option(Path("configs/federation.yaml"), help="
                       "so `cuvil-edge demo --home NEW_DIR` starts a new demo federation with fresh ledgers")
 
 
-def _demo_on_deployment(federation: Path, run_dir: Optional[Path], rounds: Optional[int]) -> None:
+def _demo_on_deployment(federation: Path, run_dir: Optional[Path], rounds: Optional[int], verbose: bool) -> None:
     import time
 
     from cuvil_edge.cli.local_federation import APP_DIR, local_federation
@@ -213,24 +221,54 @@ def _demo_on_deployment(federation: Path, run_dir: Optional[Path], rounds: Optio
     console.print(f"setting up a coordinator and one device per site in {root} (TLS, node authentication)...")
     with local_federation(root, federation) as fed:
         console.print(f"SuperLink {fed.address}, {len(fed.supernodes)} SuperNodes online; federation home {fed.home}")
-        submit_run(fed.home, APP_DIR, federation, rounds)
+        submit_run(fed.home, APP_DIR, federation, rounds, verbose=verbose)
     console.print(f"done; reports in {fed.home / 'runs'}, logs in {root}; every process was stopped")
 
 
 @app.command("run")
 def run_federation_cmd(federation: Path = typer.Option(Path("configs/federation.yaml"), help="federation YAML"),
                        home: Path = typer.Option(DEFAULT_STATE, "--home", help="the coordinator home"),
-                       rounds: Optional[int] = typer.Option(None, help="override the number of rounds"),
+                       rounds: Optional[int] = typer.Option(None, help="override the number of rounds (with "
+                                                            "--resume: the total, rounds done included)"),
                        resume: bool = typer.Option(False, "--resume",
-                                                   help="continue from the newest checkpoint in the home")) -> None:
-    """Submit the federation to the running SuperLink (`coordinator serve`) and stream its rounds."""
+                                                   help="continue from the newest checkpoint in the home: the "
+                                                   "rounds its run planned and did not do"),
+                       verbose: bool = typer.Option(False, "--verbose", "-v",
+                                                    help="also show Flower's log lines")) -> None:
+    """Submit the federation to the running SuperLink (`coordinator serve`) and stream its rounds.
+
+    Checks first, before anything reaches the SuperLink: the federation, its model and site files,
+    that every listed site is enrolled, and that they are online (waiting up to the federation's
+    start_timeout for those that are not). Exits 2 when a check fails, 1 when the run fails."""
+    from rich.markup import escape
+
     from cuvil_edge.cli.local_federation import APP_DIR
     from cuvil_edge.config import load_federation
-    from cuvil_edge.coordinator.superlink import submit_run
+    from cuvil_edge.coordinator import preflight
+    from cuvil_edge.coordinator.model import load_federation_model
+    from cuvil_edge.coordinator.superlink import RunEndedError, submit_run
 
-    load_federation(federation).load_sites()  # a bad file is one line here, not a failed run in the SuperLink's log
-    status = submit_run(home, APP_DIR, federation, rounds, resume=resume)
-    console.print(f"run {status}; reports in {home}/runs/")
+    # a bad file is one line here, not a failed run in the SuperLink's log
+    config = load_federation(federation)
+    sites = config.load_sites()
+    load_federation_model(config.model, config.seed)
+    if resume:
+        from cuvil_edge.coordinator.checkpoints import resume_plan
+
+        done, total = resume_plan(home, federation, rounds)
+        console.print(f"resuming {escape(config.name)} after round {done} of {total}: {total - done} round"
+                      f"{'' if total - done == 1 else 's'} left")
+    listed = {site.site: path for site, path in zip(sites, config.sites)}
+    missing = preflight.wait_for_sites(home, listed, min_sites=config.min_sites, start_timeout=config.start_timeout,
+                                       echo=lambda line: console.print(escape(line)))
+    try:
+        status = submit_run(home, APP_DIR, federation, rounds, resume=resume, verbose=verbose)
+    except RunEndedError as e:
+        print(f"error: {e}", file=sys.stderr)
+        raise typer.Exit(1)
+    reports = max((p for p in (Path(home) / "runs").glob("run-*") if (p / "metrics.json").exists()), default=None)
+    console.print(escape(f"run {status}" + (f" without {', '.join(missing)}" if missing else "")
+                         + f"; reports in {reports or Path(home) / 'runs'}"))
 
 
 @app.command("status")

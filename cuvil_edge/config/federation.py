@@ -156,6 +156,10 @@ class FederationConfig(_Strict):
     #: Fewest sites a round needs (default: all of them). With fewer, a site that is down does
     #: not stall the run: the round goes on with the others and the report names the failed one.
     min_sites: Optional[int] = Field(ge=1, default=None)
+    #: Seconds `cuvil-edge run` waits, before it submits, for enrolled sites that are offline.
+    #: When they are still offline then, the run starts without them if at least ``min_sites``
+    #: (default: all) are online, and is refused otherwise.
+    start_timeout: float = Field(ge=0, le=86400, default=300.0)
     seed: int = 0
     #: Local (record-level) DP-SGD on every site, paid from each site's ledger. With
     #: false, sites train with plain SGD and only their evaluation releases spend.
@@ -207,6 +211,10 @@ class FederationConfig(_Strict):
         Raises:
             ConfigError: a site file is invalid, or two files use one site id.
         """
+        for path in self.sites:  # the file a YAML entry names, and where it came from
+            if not Path(path).is_file():
+                raise ConfigError(f"{path}: file not found; check the path (an entry of the federation's `sites:`, "
+                                  "relative to the federation file)")
         sites = [load_site(p) for p in self.sites]
         ids = [s.site for s in sites]
         for sid in ids:

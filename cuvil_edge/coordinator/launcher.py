@@ -157,8 +157,12 @@ def completed_metrics(run_dir: Path, rounds: int, failure: Exception | None = No
     stopped = metrics.get("stopped_early") or {}
     if stopped.get("reason") == STOPPED_CENTRAL_BUDGET and 1 <= len(metrics["rounds"]) <= rounds + 1:
         return metrics  # a clean stop: the next round would have exceeded central_dp.max_epsilon
+    if failure is not None and len(metrics["rounds"]) == rounds + 1:  # every round ran, then the app failed
+        raise RunFailedError(f"{getattr(failure, 'reason', None) or failure}; see the log above and "
+                             f"{Path(run_dir) / 'superlink.log'}")
     if len(metrics["rounds"]) != rounds + 1 or failure is not None:
         raise RunFailedError(f"the federation stopped after {max(0, len(metrics['rounds']) - 1)} of {rounds} "
-                             f"rounds ({failure or 'incomplete report'}); see the log above and "
+                             f"rounds ({getattr(failure, 'reason', None) or failure or 'incomplete report'}); see "
+                             "the log above and "
                              f"{Path(run_dir) / 'superlink.log'}")
     return metrics

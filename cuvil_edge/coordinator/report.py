@@ -37,17 +37,27 @@ TRAIN_SECONDS = ("train-verify-seconds", "train-build-seconds", "train-train-sec
 
 
 def show_round_table() -> None:
-    """Print each round's table on this process's stdout, once however often called: Flower streams
-    the ServerApp process's stdout to `flwr run --stream`, so the demo and `cuvil-edge run` show it."""
+    """Print each round's table, and cuvil-edge's errors, on this process's stdout, once however often
+    called: Flower streams the ServerApp process's stdout to `flwr run --stream`, so the demo and
+    `cuvil-edge run` show it. Each line is marked as ours (coordinator/flwr_stream.py), so they can
+    show it without Flower's own log."""
     import sys
+
+    from cuvil_edge.coordinator.flwr_stream import MarkedFormatter
 
     if any(getattr(h, "_cuvil_round_table", False) for h in log.handlers):
         return
-    handler = logging.StreamHandler(sys.stdout)
-    handler.setFormatter(logging.Formatter("%(message)s"))
-    handler._cuvil_round_table = True
+    # the report, every line; cuvil-edge's other warnings plain (Flower's log shows them with
+    # --verbose) and its errors marked
+    for logger, level, formatter in ((log, logging.INFO, MarkedFormatter()),
+                                     (logging.getLogger("cuvil_edge"), logging.WARNING,
+                                      MarkedFormatter(marked_level=logging.ERROR, marked_prefix="error: "))):
+        handler = logging.StreamHandler(sys.stdout)
+        handler.setFormatter(formatter)
+        handler.setLevel(level)
+        handler._cuvil_round_table = True
+        logger.addHandler(handler)
     log.setLevel(logging.INFO)
-    log.addHandler(handler)
     log.propagate = False
 
 
@@ -94,6 +104,17 @@ class RunReport:
         log.warning("%s", format_stop(self.stopped_early))
         self.write_json()
         return self.stopped_early
+
+    def no_site_trained(self) -> str | None:
+        """None if some site trained in some round of this run; else one line naming each site and
+        why (its last round's error or status). A run with no training round yet is None."""
+        trained = [r for r in self.rounds if r["round"] > 0 and not r.get("initial")]
+        if not trained or any(s.get("status") == "ok" for r in trained for s in r["sites"].values()):
+            return None
+        last = trained[-1]["sites"]
+        why = [f"{site}: {s.get('train-error') or s.get('eval-error') or s.get('status', 'no reply')}"
+               for site, s in last.items()]
+        return "no site trained in any round: " + ", ".join(why)
 
     def write_json(self) -> Path:
         path = self.run_dir / "metrics.json"

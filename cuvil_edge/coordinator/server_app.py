@@ -14,7 +14,7 @@ from cuvil_edge.config import load_federation
 from cuvil_edge.config.run_spec import RUN_CONFIG_KEY, RunSpec
 from cuvil_edge.coordinator.model import load_federation_model
 from cuvil_edge.config.home import versions_file
-from cuvil_edge.errors import StateError
+from cuvil_edge.errors import CuvilError, StateError
 from cuvil_edge.coordinator.checkpoints import latest_checkpoint, resumed, save_checkpoint
 from cuvil_edge.coordinator.packaging import PackageFactory, VersionCounter
 from cuvil_edge.coordinator.precision import federation_calibration
@@ -33,6 +33,10 @@ from cuvil_edge.coordinator.keys import load_signing_keys
 log = logging.getLogger(__name__)
 
 app = ServerApp()
+
+
+class NoSiteTrainedError(CuvilError):
+    """Every round of a run ended without one site's training reply: nothing was learnt."""
 
 
 @app.main()
@@ -119,6 +123,9 @@ def run_federation(grid: Grid, spec: RunSpec) -> RunReport:
     start_rounds(strategy, report, grid, ArrayRecord({k: Array(np.array(v)) for k, v in trainable.items()}),
                  num_rounds=spec.rounds, timeout=federation.round_timeout, evaluate_fn=evaluate)
     report.plot()
+    untrained = report.no_site_trained()
+    if untrained:  # the rounds "completed", but the model is the one sent out: the run failed
+        raise NoSiteTrainedError(untrained)
     return report
 
 

@@ -49,7 +49,7 @@ def _reason(text: str, limit: int = 200) -> str:
     return shown(lines[-1] if lines else "no answer", limit)
 
 
-def _online_node_ids(home: Path) -> tuple[set[str] | None, str, bool | None]:
+def online_node_ids(home: Path) -> tuple[set[str] | None, str, bool | None]:
     """(node ids online, what to say about the SuperLink, whether it answered). ``flwr supernode
     list`` exits 0 with ``{"success": false, "error-message": ...}`` when it cannot connect, so
     only a JSON answer with ``success: true`` counts as reachable."""
@@ -67,7 +67,7 @@ def _online_node_ids(home: Path) -> tuple[set[str] | None, str, bool | None]:
 
 
 def _read_list(proc: subprocess.CompletedProcess) -> tuple[set[str] | None, str, bool]:
-    """What ``flwr supernode list --format json`` answered, as :func:`_online_node_ids` returns it."""
+    """What ``flwr supernode list --format json`` answered, as :func:`online_node_ids` returns it."""
     try:
         doc = json.loads(proc.stdout)
     except ValueError:
@@ -110,7 +110,7 @@ def federation_status(home: Path) -> FederationStatus:
             if rounds:
                 run_dir, last_round, reported = candidate, rounds[-1]["round"], rounds[-1].get("sites", {})
                 break
-    online, superlink, reachable = _online_node_ids(home)
+    online, superlink, reachable = online_node_ids(home)
     sites = []
     for site, entry in sorted(SiteRegistry(home).sites().items()):
         stats = reported.get(site, {})

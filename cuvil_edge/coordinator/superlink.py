@@ -335,57 +335,70 @@ def register_enrolled(home: Path,
     return added, failed
 
 
+def no_superlink(home: Path) -> DeploymentError:
+    """The error for a home where `coordinator serve` never ran (no ``flwr/config.toml``)."""
+    return DeploymentError(f"no SuperLink is configured in {home}; start one there with "
+                           "`cuvil-edge coordinator serve`, or give the coordinator home with --home")
+
+
 def submit_run(home: Path, app_dir: Path, federation: Path, rounds: int | None = None, timeout: float = 3600,
-               resume: bool = False) -> str:
+               resume: bool = False, verbose: bool = True) -> str:
     """`flwr run` the Flower App in ``app_dir`` (it names the ServerApp and ClientApp; it is kept
-    above both sides, `cli/flwr_app`) for the federation on the SuperLink and stream it; returns the
-    run's final status.
+    above both sides, `cli/flwr_app`) for the federation on the SuperLink and stream it (Flower's
+    own log lines only if ``verbose``); returns the run's final status.
 
     Raises:
         DeploymentError: no SuperLink is configured in ``home`` or it does not answer (nothing is
-            submitted then), or the run did not finish as completed.
+            submitted then).
+        RunEndedError: the run did not finish as completed (its reason: the ServerApp's error).
     """
     if not (Path(home) / "flwr" / "config.toml").exists():  # else flwr would start a local simulation
-        raise DeploymentError(f"no SuperLink is configured in {home}; start one there with "
-                              "`cuvil-edge coordinator serve`, or give the coordinator home with --home")
+        raise no_superlink(home)
     config = (f"federation='{Path(federation).resolve()}' home='{Path(home).resolve()}' rounds={rounds or 0} "
               f"resume={'true' if resume else 'false'}")
-    return flwr_run(home, app_dir, CONNECTION, config, timeout=timeout)
+    return flwr_run(home, app_dir, CONNECTION, config, timeout=timeout, verbose=verbose)
 
 
-#: Lines of `flwr run --stream` that say nothing to a cuvil-edge user (dropped unless verbose): the
-#: simulation's unconditional notice about its default size (ours is set), and the app's installation.
-FLOWER_CHATTER = ("default simulated SuperNodes changed", "Successfully installed cuvil-edge-federation",
-                  "To change federation size", "flwr federation simulation-config")
+class RunEndedError(DeploymentError):
+    """A submitted run did not finish as completed; ``reason`` is the ServerApp's own error where it
+    raised one (a config or state error, "no site trained in any round: ...")."""
+
+    def __init__(self, message: str, status: str, reason: str) -> None:
+        super().__init__(message)
+        self.status, self.reason = status, reason
 
 
 def flwr_run(home: Path, app_dir: Path, connection: str, run_config: str, *, federation_config: str | None = None,
              timeout: float = 3600, verbose: bool = True) -> str:
     """``flwr run APP CONNECTION --stream`` with the CLI configuration of ``home``; the final status.
-    Unless ``verbose``, the stream is relayed without :data:`FLOWER_CHATTER`.
+    Unless ``verbose``, the stream shows cuvil-edge's report and Flower's warnings and errors only
+    (coordinator/flwr_stream.py).
 
     Raises:
-        DeploymentError: the run did not finish as completed (`flwr run` exits 0 even when the
-            ServerApp fails, so the status is read back with `flwr ls`).
+        RunEndedError: the run did not finish as completed (`flwr run` exits 0 even when the
+            ServerApp fails, so the status, and the ServerApp's error, are read back with `flwr ls`).
     """
+    from cuvil_edge.coordinator.flwr_stream import failure_reason, relay
+
     command = [flower_tool("flwr"), "run", str(app_dir), connection, "--stream", "--run-config", run_config]
     if federation_config:
         command += ["--federation-config", federation_config]
     earlier = {r.get("run-id") for r in _runs(home, connection)}  # this run is the one not listed before
     try:
-        if verbose:
-            proc = subprocess.run(command, env=flwr_env(home), timeout=timeout)
-        else:
-            proc = _relay(command, flwr_env(home), timeout)
+        proc, hidden = relay(command, flwr_env(home), timeout, verbose)
     except KeyboardInterrupt:  # Ctrl-C ends `flwr run`, not the run: stop it on the SuperLink too
         _stop_new_runs(home, connection, earlier)
         raise
     ours = sorted((r for r in _runs(home, connection) if r.get("run-id") not in earlier),
                   key=lambda r: str(r.get("pending-at") or ""))
     status = str(ours[-1].get("status", "unknown")) if ours else "no run"
-    if proc.returncode != 0 or status != "finished:completed":
-        raise DeploymentError(f"the run ended as {status!r} (flwr run exit {proc.returncode}); see the SuperLink log")
-    return status
+    if proc.returncode == 0 and status == "finished:completed":
+        return status
+    reason = failure_reason(ours[-1]) if ours else ""
+    if not reason:  # nothing from the ServerApp: what `flwr run` said last
+        said = [line.strip() for line in hidden if line.strip()]
+        reason = f"flwr run exit {proc.returncode}" + (f": {' '.join(said[-3:])[-300:]}" if said else "")
+    raise RunEndedError(f"the run ended as {status!r}: {reason}", status, reason)
 
 
 def flwr_json(home: Path, *args: str, timeout: float = 60) -> dict:
@@ -433,22 +446,3 @@ def _runs(home: Path, connection: str) -> list[dict]:
         DeploymentError: the SuperLink did not answer (so nothing is submitted to it).
     """
     return list(flwr_json(home, "ls", connection).get("runs", []))
-
-
-def _relay(command: list[str], env: dict, timeout: float) -> subprocess.CompletedProcess:
-    """Run ``command``, copying its output line by line to ours without :data:`FLOWER_CHATTER`."""
-    import sys
-    import threading
-
-    proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    timer = threading.Timer(timeout, proc.kill)
-    timer.start()
-    try:
-        for line in proc.stdout:
-            if not any(c in line for c in FLOWER_CHATTER):
-                sys.stdout.write(line)
-                sys.stdout.flush()
-        proc.wait()
-    finally:
-        timer.cancel()
-    return subprocess.CompletedProcess(command, proc.returncode)

@@ -7,6 +7,8 @@ from __future__ import annotations
 import socket
 from pathlib import Path
 
+import pytest
+
 from cuvil_edge.cli.main import main
 
 
@@ -36,3 +38,56 @@ def test_a_superlink_that_is_down_is_named_not_reachable(tmp_path, capsys):
         assert main([*command, "--home", str(tmp_path)]) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and "did not answer" in err and "unavailable" in err
+
+
+def _home_with_superlink(tmp_path: Path, enrolled: list[str]) -> Path:
+    import json
+
+    (tmp_path / "flwr").mkdir()
+    (tmp_path / "flwr" / "config.toml").write_text('[superlink]\ndefault = "cuvil"\n')
+    (tmp_path / "sites.json").write_text(json.dumps({"format": 1, "sites": {s: {"node_id": "1"} for s in enrolled}}))
+    return tmp_path
+
+
+def test_run_refuses_a_listed_site_that_is_not_enrolled_before_submitting(tmp_path, monkeypatch, capsys):
+    from cuvil_edge.coordinator import preflight, superlink
+
+    home = _home_with_superlink(tmp_path, ["hospital-a", "fleet-c"])
+    monkeypatch.setattr(preflight, "online_sites", lambda home, registry: set(registry))
+    monkeypatch.setattr(superlink, "submit_run", lambda *a, **k: pytest.fail("submitted"))
+    assert main(["run", "--federation", str(FEDERATION), "--home", str(home)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "factory-b" in err and str(FEDERATION.parent / "sites" / "factory-b.yaml") in err
+    assert "cuvil-edge coordinator enroll" in err and "sites:" in err
+
+
+def test_run_that_fails_exits_1_with_the_serverapps_reason_on_one_line(tmp_path, monkeypatch, capsys):
+    from cuvil_edge.coordinator import preflight, superlink
+
+    def failed(*a, **k):
+        raise superlink.RunEndedError("the run ended as 'finished:failed': no site trained in any round: "
+                                      "hospital-a: PACKAGE_REJECTED", "finished:failed", "no site trained ...")
+
+    monkeypatch.setattr(preflight, "wait_for_sites", lambda *a, **k: ())
+    monkeypatch.setattr(superlink, "submit_run", failed)
+    assert main(["run", "--federation", str(FEDERATION), "--home", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert err == ("error: the run ended as 'finished:failed': no site trained in any round: "
+                   "hospital-a: PACKAGE_REJECTED\n")
+
+
+def test_run_resume_says_what_is_left_and_refuses_when_nothing_is(tmp_path, monkeypatch, capsys):
+    import numpy as np
+
+    from cuvil_edge.coordinator import preflight, superlink
+    from cuvil_edge.coordinator.checkpoints import save_checkpoint
+
+    submitted = []
+    monkeypatch.setattr(preflight, "wait_for_sites", lambda *a, **k: ())
+    monkeypatch.setattr(superlink, "submit_run", lambda *a, **k: submitted.append(k) or "finished:completed")
+    assert main(["run", "--federation", str(FEDERATION), "--home", str(tmp_path), "--resume"]) == 2
+    assert "nothing to resume" in capsys.readouterr().err and not submitted
+    save_checkpoint(tmp_path, "digits-demo", 3, {"w": np.ones(1)}, planned_rounds=5)
+    assert main(["run", "--federation", str(FEDERATION), "--home", str(tmp_path), "--resume"]) == 0
+    assert "resuming digits-demo after round 3 of 5: 2 rounds left" in capsys.readouterr().out
+    assert submitted and submitted[0]["resume"] is True

@@ -138,6 +138,9 @@ def test_run_checks_the_federation_and_its_sites_before_submitting(tmp_path, mon
 
     submitted = []
     monkeypatch.setattr(superlink, "submit_run", lambda home, app, fed, *a, **k: submitted.append(fed) or "done")
+    from cuvil_edge.coordinator import preflight
+
+    monkeypatch.setattr(preflight, "wait_for_sites", lambda *a, **k: ())  # no SuperLink here
     (tmp_path / "configs" / "sites").mkdir(parents=True)
     (tmp_path / "configs" / "federation.yaml").write_text(
         "name: f\nrounds: 1\nmodel: builtin:digits-cnn\nsites: [sites/a.yaml]\n")
