@@ -197,6 +197,20 @@ class DataError(ConfigError):
     """A site's own data files (site YAML ``data``) are missing, malformed or do not fit the model."""
 
 
+class MissingDependencyError(ConfigError):
+    """This install lacks an optional dependency the command needs (pyproject's extras split them by
+    role, so a device installs no torch, onnx or Flower it does not use); the message names the
+    extra that brings it, e.g. ``pip install 'cuvil-edge[train]'`` (see :mod:`cuvil_edge.extras`)."""
+
+    def __init__(self, what: str, extra: str, missing: tuple[str, ...] = ()) -> None:
+        absent = f" ({', '.join(missing)} not installed)" if missing else ""
+        super().__init__(f"{what}{absent}: pip install 'cuvil-edge[{extra}]'")
+        #: the extra that brings the dependency
+        self.extra = extra
+        #: the top-level modules found missing
+        self.missing = tuple(missing)
+
+
 # --- the target cannot run it -----------------------------------------------
 class TargetError(CuvilError):
     """The target cannot build or run the package."""

@@ -51,6 +51,12 @@ within a negligible margin of the continuous one.
 
 This module imports neither opacus nor torch (dp_accounting, and with it scipy, is imported
 when a PLD is first needed: about 1.2 s once per process).
+
+Without dp_accounting (the device install, which has no scipy: pyproject's extras) there is no
+PLD bound: :func:`pld_epsilon` is infinite, the approximate events' part of the basic bound is
+their RDP ε instead, and the charged total is that basic bound. It is never below the PLD-charged
+total a full install computes for the same events (pure events cost their exact sum either way),
+so a device without it may refuse a release a full install would allow, never the other way.
 """
 
 from __future__ import annotations
@@ -68,6 +74,7 @@ from typing import Any, ClassVar, Iterable, Sequence, Union
 import numpy as np
 
 from cuvil_edge.errors import PrivacyError
+from cuvil_edge.extras import missing
 from cuvil_edge.privacy._checks import int_at_least, positive_finite
 from cuvil_edge.privacy.rdp import laplace_rdp, rdp_to_epsilon, sgm_rdp_once
 
@@ -274,8 +281,16 @@ def composed_pld(events: Sequence[Event], interval: float = PLD_VALUE_INTERVAL) 
     return acc
 
 
+@lru_cache(maxsize=1)
+def pld_available() -> bool:
+    """Whether the PLD accountant can run here: dp_accounting and scipy are installed (they come
+    with ``cuvil-edge[train]`` and ``[coordinator]``; the device install has neither)."""
+    return not missing(("dp_accounting", "scipy"))
+
+
 def pld_epsilon(events: Sequence[Event], delta: float, interval: float = PLD_VALUE_INTERVAL) -> float:
-    """ε at ``delta`` of ``events`` composed by the pessimistic PLD accountant.
+    """ε at ``delta`` of ``events`` composed by the pessimistic PLD accountant; ``math.inf`` where
+    it cannot run (:func:`pld_available`: no bound, so the others decide, see the module docstring).
 
     Raises:
         PrivacyError: bad delta or not an event.
@@ -289,7 +304,18 @@ def pld_epsilon(events: Sequence[Event], delta: float, interval: float = PLD_VAL
             raise PrivacyError(f"not a privacy event: {e!r}")
     if not events:
         return 0.0
+    if not pld_available():
+        return math.inf
     return max(0.0, float(composed_pld(events, interval).get_epsilon_for_delta(delta)))
+
+
+def _approximate_epsilon(events: Sequence[Event], delta: float, orders: Sequence[float]) -> Fraction:
+    """ε of the approximate events at the whole ``delta`` for the basic bound: their PLD ε, or
+    their RDP ε where the PLD gives no finite bound (both are valid for them composed)."""
+    eps = pld_epsilon(events, delta)
+    if not math.isfinite(eps):
+        eps = rdp_to_epsilon(orders, sum(e.rdp(orders) for e in events), delta)[0]
+    return Fraction(eps)
 
 
 #: The charged PLD total is rounded up to a multiple of this (never down), so that a few pure
@@ -351,7 +377,7 @@ class Accountant:
         pure = sum((Fraction(e.epsilon) for e in self.events if isinstance(e, _PURE)), Fraction(0))
         approx = [e for e in self.events if not isinstance(e, _PURE)]
         if approx:
-            pure += Fraction(pld_epsilon(approx, delta))
+            pure += _approximate_epsilon(approx, delta, self.orders)
         return pure
 
     def epsilon_exact(self, delta: float) -> Fraction:
@@ -434,6 +460,6 @@ def cumulative_epsilons(events: Sequence[Event], delta: float,
             pure += Fraction(e.epsilon)
         else:
             approx.append(e)
-        basic = pure + (Fraction(pld_epsilon(approx, delta)) if approx else 0)
+        basic = pure + (_approximate_epsilon(approx, delta, orders) if approx else 0)
         out.append(float(_charged(pld_epsilon(acc.events, delta), basic)))
     return out
