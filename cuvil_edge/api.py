@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Iterator, Mapping, Optional, Union
 import numpy as np
 
 from cuvil_edge.errors import ConfigError, ExecutionError, ModelError
+from cuvil_edge.extras import require
 
 if TYPE_CHECKING:
     from cuvil_edge.config import FederationConfig
@@ -236,7 +237,9 @@ def _import(model: ModelSource) -> "Graph":
 
     Raises:
         ModelError: ``model`` is not a path, bytes or ModelProto (or load_model's own errors).
+        MissingDependencyError: onnx is not installed.
     """
+    require(("onnx",), "compiling a model needs onnx", "coordinator")
     import onnx
 
     from cuvil_edge.frontend import load_model

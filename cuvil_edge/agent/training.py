@@ -11,6 +11,7 @@ import numpy as np
 from cuvil_edge.config.site import SiteConfig
 from cuvil_edge.datasets.digits import Split
 from cuvil_edge.errors import BudgetExhaustedError
+from cuvil_edge.extras import require
 from cuvil_edge.ir.graph import Graph
 from cuvil_edge.privacy import PrivacyLedger
 
@@ -49,7 +50,10 @@ def train_round(graph: Graph, site: SiteConfig, data: Split, ledger: PrivacyLedg
         BudgetExhaustedError: the round would take the site over its budget (nothing reserved).
         PrivacyError: the hyperparameters cannot give the target ε, the data is unusable, or
             ``proximal_mu`` is not a finite number >= 0 (refused before anything is reserved).
+        MissingDependencyError: torch or opacus is not installed (refused before anything is
+            reserved; a device that only evaluates and infers installs neither).
     """
+    require(("torch", "opacus"), "training needs torch and opacus", "train")
     from cuvil_edge.agent.torch_model import IRTorchModule
     from cuvil_edge.privacy.accounting import DpSgd
     from cuvil_edge.privacy.batch_independence import check_batch_independent

@@ -11,7 +11,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from cuvil_edge.errors import ConfigError
+from cuvil_edge.errors import MissingDependencyError
 
 FLOWER_ENV = {"FLWR_TELEMETRY_ENABLED": "0", "FLWR_DISABLE_UPDATE_CHECK": "1",
               "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1"}
@@ -28,9 +28,11 @@ def flower_tool(name: str) -> str:
     """The path of one of Flower's commands, preferring the one beside this Python.
 
     Raises:
-        ConfigError: it is not installed.
+        MissingDependencyError: it is not installed (a ConfigError); a device's SuperNode comes
+            with ``cuvil-edge[agent]``, the SuperLink and ``flwr`` with ``cuvil-edge[coordinator]``.
     """
     found = shutil.which(name, path=str(Path(sys.executable).parent)) or shutil.which(name)
     if found is None:
-        raise ConfigError(f"`{name}` is not installed; cuvil-edge needs flwr[simulation] 1.42")
+        raise MissingDependencyError(f"`{name}` comes with Flower 1.42, which this install lacks",
+                                     "agent" if name == "flower-supernode" else "coordinator")
     return found

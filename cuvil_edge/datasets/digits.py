@@ -20,6 +20,7 @@ import numpy as np
 
 from cuvil_edge.atomic import atomic_write
 from cuvil_edge.errors import ConfigError
+from cuvil_edge.extras import require
 
 
 @dataclass(frozen=True)
@@ -28,8 +29,15 @@ class Split:
     y: np.ndarray  # int64 [n]
 
 
+def _require_sklearn() -> None:
+    """The digits come with scikit-learn, which a device reading its own files does not install."""
+    require(("sklearn",), "the demo's digits data needs scikit-learn (a site's own npz, csv or image "
+            "files do not)", "coordinator")
+
+
 @lru_cache(maxsize=4)
 def _load() -> tuple[np.ndarray, np.ndarray]:
+    _require_sklearn()
     from sklearn.datasets import load_digits
 
     data = load_digits()
@@ -82,6 +90,7 @@ def site_partition(index: int, num_sites: int, *, test_fraction: float = 0.2,
 
 @lru_cache(maxsize=4)
 def _train_test_indices(test_fraction: float) -> tuple[np.ndarray, np.ndarray]:
+    _require_sklearn()
     from sklearn.model_selection import train_test_split
 
     _, y = _load()

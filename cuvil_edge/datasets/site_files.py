@@ -48,6 +48,7 @@ from cuvil_edge.config.site import DataSection
 from cuvil_edge.datasets.digits import Split
 from cuvil_edge.datasets.split import PUBLIC_SPLIT_KEY, split_records
 from cuvil_edge.errors import DataError
+from cuvil_edge.extras import require
 from cuvil_edge.ir.graph import Graph
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
@@ -321,6 +322,7 @@ def _image(root: Path, path: Path, record: tuple[int, ...]) -> np.ndarray:
     Raises:
         DataError: not a PNG or JPEG, more pixels than :func:`pixel_cap`, unreadable, or a link.
     """
+    require(("PIL",), "image-folder site data needs pillow", "images")
     from PIL import Image, UnidentifiedImageError
 
     channels, height, width = record

@@ -38,6 +38,7 @@ from cuvil_edge.device_targets.cost_kernels import fit_gemm
 from cuvil_edge.device_targets.cost_model import NUMPY_PAD, WINDOW_TAP
 from cuvil_edge.device_targets.spec import TargetSpec, load_target
 from cuvil_edge.errors import TargetSpecError
+from cuvil_edge.extras import require
 
 logger = logging.getLogger(__name__)
 
@@ -95,6 +96,7 @@ def calibrate(base: str = "x86-64", *, name: str = "host", quick: bool = False,
         UnknownTargetError, TargetSpecError: ``base`` names no valid spec, or the measured spec
             does not validate (the message names the field).
     """
+    require(("onnx",), "calibrating builds its probe models with onnx", "coordinator")
     reference = load_target(base, specs_dir=specs_dir)
     budget = 0.02 if quick else 0.08  # CPU seconds of timing per measurement (the fastest sample counts)
     with _one_thread() as limited:
