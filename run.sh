@@ -30,7 +30,8 @@ setup() {
   # torch first, pinned: this CPU build comes from local disk; a bare `torch`
   # requirement (from opacus or flwr) would otherwise pull a multi-GB CUDA build.
   "${pip[@]}" install "torch==2.13.0"
-  "${pip[@]}" install -e ".[test]"
+  # every profile (device, training, coordinator, simulation: pyproject's extras) and the tests
+  "${pip[@]}" install -e ".[all,test]"
   touch "$STAMP"
 }
 
