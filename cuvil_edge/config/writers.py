@@ -110,6 +110,7 @@ def federation_yaml(name: str, model: str, site_files: Sequence[Path], *, folder
     if test is not None:
         body["dataset"] = {"test": test.section(folder)}
     body["round_timeout"] = 600
+    body["start_timeout"] = 300
     if min_sites is not None:
         body["min_sites"] = int(min_sites)
     body["strategy"] = {"name": "fedavgm", "server_momentum": 0.5}
