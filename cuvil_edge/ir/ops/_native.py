@@ -1,4 +1,5 @@
-"""The native kernel library: ``native_kernels.c`` compiled on this machine by its own C compiler.
+"""The native kernel library: ``native_*.c`` beside this file (``native_kernels.c`` and one file per
+kernel family) compiled into one shared object on this machine by its own C compiler.
 
 Kernels that have a native path read it through :func:`library` inside ``if TARGET_NATIVE:``
 (a target capability the pruner keeps or removes) and fall back to their numpy code when it
@@ -45,6 +46,8 @@ from cuvil_edge.errors import UnsafePathError
 logger = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("native_kernels.c")
+#: Every C file of the library, in a fixed order (the cache digest covers each one's bytes).
+SOURCES = (SOURCE, *sorted(p for p in SOURCE.parent.glob("native_*.c") if p != SOURCE))
 ABI_VERSION = 3
 KEY_FILE = "mac.key"
 MAC_SUFFIX = ".hmac"
@@ -117,7 +120,7 @@ def _build(compiler: str, flags: tuple[str, ...], libs: tuple[str, ...], folder:
     handle, temp = tempfile.mkstemp(prefix=".kernels-", suffix=".so", dir=folder)
     os.close(handle)
     try:
-        done = subprocess.run([compiler, *flags, "-o", temp, str(SOURCE), *libs], capture_output=True, timeout=120)
+        done = subprocess.run([compiler, *flags, "-o", temp, *map(str, SOURCES), *libs], capture_output=True, timeout=120)
         if done.returncode == 0:
             return Path(temp).read_bytes()
         errors.append(done.stderr.decode(errors="replace")[-500:])
@@ -140,7 +143,7 @@ def _library_bytes(compiler: str, folder: Path) -> tuple[Path, bytes] | None:
     """
     private_dir.ensure_private_dir(folder, what="native kernel cache")
     key = private_dir.load_or_create_key(folder / KEY_FILE, what="native kernel cache key")
-    source = SOURCE.read_bytes()
+    source = b"\0".join(p.name.encode() + b"\0" + p.read_bytes() for p in SOURCES)
     try:
         version = subprocess.run([compiler, "--version"], capture_output=True, timeout=30).stdout
     except (OSError, subprocess.SubprocessError):
