@@ -257,10 +257,10 @@ def run_federation_cmd(federation: Path = typer.Option(Path("configs/federation.
 
         done, total = resume_plan(home, federation, rounds)
         console.print(f"resuming {escape(config.name)} after round {done} of {total}: {total - done} round"
-                      f"{'' if total - done == 1 else 's'} left")
+                      f"{'' if total - done == 1 else 's'} left", soft_wrap=True)
     listed = {site.site: path for site, path in zip(sites, config.sites)}
     missing = preflight.wait_for_sites(home, listed, min_sites=config.min_sites, start_timeout=config.start_timeout,
-                                       echo=lambda line: console.print(escape(line)))
+                                       echo=lambda line: console.print(escape(line), soft_wrap=True))
     try:
         status = submit_run(home, APP_DIR, federation, rounds, resume=resume, verbose=verbose)
     except RunEndedError as e:
@@ -268,7 +268,7 @@ def run_federation_cmd(federation: Path = typer.Option(Path("configs/federation.
         raise typer.Exit(1)
     reports = max((p for p in (Path(home) / "runs").glob("run-*") if (p / "metrics.json").exists()), default=None)
     console.print(escape(f"run {status}" + (f" without {', '.join(missing)}" if missing else "")
-                         + f"; reports in {reports or Path(home) / 'runs'}"))
+                         + f"; reports in {reports or Path(home) / 'runs'}"), soft_wrap=True)
 
 
 @app.command("status")
