@@ -154,7 +154,11 @@ def test_enrolled_devices_run_a_rogue_is_refused_and_a_killed_coordinator_resume
         # registrations; the run resumes from the last checkpoint and the devices accept its packages
         fed.restart_superlink(log_file=tmp_path / "superlink2.log")
         fed.wait_online()
+        capsys.readouterr()
         assert submit_run(home, APP_DIR, fed_path, rounds=3, timeout=900, resume=True) == "finished:completed"
+        shown = capsys.readouterr().out  # the checkpoint's model first, never a table of "no reply"
+        assert "resuming digits-demo after round 2 of 3: 1 round left" in shown and "no reply" not in shown, shown
+        assert "round 2: global test accuracy" in shown and "round 3: global test accuracy" in shown
         devices = list(fed.device_homes)
 
         # a lost device (docs/DEPLOYMENT.md §9): its replacement (the rogue's keys) is enrolled with
@@ -180,6 +184,7 @@ def test_enrolled_devices_run_a_rogue_is_refused_and_a_killed_coordinator_resume
         assert stats["status"] == "ok" and stats["eps-spent"] > 0
     after = json.loads((resumed_run / "metrics.json").read_text())["rounds"]
     assert [r["round"] for r in after] == [2, 3] and after[0]["global_accuracy"] == rounds[-1]["global_accuracy"]
+    assert after[0]["initial"] and not after[1].get("initial")
     for site, stats in after[-1]["sites"].items():
         assert stats["status"] == "ok", (site, stats)
         assert stats["eps-spent"] > rounds[-1]["sites"][site]["eps-spent"]  # the same ledger, spent further
@@ -244,8 +249,9 @@ def test_a_killed_clientapp_fails_only_its_site_and_a_killed_supernode_rejoins_w
         fed.supernodes[0] = agent  # stopped (SIGTERM, which stops its SuperNode) with the others
         _wait_rejoined(home, node_id, since=killed_at)  # the same node id, in a new session
 
-        with pytest.raises(DeploymentError, match="finished:failed"):  # 1 of 1 rounds done: the ServerApp
-            submit_run(home, APP_DIR, fed_path, rounds=1, timeout=600, resume=True)  # refuses, and we say so
+        with pytest.raises(DeploymentError, match="finished:failed") as refused:  # 1 of 1 rounds done: the
+            submit_run(home, APP_DIR, fed_path, rounds=1, timeout=600, resume=True)  # ServerApp refuses, we say why
+        assert refused.value.reason.startswith("federation 'digits-demo' already completed 1 of 1 rounds")
         assert submit_run(home, APP_DIR, fed_path, rounds=2, timeout=600, resume=True) == "finished:completed"
         second_run = max(r for r in (home / "runs").iterdir() if (r / "metrics.json").exists())
         r2 = json.loads((second_run / "metrics.json").read_text())["rounds"][-1]
@@ -258,15 +264,71 @@ def test_a_killed_clientapp_fails_only_its_site_and_a_killed_supernode_rejoins_w
     assert all(not Path(f"/proc/{pid}").exists() for pid in restarted)
 
 
-def test_interrupting_run_stops_its_run_on_the_superlink(tmp_path):
-    """Ctrl-C on `cuvil-edge run` (SIGINT to its process group, as a terminal sends it) ends
-    `flwr run` and stops the run on the SuperLink too, instead of leaving it `running` there."""
+def _naming(folder: Path) -> list[str]:
+    """Command lines of the running processes that name a path under ``folder`` (Linux /proc)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if entry.name.isdigit() and int(entry.name) != os.getpid() and str(folder) in cmd:
+            found.append(cmd)
+    return found
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "cuvil_edge", *args], capture_output=True, text=True, timeout=300)
+
+
+def _federation_variant(fed_path: Path, name: str, extra: str = "", site: str | None = None) -> Path:
+    """A copy of the federation beside it (so its site paths hold), with ``extra`` keys and one more site."""
+    text = fed_path.read_text() + extra
+    if site:
+        text = text.replace("  - sites/fleet-c.yaml\n", f"  - sites/fleet-c.yaml\n  - sites/{site}.yaml\n")
+    path = fed_path.with_name(name)
+    path.write_text(text)
+    return path
+
+
+def test_run_checks_its_sites_first_and_interrupting_it_or_the_coordinator_stops_everything(tmp_path):
+    """Before `cuvil-edge run` submits: a listed site nobody enrolled is refused at once; an enrolled
+    one that is offline is waited for up to start_timeout, then refused (all sites needed) or left
+    out (min_sites met). Ctrl-C on `run` (SIGINT to its process group, as a terminal sends it) ends
+    `flwr run` and stops the run on the SuperLink too. A run's output is its report, not Flower's
+    log. The coordinator stopped mid-round (what `serve` does on SIGTERM) is gone within 10 s, its
+    ServerApp with it."""
     from cuvil_edge.coordinator.runs import list_runs
 
     fed_path = _configs(tmp_path)
+    fed_path.write_text(fed_path.read_text().replace("start_timeout: 300", "start_timeout: 3"))
+    sites = tmp_path / "configs" / "sites"
+    stranger = (sites / "fleet-c.yaml").read_text().replace("site: fleet-c", "site: clinic-d")
+    (sites / "clinic-d.yaml").write_text(stranger)
+    with_stranger = _federation_variant(fed_path, "with-stranger.yaml", site="clinic-d")
+    without_one = _federation_variant(fed_path, "min-sites.yaml", "min_sites: 2\n")
     with local_federation(tmp_path / "deployment", fed_path) as fed:
         home = fed.home
-        command = [sys.executable, "-m", "cuvil_edge", "run", "--federation", str(fed_path), "--home", str(home),
+        refused = _cli("run", "--federation", str(with_stranger), "--home", str(home))
+        assert refused.returncode == 2 and refused.stderr.count("\n") == 1, refused.stdout + refused.stderr
+        assert "clinic-d" in refused.stderr and "cuvil-edge coordinator enroll" in refused.stderr
+
+        fed.supernodes[2].terminate()  # fleet-c's device stops
+        fed.supernodes[2].wait(timeout=60)
+        fleet_c = json.loads((home / "sites.json").read_text())["sites"]["fleet-c"]["node_id"]
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            listed = json.loads(flwr_cli(home, "supernode", "list", CONNECTION, "--format", "json").stdout)["nodes"]
+            if all(n["status"] != "online" for n in listed if str(n["node-id"]) == fleet_c):
+                break
+            time.sleep(2)
+        refused = _cli("run", "--federation", str(fed_path), "--home", str(home))
+        assert refused.returncode == 2, refused.stdout + refused.stderr
+        assert "waiting up to 3 s for fleet-c (enrolled, offline)" in refused.stdout
+        assert "fleet-c is enrolled but offline after 3 s" in refused.stderr and refused.stderr.count("\n") == 1
+        assert not list_runs(home)  # nothing reached the SuperLink
+
+        command = [sys.executable, "-m", "cuvil_edge", "run", "--federation", str(without_one), "--home", str(home),
                    "--rounds", "5"]
         proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                 start_new_session=True)
@@ -283,7 +345,37 @@ def test_interrupting_run_stops_its_run_on_the_superlink(tmp_path):
                 os.killpg(proc.pid, signal.SIGKILL)
         assert proc.returncode == 130, output[-2000:]
         assert f"stopped run {ours.run_id} on the SuperLink" in output
+        assert "starting without fleet-c (offline after 3 s; 2 of 3 sites are online" in output
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and not list_runs(home)[0].status.startswith("finished"):
             time.sleep(1)
         assert list_runs(home)[0].status == "finished:stopped"
+
+        # a run mid-round, and the coordinator stops
+        proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        lines: list[str] = []
+        reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
+        reader.start()
+        try:
+            deadline = time.monotonic() + 240
+            while time.monotonic() < deadline and not any(line.startswith("round 0:") for line in lines):
+                assert proc.poll() is None, "".join(lines)
+                time.sleep(0.5)
+            time.sleep(5)  # round 1: packages out, the sites training
+            serverapps = [cmd for cmd in _naming(home) if "flwr-serverapp" in cmd]
+            assert serverapps, _naming(home)
+            began = time.monotonic()
+            fed.superlink.terminate()
+            took = time.monotonic() - began
+            proc.wait(timeout=120)  # `run` sees its SuperLink gone
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        reader.join(timeout=10)
+        assert took < 10, took
+        deadline = time.monotonic() + 10
+        while _naming(home) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert _naming(home) == []  # no ServerApp, executor, gateway or SuperLink of the home is left
+        flower_info = [line for line in lines if re.match(r"^(\x1b\[[0-9;]*m)?INFO", line)]
+        assert not flower_info and any(line.startswith("round 0: global test accuracy") for line in lines), lines
