@@ -43,6 +43,8 @@ from typing import Callable
 
 import numpy as np
 
+from cuvil_edge.ir.ops._conv_path import im2col_block_rows
+
 #: Arrays at least this large come from mmap on every allocation (glibc's largest dynamic mmap
 #: threshold, DEFAULT_MMAP_THRESHOLD_MAX on 64-bit): their pages are faulted in by each call.
 MMAP_LIMIT = 32 << 20
@@ -234,7 +236,7 @@ def measure_gather(budget: float) -> dict[str, float]:
             st, o = x.strides, (size - 1) // stride + 1
             win = np.ndarray((c, o, o, 3, 3), np.float32, x, 0,
                              (st[0], st[1] * stride, st[2] * stride, st[1], st[2]))
-            rows = max(1, min(o, (1 << 20) // (c * 9 * o * 4)))
+            rows = im2col_block_rows(o, c * 9 * o * 4)
             block = np.empty((c, 3, 3, rows, o), np.float32)
             t = _time_per_call(lambda: np.copyto(block, win[:, :rows].transpose(0, 3, 4, 1, 2)), budget)
             per.append(t / block.size)

@@ -51,6 +51,7 @@ from cuvil_edge.device_targets.spec import PRECISIONS, TargetSpec, resolve
 from cuvil_edge.errors import BuildError, CuvilError
 from cuvil_edge.ir import cost, dims, dtypes, ops
 from cuvil_edge.ir.graph import Graph, Node, TensorType
+from cuvil_edge.ir.ops._conv_path import conv_path, im2col_block_rows
 
 Bound = Literal["compute", "memory", "overhead"]
 
@@ -84,10 +85,10 @@ NUMPY_PAD = "numpy pad"
 #: with a dozen arguments; normalisations compute statistics in several calls.
 KIND_FACTORS: dict[str, float] = {
     "conv im2col": 12.5, "conv im2col blocks": 12.5, "conv per-tap gemm": 12.5, "conv depthwise taps": 12.5,
-    "conv-transpose gemm": 12.5, "conv depthwise native": 9.0, "conv 1x1 gemm": 4.7, "gemm": 1.0,
-    "gemm rows collapsed": 1.6, "gemm batched": 1.5, "native": 2.7, "native layer norm": 6.5,
-    "numpy window taps": 12.0,
-    "normalization": 8.0, "gather": 3.0, "reduce": 5.0, "transpose": 1.5, "elementwise": 1.0, "view": 0.7,
+    "conv-transpose gemm": 12.5, "conv depthwise native": 9.0, "conv native gemm": 9.0, "conv 1x1 gemm": 4.7,
+    "gemm": 1.0, "gemm rows collapsed": 1.6, "gemm batched": 1.5, "native": 2.7, "native layer norm": 6.5,
+    "numpy window taps": 12.0, "normalization": 8.0, "gather": 3.0, "reduce": 5.0, "transpose": 1.5,
+    "elementwise": 1.0, "view": 0.7,
 }
 
 
@@ -362,8 +363,8 @@ def _work(node: Node, ins, outs, large: bool, native: bool) -> _Work:
 
 
 def _conv(node: Node, ins, outs, large: bool, native: bool) -> _Work:
-    """k_conv's branches: native depthwise, 1x1 matmul, im2col whole or in blocks, numpy depthwise
-    per tap, low-memory per-tap products; then the epilogue (bias, activation)."""
+    """k_conv's branches, by :func:`conv_path`: native depthwise, native GEMM, 1x1 matmul, im2col
+    whole or in blocks, numpy depthwise per tap, low-memory per-tap products; then the epilogue."""
     attrs = ops.get(node.op_type, node.describe()).attrs(node)
     x, w, y = ins[0], ins[1], outs[0]
     n, c, m, kernel = x.shape[0], x.shape[1], w.shape[0], tuple(w.shape[2:])
@@ -376,31 +377,34 @@ def _conv(node: Node, ins, outs, large: bool, native: bool) -> _Work:
     exp = n * m * p if act in TRANSCENDENTAL_ACTIVATIONS else 0
     bias = len(ins) > 2 and ins[2] is not None
     epilogue = 2 * y_bytes * ((bias + (act != "none")) if not native or y.numel() < 1 << 15 else 1)
-    depthwise = group == c and mg == 1
     calls, foreign = _epilogue_calls(bias, act, native and x.dtype != "float16", y.numel())
     strided = any(s != 1 for s in attrs.get("strides") or ())
-    if depthwise and native and k == 2 and x.dtype == "float32":
+    path = conv_path(k, c, m, group, max(kernel, default=1) == 1, padded, native and x.dtype == "float32", large,
+                     c * taps * p * item)
+    if path == "native depthwise":
         st, di = attrs.get("strides") or (1, 1), attrs.get("dilations") or (1, 1)
         padded_plane = tuple((o - 1) * s + d * (kk - 1) + 1 for o, s, d, kk in zip(out, st, di, kernel))
         # bias and Relu/Clip inside the C kernel; sigmoid/swish/GELU one more foreign call
         return _Work("conv depthwise native", native=True, planes=n * c, exp_elements=exp,
                      depthwise=(n * c, padded_plane, out, taps, tuple(st) != (1, 1)),
                      native_calls=int(act in TRANSCENDENTAL_ACTIVATIONS), calls=4 * (act == "hardswish"))
-    if max(kernel, default=1) == 1 and not padded:
+    if path == "native gemm":  # im2col packing, bias and Relu/Clip in the C GEMM: costed as the sgemm
+        return _Work("conv native gemm", ((m, c * taps, p, n),), exp_elements=exp, products=n,
+                     native_calls=int(act in TRANSCENDENTAL_ACTIVATIONS), calls=4 * (act == "hardswish"))
+    if path == "1x1 matmul":
         # a strided 1x1 reads every s-th pixel: the reshape copies that view (a strided gather)
         return _Work("conv 1x1 gemm", ((mg, cg, p, n * group),), traffic=epilogue, exp_elements=exp, calls=calls,
                      native_calls=foreign, gathered=n * c * p if strided else 0, strided=strided, products=1)
-    if large or depthwise or (group == 1 and k == 2):
-        if depthwise:  # y += window * w per tap: the product written, then y read and written
-            return _Work("conv depthwise taps", calls=2 * taps + calls, traffic=4 * taps * y_bytes + epilogue,
-                         exp_elements=exp, native_calls=foreign)
-        if group == 1 and k == 2 and (not large or w.numel() * p * item > m << 21):
-            rows = max(1, min(out[0], (1 << 20) // (c * taps * out[1] * item)))
-            blocks = n * -(-out[0] // rows)
-            # each block's strided gather is one more read and write of its columns
-            return _Work("conv im2col blocks", ((m, c * taps, rows * out[1], blocks),), calls=2 * blocks + calls,
-                         traffic=2 * n * c * taps * p * item + epilogue, exp_elements=exp, gathered=n * c * taps * p,
-                         native_calls=foreign, strided=strided)
+    if path == "depthwise taps":  # y += window * w per tap: the product written, then y read and written
+        return _Work("conv depthwise taps", calls=2 * taps + calls, traffic=4 * taps * y_bytes + epilogue,
+                     exp_elements=exp, native_calls=foreign)
+    if path == "im2col blocks":  # each block's strided gather is one more read and write of its columns
+        rows = im2col_block_rows(out[0], c * taps * out[1] * item)
+        blocks = n * -(-out[0] // rows)
+        return _Work("conv im2col blocks", ((m, c * taps, rows * out[1], blocks),), calls=2 * blocks + calls,
+                     traffic=2 * n * c * taps * p * item + epilogue, exp_elements=exp, gathered=n * c * taps * p,
+                     native_calls=foreign, strided=strided)
+    if path == "im2col":
         return _Work("conv im2col", ((mg, cg * taps, p, n * group),), traffic=epilogue, exp_elements=exp,
                      gathered=n * c * taps * p, calls=calls, native_calls=foreign, strided=strided, products=1)
     return _Work("conv per-tap gemm", ((mg, cg, p, n * group * taps),), calls=2 * taps + calls,

@@ -20,6 +20,8 @@ from cuvil_edge.device_targets.spec import TargetSpec, resolve
 from cuvil_edge.errors import BuildError, CuvilError
 from cuvil_edge.ir import dims, dtypes, ops
 from cuvil_edge.ir.graph import Graph, Node, TensorType
+from cuvil_edge.ir.ops._conv_path import conv_path, gemm_scratch_bytes, im2col_block_rows
+from cuvil_edge.ir.ops._packing import gemm_panels, packed_conv_bytes
 
 #: Python objects one run creates (frames, argument tuples, the feeds and outputs dicts): 1-4 KiB measured.
 OVERHEAD_BYTES = 2048
@@ -103,33 +105,37 @@ def _activation(kind: str, out: int, native: bool) -> int:
 
 
 def _conv(s: Site) -> int:
-    """k_conv: native depthwise (C: one padded plane and an accumulator); 1x1 as one matmul; im2col,
-    in cache-sized blocks of output rows when the whole would pass 2 MiB or the target has little
-    memory (2-D, one group); numpy depthwise per tap; else one matmul per tap (low memory). Then
-    the bias added in place (numpy's broadcast buffer) and the activation, a new array."""
+    """k_conv, by :func:`conv_path`: native depthwise (C: one padded plane and an accumulator);
+    native GEMM (C: one packed block of im2col columns); 1x1 as one matmul; im2col, in cache-sized
+    blocks of output rows when the whole would pass 2 MiB or the target has little memory (2-D, one
+    group); numpy depthwise per tap; else one matmul per tap (low memory). Then the bias added in
+    place (numpy's broadcast buffer) and the activation, a new array."""
     x, w = s.ins[0], s.ins[1]
     kernel, group, kind = tuple(w.shape[2:]), int(s.attrs.get("group", 1)), str(s.attrs.get("activation", "none"))
     strides, pads, dilations, out_sp = _window(s, kernel)
     wide = 4 if x.dtype == "float16" else dtypes.itemsize(x.dtype)  # float16 is computed in float32
-    n, c, m, p = x.shape[0], x.shape[1], w.shape[0], math.prod(out_sp)
+    n, c, m, p, taps = x.shape[0], x.shape[1], w.shape[0], math.prod(out_sp), math.prod(kernel)
     y, depthwise, block = n * m * p * wide, group == c and m == group, s.buffer(n * m * p * wide, wide)
-    if s.native and depthwise and len(kernel) == 2 and x.dtype == "float32":
+    path = conv_path(len(kernel), c, m, group, max(kernel, default=1) == 1, any(pads),
+                     s.native and x.dtype == "float32", s.large_scratch, c * taps * p * wide)
+    if path == "native depthwise":
         plane = _padded(x, kernel, strides, pads, dilations, out_sp, 4, planes=False)
         tail = (kernel[1] - 1) * dilations[1] * 4
         flat = all(st == 1 for st in strides)  # the accumulator spans the padded width
         acc = (out_sp[0] * plane // (4 * (out_sp[0] + dilations[0] * (kernel[0] - 1))) if flat else out_sp[1]) * 4
         return plane + tail + acc + (y + _activation(kind, y, True) if kind == "hardswish" else 0)
+    if path == "native gemm":  # the packed weights are held for the module's life: runtime weights
+        return max(gemm_scratch_bytes(c * taps, p, gemm_panels()[1]),
+                   y + _activation(kind, y, True) if kind == "hardswish" else 0)  # the block is freed first
     held = (x.numel() + w.numel()) * wide if wide != dtypes.itemsize(x.dtype) else 0  # float32 copies
-    taps = math.prod(kernel)
-    tiled = group == 1 and len(kernel) == 2 and (not s.large_scratch or c * taps * p * wide > 1 << 21)
-    if max(kernel, default=1) == 1 and not any(pads):
+    if path == "1x1 matmul":
         main = y + (n * c * p * wide if any(st != 1 for st in strides) else 0)  # reshape copies a strided x
-    elif s.large_scratch or depthwise or tiled:
+    elif path != "per-tap gemm":
         held += _padded(x, kernel, strides, pads, dilations, out_sp, wide) if any(pads) else 0
-        if depthwise:
+        if path == "depthwise taps":
             main = 2 * y + block  # y and one broadcast-scaled window per tap
-        elif tiled:  # one block of output rows' columns, about 1 MiB
-            rows = max(1, min(out_sp[0], (1 << 20) // (c * taps * out_sp[1] * wide)))
+        elif path == "im2col blocks":  # one block of output rows' columns, about 1 MiB
+            rows = im2col_block_rows(out_sp[0], c * taps * out_sp[1] * wide)
             held += c * taps * rows * out_sp[1] * wide
             main = y
         else:
@@ -297,8 +303,8 @@ class Step:
 
 @dataclass(frozen=True)
 class MemoryPlan:
-    """Planned memory of one build, in bytes: ``peak_bytes`` = weights (+ float16 copies) + the
-    worst step + :data:`OVERHEAD_BYTES`."""
+    """Planned memory of one build, in bytes: ``peak_bytes`` = weights (+ float16 copies, + the
+    native GEMM's packed weights) + the worst step + :data:`OVERHEAD_BYTES`."""
 
     graph: str
     target: str
@@ -312,16 +318,18 @@ class MemoryPlan:
     peak_bytes: int
     peak_step: int
     largest_live: tuple[tuple[str, int], ...]  # the two largest simultaneously-live activations
+    packed_weights_bytes: int = 0  # the native GEMM's packed copies of weights, made once, held with them
 
     @property
     def bound_bytes(self) -> int:
-        """Weights plus the two largest simultaneously-live activations: a floor the plan is compared
+        """Weights (and their packed copies) plus the two largest simultaneously-live activations: a floor the plan is compared
         with, so that ``over_bound`` can name the steps that need far more than it."""
-        return self.weights_bytes + sum(size for _, size in self.largest_live)
+        return self.weights_bytes + self.packed_weights_bytes + sum(size for _, size in self.largest_live)
 
     def over_bound(self, slack: float = 0.10) -> tuple[Step, ...]:
         """The steps whose planned peak exceeds the bound by more than ``slack``, worst first."""
         room = self.bound_bytes * (1 + slack) - self.weights_bytes - self.runtime_weights_bytes - OVERHEAD_BYTES
+        room -= self.packed_weights_bytes
         return tuple(sorted((s for s in self.steps if s.peak_bytes > room), key=lambda s: -s.peak_bytes))
 
     def to_dict(self) -> dict[str, Any]:
@@ -336,7 +344,7 @@ class MemoryPlan:
         over, guessed = self.over_bound(), sorted({s.op_type for s in self.steps if s.estimated})
         return "\n".join([
             f"memory plan for {self.graph!r} on {self.target} ({self.precision}, batch {self.batch}{kernels}): peak "
-            f"{mb(self.peak_bytes)} = weights {mb(self.weights_bytes + self.runtime_weights_bytes)} + live "
+            f"{mb(self.peak_bytes)} = weights {mb(self.weights_bytes + self.runtime_weights_bytes + self.packed_weights_bytes)} + live "
             f"{mb(w.live_bytes)} + scratch {mb(w.scratch_bytes)} at {w.node!r} ({w.op_type})",
             f"bound: weights + {' + '.join(f'{n!r} {mb(b)}' for n, b in self.largest_live)} = {mb(self.bound_bytes)}",
             *(["over the bound + 10 %: " + ", ".join(f"{s.node!r} ({s.op_type}, scratch {mb(s.scratch_bytes)})"
@@ -407,10 +415,11 @@ def plan_memory(graph: Graph, target: TargetSpec | str, *, precision: str = "fp3
               for i, (name, live) in enumerate(wrapper)]
     copies = sum(int(a.size) * 2 for a in graph.initializers.values() if fp16 and a.dtype == np.float32)
     worst = max(range(len(steps)), key=lambda i: steps[i].peak_bytes, default=0)
+    packed = packed_conv_bytes(graph, types, bool(caps["TARGET_LARGE_SCRATCH"])) if native else 0
     weights = graph.parameter_bytes()
-    peak = weights + copies + (steps[worst].peak_bytes if steps else last) + OVERHEAD_BYTES
+    peak = weights + copies + packed + (steps[worst].peak_bytes if steps else last) + OVERHEAD_BYTES
     return MemoryPlan(graph.name, spec.name, precision, batch, not caps["TARGET_LARGE_SCRATCH"], native, weights,
-                      copies, tuple(steps), peak, worst, pair)
+                      copies, tuple(steps), peak, worst, pair, packed)
 
 
 class _Types(dict):

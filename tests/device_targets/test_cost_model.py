@@ -72,7 +72,8 @@ def test_static_batch_target_runs_chunks(graph):
 
 
 def test_im2col_scratch_only_where_the_build_does_im2col(graph):
-    nodes = {n.node: n for n in predict(graph, "x86-64", batch=2).nodes}
+    numpy_only = load_target("x86-64").model_copy(update={"native_kernels": False})
+    nodes = {n.node: n for n in predict(graph, numpy_only, batch=2).nodes}
     conv3, conv1 = nodes["conv3x3"], nodes["conv1x1"]
     assert conv3.kernel == "conv im2col" and conv1.kernel == "conv 1x1 gemm"
     im2col = 2 * 3 * 9 * 16 * 16 * 4  # n x c x taps x out pixels, float32
@@ -80,7 +81,8 @@ def test_im2col_scratch_only_where_the_build_does_im2col(graph):
     assert conv1.scratch_bytes < im2col // 8  # a 1x1 conv is one matmul over x: no column copy
     assert conv3.bytes_read == (2 * 3 * 16 * 16 + 8 * 3 * 9) * 4 and conv3.bytes_written == 2 * 8 * 16 * 16 * 4
     assert nodes["flatten"].bytes_read == nodes["flatten"].bytes_written == 0  # a view
-    low = {n.node: n for n in predict(graph, "rpi4", batch=2).nodes}["conv3x3"]  # 2 GiB: im2col in row blocks
+    low_numpy = load_target("rpi4").model_copy(update={"native_kernels": False})
+    low = {n.node: n for n in predict(graph, low_numpy, batch=2).nodes}["conv3x3"]  # 2 GiB: im2col in row blocks
     assert low.kernel == "conv im2col blocks" and 0 < low.scratch_bytes < conv3.scratch_bytes
 
 
@@ -156,7 +158,7 @@ def test_accelerator_specs_cite_a_bus():
 
 
 def test_kernel_overhead_falls_back_to_scaled_call_overhead(graph):
-    spec = load_target("x86-64")
+    spec = load_target("x86-64").model_copy(update={"native_kernels": False})  # the numpy im2col path
     node = {n.node: n for n in predict(graph, spec).nodes}["conv3x3"]
     assert node.overhead_s == pytest.approx(spec.call_overhead_us * KIND_FACTORS["conv im2col"] * 1e-6)
     custom = spec.model_copy(update={"kernel_overhead_us": {"conv im2col": 1000.0}})
@@ -270,7 +272,7 @@ def test_native_max_pool_is_costed_as_the_strided_plane_loop():
 
 
 def test_im2col_copy_and_fresh_pages_use_their_measured_rates():
-    base = load_target("x86-64")
+    base = load_target("x86-64").model_copy(update={"native_kernels": False})  # the numpy im2col path
     g = one_node("Conv", ["N", 16, 56, 56], (16, 16, 3, 3), pads=[1, 1, 1, 1])
 
     def node(batch, **terms):
@@ -289,7 +291,7 @@ def test_im2col_copy_and_fresh_pages_use_their_measured_rates():
 
 
 def test_strided_convolutions_copy_at_the_strided_gather_rate():
-    base = load_target("x86-64")
+    base = load_target("x86-64").model_copy(update={"native_kernels": False})  # the numpy im2col path
 
     def node(graph, **terms):
         return predict(graph, base.model_copy(update={"kernel_ns": {**KERNEL_NS, **terms}})).nodes[0]

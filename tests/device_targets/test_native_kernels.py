@@ -326,7 +326,8 @@ class _Spy:
 @pytest.mark.parametrize("kernel", [1, 3])
 @pytest.mark.parametrize("act", EPILOGUES)
 def test_the_fused_epilogue_matches_onnxruntime_and_the_numpy_path(tmp_path, monkeypatch, kernel, act):
-    """A convolution's bias and fused activation run in one native pass over its output."""
+    """A dense convolution runs in the native GEMM, its bias and a fused Relu/Clip(0, 6) in the
+    GEMM's store; a transcendental activation in one native pass over its output."""
     rng = np.random.default_rng(kernel * 10 + len(act))
     x = rng.standard_normal((2, 5, 50, 50)).astype(np.float32)  # 35,000 outputs: over the native epilogue's floor
     inits = [("w", rng.standard_normal((7, 5, kernel, kernel)).astype(np.float32)),
@@ -336,7 +337,8 @@ def test_the_fused_epilogue_matches_onnxruntime_and_the_numpy_path(tmp_path, mon
     spy = _Spy(_native.library())
     monkeypatch.setitem(_native._state, "lib", spy)
     native, numpy_only, want, source, _ = _run_three_ways(tmp_path, model, {"x": x}, fuse=True)
-    assert ("cuvil_epilogue_f32" in spy.called) == (act != "HardSwish")  # HardSwish: the numpy kernel's
+    assert "cuvil_conv_gemm_f32" in spy.called
+    assert ("cuvil_epilogue_f32" in spy.called) == (act in ("Sigmoid", "SiLU", "Gelu"))  # the others: in the store
     if act in ("SiLU", "Gelu"):
         assert "Sigmoid" not in source and "k_erf" not in source  # fused into the convolution
     np.testing.assert_allclose(native, want, rtol=1e-5, atol=1e-5)

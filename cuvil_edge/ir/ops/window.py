@@ -21,8 +21,9 @@ from cuvil_edge.ir.graph import TensorType
 from cuvil_edge.ir.ops import _activation
 from cuvil_edge.ir.ops._activation import _activate
 from cuvil_edge.ir.ops._contract import OpDef
-from cuvil_edge.ir.ops._int8 import _i8_ops
+from cuvil_edge.ir.ops._conv_path import conv_path, im2col_block_rows
 from cuvil_edge.ir.ops._native import _native_epilogue, _native_lib
+from cuvil_edge.ir.ops._packing import _native_conv_gemm
 from cuvil_edge.ir.ops._quant import _q_along, _q_requantize, _q_saturate, quant_dtype, same_pair, scale_dtype
 from cuvil_edge.ir.ops._util import (DEFAULT_CAPABILITIES, INT, STR, WINDOW_ATTRS, choice, ints, need, pool_out,
                                      same_dtype, spatial_attrs, want_dtype)
@@ -119,11 +120,16 @@ def k_conv(x, w, b=None, *, strides, pads, dilations, auto_pad, group, activatio
     cg, mg, p = c // group, m // group, 1
     for size in out:
         p *= size
+    lib = None
     if TARGET_NATIVE:
-        lib = _native_lib() if k == 2 and group == c and mg == 1 and x.dtype == np.float32 else None
-        if lib is not None:
+        lib = _native_lib() if x.dtype == np.float32 and k == 2 else None
+    path = conv_path(k, c, m, group, max(kernel, default=1) == 1, any(pd), lib is not None, TARGET_LARGE_SCRATCH,
+                     w.size // max(m, 1) * p * xt.itemsize)
+    if TARGET_NATIVE:
+        clamp = activation == "relu" or activation == "relu6"
+        lo, hi = 0.0 if clamp else -np.inf, 6.0 if activation == "relu6" else np.inf
+        if path == "native depthwise":
             # depthwise 2-D in C: one padded plane at a time, bias and a fused Relu/Clip(0, 6) applied there
-            clamp = activation == "relu" or activation == "relu6"
             y = np.empty((n, m) + out, dtype=np.float32)
             xc, wc = np.ascontiguousarray(x), np.ascontiguousarray(w)
             bc = None if b is None else np.ascontiguousarray(b, dtype=np.float32)
@@ -131,30 +137,33 @@ def k_conv(x, w, b=None, *, strides, pads, dilations, auto_pad, group, activatio
                     xc.ctypes.data, wc.ctypes.data, None if bc is None else bc.ctypes.data, y.ctypes.data, n, c,
                     x.shape[2], x.shape[3], kernel[0], kernel[1], st[0], st[1], di[0], di[1], pd[0], pd[1], out[0],
                     out[1], (out[0] - 1) * st[0] + di[0] * (kernel[0] - 1) + 1,
-                    (out[1] - 1) * st[1] + di[1] * (kernel[1] - 1) + 1, 0.0 if clamp else -np.inf,
-                    6.0 if activation == "relu6" else np.inf) != 0:
+                    (out[1] - 1) * st[1] + di[1] * (kernel[1] - 1) + 1, lo, hi) != 0:
                 raise MemoryError("the native depthwise convolution could not allocate its padded plane")
+        if path == "native gemm":
+            # dense 2-D in C: a register-tiled GEMM over the im2col'd input, bias and Relu/Clip(0, 6) in its store
+            y = _native_conv_gemm(lib, x, w, b, st, pd, di, out, lo, hi)
+        if path == "native depthwise" or path == "native gemm":
             if activation == "sigmoid" or activation == "swish" or activation == "gelu":
                 _native_epilogue(y, None, n * m, m, p, 0, activation)
             elif activation == "hardswish":
                 y = _activate(y, activation)
             return y
-    if max(kernel, default=1) == 1 and not any(pd):
+    if path == "1x1 matmul":
         # 1x1: a plain matmul over the (strided) input, no copy at stride 1
         xs = xt[(slice(None), slice(None)) + tuple(slice(0, (o - 1) * s + 1, s) for o, s in zip(out, st))]
         y = np.matmul(wt.reshape(group, mg, cg), xs.reshape(n, group, cg, p))
-    elif TARGET_LARGE_SCRATCH or (group == c and mg == 1) or (group == 1 and k == 2):
+    elif path != "per-tap gemm":
         win = _win_view(xt, kernel, st, pd, di, out, 0)  # every window, a strided view of the padded input
-        if group == c and mg == 1:
+        if path == "depthwise taps":
             # depthwise: accumulate one scaled window per kernel tap (no im2col copy)
             y = np.zeros((n, c) + out, dtype=t)
             per_tap = wt.reshape(c, -1)
             for index, tap in enumerate(np.ndindex(*kernel)):
                 y += win[(Ellipsis,) + tap] * per_tap[:, index].reshape((1, c) + (1,) * k)
-        elif group == 1 and k == 2 and (not TARGET_LARGE_SCRATCH or w.size * p * xt.itemsize > m << 21):
+        elif path == "im2col blocks":
             # im2col in blocks of output rows whose columns stay in cache (~1 MiB; the whole im2col
             # would be over 2 MiB, or the target has little memory), one matmul per block into y
-            rows = max(1, min(out[0], (1 << 20) // (w.size // m * out[1] * xt.itemsize)))
+            rows = im2col_block_rows(out[0], w.size // m * out[1] * xt.itemsize)
             block = np.empty((c,) + kernel + (rows, out[1]), dtype=t)
             wm = wt.reshape(m, -1)
             y = np.empty((n, m, p), dtype=t)
@@ -188,29 +197,8 @@ def k_conv(x, w, b=None, *, strides, pads, dilations, auto_pad, group, activatio
     return y.astype(x.dtype, copy=False)
 
 
-def _i8_geometry(x, w, strides, pads, dilations, auto_pad):
-    """(strides, pads, dilations, out) of a quantized convolution, as k_conv resolves them."""
-    kernel = w.shape[2:]
-    k = len(kernel)
-    st = strides or (1,) * k
-    di = dilations or (1,) * k
-    if auto_pad == "NOTSET":
-        pd = pads or (0,) * (2 * k)
-    else:
-        pd = _win_same_pads(x.shape[2:], kernel, st, di, auto_pad == "SAME_UPPER")
-    return st, pd, di, _win_out(x.shape[2:], kernel, st, pd, di, 0)
-
-
 def k_conv_integer(x, w, x_zp=None, w_zp=None, *, strides, pads, dilations, auto_pad, group):
     """int32 Conv of (x - x_zero_point) with (w - w_zero_point); w's zero point may be per output channel."""
-    if TARGET_NATIVE:
-        # int8 products with int32 sums in C (native_int8.c); None: a call it does not take
-        i8 = _i8_ops() if x.ndim == 4 else None
-        if i8 is not None:
-            st, pd, di, out = _i8_geometry(x, w, strides, pads, dilations, auto_pad)
-            y = i8.conv(x, x_zp, w, w_zp, None, None, None, np.int32, st, pd, di, out, group)
-            if y is not None:
-                return y
     xi = x.astype(np.int32) if x_zp is None else x.astype(np.int32) - x_zp.astype(np.int32).reshape(())
     wi = w.astype(np.int32) if w_zp is None else w.astype(np.int32) - _q_along(w_zp.astype(np.int32), w.ndim, 0)
     return k_conv(xi, wi, None, strides=strides, pads=pads, dilations=dilations, auto_pad=auto_pad, group=group)
@@ -220,21 +208,13 @@ def k_q_linear_conv(x, x_scale, x_zp, w, w_scale, w_zp, y_scale, y_zp, bias=None
                     auto_pad, group):
     """ConvInteger (+ int32 bias), requantized with the per-output-channel multiplier
     x_scale * w_scale / y_scale (float32), rint, plus y's zero point, saturated."""
-    w_scale_c = w_scale.astype(np.float32)
-    multiplier = x_scale.astype(np.float32).reshape(()) * w_scale_c / y_scale.astype(np.float32).reshape(())
-    if TARGET_NATIVE:
-        # the same sums in C, requantized in the store (round half to even, zero point, saturate)
-        i8 = _i8_ops() if x.ndim == 4 else None
-        if i8 is not None:
-            st, pd, di, out = _i8_geometry(x, w, strides, pads, dilations, auto_pad)
-            y = i8.conv(x, x_zp, w, w_zp, bias, multiplier, y_zp, y_zp.dtype, st, pd, di, out, group)
-            if y is not None:
-                return y
     acc = k_conv_integer(x, w, x_zp, w_zp, strides=strides, pads=pads, dilations=dilations, auto_pad=auto_pad,
                          group=group)
     if bias is not None:
         acc = acc + bias.reshape((1, -1) + (1,) * (acc.ndim - 2))
-    return _q_requantize(acc, _q_along(multiplier, acc.ndim, 1), y_zp.reshape(()), y_zp.dtype)
+    w_scale_c = _q_along(w_scale.astype(np.float32), acc.ndim, 1)
+    multiplier = x_scale.astype(np.float32).reshape(()) * w_scale_c / y_scale.astype(np.float32).reshape(())
+    return _q_requantize(acc, multiplier, y_zp.reshape(()), y_zp.dtype)
 
 
 # --- attributes -------------------------------------------------------------------------------
@@ -362,8 +342,8 @@ def _conv_macs(node, inputs, outputs):
     return outputs[0].numel() * (w.numel() // w.shape[0]) if w.shape and w.shape[0] else 0
 
 
-_CONV_HELPERS = _WINDOW + _activation.HELPERS + (_native_epilogue,)
-_QUANT_CONV_HELPERS = _CONV_HELPERS + (k_conv, _q_along, _q_saturate, _q_requantize, _i8_ops, _i8_geometry)
+_CONV_HELPERS = _WINDOW + _activation.HELPERS + (_native_epilogue, conv_path, im2col_block_rows, _native_conv_gemm)
+_QUANT_CONV_HELPERS = _CONV_HELPERS + (k_conv, _q_along, _q_saturate, _q_requantize)
 
 OPS = (
     OpDef("Conv", (1, 11, 22), _infer_conv, k_conv, _conv_flops, _conv_attrs, _CONV_HELPERS,
