@@ -21,6 +21,7 @@ from cuvil_edge.ir.graph import TensorType
 from cuvil_edge.ir.ops import _activation
 from cuvil_edge.ir.ops._activation import _activate
 from cuvil_edge.ir.ops._contract import OpDef
+from cuvil_edge.ir.ops._int8 import _i8_ops
 from cuvil_edge.ir.ops._conv_path import conv_path, im2col_block_rows
 from cuvil_edge.ir.ops._native import _native_epilogue, _native_lib
 from cuvil_edge.ir.ops._packing import _native_conv_gemm
@@ -197,8 +198,29 @@ def k_conv(x, w, b=None, *, strides, pads, dilations, auto_pad, group, activatio
     return y.astype(x.dtype, copy=False)
 
 
+def _i8_geometry(x, w, strides, pads, dilations, auto_pad):
+    """(strides, pads, dilations, out) of a quantized convolution, as k_conv resolves them."""
+    kernel = w.shape[2:]
+    k = len(kernel)
+    st = strides or (1,) * k
+    di = dilations or (1,) * k
+    if auto_pad == "NOTSET":
+        pd = pads or (0,) * (2 * k)
+    else:
+        pd = _win_same_pads(x.shape[2:], kernel, st, di, auto_pad == "SAME_UPPER")
+    return st, pd, di, _win_out(x.shape[2:], kernel, st, pd, di, 0)
+
+
 def k_conv_integer(x, w, x_zp=None, w_zp=None, *, strides, pads, dilations, auto_pad, group):
     """int32 Conv of (x - x_zero_point) with (w - w_zero_point); w's zero point may be per output channel."""
+    if TARGET_NATIVE:
+        # int8 products with int32 sums in C (native_int8.c); None: a call it does not take
+        i8 = _i8_ops() if x.ndim == 4 else None
+        if i8 is not None:
+            st, pd, di, out = _i8_geometry(x, w, strides, pads, dilations, auto_pad)
+            y = i8.conv(x, x_zp, w, w_zp, None, None, None, np.int32, st, pd, di, out, group)
+            if y is not None:
+                return y
     xi = x.astype(np.int32) if x_zp is None else x.astype(np.int32) - x_zp.astype(np.int32).reshape(())
     wi = w.astype(np.int32) if w_zp is None else w.astype(np.int32) - _q_along(w_zp.astype(np.int32), w.ndim, 0)
     return k_conv(xi, wi, None, strides=strides, pads=pads, dilations=dilations, auto_pad=auto_pad, group=group)
@@ -208,13 +230,21 @@ def k_q_linear_conv(x, x_scale, x_zp, w, w_scale, w_zp, y_scale, y_zp, bias=None
                     auto_pad, group):
     """ConvInteger (+ int32 bias), requantized with the per-output-channel multiplier
     x_scale * w_scale / y_scale (float32), rint, plus y's zero point, saturated."""
+    w_scale_c = w_scale.astype(np.float32)
+    multiplier = x_scale.astype(np.float32).reshape(()) * w_scale_c / y_scale.astype(np.float32).reshape(())
+    if TARGET_NATIVE:
+        # the same sums in C, requantized in the store (round half to even, zero point, saturate)
+        i8 = _i8_ops() if x.ndim == 4 else None
+        if i8 is not None:
+            st, pd, di, out = _i8_geometry(x, w, strides, pads, dilations, auto_pad)
+            y = i8.conv(x, x_zp, w, w_zp, bias, multiplier, y_zp, y_zp.dtype, st, pd, di, out, group)
+            if y is not None:
+                return y
     acc = k_conv_integer(x, w, x_zp, w_zp, strides=strides, pads=pads, dilations=dilations, auto_pad=auto_pad,
                          group=group)
     if bias is not None:
         acc = acc + bias.reshape((1, -1) + (1,) * (acc.ndim - 2))
-    w_scale_c = _q_along(w_scale.astype(np.float32), acc.ndim, 1)
-    multiplier = x_scale.astype(np.float32).reshape(()) * w_scale_c / y_scale.astype(np.float32).reshape(())
-    return _q_requantize(acc, multiplier, y_zp.reshape(()), y_zp.dtype)
+    return _q_requantize(acc, _q_along(multiplier, acc.ndim, 1), y_zp.reshape(()), y_zp.dtype)
 
 
 # --- attributes -------------------------------------------------------------------------------
@@ -343,7 +373,7 @@ def _conv_macs(node, inputs, outputs):
 
 
 _CONV_HELPERS = _WINDOW + _activation.HELPERS + (_native_epilogue, conv_path, im2col_block_rows, _native_conv_gemm)
-_QUANT_CONV_HELPERS = _CONV_HELPERS + (k_conv, _q_along, _q_saturate, _q_requantize)
+_QUANT_CONV_HELPERS = _CONV_HELPERS + (k_conv, _q_along, _q_saturate, _q_requantize, _i8_ops, _i8_geometry)
 
 OPS = (
     OpDef("Conv", (1, 11, 22), _infer_conv, k_conv, _conv_flops, _conv_attrs, _CONV_HELPERS,
