@@ -257,12 +257,12 @@ def test_build_path_imports_neither_torch_nor_onnx():
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
 
 
-# --- the demo CNN (needs the frontend; skipped until it exists) ------------------
+# --- the demo CNN against onnxruntime --------------------------------------------
 @pytest.mark.parametrize("batch", [1, 5])
 @pytest.mark.parametrize("target", TARGETS)
 def test_demo_model_matches_onnxruntime(tmp_path, target, batch):
-    demo = pytest.importorskip("cuvil_edge.frontend.demo_model")
-    onnx_import = pytest.importorskip("cuvil_edge.frontend.onnx_import")
+    from cuvil_edge.frontend import demo_model as demo, onnx_import
+
     model_proto = demo.digits_cnn_onnx()
     data = model_proto if isinstance(model_proto, bytes) else model_proto.SerializeToString()
     graph = onnx_import.load_model(data)
@@ -278,8 +278,8 @@ def test_demo_model_matches_onnxruntime(tmp_path, target, batch):
 
 
 def _demo_graph():
-    demo = pytest.importorskip("cuvil_edge.frontend.demo_model")
-    onnx_import = pytest.importorskip("cuvil_edge.frontend.onnx_import")
+    from cuvil_edge.frontend import demo_model as demo, onnx_import
+
     data = demo.digits_cnn_onnx()
     return onnx_import.load_model(data), data
 

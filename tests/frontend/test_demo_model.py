@@ -10,7 +10,7 @@ from cuvil_edge.frontend import load_model
 from cuvil_edge.frontend.demo_model import digits_cnn_onnx
 from cuvil_edge.ir import interpreter
 
-ort = pytest.importorskip("onnxruntime")
+import onnxruntime as ort  # noqa: E402
 
 
 def test_demo_model_types():

@@ -5,21 +5,13 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import onnx.parser
-import pytest
 from onnx import numpy_helper
 
 from cuvil_edge.frontend import load_model
-from cuvil_edge.ir import interpreter, ops
+from cuvil_edge.ir import interpreter
 from cuvil_edge.ir.graph import Graph
 
 RNG = np.random.default_rng(0)
-
-
-def needs(*op_types: str) -> None:
-    """Skip the test when an op it uses has no module yet."""
-    missing = [op for op in op_types if op not in ops.registry()]
-    if missing:
-        pytest.skip(f"op modules not registered yet: {', '.join(missing)}")
 
 
 def graph_from_text(text: str, opset: int = 13, **weights: np.ndarray) -> Graph:
@@ -55,11 +47,3 @@ def assert_same_outputs(before: Graph, after: Graph, batches=(1, 4), rtol: float
 
 def op_types(graph: Graph) -> list[str]:
     return [n.op_type for n in graph.nodes]
-
-
-def needs_scalar_initializers() -> None:
-    """Skip when the frontend turns 0-d tensors into 1-d ones (np.ascontiguousarray in
-    onnx_import._tensor does that), which breaks Shape -> Gather(scalar) -> Unsqueeze subgraphs."""
-    g = graph_from_text("g (float[N, 2] x) => (float[N, 2] y) { y = Mul(x, s) }", s=np.array(2.0, np.float32))
-    if g.initializers["s"].ndim != 0:
-        pytest.skip("frontend bug: onnx_import._tensor makes 0-d initializers 1-d (np.ascontiguousarray)")

@@ -8,7 +8,7 @@ import pytest
 from cuvil_edge.passes import (CommonSubexpressionElimination, ConstantFolding, DeadCodeElimination, FoldBatchNorm,
                                FuseActivation, FuseBias, RemoveIdentity, optimize)
 
-from pass_helpers import assert_same_outputs, graph_from_text, needs, needs_scalar_initializers, op_types, w
+from pass_helpers import assert_same_outputs, graph_from_text, op_types, w
 
 
 def _bn(c):
@@ -38,7 +38,6 @@ def test_identity_of_graph_input_to_output_stays():
 
 
 def test_inference_dropout_removed():
-    needs("Dropout")
     g = graph_from_text("""g (float[N, 4] x) => (float[N, 4] y) {
         d = Dropout(x)
         y = Relu(d)
@@ -49,7 +48,6 @@ def test_inference_dropout_removed():
 
 
 def test_dropout_with_mask_read_stays():
-    needs("Dropout", "Cast")
     g = graph_from_text("""g (float[N, 4] x) => (float[N, 4] y, float[N, 4] k) {
         d, mask = Dropout(x)
         y = Relu(d)
@@ -118,8 +116,6 @@ SHAPE_FLATTEN = """g (float[N, 2, 3, 4] x) => (float[N, 24] y) {
 
 def test_shape_subgraph_folded_to_constant_reshape():
     # prepare: x.view(x.size(0), -1) as torch exports it with a dynamic batch
-    needs("Shape", "Gather", "Unsqueeze", "Concat")
-    needs_scalar_initializers()
     g = graph_from_text(SHAPE_FLATTEN, zero=np.array(0, np.int64), axes=np.array([0], np.int64),
                         minus1=np.array([-1], np.int64))
     assert g.types["y"].shape == ("N", 24)
@@ -134,7 +130,6 @@ def test_shape_subgraph_folded_to_constant_reshape():
 
 # --- fold-batchnorm -------------------------------------------------------------------
 def test_batchnorm_folded_into_conv():
-    needs("BatchNormalization")
     g = graph_from_text("""g (float[N, 3, 6, 6] x) => (float[N, 4, 6, 6] y) {
         c = Conv <pads = [1, 1, 1, 1]> (x, W, b)
         y = BatchNormalization <epsilon = 0.001> (c, s, bb, m, v)
@@ -145,7 +140,6 @@ def test_batchnorm_folded_into_conv():
 
 
 def test_batchnorm_folded_into_gemm_transb_without_bias():
-    needs("BatchNormalization")
     g = graph_from_text("""g (float[N, 5] x) => (float[N, 3] y) {
         c = Gemm <transB = 1, alpha = 0.5> (x, W)
         y = BatchNormalization(c, s, bb, m, v)
@@ -156,7 +150,6 @@ def test_batchnorm_folded_into_gemm_transb_without_bias():
 
 
 def test_batchnorm_not_folded_when_conv_output_has_another_reader():
-    needs("BatchNormalization")
     g = graph_from_text("""g (float[N, 3, 4, 4] x) => (float[N, 4, 4, 4] y) {
         c = Conv(x, W)
         n = BatchNormalization(c, s, bb, m, v)
@@ -209,7 +202,6 @@ GEMM_W = {"W": w(3, 5), "b": w(3)}
 ], ids=["conv_relu", "gemm_relu", "conv_relu6", "conv_sigmoid", "gemm_sigmoid", "conv_hardswish", "gemm_gelu",
         "conv_gelu"])
 def test_activation_fused(template, weights, act, op, name, opset, extra):
-    needs(op)
     g = graph_from_text(template.format(act=act), opset=opset, **weights, **extra)
     result = FuseActivation()(g)
     (node,) = result.graph.nodes
@@ -218,7 +210,6 @@ def test_activation_fused(template, weights, act, op, name, opset, extra):
 
 
 def test_clip_other_than_relu6_not_fused():
-    needs("Clip")
     g = graph_from_text(CONV.format(act="y = Clip(c, lo, hi)"), **CONV_W,
                         lo=np.array(0, np.float32), hi=np.array(5, np.float32))
     assert not FuseActivation()(g).modified
