@@ -1,4 +1,4 @@
-"""Issue 9: a site's records never cost more ε than its ledger says. Each test tries to break it."""
+"""A site's records never cost more ε than its ledger says. Each test tries to break it."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Issue 8: one named test per attack on the trust chain, the floors and the parsers.
+"""One named test per attack on the trust chain, the floors and the parsers.
 
 Every attack runs against the one entry point (verify_and_accept on a durable state) and
 checks that the state file is byte-for-byte unchanged afterwards.
