@@ -56,3 +56,31 @@ def test_a_resumed_runs_first_entry_is_the_checkpoint_not_a_round_of_no_replies(
     shown = format_round(entry)
     assert shown == "round 3: global test accuracy 0.8000 (the checkpoint this run resumes from)"
     assert "no reply" not in format_round(report.add_round(4, 0.81, {s.site: {"status": "ok"} for s in SITES}))
+
+
+def test_a_simulated_run_whose_serverapp_failed_after_every_round_is_told_by_its_reason(tmp_path):
+    from cuvil_edge.coordinator.launcher import RunFailedError, completed_metrics
+    from cuvil_edge.coordinator.superlink import RunEndedError
+
+    report = RunReport(tmp_path, SITES)
+    for r in range(3):
+        report.add_round(r, 0.1, _failed("PACKAGE_REJECTED") if r else {}, initial=r == 0)
+    reason = report.no_site_trained()
+    with pytest.raises(RunFailedError) as failed:
+        completed_metrics(tmp_path, 2, RunEndedError(f"the run ended as 'finished:failed': {reason}",
+                                                     "finished:failed", reason))
+    assert str(failed.value).startswith("no site trained in any round: hospital-a: PACKAGE_REJECTED, factory-b")
+
+
+def test_demo_whose_run_failed_exits_1_with_one_line(tmp_path, monkeypatch, capsys):
+    from cuvil_edge.cli.main import main
+    from cuvil_edge.coordinator import launcher
+
+    def failed(spec, app_dir, verbose=False):
+        raise launcher.RunFailedError("no site trained in any round: hospital-a: PACKAGE_REJECTED")
+
+    monkeypatch.setattr(launcher, "run_in_simulation", failed)
+    code = main(["demo", "--federation", str(FED), "--rounds", "1", "--run-dir", str(tmp_path / "run"),
+                 "--home", str(tmp_path / "home")])
+    assert code == 1
+    assert capsys.readouterr().err == "error: no site trained in any round: hospital-a: PACKAGE_REJECTED\n"
