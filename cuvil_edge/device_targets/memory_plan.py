@@ -125,7 +125,7 @@ def _conv(s: Site) -> int:
         acc = (out_sp[0] * plane // (4 * (out_sp[0] + dilations[0] * (kernel[0] - 1))) if flat else out_sp[1]) * 4
         return plane + tail + acc + (y + _activation(kind, y, True) if kind == "hardswish" else 0)
     if path == "native gemm":  # the packed weights are held for the module's life: runtime weights
-        return max(gemm_scratch_bytes(c * taps, p, gemm_panels()[1]),
+        return max(gemm_scratch_bytes(c, x.shape[2:], kernel, strides, pads, dilations, out_sp, gemm_panels()[1]),
                    y + _activation(kind, y, True) if kind == "hardswish" else 0)  # the block is freed first
     held = (x.numel() + w.numel()) * wide if wide != dtypes.itemsize(x.dtype) else 0  # float32 copies
     if path == "1x1 matmul":

@@ -47,12 +47,16 @@ def im2col_block_rows(out_rows, cols_per_row_bytes):
     return max(1, min(out_rows, (1 << 20) // cols_per_row_bytes))
 
 
-def gemm_scratch_bytes(k, cols, nr):
-    """Bytes the native GEMM allocates per call: one packed B block, min(K, KC) rows of the
-    output columns (at most NC) rounded up to panels of ``nr``, padded to 64 bytes."""
-    rows = min(k, GEMM_KC)
-    width = -(-min(cols, GEMM_NC) // nr) * nr
-    return -(-rows * width * 4 // 64) * 64
+def gemm_scratch_bytes(c, spatial, kernel, strides, pads, dilations, out, nr):
+    """Bytes the native GEMM allocates per call (native_gemm.c, cuvil_conv_gemm_f32): one packed B
+    block (min(K, KC) rows of at most NC output columns, in panels of ``nr``), each column's window
+    offset (int32), and the zero-bordered image when anything is padded (as far as windows reach)."""
+    k, cols = c * kernel[0] * kernel[1], out[0] * out[1]
+    block = -(-min(k, GEMM_KC) * -(-min(cols, GEMM_NC) // nr) * nr * 4 // 64) * 64
+    reach = [max(pads[i] + spatial[i], (out[i] - 1) * strides[i] + dilations[i] * (kernel[i] - 1) + 1)
+             for i in range(2)]
+    image = c * reach[0] * reach[1] * 4 if tuple(reach) != tuple(spatial) else 0
+    return block + 4 * cols + image
 
 
 def packed_weights_bytes(m, k, mr):

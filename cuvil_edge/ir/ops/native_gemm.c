@@ -73,68 +73,52 @@ typedef struct {
     int64_t c, h, w, kh, kw, sh, sw, dh, dw, ph, pw, oh, ow;
 } geometry;
 
-/* Where a packed B row is being written: the panel row `d`, the lane in it, a panel's size. */
-typedef struct {
-    float *d;
-    int64_t lane, step;
-} cursor;
-
-static inline void put_zeros(cursor *q, int64_t count) {
-    while (count > 0) {
-        int64_t run = NR - q->lane < count ? NR - q->lane : count;
-        memset(q->d + q->lane, 0, (size_t)run * sizeof(float));
-        count -= run, q->lane += run;
-        if (q->lane == NR) q->lane = 0, q->d += q->step;
-    }
-}
-
-static inline void put_inputs(cursor *q, const float *src, int64_t stride, int64_t count) {
-    if (stride == 1) {
-        while (count > 0) {
-            int64_t run = NR - q->lane < count ? NR - q->lane : count;
-            memcpy(q->d + q->lane, src, (size_t)run * sizeof(float));
-            src += run, count -= run, q->lane += run;
-            if (q->lane == NR) q->lane = 0, q->d += q->step;
-        }
-        return;
-    }
-    for (int64_t s = 0; s < count; s++) {
-        q->d[q->lane] = src[s * stride];
-        if (++q->lane == NR) q->lane = 0, q->d += q->step;
-    }
-}
-
-/* Rows k0..k0+kc and columns j0..j0+nc of the im2col matrix of one image (row = (channel, tap),
- * column = output pixel) into NR-column panels of `dst`, each kc x NR (columns past nc are 0).
- * Each output row's span splits into the left padding, the inputs (a contiguous run at stride 1)
- * and the right padding, so no element tests its own bounds. */
-static void pack_b(const float *restrict x, const geometry *g, int64_t k0, int64_t kc, int64_t j0, int64_t nc,
-                   float *restrict dst) {
-    const int64_t taps = g->kh * g->kw, end = j0 + nc;
-    for (int64_t kk = 0; kk < kc; kk++) {
-        const int64_t row = k0 + kk, tap = row % taps;
-        const float *plane = x + (row / taps) * g->h * g->w;
-        const int64_t dy = (tap / g->kw) * g->dh - g->ph, dx = (tap % g->kw) * g->dw - g->pw;
-        /* the output columns whose input column ox * sw + dx lies inside [0, w) */
-        const int64_t lo = dx >= 0 ? 0 : (-dx + g->sw - 1) / g->sw;
-        const int64_t hi = g->w - 1 - dx < 0 ? 0 : (g->w - 1 - dx) / g->sw + 1;
-        cursor q = {dst + kk * NR, 0, kc * NR};
-        int64_t j = j0, oy = j0 / g->ow, ox = j0 % g->ow;
-        while (j < end) {
-            const int64_t stop = g->ow < ox + end - j ? g->ow : ox + end - j, iy = oy * g->sh + dy;
+/* The image with its zero borders (pads top/left, and bottom/right as far as the windows reach):
+ * `xp` (c x hp x wp), so that packing reads every window element without a bounds test. */
+static void pad_image(const float *restrict x, const geometry *g, int64_t hp, int64_t wp, float *restrict xp) {
+    for (int64_t ci = 0; ci < g->c; ci++)
+        for (int64_t r = 0; r < hp; r++) {
+            float *d = xp + (ci * hp + r) * wp;
+            const int64_t iy = r - g->ph;
             if (iy < 0 || iy >= g->h) {
-                put_zeros(&q, stop - ox);
-            } else {
-                const int64_t a = lo < ox ? ox : lo > stop ? stop : lo, b = hi < a ? a : hi > stop ? stop : hi;
-                put_zeros(&q, a - ox);
-                put_inputs(&q, plane + iy * g->w + a * g->sw + dx, g->sw, b - a);
-                put_zeros(&q, stop - b);
+                memset(d, 0, (size_t)wp * sizeof(float));
+                continue;
             }
-            j += stop - ox;
-            ox = 0;
-            oy++;
+            const int64_t right = wp - g->pw - g->w;
+            memset(d, 0, (size_t)g->pw * sizeof(float));
+            memcpy(d + g->pw, x + (ci * g->h + iy) * g->w, (size_t)g->w * sizeof(float));
+            if (right > 0) memset(d + g->pw + g->w, 0, (size_t)right * sizeof(float));
         }
-        if (q.lane) put_zeros(&q, NR - q.lane);
+}
+
+/* Rows k0..k0+kc, columns j0..j0+nc of the im2col matrix of the padded image `xp` into NR-column
+ * panels of `dst` (each kc x NR, columns past nc 0): element (row, j) is xp[row's offset + col[j]],
+ * col[j] the offset of output pixel j's window corner. A panel whose 16 corners are consecutive
+ * (stride 1, one output row) is two vector copies. */
+static void pack_b(const float *restrict xp, int64_t hp, int64_t wp, const geometry *g, const int32_t *restrict col,
+                   int64_t k0, int64_t kc, int64_t j0, int64_t nc, float *restrict dst) {
+    const int64_t taps = g->kh * g->kw;
+    int64_t ci = k0 / taps, ki = k0 % taps / g->kw, kj = k0 % g->kw;  /* stepped per row below */
+    const int32_t *cj = col + j0;
+    for (int64_t kk = 0; kk < kc; kk++) {
+        const float *src = xp + (ci * hp + ki * g->dh) * wp + kj * g->dw;
+        if (++kj == g->kw) {
+            kj = 0;
+            if (++ki == g->kh) ki = 0, ci++;
+        }
+        float *d = dst + kk * NR;
+        int64_t q = 0;
+        for (; q + NR <= nc; q += NR, d += kc * NR) {
+            const int32_t *cq = cj + q;
+            if (cq[NR - 1] - cq[0] == NR - 1) {
+                store(d, load(src + cq[0]));
+                store(d + VL, load(src + cq[0] + VL));
+            } else {
+                for (int l = 0; l < NR; l++) d[l] = src[cq[l]];
+            }
+        }
+        if (q < nc)
+            for (int l = 0; l < NR; l++) d[l] = q + l < nc ? src[cj[q + l]] : 0.0f;
     }
 }
 
@@ -155,6 +139,13 @@ static void tile(int64_t kc, const float *restrict a, const float *restrict b, f
                  int64_t nr, int first, int last, const epilogue *e, int64_t row0, const float *res) {
     vf c0[MR], c1[MR];
     for (int i = 0; i < MR; i++) c0[i] = c1[i] = (vf){0};
+    if (nr <= VL) {  /* a narrow last panel (49 = 3 x 16 + 1 pixels): half the multiplies */
+        for (int64_t p = 0; p < kc; p++) {
+            const vf b0 = *(const vf *)(b + p * NR);
+#pragma GCC unroll 6
+            for (int i = 0; i < MR; i++) c0[i] += (a[p * MR + i] - (vf){0}) * b0;
+        }
+    } else {
     for (int64_t p = 0; p < kc; p++) {
         const vf b0 = *(const vf *)(b + p * NR), b1 = *(const vf *)(b + p * NR + VL);
 #pragma GCC unroll 6
@@ -163,6 +154,7 @@ static void tile(int64_t kc, const float *restrict a, const float *restrict b, f
             c0[i] += ai * b0;
             c1[i] += ai * b1;
         }
+    }
     }
     const vf lo = (vf){0} + e->lo, hi = (vf){0} + e->hi;
     if (mr == MR && nr == NR) {
@@ -211,19 +203,31 @@ int64_t cuvil_conv_gemm_f32(const float *ap, const float *x, const float *bias, 
         }
         return 0;
     }
-    /* the packed B block (_conv_path.gemm_scratch_bytes: the memory plan counts the same) */
+    /* the padded image (none when nothing is padded), the column offsets and the packed B block
+     * (_conv_path.gemm_scratch_bytes: the memory plan counts the same) */
+    const int64_t need_h = (oh - 1) * sh + dh * (kh - 1) + 1, need_w = (ow - 1) * sw + dw * (kw - 1) + 1;
+    const int64_t hp = ph + h > need_h ? ph + h : need_h, wp = pw + w > need_w ? pw + w : need_w;
+    const int padded = hp != h || wp != w;
     float *bp = aligned_alloc(64, (size_t)((rows * widest * (int64_t)sizeof(float) + 63) / 64 * 64));
-    if (!bp) return -1;
+    float *xp = padded ? malloc((size_t)(c * hp * wp) * sizeof(float)) : NULL;
+    int32_t *col = malloc((size_t)cols * sizeof(int32_t));
+    if (!bp || !col || (padded && !xp)) {
+        free(bp), free(xp), free(col);
+        return -1;
+    }
+    for (int64_t j = 0; j < cols; j++) col[j] = (int32_t)((j / ow) * sh * wp + (j % ow) * sw);
     const epilogue e = {bias, res, lo, hi};
     for (int64_t img = 0; img < n; img++) {
         const float *xi = x + img * c * h * w;
+        if (padded) pad_image(xi, &g, hp, wp, xp);
+        const float *src = padded ? xp : xi;
         float *yi = y + img * m * cols;
         const float *ri = res ? res + img * m * cols : NULL;
         for (int64_t jc = 0; jc < cols; jc += NC) {
             const int64_t nc = cols - jc < NC ? cols - jc : NC;
             for (int64_t pc = 0; pc < k; pc += KC) {
                 const int64_t kc = k - pc < KC ? k - pc : KC;
-                pack_b(xi, &g, pc, kc, jc, nc, bp);
+                pack_b(src, hp, wp, &g, col, pc, kc, jc, nc, bp);
                 const float *block = ap + pc * mp;
                 for (int64_t ic = 0; ic < m; ic += MC) {
                     const int64_t mc = m - ic < MC ? m - ic : MC;
@@ -239,6 +243,6 @@ int64_t cuvil_conv_gemm_f32(const float *ap, const float *x, const float *bias, 
             }
         }
     }
-    free(bp);
+    free(bp), free(xp), free(col);
     return 0;
 }
