@@ -190,7 +190,8 @@ def compile(model: ModelSource, target: str = "x86-64", precision: str = "fp32",
     # as the agent does: stored fp16/int8 weights widened once at load, fp16 compute where the target has it
     compute = "fp16" if precision == "fp16" and spec.fp16 else "fp32"
     cache = Path(cache_dir) if cache_dir is not None else _default_cache()
-    compiled = build(_Payload(dequantize_at_load(graph), digest), spec, cache_dir=cache, precision=compute)
+    loaded = dequantize_at_load(graph, int8=precision == "int8" and spec.int8_kernels)  # int8 stays int8 there
+    compiled = build(_Payload(loaded, digest), spec, cache_dir=cache, precision=compute)
     return Model(compiled, precision, note)
 
 

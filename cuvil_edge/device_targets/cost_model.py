@@ -46,6 +46,7 @@ from typing import Any, Literal
 
 from cuvil_edge.device_targets.cost_kernels import (MMAP_LIMIT, depthwise_ns, gemm_products_ns, max_pool_ns,
                                                     softmax_tail_ns)
+from cuvil_edge.device_targets.cost_int8 import INT8_KIND, int8_seconds, int8_work
 from cuvil_edge.device_targets.memory_plan import VIEW_OPS, plan_memory
 from cuvil_edge.device_targets.spec import PRECISIONS, TargetSpec, resolve
 from cuvil_edge.errors import BuildError, CuvilError
@@ -204,7 +205,7 @@ def predict(graph: Graph, target: TargetSpec | str, *, precision: str = "fp32", 
         ins = tuple(_bound(graph, i, bindings, fp16) if i else None for i in node.inputs)
         outs = tuple(_bound(graph, o, bindings, fp16) if o else None for o in node.outputs)
         try:
-            work = _work(node, ins, outs, large, native)
+            work = int8_work(node, ins, outs, caps) or _work(node, ins, outs, large, native)
         except CuvilError:
             raise
         except Exception as e:  # a node this model cannot read must name itself
@@ -266,7 +267,7 @@ def _cost(spec: TargetSpec, node: Node, ins, outs, work: _Work, flops: int, scra
     # arrays past the allocator's mmap limit fault their pages in on every call
     fresh = sum(_bytes(t) for t in outs if _bytes(t) >= MMAP_LIMIT) + (scratch if scratch >= MMAP_LIMIT else 0)
     serial += fresh * terms.get("fresh_byte", 0.0) * 1e-9
-    compute = _compute_s(spec, work, flops, peak)
+    compute = int8_seconds(spec, work.gemm) if work.kernel == INT8_KIND else _compute_s(spec, work, flops, peak)
     # the numpy window loop's taps: a Python generator step, a strided view and a ufunc each
     taps = work.kernel == "numpy window taps"
     per_call = spec.kernel_overhead_us.get(WINDOW_TAP, spec.numpy_call_us) if taps else spec.numpy_call_us

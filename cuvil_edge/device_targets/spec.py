@@ -49,6 +49,10 @@ class TargetSpec(BaseModel):
     #: The device builds C kernels with its own compiler (``ir/ops/native_kernels.c``) for the ops
     #: numpy runs slowly; the generated module keeps the numpy path for when that fails.
     native_kernels: bool = False
+    #: the int8 dot-product instruction its native kernels use (``ir/ops/native_int8.c``): "vnni"
+    #: (AVX-512-VNNI / AVX-VNNI vpdpbusd), "avx2" (vpmaddubsw), "sdot" (ARMv8.2), or "widen" (none:
+    #: a widening loop, slower than the float kernels, so int8 packages are widened to float at load)
+    int8_dot: Literal["vnni", "avx2", "sdot", "widen"] = "widen"
     peak_gflops: dict[str, float]
     memory_bandwidth_gbs: float = Field(gt=0)
     # --- cost model (cost_model.py; `cuvil-edge calibrate` measures them). Optional: the defaults
@@ -147,8 +151,15 @@ class TargetSpec(BaseModel):
             "TARGET_MEMORY_MB": self.memory_mb,
             "TARGET_LARGE_SCRATCH": self.memory_mb >= 4096,
             "TARGET_NATIVE": self.native_kernels,
+            "TARGET_INT8_DOT": self.int8_dot if self.native_kernels else "none",
             "COMPUTE_FP16": self.fp16 and precision == "fp16",
         }
+
+    @property
+    def int8_kernels(self) -> bool:
+        """Whether int8 packages compute in int8 here (an int8 dot-product instruction in the native
+        kernels), rather than being widened to float at load."""
+        return self.native_kernels and self.int8 and self.int8_dot != "widen"
 
     def digest(self) -> str:
         """sha256 (hex) of the spec's canonical JSON: changes whenever any field changes."""

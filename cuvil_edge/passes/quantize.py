@@ -382,15 +382,23 @@ def store_fp16(graph: Graph) -> Graph:
 LOAD_FOLDS = ("DequantizeLinear", "Cast")
 
 
-def dequantize_at_load(graph: Graph) -> Graph:
+def dequantize_at_load(graph: Graph, int8: bool = False) -> Graph:
     """The agent-side fold for targets whose kernels compute in fp32: every DequantizeLinear or Cast
     that reads only initializers becomes the float initializer it computes (once, at load), so runs
     do not expand the weights again. Activation QuantizeLinear/DequantizeLinear pairs stay, so the
     result computes what the int8 graph does.
 
+    With ``int8`` (a target whose native kernels have an int8 dot product: ``TargetSpec.int8_kernels``)
+    the QDQ-wrapped Conv/MatMul first become QLinearConv/QLinearMatMul (:mod:`.fuse_qdq`), whose
+    weights stay int8; only what is left is folded.
+
     Raises:
         PassError: a fold failed, or the result does not type-check.
     """
+    if int8:
+        from cuvil_edge.passes.fuse_qdq import fuse_qdq
+
+        graph = fuse_qdq(graph)
     inits = dict(graph.initializers)
     nodes = []
     for node in graph.nodes:

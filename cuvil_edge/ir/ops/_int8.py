@@ -78,7 +78,8 @@ def _zero_points(zp, count):
 
 def _pack(native, w, zp, m, k, sm, sk):
     """The packed weight (a uint8 buffer) of A[r][c] = w.flat[r * sm + c * sk] with zero points ``zp``."""
-    sig = (w.__array_interface__["data"][0], w.shape, w.strides, w.dtype.str, zp.tobytes())
+    # the layout is the library's: a packing made by another build (another path) never matches
+    sig = (id(native), w.__array_interface__["data"][0], w.shape, w.strides, w.dtype.str, zp.tobytes())
     cached = _packed.get(id(w)) if not w.flags.writeable else None
     if cached is not None and cached[0]() is w and cached[1] == sig:
         return cached[2]

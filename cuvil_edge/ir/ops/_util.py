@@ -184,6 +184,9 @@ DEFAULT_CAPABILITIES: dict[str, object] = {
     "TARGET_LARGE_SCRATCH": True,
     # the interpreter (the oracle) runs numpy only; targets with a C compiler turn native kernels on
     "TARGET_NATIVE": False,
+    # the int8 inner product of the native kernels: "vnni" (vpdpbusd), "avx2" (vpmaddubsw), "sdot"
+    # (ARMv8.2 dot product), "widen" (a widening loop), "none" (no native kernels: numpy)
+    "TARGET_INT8_DOT": "none",
     "COMPUTE_FP16": False,
 }
 

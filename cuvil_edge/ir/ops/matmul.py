@@ -24,12 +24,14 @@ from cuvil_edge.ir.graph import TensorType
 from cuvil_edge.ir.ops import _activation
 from cuvil_edge.ir.ops._activation import _activate
 from cuvil_edge.ir.ops._contract import OpDef
+from cuvil_edge.ir.ops._int8 import _i8_ops
 from cuvil_edge.ir.ops._native import _native_epilogue
 from cuvil_edge.ir.ops._quant import (_q_centered_a, _q_centered_b, _q_requantize, _q_saturate, quant_dtype,
                                       same_pair, scale_dtype)
 from cuvil_edge.ir.ops._util import DEFAULT_CAPABILITIES, STR, broadcast, need, same_dtype, want_dtype
 
 TARGET_NATIVE = DEFAULT_CAPABILITIES["TARGET_NATIVE"]
+TARGET_INT8_DOT = DEFAULT_CAPABILITIES["TARGET_INT8_DOT"]
 
 
 # --- kernels: plain numpy; the same source runs in compiled modules ---------------------------
@@ -61,15 +63,27 @@ def k_fused_mat_mul(a, b, c=None, *, activation="none"):
 
 
 def k_mat_mul_integer(a, b, a_zero_point=None, b_zero_point=None):
+    if TARGET_INT8_DOT != "none":
+        # int8 products with int32 sums in C (native_int8.c): a 2-D B, a per-tensor a_zero_point
+        i8 = _i8_ops() if b.ndim == 2 and a.ndim >= 2 else None
+        y = None if i8 is None else i8.matmul(a, a_zero_point, b, b_zero_point, None, None, np.int32)
+        if y is not None:
+            return y
     return np.asarray(np.matmul(_q_centered_a(a, a_zero_point), _q_centered_b(b, b_zero_point)), dtype=np.int32)
 
 
 def k_q_linear_mat_mul(a, a_scale, a_zp, b, b_scale, b_zp, y_scale, y_zp):
-    acc = np.matmul(_q_centered_a(a, a_zp), _q_centered_b(b, b_zp))
     row_scale = a_scale.astype(np.float32)
     if a_scale.ndim == 1 and a_scale.size > 1 and a.ndim >= 2:
         row_scale = row_scale.reshape(-1, 1)
     multiplier = row_scale * b_scale.astype(np.float32) / y_scale.astype(np.float32)
+    if TARGET_INT8_DOT != "none":
+        # the same sums in C, requantized in the store; a per-row a_scale stays on the numpy path
+        i8 = _i8_ops() if b.ndim == 2 and a.ndim >= 2 and row_scale.size == 1 else None
+        y = None if i8 is None else i8.matmul(a, a_zp, b, b_zp, multiplier, y_zp, y_zp.dtype)
+        if y is not None:
+            return y
+    acc = np.matmul(_q_centered_a(a, a_zp), _q_centered_b(b, b_zp))
     return _q_requantize(acc, multiplier, y_zp, y_zp.dtype)
 
 
@@ -171,7 +185,7 @@ OPS = (
           {"activation": STR},
           macs=_AB),
     OpDef("MatMulInteger", (10,), _infer_mat_mul_integer, k_mat_mul_integer, _twice(_AB),
-          helpers=(_q_centered_a, _q_centered_b), macs=_AB),
+          helpers=(_q_centered_a, _q_centered_b, _i8_ops), macs=_AB),
     OpDef("QLinearMatMul", (10, 21), _infer_q_linear_mat_mul, k_q_linear_mat_mul, _twice(_QAB, 3),
-          helpers=(_q_centered_a, _q_centered_b, _q_saturate, _q_requantize), macs=_QAB),
+          helpers=(_q_centered_a, _q_centered_b, _q_saturate, _q_requantize, _i8_ops), macs=_QAB),
 )

@@ -215,7 +215,8 @@ static void pack_b(const source *s, int64_t k0, int64_t k1, int64_t n0, int64_t 
     int64_t rows = groups * I8_KU, panel = groups * NR * I8_KU;
     rows_of_b(s, k0, k1, n0, cols, tmp, nc);
     for (int64_t r = k1 - k0; r < rows; r++) memset(tmp + r * nc, 0, (size_t)nc * sizeof(bel));
-    for (int64_t r = 0; r < rows; r++) memset(tmp + r * nc + cols, 0, (size_t)(nc - cols) * sizeof(bel));
+    if (cols < nc)
+        for (int64_t r = 0; r < rows; r++) memset(tmp + r * nc + cols, 0, (size_t)(nc - cols) * sizeof(bel));
     for (int64_t p = 0; p < nc / NR; p++)
         for (int64_t g = 0; g < groups; g++) {
             bel *d = dst + p * panel + g * NR * I8_KU;

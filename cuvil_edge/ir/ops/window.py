@@ -32,6 +32,7 @@ from cuvil_edge.ir.ops._util import (DEFAULT_CAPABILITIES, INT, STR, WINDOW_ATTR
 #: The interpreter's capability (targets substitute their own in compiled modules).
 TARGET_LARGE_SCRATCH = DEFAULT_CAPABILITIES["TARGET_LARGE_SCRATCH"]
 TARGET_NATIVE = DEFAULT_CAPABILITIES["TARGET_NATIVE"]
+TARGET_INT8_DOT = DEFAULT_CAPABILITIES["TARGET_INT8_DOT"]
 
 
 # --- helpers the kernels call ---------------------------------------------------------------
@@ -213,7 +214,7 @@ def _i8_geometry(x, w, strides, pads, dilations, auto_pad):
 
 def k_conv_integer(x, w, x_zp=None, w_zp=None, *, strides, pads, dilations, auto_pad, group):
     """int32 Conv of (x - x_zero_point) with (w - w_zero_point); w's zero point may be per output channel."""
-    if TARGET_NATIVE:
+    if TARGET_INT8_DOT != "none":
         # int8 products with int32 sums in C (native_int8.c); None: a call it does not take
         i8 = _i8_ops() if x.ndim == 4 else None
         if i8 is not None:
@@ -232,7 +233,7 @@ def k_q_linear_conv(x, x_scale, x_zp, w, w_scale, w_zp, y_scale, y_zp, bias=None
     x_scale * w_scale / y_scale (float32), rint, plus y's zero point, saturated."""
     w_scale_c = w_scale.astype(np.float32)
     multiplier = x_scale.astype(np.float32).reshape(()) * w_scale_c / y_scale.astype(np.float32).reshape(())
-    if TARGET_NATIVE:
+    if TARGET_INT8_DOT != "none":
         # the same sums in C, requantized in the store (round half to even, zero point, saturate)
         i8 = _i8_ops() if x.ndim == 4 else None
         if i8 is not None:
