@@ -93,32 +93,38 @@ static void pad_image(const float *restrict x, const geometry *g, int64_t hp, in
 
 /* Rows k0..k0+kc, columns j0..j0+nc of the im2col matrix of the padded image `xp` into NR-column
  * panels of `dst` (each kc x NR, columns past nc 0): element (row, j) is xp[row's offset + col[j]],
- * col[j] the offset of output pixel j's window corner. A panel whose 16 corners are consecutive
- * (stride 1, one output row) is two vector copies. */
+ * col[j] the offset of output pixel j's window corner. A panel whose NR corners are consecutive
+ * (stride 1, one output row) is two vector copies per row. Panel by panel, so the writes run front
+ * to back (row by row, each row wrote one line in every panel, 16 KiB apart: measured 2 % slower). */
 static void pack_b(const float *restrict xp, int64_t hp, int64_t wp, const geometry *g, const int32_t *restrict col,
                    int64_t k0, int64_t kc, int64_t j0, int64_t nc, float *restrict dst) {
     const int64_t taps = g->kh * g->kw;
-    int64_t ci = k0 / taps, ki = k0 % taps / g->kw, kj = k0 % g->kw;  /* stepped per row below */
-    const int32_t *cj = col + j0;
+    int32_t rowoff[KC];  /* each row's offset in xp: (channel, tap row, tap column) */
+    int64_t ci = k0 / taps, ki = k0 % taps / g->kw, kj = k0 % g->kw;
     for (int64_t kk = 0; kk < kc; kk++) {
-        const float *src = xp + (ci * hp + ki * g->dh) * wp + kj * g->dw;
+        rowoff[kk] = (int32_t)((ci * hp + ki * g->dh) * wp + kj * g->dw);
         if (++kj == g->kw) {
             kj = 0;
             if (++ki == g->kh) ki = 0, ci++;
         }
-        float *d = dst + kk * NR;
-        int64_t q = 0;
-        for (; q + NR <= nc; q += NR, d += kc * NR) {
-            const int32_t *cq = cj + q;
-            if (cq[NR - 1] - cq[0] == NR - 1) {
-                store(d, load(src + cq[0]));
-                store(d + VL, load(src + cq[0] + VL));
-            } else {
-                for (int l = 0; l < NR; l++) d[l] = src[cq[l]];
+    }
+    const int32_t *cj = col + j0;
+    for (int64_t q = 0; q < nc; q += NR) {  /* panel by panel: each written front to back */
+        float *d = dst + (q / NR) * kc * NR;
+        const int32_t *cq = cj + q;
+        if (q + NR <= nc && cq[NR - 1] - cq[0] == NR - 1) {
+            const float *s0 = xp + cq[0];
+            for (int64_t kk = 0; kk < kc; kk++, d += NR) {
+                store(d, load(s0 + rowoff[kk]));
+                store(d + VL, load(s0 + rowoff[kk] + VL));
+            }
+        } else {
+            const int64_t width = nc - q < NR ? nc - q : NR;
+            for (int64_t kk = 0; kk < kc; kk++, d += NR) {
+                const float *src = xp + rowoff[kk];
+                for (int l = 0; l < NR; l++) d[l] = l < width ? src[cq[l]] : 0.0f;
             }
         }
-        if (q < nc)
-            for (int l = 0; l < NR; l++) d[l] = q + l < nc ? src[cj[q + l]] : 0.0f;
     }
 }
 
