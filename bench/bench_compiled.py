@@ -43,17 +43,13 @@ if __name__ == "__main__":
     reexec_without_openblas_env(__file__)
 
 import argparse  # noqa: E402
-import ast  # noqa: E402
-import copy  # noqa: E402
 import hashlib  # noqa: E402
 import io  # noqa: E402
 import platform  # noqa: E402
-import re  # noqa: E402
 import subprocess  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
 import warnings  # noqa: E402
-from collections import defaultdict  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Callable  # noqa: E402
 
@@ -64,11 +60,11 @@ from threadpoolctl import threadpool_info, threadpool_limits  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import compiled_models as cm  # noqa: E402
+from _profile import layer_rows, print_profile, profile_compiled, profile_onnxruntime  # noqa: E402
 
 from cuvil_edge.device_targets import build  # noqa: E402
 from cuvil_edge.frontend import load_model  # noqa: E402
 from cuvil_edge.frontend.demo_model import digits_cnn_onnx  # noqa: E402
-from cuvil_edge.ir import cost  # noqa: E402
 from cuvil_edge.passes import optimize  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -151,212 +147,6 @@ def errors(got: np.ndarray, want: np.ndarray) -> dict[str, float]:
     return {"max_abs_err": diff, "max_rel_err": diff / max(float(np.max(np.abs(want))), 1e-30)}
 
 
-# ---------------------------------------------------------------- per-node profile of the compiled module
-
-_MARK = re.compile(r"^\s*# (\S+) node (.+)$")
-
-
-def _instrumented(source: str, function: ast.FunctionDef) -> tuple[ast.FunctionDef, list[dict]]:
-    """A copy of ``function`` whose top-level statements are grouped by the node comment before
-    them and each group wrapped in clock reads; the groups' labels."""
-    lines = source.splitlines()
-    marks = []  # (line number, op type, node name) inside the function
-    for lineno in range(function.lineno, (function.end_lineno or function.lineno) + 1):
-        m = _MARK.match(lines[lineno - 1])
-        if m:
-            marks.append((lineno, m.group(1), m.group(2)))
-    groups: list[dict] = []
-    body: list[ast.stmt] = []
-    current: list[ast.stmt] = []
-
-    def flush() -> None:
-        if not current:
-            return
-        idx = len(groups) - 1
-        body.append(ast.parse("_cuv_t0 = _cuv_clock()").body[0])
-        body.extend(current)
-        body.append(ast.parse(f"_cuv_record({idx}, _cuv_clock() - _cuv_t0)").body[0])
-        current.clear()
-
-    label = None
-    for stmt in function.body:
-        before = [m for m in marks if m[0] < stmt.lineno]
-        inside = [m for m in marks if stmt.lineno <= m[0] <= (stmt.end_lineno or stmt.lineno)]
-        if isinstance(stmt, ast.Return):
-            flush()
-            body.append(stmt)
-            continue
-        if inside:  # a compound statement holding several nodes' code: one group for all of them
-            new = ("+".join(sorted({m[1] for m in inside})), ", ".join(m[2] for m in inside))
-        elif before:
-            new = (before[-1][1], before[-1][2])
-        else:
-            new = ("(inputs and weights)", "")
-        if new != label or inside:
-            flush()
-            label = new
-            groups.append({"op_type": new[0], "node": new[1], "kernel": None})
-        call = stmt.value if isinstance(stmt, ast.Assign) else None
-        if isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and groups[-1]["kernel"] is None:
-            groups[-1]["kernel"] = call.func.id
-        current.append(stmt)
-    flush()
-    timed = copy.copy(function)
-    timed.body, timed.decorator_list = body, []
-    return ast.fix_missing_locations(timed), groups
-
-
-def profile_compiled(compiled, feeds: dict[str, np.ndarray], graph, batch: int, runs: int = PROFILE_RUNS) -> dict:
-    """Per node and per op type: median ms over ``runs`` calls of ``compiled.run`` with every
-    function of the module that holds node comments (``_forward``) swapped for a timed copy."""
-    namespace = compiled._entry.__globals__
-    tree = ast.parse(compiled.source)
-    targets = [f for f in tree.body if isinstance(f, ast.FunctionDef)
-               and any(_MARK.match(line) for line in
-                       compiled.source.splitlines()[f.lineno - 1:f.end_lineno])]
-    if not targets:
-        raise SystemExit("profile: no function of the compiled module has '# <Op> node <name>' comments")
-    groups: list[dict] = []
-    timed = {}
-    for function in targets:
-        fn_copy, labels = _instrumented(compiled.source, function)
-        offset = len(groups)
-        # each function records into its own slice of the groups
-        fn_copy = ast.fix_missing_locations(_Offset(offset).visit(fn_copy))
-        groups += labels
-        timed[function.name] = fn_copy
-    acc = np.zeros((runs, len(groups)))
-    row = [0]
-
-    def record(index: int, seconds: float) -> None:
-        acc[row[0], index] += seconds
-
-    originals = {name: namespace[name] for name in timed}
-    namespace["_cuv_clock"], namespace["_cuv_record"] = time.perf_counter, record
-    try:
-        for name, fn_copy in timed.items():
-            exec(compile(ast.Module(body=[fn_copy], type_ignores=[]), compiled.source_path.as_posix(), "exec"),
-                 namespace)
-        compiled.run(feeds)  # warm
-        totals = []
-        for r in range(runs):
-            row[0] = r
-            start = time.perf_counter()
-            compiled.run(feeds)
-            totals.append(time.perf_counter() - start)
-    finally:
-        namespace.update(originals)
-        for key in ("_cuv_clock", "_cuv_record"):
-            namespace.pop(key, None)
-    plain = []
-    for _ in range(runs):
-        start = time.perf_counter()
-        compiled.run(feeds)
-        plain.append(time.perf_counter() - start)
-    try:
-        flops = cost.node_flops(graph, {s: batch for t in graph.types.values() for s in t.symbols()})
-    except Exception:  # noqa: BLE001 - FLOPs are a nicety of the report
-        flops = {}
-    node_ms = np.median(acc, axis=0) * 1e3
-    by_name = {n.name: n for n in graph.nodes}
-    nodes = []
-    for g, ms in zip(groups, node_ms):
-        try:
-            key = ast.literal_eval(g["node"])
-        except (ValueError, SyntaxError):
-            key = g["node"]
-        nodes.append({**g, "node": key, "kind": _kind(graph, by_name.get(key), g["op_type"]), "ms": float(ms),
-                      "flops": int(flops.get(key, 0))})
-    attributed = float(node_ms.sum())
-
-    def table(field: str) -> dict[str, dict]:
-        out: dict[str, dict] = defaultdict(lambda: {"count": 0, "ms": 0.0, "flops": 0})
-        for n in nodes:
-            t = out[n[field]]
-            t["count"] += 1
-            t["ms"] += n["ms"]
-            t["flops"] += n["flops"]
-        for t in out.values():
-            t["share"] = t["ms"] / attributed if attributed else 0.0
-            t["gflops_per_s"] = t["flops"] / (t["ms"] * 1e6) if t["ms"] > 0 and t["flops"] else None
-        return dict(sorted(out.items(), key=lambda kv: -kv[1]["ms"]))
-
-    return {
-        "batch": batch, "runs": runs,
-        "run_ms_plain": float(np.median(plain) * 1e3),
-        "run_ms_instrumented": float(np.median(totals) * 1e3),
-        "nodes_ms": attributed,  # sum of the nodes' medians; shares are of this
-        # run() around _forward, bind_inputs, the clock reads themselves: median over runs
-        "unattributed_ms": float(np.median(np.asarray(totals) - acc.sum(axis=1)) * 1e3),
-        "by_op_type": table("op_type"),
-        "by_kind": table("kind"),  # convolutions split by shape: depthwise / 1x1 / kxk, stride
-        "top_nodes": sorted(nodes, key=lambda n: -n["ms"])[:15],
-    }
-
-
-def _kind(graph, node, op_type: str) -> str:
-    """``op_type``, and for a convolution whether it is depthwise, 1x1 or kxk and its stride."""
-    if node is None or "Conv" not in op_type or len(node.inputs) < 2 or node.inputs[1] not in graph.types:
-        return op_type
-    shape = graph.types[node.inputs[1]].shape
-    if len(shape) < 3:
-        return op_type
-    group = int(node.attr("group", 1) or 1)
-    kernel = "x".join(str(k) for k in shape[2:])
-    strides = node.attr("strides") or ()
-    stride = f" /{max(strides)}" if strides and max(strides) > 1 else ""
-    if group > 1 and group == shape[0]:
-        return f"{op_type} depthwise {kernel}{stride}"
-    return f"{op_type} {kernel}{' grouped' if group > 1 else ''}{stride}"
-
-
-class _Offset(ast.NodeTransformer):
-    """Shift the group index of every _cuv_record call by ``offset``."""
-
-    def __init__(self, offset: int) -> None:
-        self.offset = offset
-
-    def visit_Call(self, node: ast.Call) -> ast.Call:
-        self.generic_visit(node)
-        if isinstance(node.func, ast.Name) and node.func.id == "_cuv_record" and self.offset:
-            node.args[0] = ast.Constant(node.args[0].value + self.offset)
-        return node
-
-
-def profile_onnxruntime(data: bytes, feeds: dict[str, np.ndarray], runs: int = PROFILE_RUNS) -> dict:
-    """onnxruntime's own per-node kernel times (its profiler), ms per run by op type."""
-    session = ort_session(data, profile=True)
-    session.run(None, feeds)
-    for _ in range(runs):
-        session.run(None, feeds)
-    path = session.end_profiling()
-    events = json.loads(Path(path).read_text())
-    per_run: dict[str, list[float]] = defaultdict(list)
-    for e in events:
-        if e.get("cat") == "Node" and e.get("name", "").endswith("_kernel_time"):
-            per_run[e["args"].get("op_name", "?")].append(e["dur"] / 1e3)
-    total_runs = runs + 1
-    by_type = {op: {"count": len(d) // total_runs, "ms": sum(d) / total_runs} for op, d in per_run.items()}
-    Path(path).unlink(missing_ok=True)
-    return dict(sorted(by_type.items(), key=lambda kv: -kv[1]["ms"]))
-
-
-def print_profile(name: str, prof: dict) -> None:
-    c = prof["compiled"]
-    print(f"\nprofile {name} batch {c['batch']}: run {c['run_ms_plain']:.3f} ms plain, "
-          f"{c['run_ms_instrumented']:.3f} ms instrumented, {c['unattributed_ms']:.3f} ms outside the nodes")
-    for title, key in (("op type", "by_op_type"), ("convolutions by kind", "by_kind")):
-        print(f"  {title:36s} {'n':>4s} {'ms':>9s} {'share':>6s} {'GFLOP/s':>8s}")
-        for op, t in c[key].items():
-            if key == "by_kind" and "Conv" not in op:
-                continue
-            rate = f"{t['gflops_per_s']:.1f}" if t["gflops_per_s"] else ""
-            print(f"  {op:36s} {t['count']:4d} {t['ms']:9.3f} {t['share']:6.1%} {rate:>8s}")
-    print("  top nodes: " + "; ".join(f"{n['op_type']} {n['node']} {n['ms']:.3f} ms" for n in c["top_nodes"][:6]))
-    print("  onnxruntime kernels: " + ", ".join(f"{op} {t['ms']:.3f} ms ({t['count']})"
-                                                 for op, t in prof["onnxruntime"].items()))
-
-
 # ---------------------------------------------------------------- driver
 
 
@@ -406,8 +196,9 @@ def bench_model(name: str, batches: list[int], samples: int | None, profile: boo
     if profile:
         batch = 1
         feeds = {input_name: cm.example(name, batch, seed=batch)}
-        entry["profile"] = {"compiled": profile_compiled(compiled, feeds, optimized, batch),
-                            "onnxruntime": profile_onnxruntime(data, feeds)}
+        entry["profile"] = {"compiled": profile_compiled(compiled, feeds, optimized, batch, PROFILE_RUNS),
+                            "onnxruntime": profile_onnxruntime(ort_session(data, profile=True), feeds, optimized,
+                                                               PROFILE_RUNS)}
         print_profile(name, entry["profile"])
     return entry
 
@@ -505,7 +296,15 @@ def write_markdown(results: dict, path: Path) -> None:
                 rate = f"{t['gflops_per_s']:.1f}" if t["gflops_per_s"] else ""
                 lines.append(f"| ↳ {op} | {t['count']} | {t['ms']:.3f} | {t['share']:.1%} | {rate} |")
         lines += ["", "onnxruntime's kernels (its profiler, ms per run): " + ", ".join(
-            f"{op} {t['ms']:.3f} ({t['count']})" for op, t in e["profile"]["onnxruntime"].items())]
+            f"{op} {t['ms']:.3f} ({t['count']})" for op, t in e["profile"]["onnxruntime"]["by_op_type"].items())]
+        rows = layer_rows(e["profile"])
+        if rows:
+            lines += ["", "Convolution layers, ours against onnxruntime's profiler (its node names are the values "
+                      "they write; its residual convolutions also add the shortcut, which ours leave to the Add "
+                      "node). GFLOP/s of the same FLOPs.", "",
+                      "| layer | n | ours ms | ours GFLOP/s | ORT ms | ORT GFLOP/s | ours / ORT |", "|---|---|---|---|---|---|---|"]
+            lines += [f"| {r['layer']} | {r['count']} | {r['ms']:.3f} | {r['gflops_per_s']:.1f} | {r['ort_ms']:.3f} "
+                      f"| {r['ort_gflops_per_s']:.1f} | {r['of_ort']:.0%} |" for r in rows]
     path.write_text("\n".join(lines) + "\n")
 
 
