@@ -213,13 +213,14 @@ def train(msg: Message, context: Context) -> Message:
     try:
         agent, index, count = _agent(context)
         activated = agent.activate(_package(msg, agent))
-        check_model(agent.site, activated.model.graph)  # before any record is read
-        keys = _reply_keys(msg, activated.model.graph)  # before training: a bad request spends nothing
-        train_data, _ = _local_data(agent, index, count, context, activated.model.graph)
+        graph = activated.graph or activated.model.graph  # float weights: what training reads
+        check_model(agent.site, graph)  # before any record is read
+        keys = _reply_keys(msg, graph)  # before training: a bad request spends nothing
+        train_data, _ = _local_data(agent, index, count, context, graph)
         ledger = agent.ledger()
         config = msg.content[rp.CONFIG_RECORD]
         # the graph as loaded: fp16-stored weights widened to the float32 the trainer updates
-        outcome = train_round(activated.model.graph, agent.site, train_data, ledger,
+        outcome = train_round(graph, agent.site, train_data, ledger,
                               int(config[rp.SERVER_ROUND]), activated.package.manifest.version,
                               local_dp=_local_dp(context, agent.site),
                               # FedProx: Flower's strategy sends its mu; the term is free under DP-SGD

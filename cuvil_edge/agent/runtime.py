@@ -45,6 +45,9 @@ class Activated:
     model: CompiledModel
     package_bytes: int
     verify_seconds: float
+    #: the package's graph with its weights in float (what training and its checks read); ``model``
+    #: runs the int8 products as the integer ops where the target has int8 kernels
+    graph: Graph | None = None
 
 
 @dataclass(frozen=True)
@@ -144,10 +147,13 @@ class AgentRuntime:
         verify_seconds = time.perf_counter() - start
         self._keep(data, package)
         # fp16-stored or int8 weights are widened once here, not on every run (and the build cache
-        # then keys on the float structure, so a new round's quantized weights still hit it)
-        model = build(_Loaded(dequantize_at_load(package.graph), package.payload_digest), self.target.name,
+        # then keys on the float structure, so a new round's quantized weights still hit it); a
+        # target with an int8 dot product runs the QDQ-wrapped products as the integer ops instead
+        loaded = dequantize_at_load(package.graph)
+        runs = dequantize_at_load(package.graph, int8=True) if self.target.int8_kernels else loaded
+        model = build(_Loaded(runs, package.payload_digest), self.target.name,
                       cache_dir=self.state_dir / "build-cache", precision=self.site.precision)
-        return Activated(package, model, len(data), verify_seconds)
+        return Activated(package, model, len(data), verify_seconds, loaded)
 
     def kept_packages(self) -> list[Path]:
         """The verified packages kept on disk, oldest version first."""
