@@ -90,9 +90,10 @@ def test_the_store_adds_the_residual_and_clamps():
     w = rng.standard_normal((11, 9, 3, 3)).astype(np.float32)
     b, res = rng.standard_normal(11).astype(np.float32), rng.standard_normal((2, 11, 5, 6)).astype(np.float32)
     y = np.empty_like(res)
-    assert lib.cuvil_conv_gemm_f32(_packing.packed_weights(lib, w).ctypes.data, x.ctypes.data, b.ctypes.data,
-                                   res.ctypes.data, y.ctypes.data, 2, 9, 5, 6, 11, 3, 3, 1, 1, 1, 1, 1, 1, 5, 6,
-                                   0.0, 6.0) == 0
+    panels, address = _packing.packed_weights(lib, w)
+    shape = np.array([2, 9, 5, 6, 11, 3, 3, 1, 1, 1, 1, 1, 1, 5, 6], np.int64)
+    assert lib.cuvil_conv_gemm_f32(address, x.ctypes.data, b.ctypes.data, res.ctypes.data, y.ctypes.data,
+                                   shape.ctypes.data, 0.0, 6.0) == 0
     conv = window.k_conv(x, w, b, strides=(1, 1), pads=(1, 1, 1, 1), dilations=(1, 1), auto_pad="NOTSET", group=1)
     np.testing.assert_allclose(y, np.clip(conv + res, 0, 6), rtol=1e-5, atol=1e-5)
 
@@ -102,14 +103,14 @@ def test_read_only_weights_are_packed_once_and_writable_ones_every_call(monkeypa
     lib, packs = _native.library(), []
     monkeypatch.setattr(lib, "cuvil_gemm_pack_a_f32", lambda *a, f=lib.cuvil_gemm_pack_a_f32: (packs.append(1), f(*a)))
     w = np.random.default_rng(4).standard_normal((8, 4, 3, 3)).astype(np.float32)
-    first = _packing.packed_weights(lib, w)
-    assert _packing.packed_weights(lib, w) is not first and len(packs) == 2  # writable: it may change
+    first = _packing.packed_weights(lib, w)[0]
+    assert _packing.packed_weights(lib, w)[0] is not first and len(packs) == 2  # writable: it may change
     w.flags.writeable = False
-    first = _packing.packed_weights(lib, w)
-    assert _packing.packed_weights(lib, w) is first and len(packs) == 3  # read-only: packed once
+    first = _packing.packed_weights(lib, w)[0]
+    assert _packing.packed_weights(lib, w)[0] is first and len(packs) == 3  # read-only: packed once
     copy = w.copy()
     copy.flags.writeable = False
-    assert _packing.packed_weights(lib, copy) is not first and len(packs) == 4  # a new round's array
+    assert _packing.packed_weights(lib, copy)[0] is not first and len(packs) == 4  # a new round's array
     key = id(copy)
     del copy
     gc.collect()

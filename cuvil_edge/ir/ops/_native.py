@@ -70,7 +70,7 @@ _SIGNATURES = {
     "cuvil_max_pool2d_f32": ((_P, _P) + (_I,) * 15, _I),
     "cuvil_gemm_blocking": ((_P,), None),
     "cuvil_gemm_pack_a_f32": ((_P, _P, _I, _I), None),
-    "cuvil_conv_gemm_f32": ((_P,) * 5 + (_I,) * 15 + (_F, _F), _I),
+    "cuvil_conv_gemm_f32": ((_P,) * 6 + (_F, _F), _I),
 }
 
 _lock = threading.Lock()

@@ -20,7 +20,8 @@ import weakref
 
 import numpy as np
 
-_packed: dict[int, tuple[weakref.ref, np.ndarray]] = {}
+_packed: dict[int, tuple[weakref.ref, np.ndarray, int]] = {}
+_shapes: dict[tuple, tuple[np.ndarray, int]] = {}
 _lock = threading.Lock()
 _blocking: dict[str, tuple[int, int, int, int]] = {}
 
@@ -60,37 +61,52 @@ def _forget(key: int) -> None:
         _packed.pop(key, None)
 
 
-def packed_weights(lib, w: np.ndarray) -> np.ndarray:
-    """``w`` (M, ...) as the (M, K) matrix packed for ``lib.cuvil_conv_gemm_f32``; computed once
-    per read-only array, every call for a writable one."""
+def packed_weights(lib, w: np.ndarray) -> tuple[np.ndarray, int]:
+    """``w`` (M, ...) as the (M, K) matrix packed for ``lib.cuvil_conv_gemm_f32``, and its address
+    (``.ctypes.data`` costs more than a dict lookup); packed once per read-only array (kept here
+    while ``w`` lives), every call for a writable one (the caller holds the panels)."""
     key = id(w)
     hit = _packed.get(key)
     if hit is not None and hit[0]() is w:
-        return hit[1]
+        return hit[1], hit[2]
     m = w.shape[0]
     k = w.size // m if m else 0
     mr = blocking(lib)[0]
     panels = np.empty(-(-m // mr) * mr * k, np.float32)
     wc = np.ascontiguousarray(w, dtype=np.float32)
     lib.cuvil_gemm_pack_a_f32(wc.ctypes.data, panels.ctypes.data, m, k)
+    address = panels.ctypes.data
     if not w.flags.writeable:
         with _lock:
-            _packed[key] = (weakref.ref(w, lambda _, key=key: _forget(key)), panels)
-    return panels
+            _packed[key] = (weakref.ref(w, lambda _, key=key: _forget(key)), panels, address)
+    return panels, address
+
+
+def shape_vector(shape: tuple) -> int:
+    """The address of ``shape`` as int64s, one array per distinct shape (at most a few hundred:
+    the table is dropped when it grows past that, as a symbolic batch could make it)."""
+    hit = _shapes.get(shape)
+    if hit is None:
+        if len(_shapes) > 512:
+            _shapes.clear()
+        vector = np.array(shape, np.int64)
+        hit = _shapes[shape] = (vector, vector.ctypes.data)
+    return hit[1]
 
 
 def _native_conv_gemm(lib, x, w, b, st, pd, di, out, lo, hi):
     # a float32 2-D single-group convolution in C (native_gemm.c): the im2col'd input packed
     # straight into the GEMM's panels, the weights packed once, the bias and the clamp to
     # [lo, hi] (Relu, Clip(0, 6), or none with -inf/inf) applied in the store; y (n, m, *out)
-    from cuvil_edge.ir.ops._packing import packed_weights
+    from cuvil_edge.ir.ops._packing import packed_weights, shape_vector
     n, c, h, wd = x.shape
     m, _, kh, kw = w.shape
     y = np.empty((n, m) + tuple(out), dtype=np.float32)
     xc = np.ascontiguousarray(x)
     bc = None if b is None else np.ascontiguousarray(b, dtype=np.float32)
-    if lib.cuvil_conv_gemm_f32(packed_weights(lib, w).ctypes.data, xc.ctypes.data,
-                               None if bc is None else bc.ctypes.data, None, y.ctypes.data, n, c, h, wd, m, kh, kw,
-                               st[0], st[1], di[0], di[1], pd[0], pd[1], out[0], out[1], lo, hi) != 0:
+    shape = shape_vector((n, c, h, wd, m, kh, kw, st[0], st[1], di[0], di[1], pd[0], pd[1], out[0], out[1]))
+    panels, address = packed_weights(lib, w)  # panels: held for the call
+    if lib.cuvil_conv_gemm_f32(address, xc.ctypes.data, None if bc is None else bc.ctypes.data, None,
+                               y.ctypes.data, shape, lo, hi) != 0:
         raise MemoryError("the native convolution could not allocate its packed input block")
     return y

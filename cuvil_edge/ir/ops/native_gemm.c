@@ -193,12 +193,14 @@ static void tile(int64_t kc, const float *restrict a, const float *restrict b, f
 }
 
 /* Y[i] = A x im2col(X[i]) for each of n images: X (n, c, h, w), Y and the residual (n, m, oh, ow),
- * A packed by cuvil_gemm_pack_a_f32 from the (m, c * kh * kw) weights. A K x N matrix B is the
+ * A packed by cuvil_gemm_pack_a_f32 from the (m, c * kh * kw) weights; `shape` holds n, c, h, w, m,
+ * kh, kw, sh, sw, dh, dw, ph, pw, oh, ow (one pointer: each ctypes argument costs ~0.4 us). A K x N matrix B is the
  * 1 x 1 case with c = K, h = 1, w = N. Returns 0, or -1 where the B block cannot be allocated. */
 int64_t cuvil_conv_gemm_f32(const float *ap, const float *x, const float *bias, const float *res, float *y,
-                            int64_t n, int64_t c, int64_t h, int64_t w, int64_t m, int64_t kh, int64_t kw,
-                            int64_t sh, int64_t sw, int64_t dh, int64_t dw, int64_t ph, int64_t pw, int64_t oh,
-                            int64_t ow, float lo, float hi) {
+                            const int64_t *shape, float lo, float hi) {
+    const int64_t n = shape[0], c = shape[1], h = shape[2], w = shape[3], m = shape[4], kh = shape[5];
+    const int64_t kw = shape[6], sh = shape[7], sw = shape[8], dh = shape[9], dw = shape[10], ph = shape[11];
+    const int64_t pw = shape[12], oh = shape[13], ow = shape[14];
     const geometry g = {c, h, w, kh, kw, sh, sw, dh, dw, ph, pw, oh, ow};
     const int64_t k = c * kh * kw, cols = oh * ow, mp = (m + MR - 1) / MR * MR;
     const int64_t widest = ((cols < NC ? cols : NC) + NR - 1) / NR * NR, rows = k < KC ? k : KC;
