@@ -142,6 +142,11 @@ void cuvil_swish_f32(const float *restrict x, float *restrict y, int64_t n, floa
     }
 }
 
+/* The depthwise kernel's register block: DW_BLOCK outputs in vectors of DW_LANES floats. */
+#define DW_LANES 8
+#define DW_BLOCK 32
+typedef float dwv __attribute__((vector_size(DW_LANES * 4)));
+
 /* The padded plane a window op reads: (ph x pw), x's plane at (top, left), `fill` elsewhere. */
 static void pad_plane(const float *restrict src, float *restrict dst, int64_t h, int64_t w, int64_t ph, int64_t pw,
                       int64_t top, int64_t left, float fill) {
@@ -180,14 +185,31 @@ int64_t cuvil_depthwise_conv2d_f32(const float *restrict x, const float *restric
         float *out = y + p * oh * ow;
         pad_plane(x + p * h * wd, plane, h, wd, ph, pw, top, left, 0.0f);
         if (flat) {
-            int64_t span = oh * pw;
-            for (int64_t j = 0; j < span; j++) acc[j] = bias;
+            int64_t span = oh * pw, j = 0;
+            /* DW_BLOCK outputs at a time summed over every tap in registers, stored once (a pass
+             * over the accumulator per tap loaded and stored it kh * kw times) */
+            for (; j + DW_BLOCK <= span; j += DW_BLOCK) {
+                dwv s[DW_BLOCK / DW_LANES];
+                for (int v = 0; v < DW_BLOCK / DW_LANES; v++) s[v] = bias - (dwv){0};
+                for (int64_t ky = 0; ky < kh; ky++)
+                    for (int64_t kx = 0; kx < kw; kx++) {
+                        const dwv t = taps[ky * kw + kx] - (dwv){0};
+                        const float *src = plane + ky * dh * pw + kx * dw + j;
+#pragma GCC unroll 4
+                        for (int v = 0; v < DW_BLOCK / DW_LANES; v++) {
+                            dwv x;
+                            memcpy(&x, src + v * DW_LANES, sizeof x);
+                            s[v] += t * x;
+                        }
+                    }
+                memcpy(acc + j, s, sizeof s);
+            }
+            for (int64_t r = j; r < span; r++) acc[r] = bias;
             for (int64_t ky = 0; ky < kh; ky++)
                 for (int64_t kx = 0; kx < kw; kx++) {
                     const float t = taps[ky * kw + kx];
                     const float *src = plane + ky * dh * pw + kx * dw;
-#pragma omp simd
-                    for (int64_t j = 0; j < span; j++) acc[j] += t * src[j];
+                    for (int64_t r = j; r < span; r++) acc[r] += t * src[r];
                 }
             for (int64_t oy = 0; oy < oh; oy++)
                 for (int64_t ox = 0; ox < ow; ox++) out[oy * ow + ox] = clampf(acc[oy * pw + ox], lo, hi);
