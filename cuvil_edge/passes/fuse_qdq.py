@@ -5,6 +5,8 @@
       ⇒  QLinearConv(xq, xs, xz, Wq, ws, wz, ys, yz, round(B / (xs · ws)) as int32)
     the same with MatMul and a 2-D Wq (ws per tensor or per column)
       ⇒  QLinearMatMul(xq, xs, xz, Wq, ws, wz, ys, yz)
+    QuantizeLinear(DequantizeLinear(a) + DequantizeLinear(b), ys, yz), all per tensor
+      ⇒  CuvilQLinearAdd(a, as, az, b, bs, bz, ys, yz)       (the same float32 arithmetic, exactly)
 
 What onnxruntime's quantizer (QDQ format) and our ``quantize_int8`` produce. As onnxruntime does it:
 the float product of the dequantized operands is exactly (xq - xz)(Wq - wz) · xs · ws, so the only
@@ -88,6 +90,8 @@ class FuseQDQ(Pass):
         ys, yz = _const(graph, q.inputs[1]), _const(graph, q.inputs[2])
         if ys is None or yz is None or ys.size != 1 or yz.size != 1 or yz.dtype not in _QUANT:
             return None
+        if op.op_type == "Add" and len(op.inputs) == 2:
+            return self._add(graph, op, q, inits, taken)
         if op.op_type not in ("Conv", "CuvilFusedConv", "MatMul") or len(op.inputs) < 2:
             return None
         x, w = _dq_parts(graph, producer.get(op.inputs[0])), _dq_parts(graph, producer.get(op.inputs[1]))
@@ -128,6 +132,23 @@ class FuseQDQ(Pass):
                                                             "kernel_shape")}
         return Node(fresh_graph_name(taken, op.name), "QLinearConv", inputs + ((names[2],) if bias is not None else ()),
                     q.outputs, attrs, 10)
+
+    @staticmethod
+    def _add(graph: Graph, op: Node, q: Node, inits: dict, taken: set) -> Node | None:
+        producer, inputs = graph.producer(), []
+        for name in op.inputs:
+            dq = producer.get(name)
+            parts = _dq_parts(graph, dq)
+            if parts is None or not _per_tensor(parts[1], parts[2]) or graph.types[parts[0]].dtype not in (
+                    "int8", "uint8"):
+                return None
+            zp = dq.inputs[2] if len(dq.inputs) > 2 and dq.inputs[2] else None
+            if zp is None:
+                zp = fresh_tensor_name(taken, f"{op.name}.zero_point")
+                inits[zp] = np.zeros((), graph.types[parts[0]].dtype)
+            inputs += [parts[0], dq.inputs[1], zp]
+        return Node(fresh_graph_name(taken, op.name), "CuvilQLinearAdd", (*inputs, q.inputs[1], q.inputs[2]),
+                    q.outputs, {}, 1)
 
     @staticmethod
     def _bias(graph: Graph, op: Node, xs, ws, m):

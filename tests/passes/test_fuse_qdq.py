@@ -29,12 +29,15 @@ class _Payload:
 def _float_model(path):
     rng = np.random.default_rng(0)
     inits = [numpy_helper.from_array(rng.normal(0, 0.3, s).astype(np.float32), n) for n, s in
-             (("w1", (8, 3, 3, 3)), ("b1", (8,)), ("w2", (16, 8, 3, 3)), ("b2", (16,)), ("w3", (12, 16, 1, 1)))]
+             (("w1", (8, 3, 3, 3)), ("b1", (8,)), ("w2", (16, 8, 3, 3)), ("b2", (16,)), ("w3", (12, 16, 1, 1)),
+              ("w4", (12, 16, 1, 1)))]
     nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]),
              helper.make_node("Relu", ["c1"], ["r1"]),
              helper.make_node("Conv", ["r1", "w2", "b2"], ["c2"], strides=[2, 2], pads=[1, 0, 1, 0]),
              helper.make_node("Relu", ["c2"], ["r2"]),
-             helper.make_node("Conv", ["r2", "w3"], ["y"])]
+             helper.make_node("Conv", ["r2", "w3"], ["y3"]),
+             helper.make_node("Conv", ["r2", "w4"], ["y4"]),
+             helper.make_node("Add", ["y3", "y4"], ["y"])]  # a residual-like sum of two products
     graph = helper.make_graph(nodes, "qdq", [helper.make_tensor_value_info("x", TensorProto.FLOAT, SHAPE)],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, (1, 12, 8, 7))], inits)
     save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
@@ -68,10 +71,11 @@ def _ort_run(path, x):
 
 
 def test_onnxruntime_qdq_convs_become_qlinearconv_and_match_it(ort_qdq, tmp_path):
+    """Convs as QLinearConv, the DequantizeLinear-Add-QuantizeLinear as CuvilQLinearAdd."""
     graph = load_model(str(ort_qdq))
     fused = dequantize_at_load(graph, int8=True)
     ops = Counter(n.op_type for n in fused.nodes)
-    assert ops["QLinearConv"] == 3 and "Conv" not in ops
+    assert ops["QLinearConv"] == 4 and ops["CuvilQLinearAdd"] == 1 and "Conv" not in ops and "Add" not in ops
     assert all(fused.initializers[n.inputs[3]].dtype == np.int8 for n in fused.nodes if n.op_type == "QLinearConv")
     step = float(next(graph.initializers[n.inputs[1]] for n in graph.nodes
                       if n.op_type == "DequantizeLinear" and n.outputs[0] == "y"))
@@ -89,13 +93,13 @@ def test_our_int8_package_computes_in_int8_within_one_step(tmp_path):
     samples = [{"x": np.random.default_rng(s).normal(size=SHAPE).astype(np.float32)} for s in range(4)]
     package = quantize_int8(graph, calibrate_ranges(graph, samples), samples=samples)
     fused, widened = dequantize_at_load(package, int8=True), dequantize_at_load(package)
-    assert Counter(n.op_type for n in fused.nodes)["QLinearConv"] == 2  # the last conv's output is float
+    assert Counter(n.op_type for n in fused.nodes)["QLinearConv"] == 2  # the last convs' outputs are float
     model_i8, model_f = build(_Payload(fused), "x86-64", cache_dir=tmp_path), build(_Payload(widened), "x86-64",
                                                                                    cache_dir=tmp_path)
     # the step of the last conv's int8 input: one step there moves y by at most |w3| summed over inputs
     scale = next(float(package.initializers[n.inputs[1]]) for n in package.nodes
                  if n.op_type == "QuantizeLinear" and n.outputs[0].startswith("r2"))
-    bound = scale * float(np.abs(graph.initializers["w3"]).sum(axis=(1, 2, 3)).max())
+    bound = scale * float((np.abs(graph.initializers["w3"]) + np.abs(graph.initializers["w4"])).sum(axis=(1, 2, 3)).max())
     x = np.random.default_rng(9).normal(size=SHAPE).astype(np.float32)
     got, want = next(iter(model_i8.run({"x": x}).values())), next(iter(model_f.run({"x": x}).values()))
     assert np.abs(got - want).max() <= bound
@@ -127,7 +131,7 @@ def test_the_cost_model_costs_int8_nodes_at_the_int8_rate(ort_qdq):
     fused = dequantize_at_load(graph, int8=True)
     spec = load_target("x86-64")
     rows = [r for r in predict(fused, spec).nodes if r.op_type == "QLinearConv"]
-    assert len(rows) == 3 and all(r.kernel == INT8_KIND and r.gemm for r in rows)
+    assert len(rows) == 4 and all(r.kernel == INT8_KIND and r.gemm for r in rows)
     for r in rows:  # one image's GEMM: out channels x (C x taps) x pixels, at vpdpbusd's rate
         m, k, n, count = r.gemm[0]
         assert r.compute_s == pytest.approx(2 * m * k * n * count / (spec.native_gflops * INT8_FACTORS["vnni"] * 1e9))
@@ -135,3 +139,22 @@ def test_the_cost_model_costs_int8_nodes_at_the_int8_rate(ort_qdq):
     assert sum(r.compute_s for r in avx2) == pytest.approx(2 * sum(r.compute_s for r in rows))
     slow = predict(fused, "ascend-310")  # no native kernels: numpy's int32 products, not the int8 kernel
     assert all(r.kernel != INT8_KIND for r in slow.nodes)
+
+
+@pytest.mark.parametrize("dtypes", [(np.uint8, np.uint8, np.uint8), (np.int8, np.uint8, np.int8),
+                                    (np.uint8, np.int8, np.uint8)])
+def test_the_fused_add_is_exactly_the_three_ops_it_replaces(dtypes, monkeypatch):
+    from cuvil_edge.ir.ops import binary, qlinear_add, quant
+
+    rng = np.random.default_rng(2)
+    a, b = (rng.integers(np.iinfo(d).min, np.iinfo(d).max + 1, (2, 16, 9, 9)).astype(d) for d in dtypes[:2])
+    params = (np.array(0.0371, np.float32), np.array(3, dtypes[0]), np.array(0.0213, np.float32),
+              np.array(-5 if dtypes[1] == np.int8 else 130, dtypes[1]), np.array(0.05123, np.float32),
+              np.array(11, dtypes[2]))
+    as_, az, bs, bz, ys, yz = params
+    want = quant.k_quantize_linear(binary.k_add(quant.k_dequantize_linear(a, as_, az), quant.k_dequantize_linear(b, bs, bz)),
+                                   ys, yz)
+    for capability in ("avx2", "none"):  # the native pass and the numpy fallback
+        monkeypatch.setattr(qlinear_add, "TARGET_INT8_DOT", capability)
+        got = qlinear_add.k_q_linear_add(a, as_, az, b, bs, bz, ys, yz)
+        assert got.dtype == want.dtype and np.array_equal(got, want), capability

@@ -33,6 +33,7 @@ SIGNATURES = {
     "cuvil_i8_pack_a": ((_P, _I, _P, _I, _I, _I, _I, _I, _P), None),
     "cuvil_i8_conv2d": ((_P, _P, _I, _I) + (_I,) * 13 + (_P, _P, _I, _I, _I, _I, _I, _P, _I, _I), _I),
     "cuvil_i8_gemm": ((_P, _P, _I, _I, _I, _I, _I, _P, _P, _I, _I, _I, _I, _I, _P, _I, _I), _I),
+    "cuvil_i8_add": ((_P, _I, _P, _I, _I, _F, _F, _F, _F, _F, _F, _I, _P), None),
 }
 
 _packed: dict[int, tuple] = {}
@@ -164,3 +165,18 @@ def matmul(a, a_zp, b, b_zp, mult, y_zp, out_dtype):
     if code != 0:
         raise MemoryError("the native int8 matrix product could not allocate its packed input")
     return y.reshape(a.shape[:-1] + (m,))
+
+
+def add(a, a_scale, a_zp, b, b_scale, b_zp, y_scale, y_zp):
+    """QuantizeLinear(DequantizeLinear(a) + DequantizeLinear(b)) of same-shaped int8/uint8 a and b,
+    per-tensor parameters, in one pass; None for a call the kernel does not take."""
+    native = lib()
+    quant = (np.int8, np.uint8)
+    if native is None or a.dtype not in quant or b.dtype not in quant or y_zp.dtype not in quant:
+        return None
+    ac, bc = np.ascontiguousarray(a), np.ascontiguousarray(b)
+    y = np.empty(a.shape, dtype=y_zp.dtype)
+    value = [float(np.asarray(v, dtype=np.float32).reshape(())) for v in (a_scale, a_zp, b_scale, b_zp, y_scale, y_zp)]
+    native.cuvil_i8_add(ac.ctypes.data, int(a.dtype == np.int8), bc.ctypes.data, int(b.dtype == np.int8), a.size,
+                        *value, int(y.dtype == np.int8), y.ctypes.data)
+    return y

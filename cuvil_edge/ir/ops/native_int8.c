@@ -492,3 +492,20 @@ int64_t cuvil_i8_gemm(const void *packed, const void *a, int64_t a_signed, int64
     sink o = {bias, mult, mult_n, yz, lo, hi, out_type, sm, sn, y};
     return run(packed, &s, &o);
 }
+
+/* y = saturate(rint(((a - za) * sa + (b - zb) * sb) / sy) + zy) over n elements: DequantizeLinear of
+ * both, Add, QuantizeLinear in one pass, with the float32 operations of the numpy kernels in their
+ * order (no fused multiply-add, so the result is theirs bit for bit). */
+__attribute__((optimize("fp-contract=off"))) void cuvil_i8_add(const void *a, int64_t a_signed, const void *b,
+                                                                int64_t b_signed, int64_t n, float sa, float za,
+                                                                float sb, float zb, float sy, float zy,
+                                                                int64_t y_signed, void *y) {
+    float lo = y_signed ? -128.0f : 0.0f, hi = y_signed ? 127.0f : 255.0f;
+    for (int64_t i = 0; i < n; i++) {
+        float da = ((float)load_q(a, i, a_signed) - za) * sa, db = ((float)load_q(b, i, b_signed) - zb) * sb;
+        float q = nearbyintf((da + db) / sy) + zy;
+        q = q < lo ? lo : q > hi ? hi : q;
+        if (y_signed) ((int8_t *)y)[i] = (int8_t)q;
+        else ((uint8_t *)y)[i] = (uint8_t)q;
+    }
+}
