@@ -21,8 +21,10 @@ MARK = "\u2063"
 #: A line of Flower's console log: an optional colour, the level, an optional time, ":".
 _FLOWER_LINE = re.compile(r"^(?:\x1b\[[0-9;]*m)?(DEBUG|INFO|WARNING|ERROR|CRITICAL)"
                           r"(?: [0-9-]+ [0-9:,.]+)?\s*(?:\x1b\[0m)?\s*:")
-#: Flower's words for a ServerApp that raised: the run's final line gives its error instead.
-_SAID_AGAIN = ("raised an exception",)
+#: Flower's warnings and errors that say nothing to a cuvil-edge user: a ServerApp that raised (the
+#: run's final line gives its error instead), and the simulation's notice about its default size
+#: (ours is set).
+_NOT_SHOWN = ("raised an exception", "default simulated SuperNodes changed")
 #: Lines of the `flwr` CLI itself that are worth a cuvil-edge user's eye.
 _CLI_KEPT = ("Successfully started run",)
 #: How Flower words a failed ServerApp in the run's status details (flwr/superlink/runtime/run_serverapp.py).
@@ -64,7 +66,7 @@ class StreamFilter:
         match = _FLOWER_LINE.match(line)
         if match:  # its traceback and other continuation lines stay hidden
             self._in_flower_record = True
-            if match.group(1) in ("WARNING", "ERROR", "CRITICAL") and not any(w in line for w in _SAID_AGAIN):
+            if match.group(1) in ("WARNING", "ERROR", "CRITICAL") and not any(w in line for w in _NOT_SHOWN):
                 return line
         elif not self._in_flower_record and line.startswith(_CLI_KEPT):
             return line
@@ -72,7 +74,8 @@ class StreamFilter:
         return None
 
 
-def relay(command: list[str], env: dict, timeout: float, verbose: bool) -> tuple[subprocess.CompletedProcess, list[str]]:
+def relay(command: list[str], env: dict, timeout: float,
+          verbose: bool) -> tuple[subprocess.CompletedProcess, list[str]]:
     """Run ``command``, copying what :class:`StreamFilter` shows of its output to our stdout; the
     finished process and the last lines not shown."""
     import threading

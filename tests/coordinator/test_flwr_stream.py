@@ -17,6 +17,7 @@ from cuvil_edge.coordinator.flwr_stream import MARK, MarkedFormatter, StreamFilt
 STREAM = [
     "Using SuperLink: cuvil (127.0.0.1:9092)\n",
     "Successfully started run 123\n",
+    "\x1b[93mWARNING \x1b[0m:   Since flwr 1.32, default simulated SuperNodes changed from 10 to 2.\n",
     "\x1b[92mINFO \x1b[0m:      Starting FedAvgM strategy:\n",
     "\x1b[92mINFO \x1b[0m:      \t├── Number of rounds: 2\n",
     f"{MARK}round 0: global test accuracy 0.1333\n",
@@ -60,7 +61,8 @@ def test_the_report_marks_each_line_of_a_record_and_errors_but_not_warnings():
 
 
 @pytest.mark.parametrize("details, reason", [
-    ("ServerApp failed with exception: no site trained in any round: a: refused", "no site trained in any round: a: refused"),
+    ("ServerApp failed with exception: no site trained in any round: a: refused",
+     "no site trained in any round: a: refused"),
     ("Task failed with\nunknown error.", "Task failed with unknown error."),
     (None, ""),
 ])
