@@ -91,3 +91,29 @@ def test_run_resume_says_what_is_left_and_refuses_when_nothing_is(tmp_path, monk
     assert main(["run", "--federation", str(FEDERATION), "--home", str(tmp_path), "--resume"]) == 0
     assert "resuming digits-demo after round 3 of 5: 2 rounds left" in capsys.readouterr().out
     assert submitted and submitted[0]["resume"] is True
+
+
+@pytest.mark.parametrize("break_it, named", [
+    (lambda fed, sites: fed.write_text(fed.read_text().replace("sites/factory-b.yaml", "sites/factory-x.yaml")),
+     ["factory-x.yaml: file not found", "sites:"]),
+    (lambda fed, sites: fed.write_text(fed.read_text().replace("round_timeout:", "round_timout:")),
+     ["federation.yaml: round_timout: unknown key (did you mean round_timeout?)"]),
+    (lambda fed, sites: fed.write_text(fed.read_text().replace("builtin:digits-cnn", "model.onnx")),
+     ["federation.yaml: model:", "model.onnx not found"]),
+    (lambda fed, sites: (sites / "fleet-c.yaml").write_text((sites / "fleet-c.yaml").read_text().replace(
+        "target:", "targt:")), ["fleet-c.yaml: targt: unknown key (did you mean target?)"]),
+], ids=["missing-site-file", "misspelt-federation-key", "missing-model", "misspelt-site-key"])
+def test_run_refuses_a_bad_file_in_one_line_before_asking_the_superlink(tmp_path, monkeypatch, capsys, break_it,
+                                                                        named):
+    import shutil
+
+    from cuvil_edge.coordinator import preflight, superlink
+
+    shutil.copytree(FEDERATION.parent, tmp_path / "configs")
+    fed = tmp_path / "configs" / "federation.yaml"
+    break_it(fed, tmp_path / "configs" / "sites")
+    monkeypatch.setattr(preflight, "wait_for_sites", lambda *a, **k: pytest.fail("asked the SuperLink"))
+    monkeypatch.setattr(superlink, "submit_run", lambda *a, **k: pytest.fail("submitted"))
+    assert main(["run", "--federation", str(fed), "--home", str(tmp_path / "home")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and all(part in err for part in named), err
