@@ -18,7 +18,7 @@ import numpy as np
 
 from cuvil_edge.agent.training import train_round
 from cuvil_edge.config import SiteConfig
-from cuvil_edge.datasets.digits import Split
+from cuvil_edge.datasets.records import Records
 from cuvil_edge.ir import interpreter
 from cuvil_edge.ir.graph import Graph
 from cuvil_edge.ir.infer import with_initializers
@@ -34,7 +34,7 @@ class Score:
     auc: float | None  # binary tasks only
 
 
-def score(graph: Graph, test: Split) -> Score:
+def score(graph: Graph, test: Records) -> Score:
     out = interpreter.run(graph, {graph.inputs[0].name: test.x})[graph.outputs[0].name].astype(np.float64)
     accuracy = float((out.argmax(1) == test.y).mean())
     return Score(accuracy, auc(out[:, 1] - out[:, 0], test.y) if out.shape[1] == 2 else None)
@@ -84,7 +84,7 @@ def with_budget(sites: Sequence[SiteConfig], total: float, rounds: int, delta: f
     return out
 
 
-def run_rounds(graph: Graph, sites: Sequence[SiteConfig], splits: Sequence[tuple[Split, Split]], test: Split,
+def run_rounds(graph: Graph, sites: Sequence[SiteConfig], splits: Sequence[tuple[Records, Records]], test: Records,
                rounds: int, *, local_dp: bool = True, seed: int = 0) -> dict:
     """Train ``rounds`` FedAvg rounds; returns the global score after each and ε spent per site."""
     weights = {k: np.array(v) for k, v in graph.initializers.items() if v.dtype == np.float32}

@@ -31,7 +31,7 @@ from _federated import run_rounds, with_budget  # noqa: E402
 
 from cuvil_edge.config import load_federation  # noqa: E402
 from cuvil_edge.coordinator.model import load_federation_model  # noqa: E402
-from cuvil_edge.datasets.digits import Split  # noqa: E402
+from cuvil_edge.datasets.records import Records  # noqa: E402
 from cuvil_edge.datasets.site_files import load_records, load_site_data  # noqa: E402
 
 EXAMPLE = ROOT / "configs" / "examples" / "breast-cancer" / "federation.yaml"
@@ -39,8 +39,8 @@ RESULTS = ROOT / "bench" / "results"
 
 
 def pooled(splits):
-    train = Split(np.concatenate([t.x for t, _ in splits]), np.concatenate([t.y for t, _ in splits]))
-    held = Split(np.concatenate([h.x for _, h in splits]), np.concatenate([h.y for _, h in splits]))
+    train = Records(np.concatenate([t.x for t, _ in splits]), np.concatenate([t.y for t, _ in splits]))
+    held = Records(np.concatenate([h.x for _, h in splits]), np.concatenate([h.y for _, h in splits]))
     return [(train, held)]
 
 

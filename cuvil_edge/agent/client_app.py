@@ -26,6 +26,7 @@ from cuvil_edge.config.round_protocol import Failure, Failures
 from cuvil_edge.config.run_spec import RUN_CONFIG_KEY, RunSpec
 from cuvil_edge.config.site import SiteConfig
 from cuvil_edge.datasets import digits
+from cuvil_edge.datasets.records import Records
 from cuvil_edge.datasets.site_files import load_site_data, model_io
 from cuvil_edge.datasets.split import load_split_key, split_records
 from cuvil_edge.ir.graph import Graph
@@ -100,7 +101,7 @@ def _local_dp(context: Context, site: SiteConfig) -> bool:
 
 
 def _local_data(agent: AgentRuntime, index: int, count: int, context: Context,
-                graph: Graph) -> tuple[digits.Split, digits.Split]:
+                graph: Graph) -> tuple[Records, Records]:
     """(train, eval) records of this site: from its own files when its YAML's ``data`` names them
     (checked against ``graph``'s input and classes), else the demo's digits partition; split per
     record under the site's secret key in its state directory (datasets.split)."""

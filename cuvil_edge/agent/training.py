@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from cuvil_edge.config.site import SiteConfig
-from cuvil_edge.datasets.digits import Split
+from cuvil_edge.datasets.records import Records
 from cuvil_edge.errors import BudgetExhaustedError
 from cuvil_edge.extras import require
 from cuvil_edge.ir.graph import Graph
@@ -26,7 +26,7 @@ class TrainOutcome:
     loss: float
 
 
-def train_round(graph: Graph, site: SiteConfig, data: Split, ledger: PrivacyLedger,
+def train_round(graph: Graph, site: SiteConfig, data: Records, ledger: PrivacyLedger,
                 server_round: int, package_version: int, seed: int | None = None,
                 local_dp: bool = True, proximal_mu: object = 0.0, plan_cache: Path | None = None) -> TrainOutcome:
     """Check the model keeps samples apart, claim this round's DP-SGD spend, then train.
@@ -91,7 +91,7 @@ def train_key(server_round: int, package_version: int) -> str:
     return f"train-r{server_round}-v{package_version}"
 
 
-def _train_plain(graph: Graph, site: SiteConfig, data: Split, seed: int | None, proximal_mu: float = 0.0
+def _train_plain(graph: Graph, site: SiteConfig, data: Records, seed: int | None, proximal_mu: float = 0.0
                  ) -> TrainOutcome:
     """Non-private minibatch SGD with the site's hyperparameters (no ledger spend), plus FedProx's
     proximal gradient when ``proximal_mu`` > 0."""

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import io
 import zipfile
-from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
@@ -20,13 +19,8 @@ import numpy as np
 
 from cuvil_edge.atomic import atomic_write
 from cuvil_edge.errors import ConfigError
+from cuvil_edge.datasets.records import Records
 from cuvil_edge.extras import require
-
-
-@dataclass(frozen=True)
-class Split:
-    x: np.ndarray  # float32 [n, 1, 8, 8] in [0, 1]
-    y: np.ndarray  # int64 [n]
 
 
 def _require_sklearn() -> None:
@@ -45,15 +39,15 @@ def _load() -> tuple[np.ndarray, np.ndarray]:
     return x, data.target.astype(np.int64)
 
 
-def global_test(test_fraction: float = 0.2) -> Split:
+def global_test(test_fraction: float = 0.2) -> Records:
     """The held-out test set the coordinator evaluates on."""
     _, test_idx = _train_test_indices(test_fraction)
     x, y = _load()
-    return Split(x[test_idx], y[test_idx])
+    return Records(x[test_idx], y[test_idx])
 
 
 def site_partition(index: int, num_sites: int, *, test_fraction: float = 0.2,
-                   alpha: float = 0.5, seed: int = 7, cache_dir: Path | None = None) -> Split:
+                   alpha: float = 0.5, seed: int = 7, cache_dir: Path | None = None) -> Records:
     """Training data of site ``index`` of ``num_sites``.
 
     With ``cache_dir`` the partition is kept there as an .npz (one file per parameter set), so
@@ -70,13 +64,13 @@ def site_partition(index: int, num_sites: int, *, test_fraction: float = 0.2,
         cached = Path(cache_dir) / f"digits-{index}-of-{num_sites}-t{test_fraction}-a{alpha}-s{seed}.npz"
         try:
             with np.load(cached, allow_pickle=False) as f:
-                return Split(f["x"], f["y"])
+                return Records(f["x"], f["y"])
         except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile):
             pass  # absent, torn or damaged: compute it again
     parts = _partitions(num_sites, test_fraction, alpha, seed)
     x, y = _load()
     idx = parts[index]
-    split = Split(x[idx], y[idx])
+    split = Records(x[idx], y[idx])
     if cached is not None:
         buffer = io.BytesIO()
         np.savez(buffer, x=split.x, y=split.y)

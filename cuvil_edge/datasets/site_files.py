@@ -45,7 +45,7 @@ import numpy as np
 
 from cuvil_edge.atomic import atomic_write
 from cuvil_edge.config.site import DataSection
-from cuvil_edge.datasets.digits import Split
+from cuvil_edge.datasets.records import Records
 from cuvil_edge.datasets.split import PUBLIC_SPLIT_KEY, split_records
 from cuvil_edge.errors import DataError
 from cuvil_edge.extras import require
@@ -81,7 +81,7 @@ def model_io(graph: Graph) -> tuple[tuple[int, ...], int]:
 
 
 def load_site_data(data: DataSection, graph: Graph, cache_dir: Optional[Path] = None, *,
-                   split_key: Optional[bytes] = None) -> tuple[Split, Split]:
+                   split_key: Optional[bytes] = None) -> tuple[Records, Records]:
     """(train, eval) records of a site from its own files, checked against ``graph``, split by the
     per-record rule of :mod:`cuvil_edge.datasets.split` under ``split_key`` (the agent passes its
     site's secret key, :func:`~cuvil_edge.datasets.split.load_split_key`; without one, benchmarks
@@ -96,7 +96,7 @@ def load_site_data(data: DataSection, graph: Graph, cache_dir: Optional[Path] = 
     return split_records(records, data.eval_fraction, key=PUBLIC_SPLIT_KEY if split_key is None else split_key)
 
 
-def load_records(data: DataSection, graph: Graph, cache_dir: Optional[Path] = None) -> Split:
+def load_records(data: DataSection, graph: Graph, cache_dir: Optional[Path] = None) -> Records:
     """Every record of ``data`` (a site's, or the coordinator's test set), checked against ``graph``.
 
     Raises:
@@ -196,7 +196,7 @@ def _labels(y: np.ndarray, classes: Optional[Sequence[str]], path: Path, key: st
 
 
 def _checked(x: np.ndarray, y: np.ndarray, record: tuple[int, ...], classes: int, path: Path,
-             data: DataSection) -> Split:
+             data: DataSection) -> Records:
     if len(y) == 0:
         raise DataError(f"{path}: holds no record; a site needs at least one to train")
     if x.shape[1:] != record and x.ndim >= 1 and math.prod(x.shape[1:]) == math.prod(record):
@@ -217,7 +217,7 @@ def _checked(x: np.ndarray, y: np.ndarray, record: tuple[int, ...], classes: int
                         f"{classes} classes (0..{classes - 1})")
     if data.classes is not None and len(data.classes) > classes:
         raise DataError(f"{path}: data.classes lists {len(data.classes)} classes, the model has {classes}")
-    return Split(x, y.astype(np.int64))
+    return Records(x, y.astype(np.int64))
 
 
 # --- image folders ---------------------------------------------------------------------------

@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from cuvil_edge import private_dir
-from cuvil_edge.datasets.digits import Split
+from cuvil_edge.datasets.records import Records
 from cuvil_edge.errors import StateError
 
 #: The split key's file in the site's state directory.
@@ -59,7 +59,7 @@ def load_split_key(state_dir: Path) -> bytes:
                          "directory is writable by the agent") from e
 
 
-def record_digests(split: Split, key: bytes) -> list[bytes]:
+def record_digests(split: Records, key: bytes) -> list[bytes]:
     """The keyed hash of each record of ``split``: a function of that record (and ``key``) alone."""
     x = np.ascontiguousarray(split.x, dtype="<f4")
     y = np.ascontiguousarray(split.y, dtype="<i8")
@@ -74,11 +74,11 @@ def in_eval(digests: list[bytes], eval_fraction: float) -> np.ndarray:
     return np.array([int.from_bytes(d[:8], "big") < threshold for d in digests], dtype=bool)
 
 
-def split_records(split: Split, eval_fraction: float, *, key: bytes) -> tuple[Split, Split]:
+def split_records(split: Records, eval_fraction: float, *, key: bytes) -> tuple[Records, Records]:
     """(train, eval) parts of ``split`` by the per-record rule of this module, each sorted by the
     records' keyed hashes."""
     digests = record_digests(split, key)
     member = in_eval(digests, eval_fraction)
     order = np.array(sorted(range(len(digests)), key=digests.__getitem__), dtype=np.int64)
     train, evaluation = order[~member[order]], order[member[order]]
-    return Split(split.x[train], split.y[train]), Split(split.x[evaluation], split.y[evaluation])
+    return Records(split.x[train], split.y[train]), Records(split.x[evaluation], split.y[evaluation])

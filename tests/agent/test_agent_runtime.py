@@ -148,7 +148,7 @@ def test_a_site_trains_on_its_fp16_package_and_returns_every_float32_weight(tmp_
     """The agent trains the graph as loaded (fp16 weights widened), and answers with the same weight
     names the coordinator sent (the fp32 model's float32 initializers)."""
     from cuvil_edge.agent.training import train_round
-    from cuvil_edge.datasets.digits import Split
+    from cuvil_edge.datasets.records import Records
     from cuvil_edge.passes.quantize import store_fp16
     from cuvil_edge.privacy import PrivacyLedger
 
@@ -164,7 +164,7 @@ def test_a_site_trains_on_its_fp16_package_and_returns_every_float32_weight(tmp_
                                              signing_key=keys.coordinator, release_key=keys.release, issued_at=now,
                                              expires=now + 60))
     rng = np.random.default_rng(0)
-    data = Split(rng.random((128, 1, 8, 8), dtype=np.float32), rng.integers(0, 10, 128))
+    data = Records(rng.random((128, 1, 8, 8), dtype=np.float32), rng.integers(0, 10, 128))
     ledger = PrivacyLedger(tmp_path / "ledger.sqlite", site=site.site, epsilon_budget=site.privacy.epsilon_budget,
                            delta=site.privacy.delta)
     outcome = train_round(activated.model.graph, site, data, ledger, 1, 1, seed=0)

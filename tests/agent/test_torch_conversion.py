@@ -22,7 +22,7 @@ from torch import nn
 from cuvil_edge.agent.torch_model import IRTorchModule
 from cuvil_edge.agent.training import train_round
 from cuvil_edge.config import load_site
-from cuvil_edge.datasets.digits import Split
+from cuvil_edge.datasets.records import Records
 from cuvil_edge.errors import BatchMixingError, UnsupportedAttributeError, UnsupportedOpError
 from cuvil_edge.frontend import load_model
 from cuvil_edge.ir import interpreter
@@ -463,14 +463,14 @@ def test_optimised_group_norm_cnn_matches_interpreter():
     assert len(module.ir_weights()) == 10  # 2 convs, 2 GroupNorms and the linear layer, weight and bias each
 
 
-def stripes(n: int, seed: int) -> Split:
+def stripes(n: int, seed: int) -> Records:
     """Three classes of 8x8 images: a bright vertical stripe at column 0-2, 3-5 or 5-7, plus noise."""
     rng = np.random.default_rng(seed)
     y = rng.integers(0, 3, n)
     x = rng.normal(0.0, 0.3, (n, 1, 8, 8)).astype(np.float32)
     for c, start in enumerate((0, 3, 5)):
         x[y == c, :, :, start:start + 3] += 1.0
-    return Split(x, y.astype(np.int64))
+    return Records(x, y.astype(np.int64))
 
 
 def test_group_norm_cnn_trains_with_dp_sgd_on_a_site(tmp_path):
@@ -545,7 +545,7 @@ def test_a_model_that_cannot_train_spends_no_budget(tmp_path):
     site = load_site(SITE)
     ledger = PrivacyLedger(tmp_path / "ledger.sqlite", site=site.site, epsilon_budget=site.privacy.epsilon_budget,
                            delta=site.privacy.delta)
-    data = Split(rand(8, 3, 4, 4), np.zeros(8, np.int64))
+    data = Records(rand(8, 3, 4, 4), np.zeros(8, np.int64))
     with pytest.raises(UnsupportedOpError, match="Resize"):
         train_round(resized(), site, data, ledger, 1, 1, seed=0)
     assert ledger.spent() == 0

@@ -48,7 +48,7 @@ from cuvil_edge.device_targets import build
 from cuvil_edge.device_targets.spec import list_targets, load_target
 from cuvil_edge.errors import ShapeInferenceError
 from cuvil_edge.frontend import load_model
-from cuvil_edge.frontend.onnx_backend import _shape_deciding_inputs
+from cuvil_edge.device_targets.onnx_backend import _shape_deciding_inputs
 from cuvil_edge.ir.graph import Graph
 from cuvil_edge.ir_serialize import AntiRollbackState, encode_payload, sign_release, verify_and_accept, write_package
 from cuvil_edge.passes import optimize

@@ -24,7 +24,7 @@ import pytest
 onnx = pytest.importorskip("onnx")
 
 from cuvil_edge.errors import CuvilError  # noqa: E402
-from cuvil_edge.frontend.onnx_backend import CuvilBackend  # noqa: E402
+from cuvil_edge.device_targets.onnx_backend import CuvilBackend  # noqa: E402
 
 HERE = Path(__file__).parent
 MODES = ("interpreter", "compiled")

@@ -31,7 +31,7 @@ from scipy.stats import beta
 from cuvil_edge.agent import client_app
 from cuvil_edge.config import load_site
 from cuvil_edge.datasets import digits
-from cuvil_edge.datasets.digits import Split
+from cuvil_edge.datasets.records import Records
 from cuvil_edge.datasets.site_files import load_site_data
 from cuvil_edge.datasets.split import PUBLIC_SPLIT_KEY, SPLIT_KEY_FILE, load_split_key, split_records
 from cuvil_edge.frontend import load_model
@@ -86,17 +86,17 @@ def _images(folder: Path, records) -> dict:
 WRITERS = {"npz": _npz, "csv": _csv, "image-folder": _images}
 
 
-def split_of(source: str, folder: Path, records, graph, key: bytes = KEY) -> tuple[Split, Split]:
+def split_of(source: str, folder: Path, records, graph, key: bytes = KEY) -> tuple[Records, Records]:
     """(train, eval) of ``records`` read through ``source``, as the agent reads them."""
     if source == "digits-partition":
-        part = Split(np.stack([x for x, _ in records]), np.array([y for _, y in records], np.int64))
+        part = Records(np.stack([x for x, _ in records]), np.array([y for _, y in records], np.int64))
         return split_records(part, FRACTION, key=key)
     folder.mkdir(parents=True)
     site = _site(folder, WRITERS[source](folder, records))
     return load_site_data(site.data, graph, cache_dir=folder / "data-cache", split_key=key)
 
 
-def members(part: Split) -> Counter:
+def members(part: Records) -> Counter:
     return Counter((x.tobytes(), int(y)) for x, y in zip(part.x, part.y))
 
 
@@ -150,7 +150,7 @@ def centroid_model(x: np.ndarray) -> np.ndarray:
     return np.argmin(((x.reshape(len(x), 1, 64) - means[None]) ** 2).sum(axis=2), axis=1)
 
 
-def counts(part: Split, model) -> np.ndarray:
+def counts(part: Records, model) -> np.ndarray:
     return np.array([int((model(part.x) == part.y).sum()) if len(part.y) else 0, len(part.y)])
 
 
@@ -239,7 +239,7 @@ def test_audit_of_the_evaluation_release_fails_with_half_the_noise(neighbours):
 # --- the rule's other properties ----------------------------------------------------------------
 def test_duplicate_records_share_their_membership():
     records = synthetic(40, seed=5)
-    doubled = Split(np.stack([x for x, _ in records] * 2), np.array([y for _, y in records] * 2))
+    doubled = Records(np.stack([x for x, _ in records] * 2), np.array([y for _, y in records] * 2))
 
     train, evaluation = split_records(doubled, FRACTION, key=KEY)
 
@@ -250,8 +250,8 @@ def test_the_order_inside_each_part_does_not_follow_the_file():
     records = synthetic(60, seed=6)
     x, y = np.stack([x for x, _ in records]), np.array([y for _, y in records])
 
-    forward = split_records(Split(x, y), FRACTION, key=KEY)
-    backward = split_records(Split(x[::-1], y[::-1]), FRACTION, key=KEY)
+    forward = split_records(Records(x, y), FRACTION, key=KEY)
+    backward = split_records(Records(x[::-1], y[::-1]), FRACTION, key=KEY)
 
     for one, other in zip(forward, backward):
         np.testing.assert_array_equal(one.x, other.x)
@@ -262,7 +262,7 @@ def test_the_evaluation_share_is_eval_fraction_in_expectation():
     records = synthetic(4000, seed=7)
     x, y = np.stack([x for x, _ in records]), np.array([y for _, y in records])
 
-    _, evaluation = split_records(Split(x, y), FRACTION, key=KEY)
+    _, evaluation = split_records(Records(x, y), FRACTION, key=KEY)
 
     assert abs(len(evaluation.y) - 4000 * FRACTION) <= 6 * math.sqrt(4000 * FRACTION * (1 - FRACTION))
 

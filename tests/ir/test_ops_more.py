@@ -13,7 +13,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from cuvil_edge.errors import ModelError, ShapeInferenceError, UnsupportedAttributeError
-from cuvil_edge.frontend.onnx_backend import CuvilBackend
+from cuvil_edge.device_targets.onnx_backend import CuvilBackend
 from onnx_cases import node_inputs
 
 F16, F64, I32, I64, BOOL = np.float16, np.float64, np.int32, np.int64, np.bool_
