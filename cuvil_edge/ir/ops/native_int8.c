@@ -221,10 +221,15 @@ static void rows_of_b(const source *s, int64_t k0, int64_t k1, int64_t n0, int64
             }
             fill(out + j, lo, pad);
             const char *src = plane + y * s->w + x0 + lo * s->sw;
-            if (sizeof(bel) == 1 && off == 0 && s->sw == 1)
+            if (sizeof(bel) == 1 && off == 0 && s->sw == 1) {
                 memcpy(out + j + lo, src, (size_t)(hi - lo)); /* uint8 into uint8 tiles: a plain copy */
-            else
+            } else if (sizeof(bel) == 1 && off == 0 && s->sw == 2) {
+                const uint8_t *p = (const uint8_t *)src; /* every other byte: a strided stem's rows */
+                bel *d = out + j + lo;
+                for (int64_t t = 0; t < hi - lo; t++) d[t] = (bel)p[2 * t];
+            } else {
                 copy_row(src, s->is_signed, s->sw, hi - lo, off, out + j + lo);
+            }
             fill(out + j + hi, seg - hi, pad);
             j += seg;
         }
