@@ -105,11 +105,10 @@ def _requant(mult, m, out_dtype):
     return flat, flat.size, int(info.min), int(info.max)
 
 
-def conv(x, x_zp, w, w_zp, bias, mult, y_zp, out_dtype, strides, pads, dilations, out, group, lo=None):
+def conv(x, x_zp, w, w_zp, bias, mult, y_zp, out_dtype, strides, pads, dilations, out, group):
     """2-D convolution (group 1) of int8/uint8 x and w: int32 (``mult`` None) or requantized to
-    ``out_dtype`` with the per-channel ``mult`` and ``y_zp``, clamped below at ``lo`` where given (a
-    fused Relu); ``pads`` are (top, left, bottom, right), ``out`` the output size. None when the
-    call is not one the kernel takes."""
+    ``out_dtype`` with the per-channel ``mult`` and ``y_zp``; ``pads`` are (top, left, bottom, right),
+    ``out`` the output size. None when the call is not one the kernel takes."""
     native = lib()
     if native is None or x.ndim != 4 or group != 1 or x.dtype not in (np.int8, np.uint8):
         return None
@@ -127,7 +126,6 @@ def conv(x, x_zp, w, w_zp, bias, mult, y_zp, out_dtype, strides, pads, dilations
     xc = np.ascontiguousarray(x)
     xz = 0 if x_zp is None else int(np.asarray(x_zp).reshape(()))
     yz = 0 if y_zp is None else int(np.asarray(y_zp).reshape(()))
-    low = low if lo is None else max(low, lo)
     plane, size = c * h * wd, out[0] * out[1]
     for i in range(n):
         code = native.cuvil_i8_conv2d(
