@@ -122,10 +122,11 @@ def k_conv(x, w, b=None, *, strides, pads, dilations, auto_pad, group, activatio
     cg, mg, p = c // group, m // group, 1
     for size in out:
         p *= size
-    lib = None
+    native = False  # the C kernels load here (a target without them never asks)
     if TARGET_NATIVE:
         lib = _native_lib() if x.dtype == np.float32 and k == 2 else None
-    path = conv_path(k, c, m, group, max(kernel, default=1) == 1, any(pd), lib is not None, TARGET_LARGE_SCRATCH,
+        native = lib is not None
+    path = conv_path(k, c, m, group, max(kernel, default=1) == 1, any(pd), native, TARGET_LARGE_SCRATCH,
                      w.size // max(m, 1) * p * xt.itemsize)
     if TARGET_NATIVE:
         clamp = activation == "relu" or activation == "relu6"
