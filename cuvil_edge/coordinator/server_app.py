@@ -15,12 +15,13 @@ from cuvil_edge.config.run_spec import RUN_CONFIG_KEY, RunSpec
 from cuvil_edge.coordinator.model import load_federation_model
 from cuvil_edge.config.home import versions_file
 from cuvil_edge.errors import CuvilError, StateError
-from cuvil_edge.coordinator.checkpoints import latest_checkpoint, resumed, save_checkpoint
+from cuvil_edge.coordinator.checkpoints import latest_checkpoint, resumed
 from cuvil_edge.coordinator.packaging import PackageFactory, VersionCounter
 from cuvil_edge.coordinator.precision import federation_calibration
 from cuvil_edge.coordinator.plan import default_latency, plan_federation, precision_variants
 from cuvil_edge.coordinator.registry import SiteRegistry
-from cuvil_edge.coordinator.server_optimiser import optimiser_state, restore_optimiser
+from cuvil_edge.coordinator.round_recorder import Checkpointing
+from cuvil_edge.coordinator.server_optimiser import restore_optimiser
 from cuvil_edge.coordinator.report import STOPPED_CENTRAL_BUDGET, RunReport, show_round_table
 from cuvil_edge.coordinator.report import log as log_report
 from cuvil_edge.config.federation import FederationConfig
@@ -100,24 +101,18 @@ def run_federation(grid: Grid, spec: RunSpec) -> RunReport:
         sites_strategy.round_offset = offset
         log_report.info("resuming %s after round %d of %d: %d round%s left", federation.name, offset,
                         offset + spec.rounds, spec.rounds, "" if spec.rounds == 1 else "s")
-    accountant = getattr(strategy, "accountant", None)  # central DP: Flower's RDP accountant
+    # each completed round: its checkpoint (weights, central-DP releases, server optimiser), then its row
+    sites_strategy.recorder.report = report
+    sites_strategy.recorder.checkpoints = Checkpointing(Path(spec.home), federation.name, offset + spec.rounds,
+                                                        accountant=getattr(strategy, "accountant", None),
+                                                        optimiser=sites_strategy.strategy, trainable=trainable)
 
     def evaluate(server_round: int, arrays: ArrayRecord) -> MetricRecord:
         weights = arrays_to_numpy(arrays)
         model = factory.graph_with(weights)
         probs = interpreter.run(model, {model.inputs[0].name: test.x})[model.outputs[0].name]
         accuracy = float((probs.argmax(axis=1) == test.y).mean())
-        if server_round > 0:  # durable before the report says the round is done
-            save_checkpoint(Path(spec.home), federation.name, offset + server_round, weights,
-                            accountant=None if accountant is None else accountant.state_dict(),
-                            optimiser=optimiser_state(sites_strategy.strategy, trainable),
-                            planned_rounds=offset + spec.rounds)
-        # server_round 0 is the model before this run's first round (a resumed run's: the checkpoint's),
-        # numbered as the round it comes from; no site was asked anything yet
-        report.add_round(offset + server_round, accuracy, sites_strategy.rounds.get(server_round, {}),
-                         central=sites_strategy.central.get(server_round),
-                         federated=sites_strategy.evaluations.get(server_round),
-                         timings=sites_strategy.timings.get(server_round), initial=server_round == 0)
+        sites_strategy.recorder.round_done(server_round, accuracy, weights)
         return MetricRecord({"accuracy": accuracy})
 
     start_rounds(strategy, report, grid, ArrayRecord({k: Array(np.array(v)) for k, v in trainable.items()}),

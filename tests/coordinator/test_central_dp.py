@@ -44,7 +44,7 @@ def test_make_strategy_wraps_in_flowers_client_side_fixed_clipping_with_accounta
     inner, outer = make_strategy(f, factory=None, n=3)
     assert isinstance(outer, CentralDpFixedClipping)
     assert isinstance(outer, DifferentialPrivacyClientSideFixedClipping)
-    assert outer.strategy is inner and outer.accountant is not None
+    assert outer.sites is inner and outer.accountant is not None
     assert (outer.noise_multiplier, outer.clipping_norm, outer.num_sampled_clients) == (1.0, 0.5, 3)
     plain_inner, plain = make_strategy(federation(tmp_path, "local_dp: true\n"), factory=None, n=3)
     assert plain is plain_inner and isinstance(plain, SitePackageFedAvg)

@@ -53,11 +53,12 @@ def test_reason_text_in_a_failure_reply_never_reaches_the_report_or_metrics(tmp_
                              VersionCounter(tmp_path / "versions.json"), 600)
     strategy = SitePackageFedAvg(factory, fraction_train=1.0, min_train_nodes=1, min_available_nodes=1,
                                  fraction_evaluate=1.0, min_evaluate_nodes=1)
-    strategy.node_to_site = {11 + i: s.site for i, s in enumerate(sites)}
+    for i, s in enumerate(sites):
+        strategy.directory.bind(11 + i, s.site)
     arrays = ArrayRecord({k: Array(np.array(v)) for k, v in graph.initializers.items() if v.dtype == np.float32})
     asks = [Message(RecordDict({"config": ConfigRecord({"server-round": 1})}), dst_node_id=11 + i, message_type=kind)
             for i in range(len(sites))]
-    sent = strategy._personalise(asks, arrays, grid=None)
+    sent = strategy.personalise(asks, arrays, grid=None)
     for i, m in enumerate(sent):
         m.metadata.__dict__["_message_id"] = f"msg-{i}"
     failures = list(LEAKS.items())[:len(sent)]
@@ -69,7 +70,7 @@ def test_reason_text_in_a_failure_reply_never_reaches_the_report_or_metrics(tmp_
         else:
             strategy.aggregate_evaluate(1, replies)
         report = RunReport(tmp_path, sites)
-        entry = report.add_round(1, 0.5, strategy.rounds[1])
+        entry = report.add_round(1, 0.5, strategy.recorder.sites(1))
 
     phase = "train" if kind == MessageType.TRAIN else "eval"
     for site, (failure, _) in zip(sites, failures):

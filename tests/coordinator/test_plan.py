@@ -106,15 +106,16 @@ def test_a_refused_site_is_sent_nothing_and_the_others_still_are(tmp_path, graph
     with pytest.raises(PlanError, match="limits.memory_mb"):
         factory.issue(sites[1].site, {})
     strategy = SitePackageFedAvg(factory, fraction_train=1.0, min_train_nodes=2, min_available_nodes=2)
-    strategy.node_to_site = {11: sites[0].site, 12: sites[1].site, 13: sites[2].site}
+    for node, site in zip((11, 12, 13), sites):
+        strategy.directory.bind(node, site.site)
     arrays = ArrayRecord({k: Array(np.array(v)) for k, v in graph.initializers.items() if v.dtype == np.float32})
     asks = [Message(RecordDict({"config": ConfigRecord({"server-round": 1})}), dst_node_id=n,
                     message_type=MessageType.TRAIN) for n in (11, 12, 13)]
-    sent = strategy._personalise(asks, arrays, grid=None)
+    sent = strategy.personalise(asks, arrays, grid=None)
     assert [m.metadata.dst_node_id for m in sent] == [11, 13]
-    stats = strategy.rounds[1][sites[1].site]
+    stats = strategy.recorder.sites(1)[sites[1].site]
     assert stats["status"] == NOT_PUSHED_STATUS and "limits.memory_mb" in stats["train-error"]
-    shown = {site: {"target": "x", **entry} for site, entry in strategy.rounds[1].items()}
+    shown = {site: {"target": "x", **entry} for site, entry in strategy.recorder.sites(1).items()}
     assert "not pushed" in format_round({"round": 1, "global_accuracy": 0.5, "sites": shown, "dropped_out": []})
 
 
@@ -161,7 +162,8 @@ def mixed(tmp_path, graph):
                              VersionCounter(tmp_path / "versions.json"), 600, precisions=precisions,
                              calibration=_calibration(graph))
     strategy = SitePackageFedAvg(factory, fraction_train=1.0, min_train_nodes=3, min_available_nodes=3)
-    strategy.node_to_site = {11: sites[0].site, 12: sites[1].site, 13: sites[2].site}
+    for node, site in zip((11, 12, 13), sites):
+        strategy.directory.bind(node, site.site)
     weights = {k: np.array(v) for k, v in graph.initializers.items() if v.dtype == np.float32}
     return sites, factory, strategy, weights
 
@@ -257,7 +259,7 @@ def _train_reply(sent: Message, arrays: dict) -> Message:
 def test_a_plain_round_sends_no_weights_beside_the_package_and_names_the_reply_keys(mixed, flower_identity):
     sites, factory, strategy, weights = mixed
     arrays = ArrayRecord({k: Array(v) for k, v in weights.items()})
-    for message in strategy._personalise(_asks(), arrays, grid=None):
+    for message in strategy.personalise(_asks(), arrays, grid=None):
         assert len(message.content["arrays"]) == 0
         assert list(message.content["config"]["reply-keys"]) == list(weights)
 
@@ -265,7 +267,7 @@ def test_a_plain_round_sends_no_weights_beside_the_package_and_names_the_reply_k
 def test_central_dp_clips_each_site_against_the_weights_it_was_sent(mixed, flower_identity):
     sites, factory, strategy, weights = mixed
     arrays = ArrayRecord({k: Array(v) for k, v in weights.items()})
-    sent = strategy._personalise(_asks({"clipping_norm": 1.0}), arrays, grid=None)
+    sent = strategy.personalise(_asks({"clipping_norm": 1.0}), arrays, grid=None)
     for message, site in zip(sent, sites):
         got = {k: a.numpy() for k, a in message.content["arrays"].items()}
         expected = factory.shipped(site.site, weights)
@@ -276,7 +278,7 @@ def test_updates_from_rounded_packages_land_on_the_exact_weights(mixed, flower_i
     """reply = shipped + Δ  ⇒  aggregated = weights + mean Δ: the int8/fp16 rounding stays out."""
     sites, factory, strategy, weights = mixed
     arrays = ArrayRecord({k: Array(v) for k, v in weights.items()})
-    sent = strategy._personalise(_asks(), arrays, grid=None)
+    sent = strategy.personalise(_asks(), arrays, grid=None)
     for i, message in enumerate(sent):  # the grid gives each message its id
         message.metadata.__dict__["_message_id"] = f"m{i}"
     rng = np.random.default_rng(0)

@@ -103,7 +103,7 @@ def test_each_strategy_aggregates_through_the_wrapper_as_the_bare_flower_strateg
         for i, message in enumerate(sent):  # what the grid does when it pushes them
             message.metadata.__dict__["_message_id"] = f"m{server_round}-{i}"
             config = message.content["config"]
-            assert config["site"] == wrapped.node_to_site[message.metadata.dst_node_id]
+            assert config["site"] == wrapped.directory.site_of(message.metadata.dst_node_id)
             assert isinstance(config["package"], bytes) and config["server-round"] == server_round
             assert ("proximal-mu" in config) == (name == "fedprox")
             if name == "fedprox":
@@ -119,7 +119,7 @@ def test_each_strategy_aggregates_through_the_wrapper_as_the_bare_flower_strateg
         for k in want.keys():
             np.testing.assert_allclose(got[k].numpy(), want[k].numpy(), rtol=1e-6, atol=1e-7)
             assert got[k].numpy().dtype == weights[k].dtype  # FedAdam computes in float64; packages stay float32
-        assert all(s["status"] == "ok" for s in wrapped.rounds[server_round].values())
+        assert all(s.status == "ok" for s in wrapped.recorder.rounds[server_round].values())
         current = {k: a.numpy() for k, a in got.items()}
 
 
@@ -142,7 +142,7 @@ def test_an_exhausted_site_is_left_out_before_a_server_optimiser_sees_the_replie
     want, _ = bare.aggregate_train(1, [_reply(sent[0], update, 1), _reply(sent[1], update, 1)])
     for k in want.keys():
         np.testing.assert_allclose(got[k].numpy(), want[k].numpy(), rtol=1e-6)
-    assert wrapped.rounds[1][wrapped.node_to_site[sent[2].metadata.dst_node_id]]["status"] == "budget exhausted"
+    assert wrapped.recorder.site(1, wrapped.directory.site_of(sent[2].metadata.dst_node_id)).status == "budget exhausted"
 
 
 @pytest.mark.parametrize("name, params, flower_cls", CASES, ids=[c[0] for c in CASES])
@@ -187,7 +187,7 @@ def test_central_dp_wraps_the_per_site_layer_around_fedprox_and_flower_checks_th
     federation = _federation(tmp_path, "strategy:\n  name: fedprox\n  proximal_mu: 0.1\n",
                              "central_dp: {enabled: true}\n")
     sites, outer = make_strategy(federation, factory=None, n=3)
-    assert isinstance(outer, CentralDpFixedClipping) and outer.strategy is sites and sites.central_dp
+    assert isinstance(outer, CentralDpFixedClipping) and outer.sites is sites and outer.strategy.sites is sites
     assert type(sites.strategy) is FedProx and outer.accountant is not None
     assert sites.weighted_by_key == "num-examples"  # what Flower's equal-weights check reads
     # Flower's own check runs on the Flower strategy inside: FedAdam's aggregate is not FedAvg's mean

@@ -40,11 +40,12 @@ def test_a_dead_nodes_failure_is_credited_to_its_site_and_silence_is_reported(tm
     factory = PackageFactory(graph, sites, load_signing_keys(tmp_path / "keys" / "coordinator.key"),
                              VersionCounter(tmp_path / "versions.json"), 600)
     strategy = SitePackageFedAvg(factory, fraction_train=1.0, min_train_nodes=2, min_available_nodes=2)
-    strategy.node_to_site = {11: sites[0].site, 12: sites[1].site, 13: sites[2].site}
+    for node, site in zip((11, 12, 13), sites):
+        strategy.directory.bind(node, site.site)
     arrays = ArrayRecord({k: Array(np.array(v)) for k, v in graph.initializers.items() if v.dtype == np.float32})
     asks = [Message(RecordDict({"config": ConfigRecord({"server-round": 1})}), dst_node_id=n,
                     message_type=MessageType.TRAIN) for n in (11, 12, 13)]
-    sent = strategy._personalise(asks, arrays, grid=None)
+    sent = strategy.personalise(asks, arrays, grid=None)
     for i, m in enumerate(sent):  # what the grid does when it pushes them
         m.metadata.__dict__["_message_id"] = f"msg-{i}"
     # the SuperLink answers for the dead first node; its reply names another source node
@@ -52,7 +53,7 @@ def test_a_dead_nodes_failure_is_credited_to_its_site_and_silence_is_reported(tm
 
     strategy.aggregate_train(1, replies)
 
-    stats = strategy.rounds[1]
+    stats = strategy.recorder.sites(1)
     assert stats[sites[0].site]["status"] == FAILED_STATUS and stats[sites[0].site]["train-error"] == "flower-node-unavailable"
     assert stats[sites[1].site]["status"] == "ok"
     assert stats[sites[2].site]["status"] == FAILED_STATUS
@@ -96,12 +97,12 @@ def _strategy(tmp_path):
 def test_a_node_is_the_name_it_authenticated_with_not_what_it_answers(tmp_path):
     strategy, sites = _strategy(tmp_path)
     grid = _Grid({1: sites[0], 2: sites[1]}, answers={1: sites[1], 2: sites[1]})  # both *claim* sites[1]
-    strategy._resolve_sites(grid, [1, 2])
-    assert strategy.node_to_site == {1: sites[0], 2: sites[1]}
+    strategy.directory.resolve(grid, [1, 2])
+    assert strategy.directory.bindings() == {1: sites[0], 2: sites[1]}
 
 
 def test_two_nodes_claiming_one_site_get_one_binding(tmp_path):
     strategy, sites = _strategy(tmp_path)
     grid = _Grid({}, answers={1: sites[0], 2: sites[0]})  # simulation: no registered names, a QUERY each
-    strategy._resolve_sites(grid, [1, 2])
-    assert list(strategy.node_to_site.values()) == [sites[0]]
+    strategy.directory.resolve(grid, [1, 2])
+    assert list(strategy.directory.bindings().values()) == [sites[0]]
