@@ -79,15 +79,37 @@ def supernode_command(site: SiteConfig, site_file: Path, home: Path, superlink: 
 GateCommand = Callable[[int], list[str]]
 
 
+def _die_with_parent() -> Callable[[], None] | None:
+    """A ``preexec_fn`` that has the kernel SIGKILL the child when the agent dies (Linux's
+    PR_SET_PDEATHSIG), or None elsewhere. The SuperNode runs in a session of its own, so a
+    killed agent (``kill -9``, the OOM killer) would otherwise leave it online: it would keep
+    taking the site's tasks unsupervised, and the restarted agent's SuperNode would be a second
+    node with the same key. The function is looked up before the fork, so the child only calls it.
+    """
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+    import signal
+
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    set_pdeathsig = 1  # PR_SET_PDEATHSIG, <linux/prctl.h>
+    return lambda: prctl(set_pdeathsig, signal.SIGKILL)
+
+
 def start_agent(command: list[str], home: Path, gate: GateCommand | None,
                 **popen) -> tuple[subprocess.Popen, subprocess.Popen | None]:
     """Start the SuperNode and its ClientApp executor, each in a new session (its process group
-    holds its helpers); (SuperNode, executor or None). The executor also stops by itself once the
-    SuperNode is gone."""
-    node = subprocess.Popen(command, env=flwr_env(home), start_new_session=True, **popen)
+    holds its helpers) and each killed by the kernel if this process dies; (SuperNode, executor or
+    None). The executor also stops by itself once the SuperNode is gone."""
+    guard = _die_with_parent()
+    node = subprocess.Popen(command, env=flwr_env(home), start_new_session=True, preexec_fn=guard, **popen)
     executor = None
     if gate is not None:
-        executor = subprocess.Popen(gate(node.pid), env=flwr_env(home), start_new_session=True, **popen)
+        executor = subprocess.Popen(gate(node.pid), env=flwr_env(home), start_new_session=True,
+                                    preexec_fn=guard, **popen)
     return node, executor
 
 

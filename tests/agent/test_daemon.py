@@ -94,6 +94,27 @@ def test_stopping_the_agent_stops_its_supernode(tmp_path):
     assert not Path(f"/proc/{supernode}").exists() or "Z" in Path(f"/proc/{supernode}/stat").read_text().split()[2]
 
 
+def test_a_killed_agent_takes_its_supernode_with_it(tmp_path):
+    """`kill -9` on `agent run` (or the OOM killer) must not leave its SuperNode online on its own:
+    it would keep taking the site's tasks, and the restarted agent's would be a second node."""
+    pid_file = tmp_path / "pid"
+    child = _child(tmp_path, f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); "
+                             "print('up', flush=True); time.sleep(600)")
+    agent = subprocess.Popen([sys.executable, "-c", (
+        "from pathlib import Path; from cuvil_edge.agent.daemon import run_once;"
+        f"run_once({child!r}, Path({str(tmp_path)!r}))")])
+    deadline = time.monotonic() + 60
+    while not pid_file.exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    supernode = int(pid_file.read_text())
+    agent.kill()
+    agent.wait(timeout=30)
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{supernode}").exists() and "Z" not in Path(f"/proc/{supernode}/stat").read_text().split()[2]:
+        assert time.monotonic() < deadline, "the SuperNode outlived its killed agent"
+        time.sleep(0.1)
+
+
 def test_run_once_reports_refusal_from_the_log(tmp_path):
     assert run_once(_child(tmp_path, f"print('{REFUSED_MARK}'); raise SystemExit(1)"), tmp_path) == (1, True)
     assert run_once(_child(tmp_path, "print('fine'); raise SystemExit(3)"), tmp_path) == (3, False)
