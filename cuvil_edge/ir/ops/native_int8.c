@@ -200,7 +200,36 @@ static void rows_of_b(const source *s, int64_t k0, int64_t k1, int64_t n0, int64
         }
     }
     int64_t jj = k0 % s->kw, ii = (k0 / s->kw) % s->kh, cc = k0 / (s->kw * s->kh);
-    for (int64_t kk = k0; kk < k1; kk++) {
+    /* stride 1 with the output as wide as the input ("same" padding): a tap's row of B is the plane
+     * itself shifted, so it is one copy, then the padding of each output row's ends and of the rows
+     * outside the image */
+    int same = sizeof(bel) == 1 && off == 0 && s->sw == 1 && s->sh == 1 && s->w == s->ow;
+    for (int64_t kk = k0; same && kk < k1; kk++) {
+        bel *out = tmp + (kk - k0) * ld;
+        const char *plane = (const char *)s->x + cc * s->h * s->w;
+        int64_t shift = jj * s->dw - s->pw, rise = ii * s->dh - s->ph, w = s->w;
+        /* columns whose input row is inside the image: output rows [-rise, h - rise) */
+        int64_t ja = (-rise) * w - n0, jb = (s->h - rise) * w - n0;
+        ja = ja < 0 ? 0 : ja > cols ? cols : ja, jb = jb < ja ? ja : jb > cols ? cols : jb;
+        /* a pixel reads plane[n + rise * w + shift]; the first and last |shift| of the run are padding */
+        int64_t ca = ja + (shift < 0 ? -shift : 0), cb = jb - (shift > 0 ? shift : 0);
+        fill(out, ja, pad);
+        if (cb > ca) memcpy(out + ca, plane + (n0 + ca) + rise * w + shift, (size_t)(cb - ca));
+        fill(out + jb, cols - jb, pad);
+        if (shift != 0) {
+            int64_t first = (n0 + ja) / w * w - n0; /* the output row holding column ja */
+            for (int64_t r = first; r < jb; r += w)
+                for (int64_t t = 0; t < (shift < 0 ? -shift : shift); t++) {
+                    int64_t at = r + (shift < 0 ? t : w - 1 - t);
+                    if (at >= ja && at < jb) out[at] = pad;
+                }
+        }
+        if (++jj == s->kw) {
+            jj = 0;
+            if (++ii == s->kh) ii = 0, cc++;
+        }
+    }
+    for (int64_t kk = k0; !same && kk < k1; kk++) {
         bel *out = tmp + (kk - k0) * ld;
         const char *plane = (const char *)s->x + cc * s->h * s->w;
         int64_t shift = jj * s->dw - s->pw, oh = oh0, ow = ow0;
