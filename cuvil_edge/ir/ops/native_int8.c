@@ -330,18 +330,44 @@ static void pack_b(const source *s, int64_t k0, int64_t k1, int64_t n0, int64_t 
         _mm256_storeu_si256((__m256i *)acc[r] + 1, c[r][1]);                                                  \
     }
 
+/* the first 8 columns only: a last panel of at most 8 (7x7 maps have 49 pixels) costs half */
+#define HALF_LOOP(PLANES)                                                                                     \
+    const __m256i ones = _mm256_set1_epi16(1);                                                                \
+    __m256i c[MR];                                                                                            \
+    for (int r = 0; r < MR; r++) c[r] = first ? _mm256_setzero_si256() : _mm256_loadu_si256((const __m256i *)acc[r]); \
+    for (int64_t g = 0; g < kg; g++, a += PLANES * MR * I8_KU, b += NR * I8_KU) {                             \
+        __m256i b0 = _mm256_loadu_si256((const __m256i *)b);                                                  \
+        for (int r = 0; r < MR; r++)                                                                          \
+            for (int q = 0; q < PLANES; q++) {                                                                \
+                int32_t quad;                                                                                 \
+                memcpy(&quad, a + q * MR * I8_KU + r * I8_KU, 4);                                             \
+                c[r] = _mm256_add_epi32(c[r], _mm256_madd_epi16(_mm256_maddubs_epi16(b0, _mm256_set1_epi32(quad)), ones)); \
+            }                                                                                                 \
+    }                                                                                                         \
+    for (int r = 0; r < MR; r++) _mm256_storeu_si256((__m256i *)acc[r], c[r]);
+
 static void tile_one(const ael *a, const bel *b, int64_t kg, int32_t acc[MR][NR], int first) { PLANE_LOOP(1) }
 /* each plane's pair sums fit int16 and widen on their own (their total may not fit) */
 static void tile_two(const ael *a, const bel *b, int64_t kg, int32_t acc[MR][NR], int first) { PLANE_LOOP(2) }
+static void half_one(const ael *a, const bel *b, int64_t kg, int32_t acc[MR][NR], int first) { HALF_LOOP(1) }
+static void half_two(const ael *a, const bel *b, int64_t kg, int32_t acc[MR][NR], int first) { HALF_LOOP(2) }
 
-static void tile(const ael *a, const bel *b, int64_t kg, int32_t acc[MR][NR], int first, int64_t planes) {
-    if (planes == 2) tile_two(a, b, kg, acc, first);
-    else tile_one(a, b, kg, acc, first);
+static void tile(const ael *a, const bel *b, int64_t kg, int32_t acc[MR][NR], int first, int64_t planes,
+                 int64_t cols) {
+    if (cols <= NR / 2) {
+        if (planes == 2) half_two(a, b, kg, acc, first);
+        else half_one(a, b, kg, acc, first);
+    } else if (planes == 2) {
+        tile_two(a, b, kg, acc, first);
+    } else {
+        tile_one(a, b, kg, acc, first);
+    }
 }
 #else
 /* acc[MR][NR] (+)= A block (kg groups) . B panel. */
-static void tile(const ael *a, const bel *b, int64_t kg, int32_t acc[MR][NR], int first, int64_t planes) {
-    (void)planes;
+static void tile(const ael *a, const bel *b, int64_t kg, int32_t acc[MR][NR], int first, int64_t planes,
+                 int64_t cols) {
+    (void)planes, (void)cols;
 #if I8_PATH == 2
     __m256i c[MR][2];
     for (int r = 0; r < MR; r++) {
@@ -495,7 +521,7 @@ static int64_t run(const void *packed, const source *s, const sink *o) {
                 for (int64_t j0 = 0; j0 < width; j0 += NR) {
                     int64_t cols = s->n - (n0 + j0) < NR ? s->n - (n0 + j0) : NR;
                     int32_t(*t)[NR] = blocks > 1 ? acc[(m0 / MR) * panels + j0 / NR] : one;
-                    tile(a, b + (j0 / NR) * (g1 - g0) * NR * I8_KU, g1 - g0, t, g0 == 0, planes);
+                    tile(a, b + (j0 / NR) * (g1 - g0) * NR * I8_KU, g1 - g0, t, g0 == 0, planes, cols);
                     if (last)
                         store(o, rowsum, zp, has_zp, zb, k, m0, m - m0 < MR ? m - m0 : MR, n0 + j0, cols, t,
                               colsum + j0);
