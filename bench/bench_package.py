@@ -54,7 +54,7 @@ def best(fn, repeat=5):
 
 
 def issue_phase(sites: int = 20, size: int = 46 * MB) -> dict:
-    """Seconds to issue one phase's packages (every site fp32, one set of weights) as SitePackages
+    """Seconds to issue one phase's packages (every site fp32, one set of weights) as the personaliser
     does, from :class:`FrozenWeights` (hashed, encoded and released once) and from a plain mapping
     (hashed again for every site)."""
     from cuvil_edge.config.site import SiteConfig

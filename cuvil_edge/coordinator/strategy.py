@@ -46,11 +46,8 @@ def flower_strategy(name: str, parameters: dict, **sampling) -> FedAvg:
 class SitePackages(Strategy):
     """A Flower strategy whose messages each carry the receiving site's own signed package.
 
-    ``strategy`` is the Flower strategy that samples and aggregates (default: ``FedAvg`` built
-    from ``fedavg_kwargs``). Training replies are recorded, exhausted sites dropped and rounded
-    replies re-anchored (:meth:`take_train_replies`) before ``strategy.aggregate_train`` sees them
-    (:meth:`aggregate_taken`); under central DP the wrapper takes the replies itself first and
-    aggregates through :meth:`replies_taken` (see :class:`CentralDpFixedClipping`).
+    ``strategy`` samples and aggregates (default: ``FedAvg`` built from ``fedavg_kwargs``); train
+    replies are taken (:meth:`take_train_replies`) before it aggregates them (:meth:`aggregate_taken`).
     """
 
     def __init__(self, factory: PackageFactory, strategy: Strategy | None = None, **fedavg_kwargs) -> None:
@@ -125,20 +122,15 @@ class SitePackages(Strategy):
         """Record, drop exhausted sites, re-anchor, then the wrapped strategy's aggregate."""
         return self.aggregate_taken(server_round, self.take_train_replies(server_round, replies))
 
-    def reanchor(self, server_round: int, replies: list[Message]) -> list[Message]:
-        """Replies of sites sent rounded weights moved onto the exact ones (:meth:`Personaliser.reanchor`)."""
-        return self.personaliser.reanchor(replies)
-
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
-        """Pool the sites' noisy (correct, total) counts into one accuracy with a 95 % interval
-        (:meth:`RoundRecorder.pool_evaluation`)."""
+        """The sites' noisy counts pooled into one accuracy with a 95 % interval (the recorder's)."""
         pooled = self.recorder.pool_evaluation(server_round, self._recorded(server_round, EVAL, replies))
         if pooled is None:
             return None
         return MetricRecord({"accuracy": pooled.accuracy, "accuracy-low": pooled.low, "accuracy-high": pooled.high})
 
-    def replies_taken(self) -> "RepliesTaken":
-        """This layer as a wrapper that took the train replies itself sees it (:class:`RepliesTaken`)."""
+    def replies_taken(self) -> RepliesTaken:
+        """This layer as seen by a wrapper that took the train replies itself (:class:`RepliesTaken`)."""
         return RepliesTaken(self)
 
 
@@ -155,7 +147,7 @@ class RepliesTaken(Strategy):
         self.sites = sites
 
     @property
-    def weighted_by_key(self) -> str:
+    def weighted_by_key(self) -> str:  # what Flower's equal-weights check reads
         return self.sites.weighted_by_key
 
     def summary(self) -> None:
@@ -174,8 +166,7 @@ class RepliesTaken(Strategy):
         return self.sites.aggregate_evaluate(server_round, replies)
 
 
-#: The name older code and tests use: SitePackages(factory, **fedavg_kwargs) wraps Flower's FedAvg.
-SitePackageFedAvg = SitePackages
+SitePackageFedAvg = SitePackages  # the older name: SitePackages(factory, **fedavg_kwargs) wraps FedAvg
 
 
 class CentralDpFixedClipping(DifferentialPrivacyClientSideFixedClipping):
