@@ -7,6 +7,9 @@
       ⇒  QLinearMatMul(xq, xs, xz, Wq, ws, wz, ys, yz)
     QuantizeLinear(DequantizeLinear(a) + DequantizeLinear(b), ys, yz), all per tensor
       ⇒  CuvilQLinearAdd(a, as, az, b, bs, bz, ys, yz)       (the same float32 arithmetic, exactly)
+    QuantizeLinear(MaxPool(DequantizeLinear(x, s, z)), s, z)   (one scale and zero point)
+      ⇒  MaxPool(x)          (exact: the max commutes with the increasing dequantization, and
+                             quantizing a dequantized value with its own parameters returns it)
 
 What onnxruntime's quantizer (QDQ format) and our ``quantize_int8`` produce. As onnxruntime does it:
 the float product of the dequantized operands is exactly (xq - xz)(Wq - wz) · xs · ws, so the only
@@ -92,6 +95,8 @@ class FuseQDQ(Pass):
             return None
         if op.op_type == "Add" and len(op.inputs) == 2:
             return self._add(graph, op, q, inits, taken)
+        if op.op_type == "MaxPool" and len(op.outputs) == 1:
+            return self._max_pool(graph, op, q, ys, yz, taken)
         if op.op_type not in ("Conv", "CuvilFusedConv", "MatMul") or len(op.inputs) < 2:
             return None
         x, w = _dq_parts(graph, producer.get(op.inputs[0])), _dq_parts(graph, producer.get(op.inputs[1]))
@@ -132,6 +137,18 @@ class FuseQDQ(Pass):
                                                             "kernel_shape")}
         return Node(fresh_graph_name(taken, op.name), "QLinearConv", inputs + ((names[2],) if bias is not None else ()),
                     q.outputs, attrs, 10)
+
+    @staticmethod
+    def _max_pool(graph: Graph, op: Node, q: Node, ys, yz, taken: set) -> Node | None:
+        dq = graph.producer().get(op.inputs[0])
+        parts = _dq_parts(graph, dq)
+        if parts is None or parts[2] is None or graph.types[parts[0]].dtype != yz.dtype:
+            return None
+        if parts[1].size != 1 or parts[2].size != 1 or float(parts[1].reshape(())) != float(ys.reshape(())) or (
+                int(parts[2].reshape(())) != int(yz.reshape(()))):
+            return None
+        return Node(fresh_graph_name(taken, op.name), "MaxPool", (parts[0],), q.outputs, dict(op.attrs),
+                    max(op.version, 12))
 
     @staticmethod
     def _add(graph: Graph, op: Node, q: Node, inits: dict, taken: set) -> Node | None:

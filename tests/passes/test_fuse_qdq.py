@@ -33,7 +33,8 @@ def _float_model(path):
               ("w4", (12, 16, 1, 1)))]
     nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]),
              helper.make_node("Relu", ["c1"], ["r1"]),
-             helper.make_node("Conv", ["r1", "w2", "b2"], ["c2"], strides=[2, 2], pads=[1, 0, 1, 0]),
+             helper.make_node("MaxPool", ["r1"], ["p1"], kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+             helper.make_node("Conv", ["p1", "w2", "b2"], ["c2"], strides=[2, 2], pads=[1, 0, 1, 0]),
              helper.make_node("Relu", ["c2"], ["r2"]),
              helper.make_node("Conv", ["r2", "w3"], ["y3"]),
              helper.make_node("Conv", ["r2", "w4"], ["y4"]),
@@ -71,11 +72,13 @@ def _ort_run(path, x):
 
 
 def test_onnxruntime_qdq_convs_become_qlinearconv_and_match_it(ort_qdq, tmp_path):
-    """Convs as QLinearConv, the DequantizeLinear-Add-QuantizeLinear as CuvilQLinearAdd."""
+    """Convs as QLinearConv, the DequantizeLinear-Add-QuantizeLinear as CuvilQLinearAdd, the MaxPool on int8."""
     graph = load_model(str(ort_qdq))
     fused = dequantize_at_load(graph, int8=True)
     ops = Counter(n.op_type for n in fused.nodes)
     assert ops["QLinearConv"] == 4 and ops["CuvilQLinearAdd"] == 1 and "Conv" not in ops and "Add" not in ops
+    pool = next(n for n in fused.nodes if n.op_type == "MaxPool")
+    assert fused.types[pool.inputs[0]].dtype == "uint8"  # pools the int8 values: no float tensor around it
     assert all(fused.initializers[n.inputs[3]].dtype == np.int8 for n in fused.nodes if n.op_type == "QLinearConv")
     step = float(next(graph.initializers[n.inputs[1]] for n in graph.nodes
                       if n.op_type == "DequantizeLinear" and n.outputs[0] == "y"))
@@ -93,7 +96,9 @@ def test_our_int8_package_computes_in_int8_within_one_step(tmp_path):
     samples = [{"x": np.random.default_rng(s).normal(size=SHAPE).astype(np.float32)} for s in range(4)]
     package = quantize_int8(graph, calibrate_ranges(graph, samples), samples=samples)
     fused, widened = dequantize_at_load(package, int8=True), dequantize_at_load(package)
-    assert Counter(n.op_type for n in fused.nodes)["QLinearConv"] == 2  # the last convs' outputs are float
+    # our quantizer quantizes the inputs of products only: the conv before the (float) MaxPool and the
+    # last two, whose outputs are float, stay float convs; the one between them is fused
+    assert Counter(n.op_type for n in fused.nodes)["QLinearConv"] == 1
     model_i8, model_f = build(_Payload(fused), "x86-64", cache_dir=tmp_path), build(_Payload(widened), "x86-64",
                                                                                    cache_dir=tmp_path)
     # the step of the last conv's int8 input: one step there moves y by at most |w3| summed over inputs
