@@ -75,42 +75,41 @@ def test_an_absent_coordinator_is_retried_with_growing_pauses(tmp_path):
     assert t.pauses == [2, 4, 8, 8, 8, 8]
 
 
-def test_stopping_the_agent_stops_its_supernode(tmp_path):
-    """SIGTERM to `agent run` must not leave the SuperNode running on its own."""
+def _agent_with_supernode(tmp_path: Path, prelude: str = "") -> tuple[subprocess.Popen, int]:
+    """`run_once` in its own process over a stand-in SuperNode that sleeps; (agent, SuperNode pid)."""
     pid_file = tmp_path / "pid"
     child = _child(tmp_path, f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); "
                              "print('up', flush=True); time.sleep(600)")
     agent = subprocess.Popen([sys.executable, "-c", (
-        "import signal, sys; from pathlib import Path; from cuvil_edge.agent.daemon import run_once;"
-        "signal.signal(signal.SIGTERM, lambda *_: sys.exit(0));"
+        f"import signal, sys; from pathlib import Path; from cuvil_edge.agent.daemon import run_once;{prelude}"
         f"run_once({child!r}, Path({str(tmp_path)!r}))")])
     deadline = time.monotonic() + 60
     while not pid_file.exists() and time.monotonic() < deadline:
         time.sleep(0.1)
-    supernode = int(pid_file.read_text())
+    return agent, int(pid_file.read_text())
+
+
+def _gone(pid: int) -> bool:
+    return not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2]
+
+
+def test_stopping_the_agent_stops_its_supernode(tmp_path):
+    """SIGTERM to `agent run` must not leave the SuperNode running on its own."""
+    agent, supernode = _agent_with_supernode(tmp_path, "signal.signal(signal.SIGTERM, lambda *_: sys.exit(0));")
     agent.send_signal(signal.SIGTERM)
     assert agent.wait(timeout=60) == 0
     time.sleep(0.2)
-    assert not Path(f"/proc/{supernode}").exists() or "Z" in Path(f"/proc/{supernode}/stat").read_text().split()[2]
+    assert _gone(supernode)
 
 
 def test_a_killed_agent_takes_its_supernode_with_it(tmp_path):
     """`kill -9` on `agent run` (or the OOM killer) must not leave its SuperNode online on its own:
     it would keep taking the site's tasks, and the restarted agent's would be a second node."""
-    pid_file = tmp_path / "pid"
-    child = _child(tmp_path, f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); "
-                             "print('up', flush=True); time.sleep(600)")
-    agent = subprocess.Popen([sys.executable, "-c", (
-        "from pathlib import Path; from cuvil_edge.agent.daemon import run_once;"
-        f"run_once({child!r}, Path({str(tmp_path)!r}))")])
-    deadline = time.monotonic() + 60
-    while not pid_file.exists() and time.monotonic() < deadline:
-        time.sleep(0.1)
-    supernode = int(pid_file.read_text())
+    agent, supernode = _agent_with_supernode(tmp_path)
     agent.kill()
     agent.wait(timeout=30)
     deadline = time.monotonic() + 10
-    while Path(f"/proc/{supernode}").exists() and "Z" not in Path(f"/proc/{supernode}/stat").read_text().split()[2]:
+    while not _gone(supernode):
         assert time.monotonic() < deadline, "the SuperNode outlived its killed agent"
         time.sleep(0.1)
 
