@@ -128,7 +128,7 @@ def structure_digest(graph: Graph) -> str:
     names, opset), every value's type, and each initializer's dtype and shape, plus the values of
     the non-floating ones (shape and index tensors, which shape inference and batch planning may
     read). Floating-point weight values are left out: the module receives them when it runs. So are
-    the values of quantization data (int8 weights, zero points) that only (De)QuantizeLinear reads:
+    the values of quantization data (int8 weights, zero points) that only the quantization ops read:
     its kernels take them at run time, so a new round's int8 package reuses the build."""
     h = hashlib.sha256(json.dumps(graph.to_dict(), sort_keys=True).encode())
     h.update(json.dumps({k: t.to_dict() for k, t in graph.types.items()}, sort_keys=True).encode())
@@ -144,8 +144,11 @@ def structure_digest(graph: Graph) -> str:
     return h.hexdigest()
 
 
-#: Ops whose non-float inputs (quantized values, zero points) reach the kernel at run time only.
-_RUNTIME_QUANT_READERS = frozenset({"QuantizeLinear", "DequantizeLinear"})
+#: Ops whose non-float inputs (quantized values, zero points) reach the kernel at run time only: the
+#: integer ops too, which a target with int8 kernels runs in place of the QDQ-wrapped products (each
+#: round's int8 weights are new values of the same structure).
+_RUNTIME_QUANT_READERS = frozenset({"QuantizeLinear", "DequantizeLinear", "QLinearConv", "QLinearMatMul",
+                                    "ConvInteger", "MatMulInteger", "CuvilQLinearAdd"})
 
 
 def cache_key(structure: str, target: TargetSpec, precision: str) -> str:
