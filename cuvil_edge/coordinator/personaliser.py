@@ -59,11 +59,13 @@ class Personaliser:
         self.factory, self.directory = factory, directory
         self._sent: list[tuple[Message, str]] = []  # this phase's messages and their sites
         self._weights: FrozenWeights | None = None  # the global weights this phase sent
+        self._by_id: dict[str, str] = {}  # message id -> site, of this phase's sent messages
 
     def personalise(self, messages: Iterable[Message], arrays: ArrayRecord) -> Personalised:
         """A message per known, planned site, carrying its package; unknown nodes get nothing
         (the directory logged why) and a site whose plan does not fit is left out, the others go on."""
         messages = list(messages)
+        self._by_id = {}
         if not messages:
             self._sent = []
             return Personalised(None, TRAIN)
@@ -116,9 +118,11 @@ class Personaliser:
     def site_of(self, reply: Message) -> str:
         """The site a reply answers: matched by the id of the message it replies to (ids are set
         when the grid sends them), else by its source node, else a name for the unknown node."""
-        sent = {m.metadata.message_id: site for m, site in self._sent}
+        answered = reply.metadata.reply_to_message_id
+        if answered not in self._by_id:  # the ids came after personalise: map them once per phase
+            self._by_id = {m.metadata.message_id: site for m, site in self._sent}
         node = reply.metadata.src_node_id
-        return sent.get(reply.metadata.reply_to_message_id) or self.directory.site_of(node) or f"node-{node}"
+        return self._by_id.get(answered) or self.directory.site_of(node) or f"node-{node}"
 
     def reanchor(self, replies: list[Message]) -> list[Message]:
         """Move each reply of a site sent rounded weights (int8 or fp16 package) onto the exact ones:
