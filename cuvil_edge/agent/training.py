@@ -60,6 +60,9 @@ def train_round(graph: Graph, site: SiteConfig, data: Records, ledger: PrivacyLe
     from cuvil_edge.privacy._checks import positive_finite
     from cuvil_edge.privacy.dpsgd import plan_dp_sgd, train_dp_sgd
 
+    from cuvil_edge.passes.fuse_dw_pw import split_dw_pw
+
+    graph = split_dw_pw(graph)  # fused blocks have no torch lowering: train their convolutions
     p, t = site.privacy, site.training
     mu = positive_finite("proximal-mu", proximal_mu, allow_zero=True)
     if not local_dp:

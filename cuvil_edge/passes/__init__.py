@@ -13,6 +13,7 @@ from cuvil_edge.passes.fold_batchnorm import FoldBatchNorm
 from cuvil_edge.passes.fold_constants import ConstantFolding
 from cuvil_edge.passes.fuse_activation import FuseActivation
 from cuvil_edge.passes.fuse_bias import FuseBias
+from cuvil_edge.passes.fuse_dw_pw import FuseDepthwisePointwise
 from cuvil_edge.passes.fuse_gelu import FuseGelu
 from cuvil_edge.passes.fuse_swish import FuseSwish
 from cuvil_edge.passes.remove_identity import RemoveIdentity
@@ -21,7 +22,8 @@ from cuvil_edge.passes.remove_identity import RemoveIdentity
 def default_passes() -> list[Pass]:
     """The default pipeline, in order: clean up, fold, fuse, clean up."""
     return [RemoveIdentity(), ConstantFolding(), DeadCodeElimination(), CommonSubexpressionElimination(),
-            FoldBatchNorm(), FuseBias(), FuseGelu(), FuseSwish(), FuseActivation(), DeadCodeElimination()]
+            FoldBatchNorm(), FuseBias(), FuseGelu(), FuseSwish(), FuseActivation(), FuseDepthwisePointwise(),
+            DeadCodeElimination()]
 
 
 def optimize(graph: Graph, passes: list[Pass] | None = None, max_iterations: int = 8) -> tuple[Graph, OptimizeReport]:
@@ -35,4 +37,4 @@ def optimize(graph: Graph, passes: list[Pass] | None = None, max_iterations: int
 
 __all__ = ["optimize", "default_passes", "Pass", "PassResult", "PassManager", "PassReport", "OptimizeReport",
            "CommonSubexpressionElimination", "DeadCodeElimination", "FoldBatchNorm", "ConstantFolding",
-           "FuseActivation", "FuseBias", "FuseGelu", "FuseSwish", "RemoveIdentity"]
+           "FuseActivation", "FuseBias", "FuseDepthwisePointwise", "FuseGelu", "FuseSwish", "RemoveIdentity"]

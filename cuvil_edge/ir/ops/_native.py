@@ -71,6 +71,10 @@ _SIGNATURES = {
     "cuvil_gemm_blocking": ((_P,), None),
     "cuvil_gemm_pack_a_f32": ((_P, _P, _I, _I), None),
     "cuvil_conv_gemm_f32": ((_P,) * 6 + (_F, _F), _I),
+    # native_fused.c: depthwise + pointwise in one call
+    "cuvil_dwpw_mr": ((), _I),
+    "cuvil_dwpw_pack_f32": ((_P, _P, _I, _I), None),
+    "cuvil_dwpw_f32": ((_P,) * 8 + (_F,) * 4, _I),
 }
 
 _lock = threading.Lock()
