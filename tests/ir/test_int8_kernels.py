@@ -87,6 +87,8 @@ CONV_GRID = [
     # stride 1 with the output as wide as the input (one copy per tap): uneven pads, dilation
     ((1, 5, 7, 9), 6, (3, 3), (1, 1), (0, 2, 1, 0), (1, 1), U8, 127),
     ((2, 4, 10, 10), 5, (3, 3), (1, 1), (2, 2, 2, 2), (2, 2), U8, 64),
+    # K over one block of the GEMM (1,024) and columns in several chunks, a chunk starting mid-row
+    ((1, 120, 28, 28), 9, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), U8, 64),
 ]
 
 

@@ -211,11 +211,14 @@ static void rows_of_b(const source *s, int64_t k0, int64_t k1, int64_t n0, int64
         /* columns whose input row is inside the image: output rows [-rise, h - rise) */
         int64_t ja = (-rise) * w - n0, jb = (s->h - rise) * w - n0;
         ja = ja < 0 ? 0 : ja > cols ? cols : ja, jb = jb < ja ? ja : jb > cols ? cols : jb;
-        /* a pixel reads plane[n + rise * w + shift]; the first and last |shift| of the run are padding */
-        int64_t ca = ja + (shift < 0 ? -shift : 0), cb = jb - (shift > 0 ? shift : 0);
-        fill(out, ja, pad);
-        if (cb > ca) memcpy(out + ca, plane + (n0 + ca) + rise * w + shift, (size_t)(cb - ca));
-        fill(out + jb, cols - jb, pad);
+        /* a pixel reads plane[n + rise * w + shift]; the copy stays inside the plane, and the pixels it
+         * leaves out there are row ends, padding (set below with the others) */
+        int64_t base = n0 + rise * w + shift, ca = ja < -base ? -base : ja;
+        int64_t cb = jb > s->h * w - base ? s->h * w - base : jb;
+        cb = cb < ca ? ca : cb;
+        fill(out, ca, pad);
+        if (cb > ca) memcpy(out + ca, plane + base + ca, (size_t)(cb - ca));
+        fill(out + cb, cols - cb, pad);
         if (shift != 0) {
             int64_t first = (n0 + ja) / w * w - n0; /* the output row holding column ja */
             for (int64_t r = first; r < jb; r += w)
