@@ -11,6 +11,7 @@ import re
 import time
 from collections import defaultdict
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
@@ -71,9 +72,11 @@ def _instrumented(source: str, function: ast.FunctionDef) -> tuple[ast.FunctionD
     return ast.fix_missing_locations(timed), groups
 
 
-def profile_compiled(compiled, feeds: dict[str, np.ndarray], graph, batch: int, runs: int) -> dict:
+def profile_compiled(compiled, feeds: dict[str, np.ndarray], graph, batch: int, runs: int,
+                     between: Callable[[], object] = lambda: None) -> dict:
     """Per node and per op type: median ms over ``runs`` calls of ``compiled.run`` with every
-    function of the module that holds node comments (``_forward``) swapped for a timed copy."""
+    function of the module that holds node comments (``_forward``) swapped for a timed copy;
+    ``between`` runs after each (onnxruntime's profiled run, so the two see the same machine load)."""
     namespace = compiled._entry.__globals__
     tree = ast.parse(compiled.source)
     targets = [f for f in tree.body if isinstance(f, ast.FunctionDef)
@@ -109,6 +112,7 @@ def profile_compiled(compiled, feeds: dict[str, np.ndarray], graph, batch: int, 
             start = time.perf_counter()
             compiled.run(feeds)
             totals.append(time.perf_counter() - start)
+            between()
     finally:
         namespace.update(originals)
         for key in ("_cuv_clock", "_cuv_record"):
@@ -196,19 +200,16 @@ def _layer(kind: str) -> str:
     return f"conv {rest}" if "Conv" in op and rest else kind
 
 
-def profile_onnxruntime(session, feeds: dict[str, np.ndarray], graph, runs: int) -> dict:
-    """onnxruntime's own per-node kernel times (its profiler; ``session`` made with profiling on),
-    ms per run by op type, and its convolutions by layer kind: its node names are the names of the
-    values they write (``<value>_nchwc`` after its layout pass), looked up in ``graph`` (the
-    optimised IR graph, whose fused convolutions write the same values)."""
-    session.run(None, feeds)
-    for _ in range(runs):
-        session.run(None, feeds)
+def profile_onnxruntime(session, graph, total_runs: int) -> dict:
+    """onnxruntime's own per-node kernel times over the ``total_runs`` runs ``session`` (made with
+    profiling on) has made, ms per run by op type, and its convolutions by layer kind: its node
+    names are the names of the values they write (``<value>_nchwc`` after its layout pass), looked
+    up in ``graph`` (the optimised IR graph, whose fused convolutions write the same values)."""
     path = session.end_profiling()
     events = json.loads(Path(path).read_text())
     producer = {o: n for n in graph.nodes for o in n.outputs if o}
     per_run: dict[str, list[float]] = defaultdict(list)
-    per_layer: dict[str, list[float]] = defaultdict(list)
+    per_node: dict[tuple[str, str], list[float]] = defaultdict(list)  # (layer kind, node): its runs
     for e in events:
         if e.get("cat") == "Node" and e.get("name", "").endswith("_kernel_time"):
             op = e["args"].get("op_name", "?")
@@ -217,15 +218,15 @@ def profile_onnxruntime(session, feeds: dict[str, np.ndarray], graph, runs: int)
             value = value[:-len("_nchwc")] if value.endswith("_nchwc") else value
             node = producer.get(value)
             if op == "Conv" and node is not None:
-                per_layer[_layer(_kind(graph, node, node.op_type))].append(e["dur"] / 1e3)
-    total_runs = runs + 1
+                per_node[_layer(_kind(graph, node, node.op_type)), value].append(e["dur"] / 1e3)
     Path(path).unlink(missing_ok=True)
-
-    def table(d):
-        out = {k: {"count": len(v) // total_runs, "ms": sum(v) / total_runs} for k, v in d.items()}
-        return dict(sorted(out.items(), key=lambda kv: -kv[1]["ms"]))
-
-    return {"by_op_type": table(per_run), "by_layer": table(per_layer)}
+    layers: dict[str, dict] = defaultdict(lambda: {"count": 0, "ms": 0.0})
+    for (layer, _), runs in per_node.items():  # per node the median over runs, as for ours
+        layers[layer]["count"] += 1
+        layers[layer]["ms"] += float(np.median(runs))
+    by_type = {k: {"count": len(v) // total_runs, "ms": sum(v) / total_runs} for k, v in per_run.items()}
+    return {"by_op_type": dict(sorted(by_type.items(), key=lambda kv: -kv[1]["ms"])),
+            "by_layer": dict(sorted(layers.items(), key=lambda kv: -kv[1]["ms"]))}
 
 
 def layer_rows(prof: dict) -> list[dict]:
