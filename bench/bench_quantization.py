@@ -20,11 +20,15 @@ Run::
 
     env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE .venv/bin/python bench/bench_quantization.py
 
-(``--markdown-only`` rewrites the .md from the .json without measuring again.)
+(``--markdown-only`` rewrites the .md from the .json without measuring again.) ``--speed`` times int8 that
+computes in int8 instead (ResNet-18 quantized by onnxruntime, run by our int8 kernels, against our fp32
+module and onnxruntime's int8 and fp32, one thread): bench/results/quantization_speed.{json,md}, with
+``SPEED_COMMAND``, which unsets OPENBLAS_CORETYPE/OPENBLAS_L2_SIZE and pins one thread.
 """
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import os
@@ -373,7 +377,117 @@ def main() -> dict:
     return out
 
 
+# --- speed: int8 that computes in int8 ---------------------------------------------------------
+SPEED_COMMAND = ("env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 "
+                 ".venv/bin/python bench/bench_quantization.py --speed")
+SPEED_ROUNDS = 25
+
+
+def _ort_session(path: str):
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = options.inter_op_num_threads = 1
+    return ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+
+
+def speed() -> dict:
+    """ResNet-18 (random weights, measured BatchNorm statistics) at batch 1, one thread: onnxruntime's
+    static QDQ quantization (per channel, 8 random calibration inputs; 8-bit weights, and 7-bit with
+    ``reduce_range``) run by our int8 kernels, by onnxruntime, and the fp32 model by both; each
+    configuration timed in turn, ``SPEED_ROUNDS`` rounds, the median."""
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+
+    from cuvil_edge.device_targets import build
+    from cuvil_edge.ir.ops import _int8
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import compiled_models
+
+    rng = np.random.default_rng(3)
+    model = _data_dependent_statistics(compiled_models.make("resnet18"), rng)
+    folder = Path(tempfile.mkdtemp())
+    (folder / "fp32.onnx").write_bytes(export(model, rng.standard_normal((1, 3, 224, 224), dtype=np.float32), 17))
+    calibration = [{"x": rng.standard_normal((1, 3, 224, 224), dtype=np.float32)} for _ in range(8)]
+
+    class Reader(CalibrationDataReader):
+        def __init__(self):
+            self.items = iter(calibration)
+
+        def get_next(self):
+            return next(self.items, None)
+
+    for name, reduce in (("int8", False), ("int8_7bit", True)):
+        quantize_static(str(folder / "fp32.onnx"), str(folder / f"{name}.onnx"), Reader(), quant_format=QuantFormat.QDQ,
+                        per_channel=True, reduce_range=reduce, activation_type=QuantType.QUInt8,
+                        weight_type=QuantType.QInt8)
+
+    class Payload:
+        def __init__(self, graph):
+            self.graph, self.payload_digest = graph, hashlib.sha256(repr(graph.name).encode()).hexdigest()
+
+    cache = folder / "cache"
+    x = rng.standard_normal((1, 3, 224, 224), dtype=np.float32)
+    runs = {"ours_fp32": build(Payload(optimize(load_model(str(folder / "fp32.onnx")))[0]), "x86-64", cache_dir=cache)}
+    runs["ort_fp32"] = _ort_session(str(folder / "fp32.onnx"))
+    outputs, fused = {}, {}
+    for name in ("int8", "int8_7bit"):
+        graph = dequantize_at_load(load_model(str(folder / f"{name}.onnx")), int8=True)
+        fused[name] = sum(n.op_type == "QLinearConv" for n in graph.nodes)
+        runs[f"ours_{name}"] = build(Payload(graph), "x86-64", cache_dir=cache)
+        runs[f"ort_{name}"] = _ort_session(str(folder / f"{name}.onnx"))
+
+    def call(key):
+        r = runs[key]
+        return r.run(None, {"x": x})[0] if key.startswith("ort") else next(iter(r.run({"x": x}).values()))
+
+    # wall time, and this thread's CPU time: every configuration runs on the calling thread (one
+    # onnxruntime and OpenBLAS thread), so CPU time leaves out the waits a loaded machine adds
+    times, cpu = {k: [] for k in runs}, {k: [] for k in runs}
+    for k in runs:
+        outputs[k] = call(k)
+    for _ in range(SPEED_ROUNDS):
+        for k in runs:
+            start, start_cpu = time.perf_counter(), time.thread_time()
+            call(k)
+            times[k].append(time.perf_counter() - start)
+            cpu[k].append(time.thread_time() - start_cpu)
+    ms = {k: 1e3 * float(np.median(v)) for k, v in cpu.items()}
+    out = {"machine": machine(), "command": SPEED_COMMAND, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+           "int8_path": _int8.path(), "rounds": SPEED_ROUNDS, "median_ms": ms,
+           "median_wall_ms": {k: 1e3 * float(np.median(v)) for k, v in times.items()}, "fused_qlinearconv": fused}
+    for name in ("int8", "int8_7bit"):
+        out[f"{name}_vs_ours_fp32"] = ms["ours_fp32"] / ms[f"ours_{name}"]
+        out[f"{name}_vs_ort_{name}"] = ms[f"ours_{name}"] / ms[f"ort_{name}"]
+        out[f"{name}_max_abs_diff_vs_ort"] = float(np.abs(outputs[f"ours_{name}"] - outputs[f"ort_{name}"]).max())
+        out[f"{name}_top1_same_as_ort"] = bool(outputs[f"ours_{name}"].argmax() == outputs[f"ort_{name}"].argmax())
+    return out
+
+
+def speed_markdown(r: dict) -> str:
+    ms = r["median_ms"]
+    lines = ["# int8 speed: ResNet-18, batch 1, one thread", "", f"Command: `{r['command']}`  ", f"Date: {r['date']}  ",
+             f"Machine: {r['machine']}; our int8 inner product: {r['int8_path']}; median of {r['rounds']} rounds, "
+             "each configuration in turn; ms of the calling thread's CPU time (wall time in brackets: other "
+             "sessions share this 2-core machine)", "", "| model | ours ms | onnxruntime ms | ours / ort |",
+             "|---|---|---|---|"]
+    wall = r["median_wall_ms"]
+    for name in ("fp32", "int8", "int8_7bit"):
+        lines.append(f"| {name} | {ms['ours_' + name]:.1f} ({wall['ours_' + name]:.1f}) | {ms['ort_' + name]:.1f} "
+                     f"({wall['ort_' + name]:.1f}) | {ms['ours_' + name] / ms['ort_' + name]:.2f} |")
+    for name in ("int8", "int8_7bit"):
+        lines.append(f"\n{name}: ours fp32 / ours {name} = {r[name + '_vs_ours_fp32']:.2f}x; "
+                     f"{r['fused_qlinearconv'][name]} Conv as QLinearConv; max |ours - ort| on the logits "
+                     f"{r[name + '_max_abs_diff_vs_ort']:.3g}, same top-1: {r[name + '_top1_same_as_ort']}")
+    return "\n".join(lines) + "\n"
+
+
 if __name__ == "__main__":
+    if sys.argv[1:] == ["--speed"]:  # int8 kernels vs fp32 and onnxruntime (bench/results/quantization_speed.*)
+        result = speed()
+        (RESULTS / "quantization_speed.json").write_text(json.dumps(result, indent=2) + "\n")
+        (RESULTS / "quantization_speed.md").write_text(speed_markdown(result))
+        raise SystemExit(print(speed_markdown(result)))
     if sys.argv[1:] == ["--markdown-only"]:  # rewrite the .md from the .json (text changes, no rerun)
         text = markdown(json.loads((RESULTS / "quantization.json").read_text()))
         (RESULTS / "quantization.md").write_text(text)
