@@ -24,9 +24,10 @@ import hashlib
 import os
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any, Callable
 
 from cuvil_edge.device_targets import shape_code
-from cuvil_edge.device_targets.prune import segmenter, specialise_function
+from cuvil_edge.device_targets.prune import _MISSING, literal, segmenter, specialise_function
 from cuvil_edge.errors import BuildError
 from cuvil_edge.ir import ops
 from cuvil_edge.ir.graph import Graph, Node
@@ -258,18 +259,59 @@ class Specialiser:
                                                    doc[:400])
         if not changed:
             return op.emit(node, args, outs)
-        name = self._names.get(text)
-        if name is None:
-            self._count[function.__name__] = self._count.get(function.__name__, 0) + 1
-            name = f"{function.__name__}_{self._count[function.__name__]}"
-            self._names[text] = name
-            self.functions.append("\n\n" + text.replace(self.PLACEHOLDER, name, 1))
+        text = self._with_helpers(text, {h.__name__: h for h in op.helpers})
+        name = self._named(function.__name__, text)
         call_args = [a for index, a in enumerate(args)
                      if index >= len(positional) or positional[index] not in bound]
         call_args = [a if a else "None" for a in call_args]
         call_args += [f"{k}={source_literal(v)}" for k, v in attrs.items() if k not in bound]
         target = outs[0] if len(outs) == 1 else ", ".join(outs)
         return f"{target} = {name}({', '.join(call_args)})"
+
+
+    #: How deep helper copies go (a helper's copy calling another helper with literals, ...).
+    HELPER_DEPTH = 3
+
+    def _with_helpers(self, text: str, helpers: dict[str, Callable[..., Any]], depth: int = 0) -> str:
+        """``text`` with every call of a helper whose arguments include literals sent to a copy
+        of that helper specialised for them, as kernels are per call site: a generic helper
+        pasted whole (``_activate``) keeps every activation's branch and the kernels they call;
+        the call site's copy keeps the branch it takes, and the pruner drops what nothing calls."""
+        if depth >= self.HELPER_DEPTH or not helpers:
+            return text
+        tree = ast.parse(text)
+        changed = False
+        for call in [n for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)]:
+            helper = helpers.get(call.func.id)
+            if helper is None or any(isinstance(a, ast.Starred) for a in call.args) or \
+                    any(k.arg is None for k in call.keywords):
+                continue
+            params = list(helper.__code__.co_varnames[:helper.__code__.co_argcount])
+            given = [*zip(params, call.args), *((k.arg, k.value) for k in call.keywords)]
+            values = {p: v for p, v in ((p, literal(a)) for p, a in given) if v is not _MISSING}
+            if not values:
+                continue
+            shown = ", ".join(f"{k}={source_literal(v)}" for k, v in values.items())
+            copy, bound, specialised = specialise_function(source_of(helper), self.PLACEHOLDER, values, (),
+                                                           f"{helper.__name__} specialised for {shown}"[:400])
+            if not specialised:
+                continue
+            copy = self._with_helpers(copy, helpers, depth + 1)
+            call.func.id = self._named(helper.__name__, copy)
+            call.args = [a for p, a in zip(params, call.args) if p not in bound] + call.args[len(params):]
+            call.keywords = [k for k in call.keywords if k.arg not in bound]
+            changed = True
+        return ast.unparse(tree) if changed else text
+
+    def _named(self, base: str, text: str) -> str:
+        """The name of the specialised copy ``text`` of ``base``, added to the module when new."""
+        name = self._names.get(text)
+        if name is None:
+            self._count[base] = self._count.get(base, 0) + 1
+            name = f"{base}_{self._count[base]}"
+            self._names[text] = name
+            self.functions.append("\n\n" + text.replace(self.PLACEHOLDER, name, 1))
+        return name
 
 
 def _forward_source(graph: Graph, specialised: Specialiser) -> str:

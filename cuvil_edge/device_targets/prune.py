@@ -236,6 +236,29 @@ class Fold(_Tracking):
             node.body = [ast.Pass()]
         return node
 
+    def visit_Subscript(self, node: ast.Subscript) -> ast.AST:
+        """``(2, 2)[0]``: an item of a literal tuple at a literal index (what substituting a
+        tuple attribute leaves)."""
+        self.generic_visit(node)
+        items, index = literal(node.value), literal(node.slice)
+        if (not isinstance(node.ctx, ast.Load) or not isinstance(items, tuple) or not isinstance(index, int)
+                or isinstance(index, bool)):
+            return node
+        return self._try(lambda: items[index], node)
+
+    def visit_Call(self, node: ast.Call) -> ast.AST:
+        """``{'relu': 0, ...}.get('relu', -1)``: a literal mapping read at a literal key."""
+        self.generic_visit(node)
+        f = node.func
+        if not (isinstance(f, ast.Attribute) and f.attr == "get" and isinstance(f.value, ast.Dict)
+                and not node.keywords and 1 <= len(node.args) <= 2 and None not in f.value.keys):
+            return node
+        parts = [literal(e) for e in (*f.value.keys, *f.value.values, *node.args)]
+        if any(p is _MISSING for p in parts):
+            return node
+        count = len(f.value.keys)
+        return self._try(lambda: dict(zip(parts[:count], parts[count:2 * count])).get(*parts[2 * count:]), node)
+
     @staticmethod
     def _try(compute: Callable[[], Any], node: ast.AST) -> ast.AST:
         try:

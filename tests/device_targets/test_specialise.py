@@ -151,3 +151,34 @@ def test_specialised_module_matches_interpreter_and_onnxruntime(tmp_path, opset,
     want = ort.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(interpreter.run(graph, {"x": x})["y"], want, rtol=1e-4, atol=1e-5)
+
+
+# --- helpers the kernels call, specialised at each call site too ---------------------------------
+def test_literal_tuple_items_and_literal_mapping_lookups_fold():
+    text, _, _ = specialise_function("def f(x, k, mode):\n    return x[(1, 2)[0]] * k[1] + {'a': 1, 'b': 2}.get(mode, 0)\n",
+                                     "f_1", {"k": (3, 4), "mode": "b"})
+    assert "x[1] * 4 + 2" in text
+    text, _, _ = specialise_function("def f(x, mode):\n    return {'a': 1}.get(mode, x)\n", "f_1", {"mode": "z"})
+    assert ".get(" in text  # a default that is not a literal is left to run time
+
+
+def _digits_source(target: str) -> str:
+    from cuvil_edge.frontend.demo_model import digits_cnn_onnx
+    from cuvil_edge.passes import optimize
+    from cuvil_edge.device_targets import load_target
+
+    graph, _ = optimize(load_model(digits_cnn_onnx(0)))
+    return prune(generate_source(graph), load_target(target).capabilities())
+
+
+@pytest.mark.parametrize("target", ["x86-64", "rpi4"])
+def test_a_module_holds_the_helpers_its_call_sites_take_not_every_activation(target):
+    """The digits CNN's Conv fuses a Relu: its module keeps the Relu branch of the activation
+    helper and none of the others (sigmoid, GELU with its erf, swish, hard-swish), and no tuple
+    attribute is indexed at run time."""
+    source = _digits_source(target)
+    defined = {n.name for n in ast.parse(source).body if isinstance(n, ast.FunctionDef)}
+    assert not defined & {"_activate", "k_sigmoid", "k_gelu", "_erf64", "k_swish", "k_hard_swish"}, defined
+    assert "_activate_1" in defined
+    assert not [n for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Subscript)
+                and isinstance(n.value, ast.Tuple) and isinstance(n.slice, ast.Constant)]
