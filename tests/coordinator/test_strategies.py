@@ -267,3 +267,43 @@ def test_optimiser_state_that_does_not_fit_the_run_is_refused_or_left_out(setup,
     # a weight may not masquerade as optimiser state
     with pytest.raises(StateError, match="reserve"):
         save_checkpoint(tmp_path, "f", 1, {"__server_optimiser__/FedAdam/m_t/w": np.ones(2)})
+
+
+@pytest.mark.usefixtures("flower_identity")
+def test_central_dp_takes_the_train_replies_once_and_keeps_an_exhausted_sites_zero_update(setup, monkeypatch):
+    """The wrapper records the replies before Flower validates them; the aggregate Flower asks for
+    must not record them a second time, and all three replies (one a zero update) reach the mean."""
+    from flwr.serverapp import NeighboringRelation, PrivacyConfig, SamplingMethod
+    from flwr.supercore.privacy_accounting.rdp_accountant import RdpAccountant
+
+    sites, factory, weights = setup
+    wrapped = SitePackages(factory, FedAvg(min_train_nodes=3, min_available_nodes=3))
+    accountant = RdpAccountant(PrivacyConfig(target_delta=1e-5, population_size=3,
+                                             neighboring_relation=NeighboringRelation.ADD_OR_REMOVE_ONE,
+                                             sampling_method=SamplingMethod.NO_AMPLIFICATION))
+    outer = CentralDpFixedClipping(wrapped, noise_multiplier=1.0, clipping_norm=1.0, num_sampled_clients=3,
+                                   accountant=accountant)
+    recorded, averaged = [], []
+    record = wrapped.recorder.record_replies
+    monkeypatch.setattr(wrapped.recorder, "record_replies", lambda *a, **k: recorded.append(a[1]) or record(*a, **k))
+    mean = wrapped.strategy.aggregate_train
+    monkeypatch.setattr(wrapped.strategy, "aggregate_train", lambda r, replies: averaged.append(len(replies))
+                        or mean(r, replies))
+    arrays = ArrayRecord({k: Array(v) for k, v in weights.items()})
+    sent = list(outer.configure_train(1, arrays, ConfigRecord(), _Grid(dict(zip(NODES, (s.site for s in sites))))))
+    assert all(m.content["config"]["clipping_norm"] == 1.0 for m in sent)
+    for i, message in enumerate(sent):
+        message.metadata.__dict__["_message_id"] = f"dp{i}"
+
+    def reply(message, exhausted):  # equal weights and one set of metric keys, as Flower's accountant needs
+        return Message(RecordDict({"arrays": ArrayRecord({k: Array(v) for k, v in weights.items()}),
+                                   "metrics": MetricRecord({"num-examples": 1, "budget-exhausted": exhausted,
+                                                            "eps-spent": 8.0, "eps-remaining": 0.0})}),
+                       metadata=_reply(message, weights, 1).metadata)
+
+    got, _ = outer.aggregate_train(1, [reply(sent[0], 0), reply(sent[1], 0), reply(sent[2], 1)])
+    assert got is not None and recorded == ["train"] and averaged == [3]
+    central = wrapped.recorder.central[1]
+    assert central["released"] and central["releases"] == 1 and central["epsilon"] > 0
+    statuses = {site: s.status for site, s in wrapped.recorder.rounds[1].items()}
+    assert sorted(statuses.values()) == ["budget exhausted", "ok", "ok"]
