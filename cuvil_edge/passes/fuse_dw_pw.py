@@ -8,9 +8,11 @@
 Only when the depthwise output has the pointwise conv as its sole reader (and the pointwise
 output the Add, when one is taken), neither is a graph output, the input is 4-D float with static
 channels. Runs after FuseActivation, so the activations are already inside the convolutions. The
-native kernel never writes the depthwise output to memory (``ir/ops/fused_block.py``); a stride-2
-depthwise, SAME pads or a transcendental activation keep the two nodes, which the native kernels
-of each already run.
+native kernel never writes the depthwise output to memory (``ir/ops/fused_block.py``); SAME pads,
+a strided or padded pointwise conv, or a transcendental activation keep the two nodes, which the
+native kernels of each already run. So does a strided depthwise conv (:data:`STRIDES`): the fused
+kernel takes it, but measured 1.2-1.4x slower than the two kernels on MobileNetV2's stride-2
+blocks (its phase-split rows cost more than the depthwise kernel's own strided path saves).
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ from cuvil_edge.passes._infra import (
 from cuvil_edge.passes.naming import fresh_name
 
 CONVS = ("Conv", "CuvilFusedConv")
+#: depthwise strides the pass fuses (see the module docstring)
+STRIDES = ((1, 1),)
 FLOATS = ("float16", "float32", "float64")
 
 
@@ -46,21 +50,22 @@ def _conv(graph: Graph, node: Node | None) -> dict | None:
     # without kernel_shape the attributes stay unresolved: the defaults for two spatial dims
     attrs = {**attrs, "strides": attrs["strides"] or (1, 1), "dilations": attrs["dilations"] or (1, 1),
              "pads": attrs["pads"] or ((0,) * 4 if attrs["auto_pad"] == "NOTSET" else ())}
-    if attrs["auto_pad"] != "NOTSET" or attrs["strides"] != (1, 1) or attrs["activation"] not in CLAMPS:
+    if attrs["auto_pad"] != "NOTSET" or attrs["activation"] not in CLAMPS:
         return None
     return {**attrs, "c": x.shape[1], "w": w.shape}
 
 
 def _depthwise(graph: Graph, node: Node) -> dict | None:
     a = _conv(graph, node)
-    if a is None or not (a["group"] == a["c"] == a["w"][0] and a["w"][1] == 1):
+    if a is None or not (a["group"] == a["c"] == a["w"][0] and a["w"][1] == 1) or a["strides"] not in STRIDES:
         return None
     return a
 
 
 def _pointwise(graph: Graph, node: Node | None) -> dict | None:
     a = _conv(graph, node)
-    if a is None or a["group"] != 1 or a["w"][2:] != (1, 1) or any(a["pads"]) or a["dilations"] != (1, 1):
+    if (a is None or a["group"] != 1 or a["w"][2:] != (1, 1) or any(a["pads"]) or a["dilations"] != (1, 1)
+            or a["strides"] != (1, 1)):
         return None
     return a
 
@@ -100,7 +105,8 @@ class FuseDepthwisePointwise(Pass):
             while inputs and not inputs[-1]:
                 inputs.pop()
             fused = Node(dw.name, "CuvilDwPw", tuple(inputs), last.outputs[:1],
-                         {"pads": list(d["pads"]), "dilations": list(d["dilations"]),
+                         {"strides": list(d["strides"]), "pads": list(d["pads"]),
+                          "dilations": list(d["dilations"]),
                           "dw_activation": d["activation"], "pw_activation": p["activation"]}, 1)
             # at the last node's place: the residual may be computed after the depthwise conv
             replace[id(dw)] = replace[id(pw)] = None
@@ -130,6 +136,7 @@ def split_dw_pw(graph: Graph) -> Graph:
         dw_out, pw_out = fresh_name(taken, n.outputs[0] + "/dw"), fresh_name(taken, n.outputs[0] + "/pw")
         nodes.append(Node(fresh_name(taken, n.name + "/dw"), "CuvilFusedConv", tuple(i for i in (x, wd, bd) if i),
                           (dw_out,), {"group": graph.types[x].shape[1], "kernel_shape": kernel,
+                                      "strides": list(n.attr("strides")),
                                       "pads": list(n.attr("pads")), "dilations": list(n.attr("dilations")),
                                       "activation": n.attr("dw_activation")}, 1))
         nodes.append(Node(fresh_name(taken, n.name + "/pw"), "CuvilFusedConv", tuple(i for i in (dw_out, wp, bp) if i),

@@ -18,7 +18,7 @@ from cuvil_edge.device_targets import build
 from cuvil_edge.frontend import load_model
 from cuvil_edge.ir import interpreter
 from cuvil_edge.ir.ops import _native, fused_block
-from cuvil_edge.passes import FuseDepthwisePointwise, optimize
+from cuvil_edge.passes import FuseDepthwisePointwise, fuse_dw_pw, optimize
 from cuvil_edge.passes.fuse_dw_pw import split_dw_pw
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
@@ -31,13 +31,16 @@ class _Payload:
 
 
 def _block(dw_attrs: str = "group = 8, pads = [1, 1, 1, 1]", dw_w=(8, 1, 3, 3), pw_w=(6, 8, 1, 1), tail: str = "",
-           out: str = "y", extra_out: str = "", act: str = "a = Clip(d, lo, hi)", spatial=(9, 7)) -> str:
+           out: str = "y", extra_out: str = "", act: str = "a = Clip(d, lo, hi)", spatial=(9, 7), in_spatial=None,
+           pw_attrs: str = "", residual: bool = True) -> str:
     h, wd = spatial
+    ih, iw = in_spatial or spatial
+    r = f", float[N, 6, {h}, {wd}] r" if residual else ""
     return f"""
-g (float[N, 8, {h}, {wd}] x, float[N, 6, {h}, {wd}] r) => (float[N, 6, {h}, {wd}] {out}{extra_out}) {{
+g (float[N, 8, {ih}, {iw}] x{r}) => (float[N, 6, {h}, {wd}] {out}{extra_out}) {{
     d = Conv <{dw_attrs}> (x, wd, bd)
     {act}
-    p = Conv (a, wp, bp)
+    p = Conv {pw_attrs} (a, wp, bp)
     {tail}
 }}"""
 
@@ -59,6 +62,21 @@ def test_the_block_becomes_one_node_with_the_same_outputs(tail, fused_inputs):
     assert after.nodes[0].attr("dw_activation") == "relu6"
     assert after.nodes[0].attr("pw_activation") == ("relu" if "Relu" in tail else "none")
     assert_same_outputs(before, after, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("strides, spatial", [((2, 2), (5, 4)), ((2, 1), (5, 7)), ((3, 2), (3, 4))])
+def test_a_strided_block_equals_its_two_convolutions(strides, spatial, tmp_path, monkeypatch):
+    # the pipeline leaves strided blocks to the two kernels (faster there), so fuse by hand
+    monkeypatch.setattr(fuse_dw_pw, "STRIDES", (strides,))
+    text = _block(f"group = 8, pads = [1, 1, 1, 1], strides = [{strides[0]}, {strides[1]}]", tail="y = Relu(p)",
+                  spatial=spatial, in_spatial=(9, 7), residual=False)
+    before = graph_from_text(text, **_weights())
+    after, _ = optimize(before)
+    assert op_types(after) == ["CuvilDwPw"] and after.nodes[0].attr("strides") == list(strides)
+    assert_same_outputs(before, after)
+    x = np.random.default_rng(7).standard_normal((2, 8, 9, 7)).astype(np.float32)
+    got = build(_Payload(after), "x86-64", cache_dir=tmp_path).run({"x": x})["y"]
+    np.testing.assert_allclose(got, interpreter.run(before, {"x": x})["y"], rtol=1e-5, atol=1e-5)
 
 
 def test_without_biases_and_with_dilation_and_a_5x5_kernel():
@@ -97,7 +115,8 @@ def test_compiled_native_and_numpy_paths_match_the_interpreter(native, tmp_path,
 
 @pytest.mark.parametrize("shape", [(1, 96, 24, 14, 14), (2, 7, 5, 9, 11), (1, 960, 320, 7, 7), (1, 16, 9, 3, 1),
                                    (1, 24, 48, 57, 3)])
-def test_the_native_kernel_equals_the_numpy_kernel(shape, monkeypatch):
+@pytest.mark.parametrize("stride", [1, 2])
+def test_the_native_kernel_equals_the_numpy_kernel(shape, stride, monkeypatch):
     lib = _native.library()
     assert lib is not None, "the native library did not build on this machine"
     n, c, m, h, wd = shape
@@ -106,8 +125,9 @@ def test_the_native_kernel_equals_the_numpy_kernel(shape, monkeypatch):
     wdw, bdw = rng.standard_normal((c, 1, 3, 3)).astype(np.float32), rng.standard_normal(c).astype(np.float32)
     wpw = (rng.standard_normal((m, c, 1, 1)) / np.sqrt(c)).astype(np.float32)
     wpw.flags.writeable = False  # as a package's weights: packed once, kept
-    res = rng.standard_normal((n, m, h, wd)).astype(np.float32)
-    attrs = {"pads": (1, 1, 1, 1), "dilations": (1, 1), "dw_activation": "relu6", "pw_activation": "relu"}
+    res = rng.standard_normal((n, m, (h - 1) // stride + 1, (wd - 1) // stride + 1)).astype(np.float32)
+    attrs = {"strides": (stride, stride), "pads": (1, 1, 1, 1), "dilations": (1, 1), "dw_activation": "relu6",
+             "pw_activation": "relu"}
     want = fused_block.k_dw_pw(x, wdw, bdw, wpw, None, res, **attrs)
     monkeypatch.setattr(fused_block, "TARGET_NATIVE", True)
     for _ in range(2):  # the second call takes the packed weights from the table
@@ -132,8 +152,11 @@ def test_a_mobilenetv2_block_matches_onnxruntime(tmp_path):
 
 
 NOT_FUSED = {
-    "stride-2 depthwise": {"dw_attrs": "group = 8, pads = [1, 1, 1, 1], strides = [2, 2]", "tail": "y = Relu(p)"},
+    "stride-2 depthwise": {"dw_attrs": "group = 8, pads = [1, 1, 1, 1], strides = [2, 2]", "tail": "y = Relu(p)",
+                           "spatial": (5, 4), "in_spatial": (9, 7), "residual": False},
     "grouped, not depthwise": {"dw_attrs": "group = 4, pads = [1, 1, 1, 1]", "dw_w": (8, 2, 3, 3), "tail": "y = Relu(p)"},
+    "a strided pointwise conv": {"pw_attrs": "<strides = [2, 2]>", "tail": "y = Relu(p)", "spatial": (5, 4),
+                                 "in_spatial": (9, 7), "residual": False},
     "SAME padding": {"dw_attrs": 'group = 8, auto_pad = "SAME_UPPER"', "tail": "y = Relu(p)"},
     "a transcendental depthwise activation": {"act": "a = Sigmoid(d)", "tail": "y = Relu(p)"},
     "the depthwise output read again": {"tail": "y = Relu(p)\n    z = Relu(a)", "extra_out": ", float[N, 8, 9, 7] z"},
@@ -175,7 +198,7 @@ def test_the_residual_computed_after_the_depthwise_conv_keeps_the_order():
 def test_training_gets_the_convolutions_back(tail):
     from cuvil_edge.agent.torch_model import IRTorchModule
 
-    text = _block(tail=tail) if "Add" in tail else _block(tail=tail).replace(", float[N, 6, 9, 7] r)", ")")
+    text = _block(tail=tail, residual="Add" in tail)
     before = graph_from_text(text, **_weights())
     fused, _ = optimize(before)
     split = split_dw_pw(fused)

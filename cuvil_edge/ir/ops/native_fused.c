@@ -89,6 +89,59 @@ static void fu_depthwise(const float *restrict xp, const float *restrict taps, f
     }
 }
 
+/* The strided depthwise (sh x sw > 1): the tile's pixels are compact (f = (oy - r0) * ow + ox;
+ * a padded width would waste most of the GEMM's columns). Each padded input row the windows read
+ * is split into its sw column phases (phase p holds padded columns p, p + sw, ...), so the tap at
+ * column offset kx * dw reads one contiguous run of phase (kx * dw) % sw for a whole output row. */
+static void fu_depthwise_strided(const float *restrict xp, const float *restrict taps, float bias,
+                                 float *restrict tile, float *restrict pad, float *restrict acc, int64_t ch, int64_t c,
+                                 int64_t h, int64_t wd, int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t dh,
+                                 int64_t dw, int64_t top, int64_t left, int64_t r0, int64_t rows, int64_t ow,
+                                 int64_t len, float lo, float hi) {
+    const int64_t prow = (rows - 1) * sh + (kh - 1) * dh + 1;
+    for (int64_t i = 0; i < prow; i++) {
+        int64_t iy = r0 * sh + i - top;
+        for (int64_t p = 0; p < sw; p++) {
+            float *line = pad + (i * sw + p) * len;
+            /* t in [t0, t1): padded column p + sw t lies inside the row (branch-free copy); zeros elsewhere */
+            int64_t t0 = left > p ? (left - p + sw - 1) / sw : 0, t1 = (wd + left - p + sw - 1) / sw;
+            t1 = t1 < len ? t1 : len;
+            if (iy < 0 || iy >= h || t1 <= t0) {
+                memset(line, 0, (size_t)len * sizeof(float));
+                continue;
+            }
+            for (int64_t t = 0; t < t0; t++) line[t] = 0.0f;
+            const float *src = xp + iy * wd + p - left;
+            for (int64_t t = t0; t < t1; t++) line[t] = src[sw * t];
+            for (int64_t t = t1; t < len; t++) line[t] = 0.0f;
+        }
+    }
+    float *block = tile + ch * FU_NR;
+    int64_t lane = 0;
+    for (int64_t oy = 0; oy < rows; oy++) {
+        for (int64_t ox = 0; ox < ow; ox++) acc[ox] = bias;
+        for (int64_t ky = 0; ky < kh; ky++)
+            for (int64_t kx = 0; kx < kw; kx++) {
+                const float t = taps[ky * kw + kx];
+                const float *src = pad + ((oy * sh + ky * dh) * sw + (kx * dw) % sw) * len + (kx * dw) / sw;
+                for (int64_t ox = 0; ox < ow; ox++) acc[ox] += t * src[ox];
+            }
+        /* clamped in a loop of its own (vector min/max: a clamp per scattered element branched on
+         * the data, and mispredicted on half of a Relu's inputs), then copied in runs */
+        for (int64_t ox = 0; ox < ow; ox++) acc[ox] = fu_clamp(acc[ox], lo, hi);
+        for (int64_t ox = 0; ox < ow;) {
+            int64_t run = FU_NR - lane < ow - ox ? FU_NR - lane : ow - ox;
+            memcpy(block + lane, acc + ox, (size_t)run * sizeof(float));
+            ox += run;
+            lane += run;
+            if (lane == FU_NR) {
+                lane = 0;
+                block += c * FU_NR;
+            }
+        }
+    }
+}
+
 /* y rows r0.. of every output channel = clamp(W (m x c, packed) . tile + b, lo, hi) + res, for
  * the tile's `blocks` pixel blocks; only pixels with ox < ow of the `rows` rows are stored. */
 static void fu_pointwise(const float *restrict packed, const float *restrict tile, const float *restrict b,
@@ -137,42 +190,56 @@ static void fu_pointwise(const float *restrict packed, const float *restrict til
     }
 }
 
-/* Depthwise kh x kw (stride 1, dilation dh x dw, pads top/left; the output oh x ow) with bias
- * bdw and clamp [lo1, hi1], then pointwise m x c with bias bpw and clamp [lo2, hi2], then + res
- * (NULL: none); biases may be NULL. shape: n, c, h, w, m, kh, kw, dh, dw, top, left, oh, ow.
- * `packed`: cuvil_dwpw_pack_f32's panels. Returns 0, or -1 when the scratch cannot be allocated. */
+/* Depthwise kh x kw (strides sh x sw, dilation dh x dw, pads top/left; the output oh x ow) with
+ * bias bdw and clamp [lo1, hi1], then pointwise m x c with bias bpw and clamp [lo2, hi2], then
+ * + res (NULL: none); biases may be NULL. shape: n, c, h, w, m, kh, kw, dh, dw, top, left, oh, ow,
+ * sh, sw. `packed`: cuvil_dwpw_pack_f32's panels. Returns 0, or -1 when scratch cannot be allocated. */
 int64_t cuvil_dwpw_f32(const float *restrict x, const float *restrict wdw, const float *restrict bdw,
                        const float *restrict packed, const float *restrict bpw, const float *restrict res,
                        float *restrict y, const int64_t *shape, float lo1, float hi1, float lo2, float hi2) {
     const int64_t n = shape[0], c = shape[1], h = shape[2], wd = shape[3], m = shape[4], kh = shape[5],
                   kw = shape[6], dh = shape[7], dw = shape[8], top = shape[9], left = shape[10], oh = shape[11],
-                  ow = shape[12];
-    const int64_t pw = ow + (kw - 1) * dw, plane = oh * ow;
+                  ow = shape[12], sh = shape[13], sw = shape[14];
+    const int64_t flat = sh == 1 && sw == 1, plane = oh * ow;
+    const int64_t pw = flat ? ow + (kw - 1) * dw : ow; /* the tile's row width (see fu_depthwise) */
     int64_t rows = FU_TILE_BYTES / 4 / (c * pw);
     rows = rows < 1 ? 1 : (rows > oh ? oh : rows);
     const int64_t blocks = (rows * pw + FU_NR - 1) / FU_NR;
-    /* the last block's reads run past the rows by up to FU_NR + (kw - 1) dw: zeros, or earlier rows'
-     * values, which reach only the unstored pixels */
-    const int64_t padded = (rows + (kh - 1) * dh) * pw + (kw - 1) * dw + FU_NR;
-    float *tile = aligned_alloc(64, (size_t)((blocks * c * FU_NR * 4 + 63) / 64 * 64));
-    float *pad = calloc((size_t)padded, sizeof(float));
-    if (!tile || !pad) {
+    /* stride 1: the last block's reads run past the rows by up to FU_NR + (kw - 1) dw: zeros, or
+     * earlier rows' values, which reach only the unstored pixels. Strided: sw phases per input row */
+    const int64_t len = ow + (kw - 1) * dw / sw + 1;
+    const int64_t padded = flat ? (rows + (kh - 1) * dh) * pw + (kw - 1) * dw + FU_NR
+                                : ((rows - 1) * sh + (kh - 1) * dh + 1) * sw * len;
+    const size_t tile_bytes = (size_t)((blocks * c * FU_NR * 4 + 63) / 64 * 64);
+    float *tile = aligned_alloc(64, tile_bytes);
+    float *pad = calloc((size_t)padded, sizeof(float)), *acc = malloc((size_t)ow * sizeof(float));
+    if (!tile || !pad || !acc) {
         free(tile);
         free(pad);
+        free(acc);
         return -1;
     }
+    memset(tile, 0, tile_bytes); /* the last block's unwritten lanes: finite, never stored */
     for (int64_t img = 0; img < n; img++) {
         const float *xi = x + img * c * h * wd;
         for (int64_t r0 = 0; r0 < oh; r0 += rows) {
             int64_t used = oh - r0 < rows ? oh - r0 : rows, nb = (used * pw + FU_NR - 1) / FU_NR;
-            for (int64_t ch = 0; ch < c; ch++)
-                fu_depthwise(xi + ch * h * wd, wdw + ch * kh * kw, bdw ? bdw[ch] : 0.0f, tile, pad, ch, c, h, wd, kh,
-                             kw, dh, dw, top, left, r0, used, pw, nb, lo1, hi1);
+            for (int64_t ch = 0; ch < c; ch++) {
+                const float *xc = xi + ch * h * wd, *taps = wdw + ch * kh * kw;
+                float bias = bdw ? bdw[ch] : 0.0f;
+                if (flat)
+                    fu_depthwise(xc, taps, bias, tile, pad, ch, c, h, wd, kh, kw, dh, dw, top, left, r0, used, pw, nb,
+                                 lo1, hi1);
+                else
+                    fu_depthwise_strided(xc, taps, bias, tile, pad, acc, ch, c, h, wd, kh, kw, sh, sw, dh, dw, top,
+                                         left, r0, used, ow, len, lo1, hi1);
+            }
             fu_pointwise(packed, tile, bpw, res ? res + img * m * plane + r0 * ow : 0, y + img * m * plane + r0 * ow,
                          m, c, nb, used, pw, ow, plane, lo2, hi2);
         }
     }
     free(pad);
+    free(acc);
     free(tile);
     return 0;
 }
