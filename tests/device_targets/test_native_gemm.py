@@ -82,9 +82,16 @@ def test_the_native_gemm_convolution_matches_onnxruntime_and_the_numpy_path(tmp_
     np.testing.assert_allclose(got, reference, rtol=1e-5, atol=2e-6 * scale)
 
 
+def _c_library(monkeypatch):
+    """The C library itself, for the tests of its functions (loaded even under CUVIL_EDGE_NATIVE=0,
+    which only keeps modules off it)."""
+    monkeypatch.setenv("CUVIL_EDGE_NATIVE", "1")
+    return _native._load()
+
+
 @needs_compiler
-def test_the_store_adds_the_residual_and_clamps():
-    lib = _native.library()
+def test_the_store_adds_the_residual_and_clamps(monkeypatch):
+    lib = _c_library(monkeypatch)
     rng = np.random.default_rng(3)
     x = rng.standard_normal((2, 9, 5, 6)).astype(np.float32)
     w = rng.standard_normal((11, 9, 3, 3)).astype(np.float32)
@@ -100,7 +107,7 @@ def test_the_store_adds_the_residual_and_clamps():
 
 @needs_compiler
 def test_read_only_weights_are_packed_once_and_writable_ones_every_call(monkeypatch):
-    lib, packs = _native.library(), []
+    lib, packs = _c_library(monkeypatch), []
     monkeypatch.setattr(lib, "cuvil_gemm_pack_a_f32", lambda *a, f=lib.cuvil_gemm_pack_a_f32: (packs.append(1), f(*a)))
     w = np.random.default_rng(4).standard_normal((8, 4, 3, 3)).astype(np.float32)
     first = _packing.packed_weights(lib, w)[0]
@@ -157,6 +164,7 @@ def _recorder(monkeypatch, module):
 @pytest.mark.parametrize("case", PATH_GRID, ids=str)
 def test_kernel_memory_plan_and_cost_model_take_the_same_path(monkeypatch, case, target, native):
     n, c, spatial, m, kernel, group, pad = case
+    native = native and _native.library() is not None  # CUVIL_EDGE_NATIVE=0: the kernel cannot take C paths
     spec = load_target(target).model_copy(update={"native_kernels": native})
     rank = len(kernel)
     w = np.full((m, c // group) + kernel, 0.1, np.float32)
