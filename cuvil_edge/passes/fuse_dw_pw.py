@@ -12,7 +12,11 @@ native kernel never writes the depthwise output to memory (``ir/ops/fused_block.
 a strided or padded pointwise conv, or a transcendental activation keep the two nodes, which the
 native kernels of each already run. So does a strided depthwise conv (:data:`STRIDES`): the fused
 kernel takes it, but measured 1.2-1.4x slower than the two kernels on MobileNetV2's stride-2
-blocks (its phase-split rows cost more than the depthwise kernel's own strided path saves).
+blocks (its phase-split rows cost more than the depthwise kernel's own strided path saves). And
+so do maps narrower than :data:`MIN_WIDTH`: the fused kernel computes (kw - 1) extra columns per
+row, which on 14- and 7-wide maps cost 5-15% more than the two kernels (equal at 56, 5% faster at
+112, one thread, this project's 2-core Xeon: the expanded tensor stays in its cache there, so
+skipping its trip through memory saves little).
 """
 
 from __future__ import annotations
@@ -32,8 +36,9 @@ from cuvil_edge.passes._infra import (
 from cuvil_edge.passes.naming import fresh_name
 
 CONVS = ("Conv", "CuvilFusedConv")
-#: depthwise strides the pass fuses (see the module docstring)
+#: depthwise strides the pass fuses, and the narrowest output map (see the module docstring)
 STRIDES = ((1, 1),)
+MIN_WIDTH = 56
 FLOATS = ("float16", "float32", "float64")
 
 
@@ -59,7 +64,8 @@ def _depthwise(graph: Graph, node: Node) -> dict | None:
     a = _conv(graph, node)
     if a is None or not (a["group"] == a["c"] == a["w"][0] and a["w"][1] == 1) or a["strides"] not in STRIDES:
         return None
-    return a
+    width = graph.types[node.outputs[0]].shape[-1]
+    return a if isinstance(width, int) and width >= MIN_WIDTH else None
 
 
 def _pointwise(graph: Graph, node: Node | None) -> dict | None:

@@ -25,6 +25,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 import compiled_models
 
 
+@pytest.fixture(autouse=True)
+def _any_width(monkeypatch, request):
+    """The small graphs here are narrower than the pass's MIN_WIDTH: every map is fused in these
+    tests except the one that checks the default."""
+    if "default_width" not in request.node.name:
+        monkeypatch.setattr(fuse_dw_pw, "MIN_WIDTH", 1)
+
+
 class _Payload:
     def __init__(self, graph):
         self.graph, self.payload_digest = graph, "ab" * 32
@@ -209,3 +217,10 @@ def test_training_gets_the_convolutions_back(tail):
         with torch.no_grad():
             got = IRTorchModule(split)(torch.from_numpy(x)).numpy()
         np.testing.assert_allclose(got, interpreter.run(before, {"x": x})["y"], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("width, fused", [(55, False), (56, True)])
+def test_maps_narrower_than_the_default_width_are_left_alone(width, fused):
+    before = graph_from_text(_block(tail="y = Add(p, r)", spatial=(3, width)), **_weights())
+    after, _ = optimize(before)
+    assert ("CuvilDwPw" in op_types(after)) == fused
