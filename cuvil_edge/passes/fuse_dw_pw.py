@@ -15,7 +15,7 @@ kernel takes it, but measured 1.2-1.4x slower than the two kernels on MobileNetV
 blocks (its phase-split rows cost more than the depthwise kernel's own strided path saves). And
 so do maps narrower than :data:`MIN_WIDTH`: the fused kernel computes (kw - 1) extra columns per
 row, which on 14- and 7-wide maps cost 5-15% more than the two kernels (equal at 56, 5% faster at
-112, one thread, this project's 2-core Xeon: the expanded tensor stays in its cache there, so
+112, one thread, on the 2-core AMD EPYC it was tuned on: the expanded tensor stays in cache, so
 skipping its trip through memory saves little).
 """
 
