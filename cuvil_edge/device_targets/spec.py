@@ -46,7 +46,7 @@ class TargetSpec(BaseModel):
     static_shapes: bool
     static_batch: int = Field(ge=1, le=4096)
     memory_mb: int = Field(gt=0)
-    #: The device builds C kernels with its own compiler (``ir/ops/native_kernels.c``) for the ops
+    #: The device builds C kernels with its own compiler (``ir/ops/native_*.c``) for the ops
     #: numpy runs slowly; the generated module keeps the numpy path for when that fails.
     native_kernels: bool = False
     #: the int8 dot-product instruction its native kernels use (``ir/ops/native_int8.c``): "vnni"
