@@ -122,6 +122,13 @@ class FuseDepthwisePointwise(Pass):
         return replaced(graph, replace, changes)
 
 
+def _conv_node(name: str, inputs: tuple[str, ...], out: str, activation: str, attrs: dict) -> Node:
+    """A Conv as the importer made it, or the CuvilFusedConv FuseActivation made of it."""
+    if activation == "none":
+        return Node(name, "Conv", tuple(i for i in inputs if i), (out,), attrs, 11)
+    return Node(name, "CuvilFusedConv", tuple(i for i in inputs if i), (out,), {**attrs, "activation": activation}, 1)
+
+
 def split_dw_pw(graph: Graph) -> Graph:
     """``graph`` with every CuvilDwPw written out again as its two CuvilFusedConv (and the Add):
     training lowers convolutions to torch layers, one per weight, and has no lowering of the
@@ -140,14 +147,12 @@ def split_dw_pw(graph: Graph) -> Graph:
         x, wd, bd, wp, bp, res = (list(n.inputs) + [""] * 6)[:6]
         kernel = list(graph.types[wd].shape[2:])
         dw_out, pw_out = fresh_name(taken, n.outputs[0] + "/dw"), fresh_name(taken, n.outputs[0] + "/pw")
-        nodes.append(Node(fresh_name(taken, n.name + "/dw"), "CuvilFusedConv", tuple(i for i in (x, wd, bd) if i),
-                          (dw_out,), {"group": graph.types[x].shape[1], "kernel_shape": kernel,
-                                      "strides": list(n.attr("strides")),
-                                      "pads": list(n.attr("pads")), "dilations": list(n.attr("dilations")),
-                                      "activation": n.attr("dw_activation")}, 1))
-        nodes.append(Node(fresh_name(taken, n.name + "/pw"), "CuvilFusedConv", tuple(i for i in (dw_out, wp, bp) if i),
-                          (pw_out if res else n.outputs[0],), {"kernel_shape": [1, 1],
-                                                               "activation": n.attr("pw_activation")}, 1))
+        nodes.append(_conv_node(fresh_name(taken, n.name + "/dw"), (x, wd, bd), dw_out, n.attr("dw_activation"),
+                                {"group": graph.types[x].shape[1], "kernel_shape": kernel,
+                                 "strides": list(n.attr("strides")), "pads": list(n.attr("pads")),
+                                 "dilations": list(n.attr("dilations"))}))
+        nodes.append(_conv_node(fresh_name(taken, n.name + "/pw"), (dw_out, wp, bp), pw_out if res else n.outputs[0],
+                                n.attr("pw_activation"), {"kernel_shape": [1, 1]}))
         if res:
             nodes.append(Node(fresh_name(taken, n.name + "/add"), "Add", (pw_out, res), n.outputs, {}, 14))
     return rebuild(graph, nodes)

@@ -18,7 +18,12 @@ from cuvil_edge.device_targets import build
 from cuvil_edge.frontend import load_model
 from cuvil_edge.ir import interpreter
 from cuvil_edge.ir.ops import _native, fused_block
-from cuvil_edge.passes import FuseDepthwisePointwise, fuse_dw_pw, optimize
+from cuvil_edge.passes import (
+    FuseDepthwisePointwise,
+    default_passes,
+    fuse_dw_pw,
+    optimize,
+)
 from cuvil_edge.passes.fuse_dw_pw import split_dw_pw
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
@@ -56,6 +61,10 @@ g (float[N, 8, {ih}, {iw}] x{r}) => (float[N, 6, {h}, {wd}] {out}{extra_out}) {{
 def _weights(dw_w=(8, 1, 3, 3), pw_w=(6, 8, 1, 1)):
     return {"wd": w(*dw_w), "bd": w(dw_w[0]), "wp": w(*pw_w), "bp": w(pw_w[0]),
             "lo": np.array(0.0, np.float32), "hi": np.array(6.0, np.float32)}
+
+
+def _unfused(graph):
+    return optimize(graph, [p for p in default_passes() if not isinstance(p, FuseDepthwisePointwise)])[0]
 
 
 def _compiled(graph, tmp_path, feeds):
@@ -210,7 +219,7 @@ def test_training_gets_the_convolutions_back(tail):
     before = graph_from_text(text, **_weights())
     fused, _ = optimize(before)
     split = split_dw_pw(fused)
-    assert "CuvilDwPw" not in op_types(split) and op_types(split)[:2] == ["CuvilFusedConv", "CuvilFusedConv"]
+    assert op_types(split) == op_types(_unfused(before))  # the nodes the pipeline made before fusing
     assert_same_outputs(before, split)
     if len(split.inputs) == 1:  # training takes one input: its torch lowering computes the same
         x = np.random.default_rng(6).standard_normal((2, 8, 9, 7)).astype(np.float32)
@@ -224,3 +233,15 @@ def test_maps_narrower_than_the_default_width_are_left_alone(width, fused):
     before = graph_from_text(_block(tail="y = Add(p, r)", spatial=(3, width)), **_weights())
     after, _ = optimize(before)
     assert ("CuvilDwPw" in op_types(after)) == fused
+
+
+def test_an_int8_package_quantizes_the_fused_blocks_convolutions():
+    from cuvil_edge.coordinator.precision import with_precision
+
+    before = graph_from_text(_block(tail="y = Add(p, r)", spatial=(9, 7)), **_weights())
+    fused, _ = optimize(before)
+    assert "CuvilDwPw" in op_types(fused)
+    quantized, _ = with_precision(fused, "int8")
+    # the same quantized ops as the graph that was never fused (QDQ around each conv's weights)
+    assert op_types(quantized) == op_types(with_precision(_unfused(before), "int8")[0])
+    assert "DequantizeLinear" in op_types(quantized) and "CuvilDwPw" not in op_types(quantized)
