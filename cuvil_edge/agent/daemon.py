@@ -85,6 +85,8 @@ def _die_with_parent() -> Callable[[], None] | None:
     killed agent (``kill -9``, the OOM killer) would otherwise leave it online: it would keep
     taking the site's tasks unsupervised, and the restarted agent's SuperNode would be a second
     node with the same key. The function is looked up before the fork, so the child only calls it.
+    The kernel ties the signal to the *thread* that forks, so the SuperNode is started from the
+    thread that waits for it (``run_once``'s, ``local_federation``'s caller's), never a short-lived one.
     """
     if not sys.platform.startswith("linux"):
         return None
