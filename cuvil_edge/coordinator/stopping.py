@@ -18,10 +18,14 @@ def stop_processes(procs: list[subprocess.Popen], grace: float, group: bool = Fa
     import signal
 
     def send(proc: subprocess.Popen, sig: int) -> None:
-        try:
-            if group:
+        if group:
+            try:
                 os.killpg(proc.pid, sig)  # the leader may be gone while its ServerApps live on
-            elif proc.poll() is None:
+                return
+            except (ProcessLookupError, PermissionError):
+                pass  # no group of that id: a process started without a session of its own
+        try:
+            if proc.poll() is None:
                 proc.send_signal(sig)
         except (ProcessLookupError, PermissionError):
             pass

@@ -44,3 +44,16 @@ def test_processes_that_stop_on_sigterm_are_not_waited_for():
     stop_processes(procs, grace=10.0)
     assert all(p.returncode == -15 for p in procs) and time.monotonic() - began < 2
     assert os.getpgid(0)  # our own group was never signalled
+
+
+def test_a_process_without_a_group_of_its_own_is_still_stopped():
+    """A process started without a session of its own has no group of its id: stopping it "as a
+    group" must still stop it, not leave it running (a restarted executor, a caller's mistake)."""
+    stubborn = subprocess.Popen([sys.executable, "-c", STUBBORN], stdout=subprocess.PIPE, text=True)
+    child = int(stubborn.stdout.readline())
+    began = time.monotonic()
+    try:
+        stop_processes([stubborn], grace=1.0, group=True)
+        assert stubborn.returncode is not None and time.monotonic() - began < 5
+    finally:
+        os.kill(child, 9)  # its child shares this test's group: not the stop's to take

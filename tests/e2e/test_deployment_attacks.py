@@ -104,7 +104,8 @@ def test_a_foreign_app_from_a_compromised_operator_is_refused_on_every_device(fe
     finally:
         stock.terminate()
         stock.wait(timeout=30)
-        fed.superlink.superexec = subprocess.Popen(superexec_command(home, address), env=flwr_env(home))
+        fed.superlink.superexec = subprocess.Popen(superexec_command(home, address), env=flwr_env(home),
+                                                   start_new_session=True)  # as start_superlink does
     assert marks["server-marker"].exists(), proc.stdout + proc.stderr
     assert not marks["client-marker"].exists()
     answers = json.loads(marks["replies"].read_text())
