@@ -193,6 +193,20 @@ class Walk:
             assert time.monotonic() < deadline, f"timed out waiting for {what}"
             time.sleep(1)
 
+    def online_since(self, site: str, since: float) -> bool:
+        """``site``'s node is online in a session the SuperLink opened after ``since`` (epoch s)."""
+        from datetime import datetime, timezone
+
+        from cuvil_edge.coordinator.superlink import CONNECTION, flwr_cli
+
+        node_id = str(json.loads((self.home / "sites.json").read_text())["sites"][site].get("node_id"))
+        listed = json.loads(flwr_cli(self.home, "supernode", "list", CONNECTION, "--format", "json").stdout or "{}")
+        for node in listed.get("nodes", []):
+            if str(node.get("node-id")) == node_id and node.get("status") == "online":
+                at = datetime.strptime(str(node.get("online-at")), "%Y-%m-%d %H:%M:%SZ").replace(tzinfo=timezone.utc)
+                return at.timestamp() > since
+        return False
+
     def online(self, *sites: str) -> bool:
         found = {s.site: s.online for s in federation_status(self.home).sites}
         return all(found.get(s) for s in sites)
@@ -238,13 +252,17 @@ def _do(walk: Walk, step: Step) -> None:
         walk.wait(lambda: (walk.home / "flwr" / "config.toml").exists() and
                   federation_status(walk.home).superlink == "reachable", "the SuperLink")
     elif words == ["cuvil-edge", "agent", "run"]:
+        since = 0.0
         if step.section == "5":  # "a device that goes down": the guide's event, a power loss
             os.killpg(walk.daemons[step.machine].pid, signal.SIGKILL)
             walk.daemons[step.machine].wait()
+            since = time.time()
         walk.start(step.machine, step.machine, argv)
         if step.machine == "new-hospital-a":
             return  # joins once it is enrolled (the next block)
-        walk.wait(lambda: walk.online(_site(step.machine)), f"{step.machine} online", timeout=300)
+        # a killed node's old session reads "online" until the SuperLink misses its heartbeats
+        # (about a minute, §5): rejoined means online in a session opened after the kill
+        walk.wait(lambda: walk.online_since(_site(step.machine), since), f"{step.machine} online", timeout=300)
     elif argv[:2] == ["cuvil-edge", "status"]:
         _status(walk, step, argv)
     elif words[:2] == ["cuvil-edge", "run"]:
