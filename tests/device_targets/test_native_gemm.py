@@ -18,15 +18,9 @@ from cuvil_edge.frontend import load_model
 from cuvil_edge.ir.ops import _native, _packing, window
 from cuvil_edge.passes import optimize
 
-HAS_COMPILER = _native._compiler() is not None
-needs_compiler = pytest.mark.skipif(not HAS_COMPILER, reason="no C compiler on PATH: only the numpy path exists")
-NATIVE = load_target("x86-64")
-NUMPY = NATIVE.model_copy(update={"native_kernels": False})
+from native_targets import NATIVE, NUMPY, needs_compiler
+from native_targets import Package as _Package
 
-
-class Package:
-    def __init__(self, graph):
-        self.graph, self.payload_digest = graph, "ef" * 32
 
 
 def _conv_model(n, c, size, m, kernel, strides, pads, dilations, bias, act):
@@ -72,8 +66,8 @@ SHAPES = [
 def test_the_native_gemm_convolution_matches_onnxruntime_and_the_numpy_path(tmp_path, case):
     model, x = _conv_model(*case)
     graph, _ = optimize(load_model(model))
-    native = build(Package(graph), NATIVE, cache_dir=tmp_path)
-    numpy_only = build(Package(graph), NUMPY, cache_dir=tmp_path)
+    native = build(_Package(graph), NATIVE, cache_dir=tmp_path)
+    numpy_only = build(_Package(graph), NUMPY, cache_dir=tmp_path)
     assert "cuvil_conv_gemm_f32" in native.source and "cuvil_conv_gemm_f32" not in numpy_only.source
     want = ort.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
     got, reference = native.run({"x": x})["y"], numpy_only.run({"x": x})["y"]
@@ -127,7 +121,7 @@ def test_read_only_weights_are_packed_once_and_writable_ones_every_call(monkeypa
 @needs_compiler
 def test_a_dense_convolution_module_runs_without_the_library(tmp_path, monkeypatch):
     model, x = _conv_model(*SHAPES[2])
-    module = build(Package(load_model(model)), NATIVE, cache_dir=tmp_path)
+    module = build(_Package(load_model(model)), NATIVE, cache_dir=tmp_path)
     with_library = module.run({"x": x})["y"]
     monkeypatch.setitem(_native._state, "lib", None)  # as CUVIL_EDGE_NATIVE=0 or a failed compile leaves it
     np.testing.assert_allclose(module.run({"x": x})["y"], with_library, rtol=1e-5, atol=1e-5)

@@ -18,22 +18,16 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from cuvil_edge import private_dir
-from cuvil_edge.device_targets import build, load_target
+from cuvil_edge.device_targets import build
 from cuvil_edge.errors import UnsafePathError
 from cuvil_edge.frontend import load_model
 from cuvil_edge.ir import interpreter
 from cuvil_edge.ir.ops import _native
 from cuvil_edge.passes import optimize
 
-HAS_COMPILER = _native._compiler() is not None
-needs_compiler = pytest.mark.skipif(not HAS_COMPILER, reason="no C compiler on PATH: only the numpy path exists")
-NATIVE = load_target("x86-64")
-NUMPY = NATIVE.model_copy(update={"native_kernels": False})
+from native_targets import NATIVE, NUMPY, needs_compiler
+from native_targets import Package as _Package
 
-
-class Package:
-    def __init__(self, graph):
-        self.graph, self.payload_digest = graph, "cd" * 32
 
 
 def _model(nodes, inputs, initializers=(), opset=17, output="y"):
@@ -49,8 +43,8 @@ def _run_three_ways(tmp_path, model, feeds, fuse=False):
     graph = load_model(model)
     if fuse:
         graph, _ = optimize(graph)
-    native = build(Package(graph), NATIVE, cache_dir=tmp_path)
-    numpy_only = build(Package(graph), NUMPY, cache_dir=tmp_path)
+    native = build(_Package(graph), NATIVE, cache_dir=tmp_path)
+    numpy_only = build(_Package(graph), NUMPY, cache_dir=tmp_path)
     assert native.key != numpy_only.key
     want = ort.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, feeds)[0]
     return native.run(feeds)["y"], numpy_only.run(feeds)["y"], want, native.source, numpy_only.source
@@ -64,7 +58,7 @@ def test_the_capability_keeps_or_prunes_the_native_path(tmp_path):
     *_, native_source, numpy_source = _run_three_ways(tmp_path, model, {"x": x})
     assert "cuvil_depthwise_conv2d_f32" in native_source and "_native_lib" in native_source
     assert not re.search(r"cuvil_\w+_f32", numpy_source) and "_native_lib" not in numpy_source and "TARGET_NATIVE" not in numpy_source
-    ascend = build(Package(load_model(model)), "ascend-310", cache_dir=tmp_path)
+    ascend = build(_Package(load_model(model)), "ascend-310", cache_dir=tmp_path)
     assert "_native_lib" not in ascend.source  # a spec without native_kernels: numpy only
 
 
@@ -201,7 +195,7 @@ def test_a_module_built_with_the_capability_runs_without_the_library(tmp_path, m
                     helper.make_node("MaxPool", ["u"], ["y"], kernel_shape=[2, 2], strides=[2, 2])],
                    [("x", [2, 6, 10, 10])], [("w", w)])
     graph = load_model(model)
-    compiled = build(Package(graph), NATIVE, cache_dir=tmp_path)
+    compiled = build(_Package(graph), NATIVE, cache_dir=tmp_path)
     monkeypatch.setitem(_native._state, "lib", None)
     np.testing.assert_allclose(compiled.run({"x": x})["y"], interpreter.run(graph, {"x": x})["y"], rtol=1e-6,
                                atol=1e-7)
@@ -284,7 +278,7 @@ def test_layer_normalization_with_statistics_outputs_takes_the_numpy_path(tmp_pa
                               [helper.make_tensor_value_info(n, TensorProto.FLOAT, [3, None]) for n in ("y", "mean", "inv")],
                               [numpy_helper.from_array(np.ones(16, np.float32), "s")])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
-    got = build(Package(load_model(model)), NATIVE, cache_dir=tmp_path).run({"x": x})
+    got = build(_Package(load_model(model)), NATIVE, cache_dir=tmp_path).run({"x": x})
     want = ort.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, {"x": x})
     for name, expected in zip(("y", "mean", "inv"), want):
         np.testing.assert_allclose(got[name], expected, rtol=1e-5, atol=1e-6)
@@ -351,8 +345,8 @@ def test_swish_matches_its_formula(tmp_path, alpha):
     x = np.concatenate([SPECIAL, np.random.default_rng(2).standard_normal(5000).astype(np.float32) * 6])[None]
     model = _model([helper.make_node("Swish", ["x"], ["y"], alpha=alpha)], [("x", list(x.shape))], opset=24)
     graph = load_model(model)
-    native = build(Package(graph), NATIVE, cache_dir=tmp_path)
-    numpy_only = build(Package(graph), NUMPY, cache_dir=tmp_path)
+    native = build(_Package(graph), NATIVE, cache_dir=tmp_path)
+    numpy_only = build(_Package(graph), NUMPY, cache_dir=tmp_path)
     assert "cuvil_swish_f32" in native.source
     got, ref = native.run({"x": x})["y"], numpy_only.run({"x": x})["y"]
     exact = np.vectorize(lambda v: v / (1 + math.exp(-alpha * v)) if -alpha * v < 700 else -0.0 * v,
