@@ -107,8 +107,9 @@ class Model:
             ExecutionError: missing or extra inputs, a wrong dtype or shape, or the module failed.
         """
         if not isinstance(feeds, Mapping):
-            raise ExecutionError(f"feeds must map input names to arrays, got {type(feeds).__name__}; "
-                                 f"the model takes {list(self.inputs)}")
+            raise ExecutionError(
+                f"feeds must map input names to arrays, got {type(feeds).__name__}; the model takes {list(self.inputs)}"
+            )
         return self._compiled.run(feeds)
 
     def __call__(self, *args: Any, **feeds: np.ndarray) -> Union[np.ndarray, dict[str, np.ndarray]]:
@@ -119,14 +120,18 @@ class Model:
         """
         names = list(self.inputs)
         if args and feeds or len(args) > 1:
-            raise ExecutionError(f"pass the inputs one way: m(x) for a single input, or m({names[0]}=...) / "
-                                 f"m({{...}}) by name; the model takes {names}")
+            raise ExecutionError(
+                f"pass the inputs one way: m(x) for a single input, or m({names[0]}=...) / "
+                f"m({{...}}) by name; the model takes {names}"
+            )
         if args and isinstance(args[0], Mapping):
             feeds = dict(args[0])
         elif args:
             if len(names) != 1:
-                raise ExecutionError(f"the model takes {len(names)} inputs {names}: pass them by name, "
-                                     f"m({', '.join(f'{n}=...' for n in names)})")
+                raise ExecutionError(
+                    f"the model takes {len(names)} inputs {names}: pass them by name, "
+                    f"m({', '.join(f'{n}=...' for n in names)})"
+                )
             feeds = {names[0]: args[0]}
         outputs = self.run(feeds)
         return next(iter(outputs.values())) if len(outputs) == 1 else outputs
@@ -154,8 +159,14 @@ class _Payload:
     payload_digest: str
 
 
-def compile(model: ModelSource, target: str = "x86-64", precision: str = "fp32",
-            calibration: Optional[Calibration] = None, *, cache_dir: Union[str, os.PathLike, None] = None) -> Model:
+def compile(
+    model: ModelSource,
+    target: str = "x86-64",
+    precision: str = "fp32",
+    calibration: Optional[Calibration] = None,
+    *,
+    cache_dir: Union[str, os.PathLike, None] = None,
+) -> Model:
     """Import and optimize ``model``, store its weights at ``precision``, and build it for ``target``
     here, as a device of that target would build the package: the same module, run on this host.
 
@@ -195,8 +206,9 @@ def compile(model: ModelSource, target: str = "x86-64", precision: str = "fp32",
     return Model(compiled, precision, note)
 
 
-def plan(federation: Union[str, os.PathLike, "FederationConfig"],
-         model: Optional[ModelSource] = None) -> list["SitePlan"]:
+def plan(
+    federation: Union[str, os.PathLike, "FederationConfig"], model: Optional[ModelSource] = None
+) -> list["SitePlan"]:
     """Each site's compile plan, as `cuvil-edge plan` prints it: per precision the package bytes,
     planned peak memory, predicted latency and round time against the site's ``limits``, and the
     precision chosen and why (``chosen`` is None when nothing fits: such a site is sent nothing).
@@ -246,8 +258,9 @@ def _import(model: ModelSource) -> "Graph":
     from cuvil_edge.frontend import load_model
 
     if not isinstance(model, (str, os.PathLike, bytes, bytearray, memoryview, onnx.ModelProto)):
-        raise ModelError(f"model must be an ONNX file path, serialized ONNX bytes or an onnx.ModelProto, "
-                         f"not {type(model).__name__}")
+        raise ModelError(
+            f"model must be an ONNX file path, serialized ONNX bytes or an onnx.ModelProto, not {type(model).__name__}"
+        )
     return load_model(model if not isinstance(model, os.PathLike) else Path(model))
 
 
@@ -267,8 +280,10 @@ def _calibration_batches(calibration: Calibration, graph: "Graph") -> list[dict[
     elif isinstance(calibration, np.ndarray) and len(inputs) == 1:
         arrays = {inputs[0]: calibration}
     else:
-        raise ConfigError(f"calibration must be an .npz path, an array (single-input model) or one array per "
-                          f"input {inputs}, not {type(calibration).__name__}")
+        raise ConfigError(
+            f"calibration must be an .npz path, an array (single-input model) or one array per "
+            f"input {inputs}, not {type(calibration).__name__}"
+        )
     return calibration_batches(arrays, graph, "calibration")
 
 
@@ -300,9 +315,17 @@ class SiteRound:
     @classmethod
     def from_dict(cls, site: str, stats: Mapping[str, Any]) -> "SiteRound":
         """One entry of a round's ``sites`` in metrics.json."""
-        return cls(site, stats.get("target", ""), stats.get("status"), stats.get("precision"),
-                   stats.get("eps-spent"), stats.get("eps-remaining"), stats.get("eval-accuracy"),
-                   stats.get("package-bytes"), dict(stats))
+        return cls(
+            site,
+            stats.get("target", ""),
+            stats.get("status"),
+            stats.get("precision"),
+            stats.get("eps-spent"),
+            stats.get("eps-remaining"),
+            stats.get("eval-accuracy"),
+            stats.get("package-bytes"),
+            dict(stats),
+        )
 
 
 @dataclass(frozen=True)
@@ -322,9 +345,14 @@ class RoundMetrics:
     @classmethod
     def from_dict(cls, entry: Mapping[str, Any]) -> "RoundMetrics":
         """One entry of metrics.json's ``rounds``."""
-        return cls(entry["round"], entry["global_accuracy"],
-                   {name: SiteRound.from_dict(name, s) for name, s in entry.get("sites", {}).items()},
-                   entry.get("federated_accuracy"), entry.get("central_dp"), entry.get("seconds", 0.0))
+        return cls(
+            entry["round"],
+            entry["global_accuracy"],
+            {name: SiteRound.from_dict(name, s) for name, s in entry.get("sites", {}).items()},
+            entry.get("federated_accuracy"),
+            entry.get("central_dp"),
+            entry.get("seconds", 0.0),
+        )
 
 
 @dataclass(frozen=True)
@@ -343,9 +371,15 @@ class Simulation:
         return self.rounds[-1]
 
 
-def simulate(federation: Union[str, os.PathLike], rounds: Optional[int] = None, *,
-             home: Union[str, os.PathLike, None] = None, run_dir: Union[str, os.PathLike, None] = None,
-             resume: bool = False, verbose: bool = False) -> Simulation:
+def simulate(
+    federation: Union[str, os.PathLike],
+    rounds: Optional[int] = None,
+    *,
+    home: Union[str, os.PathLike, None] = None,
+    run_dir: Union[str, os.PathLike, None] = None,
+    resume: bool = False,
+    verbose: bool = False,
+) -> Simulation:
     """Run ``federation`` in Flower simulation, as `cuvil-edge demo` does, and return its rounds.
 
     A simulation SuperLink on 127.0.0.1 is started for this run and stopped after it (Flower's own
@@ -366,12 +400,21 @@ def simulate(federation: Union[str, os.PathLike], rounds: Optional[int] = None, 
 
     if rounds is not None and (not isinstance(rounds, int) or isinstance(rounds, bool) or rounds < 1):
         raise ConfigError(f"rounds must be a positive integer, got {rounds!r}")
-    spec = prepare_run(_path(federation, "federation"), None if run_dir is None else Path(run_dir), rounds,
-                       home=None if home is None else Path(home), resume=resume)
+    spec = prepare_run(
+        _path(federation, "federation"),
+        None if run_dir is None else Path(run_dir),
+        rounds,
+        home=None if home is None else Path(home),
+        resume=resume,
+    )
     with _quiet_flower(verbose):
         metrics = run_in_simulation(spec, APP_DIR, verbose=verbose)
-    return Simulation(Path(spec.run_dir), Path(spec.home),
-                      tuple(RoundMetrics.from_dict(r) for r in metrics["rounds"]), metrics.get("stopped_early"))
+    return Simulation(
+        Path(spec.run_dir),
+        Path(spec.home),
+        tuple(RoundMetrics.from_dict(r) for r in metrics["rounds"]),
+        metrics.get("stopped_early"),
+    )
 
 
 @contextmanager

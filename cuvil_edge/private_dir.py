@@ -41,8 +41,9 @@ def _euid() -> int | None:
     return os.geteuid() if hasattr(os, "geteuid") else None  # no owners to compare on Windows
 
 
-def check(path: Path, st: os.stat_result, *, what: str, directory: bool | None, secret: bool = False,
-          disposable: bool = True) -> None:
+def check(
+    path: Path, st: os.stat_result, *, what: str, directory: bool | None, secret: bool = False, disposable: bool = True
+) -> None:
     """Refuse ``path`` (its ``lstat`` result ``st``) unless it is a real directory (``directory``
     True), a regular file (False) or either (None), owned by this process's effective user and not
     writable by group or others (``secret``: not readable by them either). ``disposable``: the
@@ -55,8 +56,10 @@ def check(path: Path, st: os.stat_result, *, what: str, directory: bool | None, 
     remove = f"remove it (`rm -r {path}`): it is made again" if disposable else "move it aside"
     if stat.S_ISLNK(mode):
         real = "directory" if directory else "file"
-        raise UnsafePathError(f"{what} {path} is a symbolic link; cuvil-edge never follows links in its private "
-                              f"directories, nothing in it was used: replace it with the real {real}, or {remove}")
+        raise UnsafePathError(
+            f"{what} {path} is a symbolic link; cuvil-edge never follows links in its private "
+            f"directories, nothing in it was used: replace it with the real {real}, or {remove}"
+        )
     is_dir, is_file = stat.S_ISDIR(mode), stat.S_ISREG(mode)
     if (directory is True and not is_dir) or (directory is False and not is_file) or not (is_dir or is_file):
         want = {True: "a directory", False: "a regular file", None: "a directory or a regular file"}[directory]
@@ -64,14 +67,18 @@ def check(path: Path, st: os.stat_result, *, what: str, directory: bool | None, 
     euid = _euid()
     if euid is not None and st.st_uid != euid:
         first = f"{remove}, or" if disposable else "run the agent as its owner, or"
-        raise UnsafePathError(f"{what} {path} is owned by uid {st.st_uid}, not by this agent's user (uid {euid}); "
-                              f"nothing in it was used: {first} if you trust its contents, `chown -R {euid} {path}`")
+        raise UnsafePathError(
+            f"{what} {path} is owned by uid {st.st_uid}, not by this agent's user (uid {euid}); "
+            f"nothing in it was used: {first} if you trust its contents, `chown -R {euid} {path}`"
+        )
     if mode & (_GROUP_OTHER_ANY if secret else _GROUP_OTHER_WRITE):
         tight = 0o700 if is_dir else 0o600
         problem = "readable or writable" if secret else "writable"
-        raise UnsafePathError(f"{what} {path} is {problem} by group or others (mode {stat.S_IMODE(mode):04o}); "
-                              f"nothing in it was used: `chmod {tight:o} {path}`"
-                              f"{' (or remove it)' if disposable else ''} and run again")
+        raise UnsafePathError(
+            f"{what} {path} is {problem} by group or others (mode {stat.S_IMODE(mode):04o}); "
+            f"nothing in it was used: `chmod {tight:o} {path}`"
+            f"{' (or remove it)' if disposable else ''} and run again"
+        )
 
 
 def lstat(path: Path) -> os.stat_result | None:
@@ -127,8 +134,10 @@ def tighten_dir(path: Path, *, what: str) -> bool:
     try:
         opened = os.fstat(fd)
         if (opened.st_dev, opened.st_ino) != (st.st_dev, st.st_ino):
-            raise UnsafePathError(f"{what} {path} was replaced while it was being checked; check who else "
-                                  "writes to its parent directory and run again")
+            raise UnsafePathError(
+                f"{what} {path} was replaced while it was being checked; check who else "
+                "writes to its parent directory and run again"
+            )
         os.fchmod(fd, 0o700)
     finally:
         os.close(fd)
@@ -167,13 +176,17 @@ def read_private(path: Path, *, what: str, secret: bool = False) -> bytes | None
     except FileNotFoundError:
         return None
     except OSError as e:
-        raise UnsafePathError(f"{what} {path} changed while it was being read ({e.strerror}); "
-                              "check who else writes there, remove it and run again") from e
+        raise UnsafePathError(
+            f"{what} {path} changed while it was being read ({e.strerror}); "
+            "check who else writes there, remove it and run again"
+        ) from e
     with os.fdopen(fd, "rb") as f:
         opened = os.fstat(f.fileno())
         if (opened.st_dev, opened.st_ino) != (st.st_dev, st.st_ino):
-            raise UnsafePathError(f"{what} {path} was replaced while it was being read; check who else writes "
-                                  "there, remove it and run again")
+            raise UnsafePathError(
+                f"{what} {path} was replaced while it was being read; check who else writes "
+                "there, remove it and run again"
+            )
         return f.read()
 
 
@@ -208,8 +221,10 @@ def load_or_create_key(path: Path, *, what: str) -> bytes:
         fsync_dir(path.parent)
         key = read_private(path, what=what, secret=True)
     if key is None or len(key) != KEY_BYTES:
-        raise UnsafePathError(f"{what} {path} is not a {KEY_BYTES}-byte key; remove it (`rm {path}`): a new key "
-                              "is made and every entry it authenticated is rebuilt once")
+        raise UnsafePathError(
+            f"{what} {path} is not a {KEY_BYTES}-byte key; remove it (`rm {path}`): a new key "
+            "is made and every entry it authenticated is rebuilt once"
+        )
     return key
 
 

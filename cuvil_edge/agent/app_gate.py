@@ -47,9 +47,12 @@ def _runtime_client(address: str, interceptors: list):
     from flwr.supercore.runtime import RuntimeHttpClient
 
     return RuntimeHttpClient.from_server_address(
-        server_address=address, insecure=True, root_certificates=None,  # the SuperNode's loopback Runtime API
+        server_address=address,
+        insecure=True,
+        root_certificates=None,  # the SuperNode's loopback Runtime API
         interceptors=[RuntimeVersionHttpInterceptor(component_name="flwr-clientapp"), *interceptors],
-        retry_invoker=make_simple_http_retry_invoker())
+        retry_invoker=make_simple_http_retry_invoker(),
+    )
 
 
 def serve_tasks(address: str, secret_file: Path, parent_pid: int | None = None) -> None:
@@ -63,12 +66,31 @@ def serve_tasks(address: str, secret_file: Path, parent_pid: int | None = None) 
 
     def launch(task, token: str) -> None:
         running[:] = [p for p in running if p.poll() is None]  # reap finished tasks
-        running.append(subprocess.Popen([sys.executable, "-m", "cuvil_edge.agent.app_gate", "task",
-                                         "--runtime-api-address", address, "--parent-pid", str(os.getpid())],
-                                        env={**os.environ, TOKEN_ENV: token}))
+        running.append(
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "cuvil_edge.agent.app_gate",
+                    "task",
+                    "--runtime-api-address",
+                    address,
+                    "--parent-pid",
+                    str(os.getpid()),
+                ],
+                env={**os.environ, TOKEN_ENV: token},
+            )
+        )
 
-    acquire_tasks(address, secret_file, TaskType.CLIENT_APP, launch, root_certificates=None, parent_pid=parent_pid,
-                  component="flwr-clientapp")
+    acquire_tasks(
+        address,
+        secret_file,
+        TaskType.CLIENT_APP,
+        launch,
+        root_certificates=None,
+        parent_pid=parent_pid,
+        component="flwr-clientapp",
+    )
 
 
 def run_task(address: str, token: str) -> int:
@@ -94,8 +116,14 @@ def run_task(address: str, token: str) -> int:
         try:
             check_run_app(fab.content)
         except ForeignAppError as e:
-            log.error("refused run %s (app %s %s, FAB %s...): %s", run.run_id, run.fab_id[:80], run.fab_version[:40],
-                      fab.hash_str[:16], e)
+            log.error(
+                "refused run %s (app %s %s, FAB %s...): %s",
+                run.run_id,
+                run.fab_id[:80],
+                run.fab_version[:40],
+                fab.hash_str[:16],
+                e,
+            )
             details = f"refused by the device: {e}"
             reply = Message(Error(code=APP_REFUSED_CODE, reason=details), reply_to=message)
         else:

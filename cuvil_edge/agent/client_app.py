@@ -12,8 +12,7 @@ from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
-from flwr.app import (Array, ArrayRecord, ConfigRecord, Context, Error, Message, MessageType, MetricRecord,
-                      RecordDict)
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Error, Message, MessageType, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.clientapp.mod import fixedclipping_mod
 
@@ -30,9 +29,19 @@ from cuvil_edge.datasets.records import Records
 from cuvil_edge.datasets.site_files import load_site_data, model_io
 from cuvil_edge.datasets.split import load_split_key, split_records
 from cuvil_edge.ir.graph import Graph
-from cuvil_edge.errors import (BudgetExhaustedError, ConfigError, CuvilError, DataError, ModelError,
-                               ModelIncompatibleError, PackageError,
-                               PackageFormatError, PackageSizeError, ReplayError, WrongSiteError)
+from cuvil_edge.errors import (
+    BudgetExhaustedError,
+    ConfigError,
+    CuvilError,
+    DataError,
+    ModelError,
+    ModelIncompatibleError,
+    PackageError,
+    PackageFormatError,
+    PackageSizeError,
+    ReplayError,
+    WrongSiteError,
+)
 
 log = logging.getLogger(__name__)
 
@@ -82,8 +91,9 @@ def _agent(context: Context) -> tuple[AgentRuntime, int, int]:
         return AgentRuntime(site, site_state_dir(site, Path(str(node["home"]))), site.agent.trust_root), index, count
     spec = _simulation_spec(context)
     partition = node.get("partition-id")
-    site, index, count = _site_setup(str(context.run_config[RUN_CONFIG_KEY]),
-                                     None if partition is None else int(partition))
+    site, index, count = _site_setup(
+        str(context.run_config[RUN_CONFIG_KEY]), None if partition is None else int(partition)
+    )
     key = site.agent.trust_root or Path(spec.trust_root)
     return AgentRuntime(site, site_state_dir(site, Path(spec.home)), key), index, count
 
@@ -100,8 +110,7 @@ def _local_dp(context: Context, site: SiteConfig) -> bool:
     return load_federation(_simulation_spec(context).federation).local_dp
 
 
-def _local_data(agent: AgentRuntime, index: int, count: int, context: Context,
-                graph: Graph) -> tuple[Records, Records]:
+def _local_data(agent: AgentRuntime, index: int, count: int, context: Context, graph: Graph) -> tuple[Records, Records]:
     """(train, eval) records of this site: from its own files when its YAML's ``data`` names them
     (checked against ``graph``'s input and classes), else the demo's digits partition; split per
     record under the site's secret key in its state directory (datasets.split)."""
@@ -109,8 +118,14 @@ def _local_data(agent: AgentRuntime, index: int, count: int, context: Context,
     if agent.site.data.kind != "digits-partition":
         return load_site_data(agent.site.data, graph, cache_dir=agent.state_dir / "data-cache", split_key=key)
     d = DatasetSection() if _deployed(context) else load_federation(_simulation_spec(context).federation).dataset
-    part = digits.site_partition(index, count, test_fraction=d.test_fraction, alpha=d.dirichlet_alpha, seed=d.seed,
-                                 cache_dir=agent.state_dir / "data-cache")
+    part = digits.site_partition(
+        index,
+        count,
+        test_fraction=d.test_fraction,
+        alpha=d.dirichlet_alpha,
+        seed=d.seed,
+        cache_dir=agent.state_dir / "data-cache",
+    )
     return split_records(part, agent.site.data.eval_fraction, key=key)
 
 
@@ -125,23 +140,32 @@ def check_model(site: SiteConfig, graph: Graph) -> None:
     """
     shape, classes = site.data.model_metadata()
     if shape is None or classes is None:
-        raise ModelIncompatibleError(f"site {site.site}: its YAML states no data.input_shape / data.num_classes "
-                                     f"(data.classes) for its {site.data.kind} data; every package is refused "
-                                     "until it does")
+        raise ModelIncompatibleError(
+            f"site {site.site}: its YAML states no data.input_shape / data.num_classes "
+            f"(data.classes) for its {site.data.kind} data; every package is refused "
+            "until it does"
+        )
     try:
         record, outputs = model_io(graph)
     except DataError as e:
         raise ModelIncompatibleError(str(e)) from e
     if record != shape or outputs != classes:
-        raise ModelIncompatibleError(f"site {site.site}: the package's model takes records {record} and gives "
-                                     f"{outputs} classes; the site YAML says {shape} and {classes}")
+        raise ModelIncompatibleError(
+            f"site {site.site}: the package's model takes records {record} and gives "
+            f"{outputs} classes; the site YAML says {shape} and {classes}"
+        )
 
 
 def failure_of(error: BaseException) -> Failure:
     """The code from the protocol's fixed set that a site replies with for ``error``."""
-    for kind, failure in ((ReplayError, Failures.REPLAYED), (BudgetExhaustedError, Failures.BUDGET_EXHAUSTED),
-                          (DataError, Failures.DATA_INVALID), (ModelIncompatibleError, Failures.MODEL_INCOMPATIBLE),
-                          (PackageError, Failures.PACKAGE_REJECTED), (ModelError, Failures.MODEL_INCOMPATIBLE)):
+    for kind, failure in (
+        (ReplayError, Failures.REPLAYED),
+        (BudgetExhaustedError, Failures.BUDGET_EXHAUSTED),
+        (DataError, Failures.DATA_INVALID),
+        (ModelIncompatibleError, Failures.MODEL_INCOMPATIBLE),
+        (PackageError, Failures.PACKAGE_REJECTED),
+        (ModelError, Failures.MODEL_INCOMPATIBLE),
+    ):
         if isinstance(error, kind):
             return failure
     return Failures.INTERNAL_ERROR
@@ -151,8 +175,14 @@ def _error(msg: Message, error: BaseException) -> Message:
     """A failure reply: the code and its name, nothing else; the details go to this device's log only
     (DESIGN.md §3: nothing derived from the data leaves in an error)."""
     failure = failure_of(error)
-    log.warning("replying %s (%d): %s: %s", failure.name, failure.code, type(error).__name__, error,
-                exc_info=not isinstance(error, CuvilError))
+    log.warning(
+        "replying %s (%d): %s: %s",
+        failure.name,
+        failure.code,
+        type(error).__name__,
+        error,
+        exc_info=not isinstance(error, CuvilError),
+    )
     return Message(Error(code=failure.code, reason=failure.name), reply_to=msg)
 
 
@@ -164,8 +194,14 @@ def _budget_reply(msg: Message, agent: AgentRuntime, error: BudgetExhaustedError
     """
     ledger = agent.ledger()
     central = msg.metadata.message_type == MessageType.TRAIN and central_dp(msg)
-    metrics = MetricRecord(rp.EXHAUSTED_REPLY.metrics(num_examples=1 if central else 0, budget_exhausted=1,
-                                                      eps_spent=ledger.spent(), eps_remaining=ledger.remaining()))
+    metrics = MetricRecord(
+        rp.EXHAUSTED_REPLY.metrics(
+            num_examples=1 if central else 0,
+            budget_exhausted=1,
+            eps_spent=ledger.spent(),
+            eps_remaining=ledger.remaining(),
+        )
+    )
     log.warning("%s", error)
     arrays = msg.content[rp.ARRAYS_RECORD] if central else ArrayRecord()
     return Message(RecordDict({rp.ARRAYS_RECORD: arrays, rp.METRICS_RECORD: metrics}), reply_to=msg)
@@ -179,8 +215,10 @@ def _package(msg: Message, agent: AgentRuntime) -> bytes:
     if not isinstance(package, bytes):
         raise PackageFormatError(f"the message carries no package bytes under config[{rp.PACKAGE!r}]")
     if len(package) > agent.max_package_bytes:  # before anything else looks at it
-        raise PackageSizeError(f"the message carries a {len(package)}-byte package, over this site's limit of "
-                               f"{agent.max_package_bytes} (agent.max_package_bytes)")
+        raise PackageSizeError(
+            f"the message carries a {len(package)}-byte package, over this site's limit of "
+            f"{agent.max_package_bytes} (agent.max_package_bytes)"
+        )
     return package
 
 
@@ -221,12 +259,18 @@ def train(msg: Message, context: Context) -> Message:
         ledger = agent.ledger()
         config = msg.content[rp.CONFIG_RECORD]
         # the graph as loaded: fp16-stored weights widened to the float32 the trainer updates
-        outcome = train_round(graph, agent.site, train_data, ledger,
-                              int(config[rp.SERVER_ROUND]), activated.package.manifest.version,
-                              local_dp=_local_dp(context, agent.site),
-                              # FedProx: Flower's strategy sends its mu; the term is free under DP-SGD
-                              proximal_mu=config.get(rp.PROXIMAL_MU, 0.0),
-                              plan_cache=agent.state_dir)  # the noise search, once per device, not per message
+        outcome = train_round(
+            graph,
+            agent.site,
+            train_data,
+            ledger,
+            int(config[rp.SERVER_ROUND]),
+            activated.package.manifest.version,
+            local_dp=_local_dp(context, agent.site),
+            # FedProx: Flower's strategy sends its mu; the term is free under DP-SGD
+            proximal_mu=config.get(rp.PROXIMAL_MU, 0.0),
+            plan_cache=agent.state_dir,
+        )  # the noise search, once per device, not per message
     except BudgetExhaustedError as e:
         return _budget_reply(msg, agent, e)
     except Exception as e:  # noqa: BLE001 - a failure is a code (see _error)
@@ -245,12 +289,15 @@ def _reply_keys(msg: Message, graph) -> list[str]:
         PackageFormatError: a requested weight is not a float32 weight of the package.
     """
     weights = [k for k, v in graph.initializers.items() if v.dtype == np.float32]
-    keys = (list(msg.content[rp.ARRAYS_RECORD].keys())
-            or [str(k) for k in msg.content[rp.CONFIG_RECORD].get(rp.REPLY_KEYS, [])])
+    keys = list(msg.content[rp.ARRAYS_RECORD].keys()) or [
+        str(k) for k in msg.content[rp.CONFIG_RECORD].get(rp.REPLY_KEYS, [])
+    ]
     missing = sorted(set(keys) - set(weights))
     if missing:
-        raise PackageFormatError(f"the coordinator asks for weights {missing[:3]} the package does not hold as "
-                                 "float32; it was issued for another model")
+        raise PackageFormatError(
+            f"the coordinator asks for weights {missing[:3]} the package does not hold as "
+            "float32; it was issued for another model"
+        )
     return keys or weights
 
 
@@ -258,11 +305,17 @@ def train_metrics(site: SiteConfig, outcome, ledger, activated, *, central: bool
     """The metrics of a train reply; every value is public configuration, a ledger total of
     events planned from it, or measured on the package (:data:`DATA_INDEPENDENT_MEASUREMENTS`)."""
     return rp.TRAIN_REPLY.metrics(
-        num_examples=1 if central else site.training.weight, eps_round=outcome.epsilon_round,
-        eps_spent=ledger.spent(), eps_remaining=ledger.remaining(),
-        noise_multiplier=outcome.noise_multiplier, local_dp=int(outcome.noise_multiplier > 0),
-        build_seconds=activated.model.build_seconds, verify_seconds=activated.verify_seconds,
-        package_bytes=activated.package_bytes, budget_exhausted=0)
+        num_examples=1 if central else site.training.weight,
+        eps_round=outcome.epsilon_round,
+        eps_spent=ledger.spent(),
+        eps_remaining=ledger.remaining(),
+        noise_multiplier=outcome.noise_multiplier,
+        local_dp=int(outcome.noise_multiplier > 0),
+        build_seconds=activated.model.build_seconds,
+        verify_seconds=activated.verify_seconds,
+        package_bytes=activated.package_bytes,
+        budget_exhausted=0,
+    )
 
 
 @app.evaluate()
@@ -278,8 +331,9 @@ def evaluate(msg: Message, context: Context) -> Message:
         ledger = agent.ledger()
         server_round = int(msg.content[rp.CONFIG_RECORD][rp.SERVER_ROUND])
         plan = eval_mechanism(agent.site).plan(2, ledger.delta)
-        with ledger.claim(plan.event(), key=f"eval-r{server_round}-v{activated.package.manifest.version}",
-                          round=server_round):
+        with ledger.claim(
+            plan.event(), key=f"eval-r{server_round}-v{activated.package.manifest.version}", round=server_round
+        ):
             _, eval_data = _local_data(agent, index, count, context, activated.model.graph)
             correct = agent.correct(activated.model, eval_data.x, eval_data.y)
             counts = plan.prepare(np.array([correct, len(eval_data.y)]), None, None)
@@ -288,10 +342,16 @@ def evaluate(msg: Message, context: Context) -> Message:
         return _budget_reply(msg, agent, e)
     except Exception as e:  # noqa: BLE001 - a failure is a code (see _error)
         return _error(msg, e)
-    metrics = MetricRecord(rp.EVALUATE_REPLY.metrics(
-        noisy_correct=noisy_correct, noisy_total=noisy_total,
-        count_noise_scale=float(2 / agent.site.privacy.eval_epsilon),
-        eps_spent=ledger.spent(), eps_remaining=ledger.remaining(), budget_exhausted=0))
+    metrics = MetricRecord(
+        rp.EVALUATE_REPLY.metrics(
+            noisy_correct=noisy_correct,
+            noisy_total=noisy_total,
+            count_noise_scale=float(2 / agent.site.privacy.eval_epsilon),
+            eps_spent=ledger.spent(),
+            eps_remaining=ledger.remaining(),
+            budget_exhausted=0,
+        )
+    )
     return Message(RecordDict({rp.METRICS_RECORD: metrics}), reply_to=msg)
 
 

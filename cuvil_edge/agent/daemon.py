@@ -52,12 +52,23 @@ def runtime_secret(state: Path) -> Path:
 
 def gate_command(site: SiteConfig, home: Path, port: int, supernode_pid: int) -> list[str]:
     """The executor of the SuperNode's ClientApp tasks (agent/app_gate.py); it stops with the SuperNode."""
-    return [sys.executable, "-m", "cuvil_edge.agent.app_gate", "serve", "--runtime-api-address", f"127.0.0.1:{port}",
-            "--secret-file", str(runtime_secret(site_state_dir(site, home))), "--parent-pid", str(supernode_pid)]
+    return [
+        sys.executable,
+        "-m",
+        "cuvil_edge.agent.app_gate",
+        "serve",
+        "--runtime-api-address",
+        f"127.0.0.1:{port}",
+        "--secret-file",
+        str(runtime_secret(site_state_dir(site, home))),
+        "--parent-pid",
+        str(supernode_pid),
+    ]
 
 
-def supernode_command(site: SiteConfig, site_file: Path, home: Path, superlink: str, port: int,
-                      partition: tuple[int, int] = (0, 1)) -> list[str]:
+def supernode_command(
+    site: SiteConfig, site_file: Path, home: Path, superlink: str, port: int, partition: tuple[int, int] = (0, 1)
+) -> list[str]:
     """``flower-supernode`` for ``site``: TLS to the pinned CA, node authentication, own node config.
 
     Raises:
@@ -68,11 +79,29 @@ def supernode_command(site: SiteConfig, site_file: Path, home: Path, superlink: 
     for path in (key, ca):
         if not path.exists():
             raise ConfigError(f"{path} is missing; set the device up with `cuvil-edge agent init --site ... --ca ...`")
-    node_config = (f"site-config='{Path(site_file).resolve()}' home='{Path(home).resolve()}' "
-                   f"partition-id={partition[0]} num-partitions={partition[1]}")
-    return [flower_tool("flower-supernode"), "--root-certificates", str(ca), "--superlink", superlink,
-            "--auth-supernode-private-key", str(key), "--node-config", node_config, "--host", "127.0.0.1",
-            "--port", str(port), "--isolation", "process", "--superexec-auth-secret-file", str(runtime_secret(state))]
+    node_config = (
+        f"site-config='{Path(site_file).resolve()}' home='{Path(home).resolve()}' "
+        f"partition-id={partition[0]} num-partitions={partition[1]}"
+    )
+    return [
+        flower_tool("flower-supernode"),
+        "--root-certificates",
+        str(ca),
+        "--superlink",
+        superlink,
+        "--auth-supernode-private-key",
+        str(key),
+        "--node-config",
+        node_config,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--isolation",
+        "process",
+        "--superexec-auth-secret-file",
+        str(runtime_secret(state)),
+    ]
 
 
 #: Makes the executor's command for a SuperNode's pid (:func:`gate_command` with the site bound).
@@ -101,8 +130,9 @@ def _die_with_parent() -> Callable[[], None] | None:
     return lambda: prctl(set_pdeathsig, signal.SIGKILL)
 
 
-def start_agent(command: list[str], home: Path, gate: GateCommand | None,
-                **popen) -> tuple[subprocess.Popen, subprocess.Popen | None]:
+def start_agent(
+    command: list[str], home: Path, gate: GateCommand | None, **popen
+) -> tuple[subprocess.Popen, subprocess.Popen | None]:
     """Start the SuperNode and its ClientApp executor, each in a new session (its process group
     holds its helpers) and each killed by the kernel if this process dies; (SuperNode, executor or
     None). The executor also stops by itself once the SuperNode is gone."""
@@ -110,8 +140,9 @@ def start_agent(command: list[str], home: Path, gate: GateCommand | None,
     node = subprocess.Popen(command, env=flwr_env(home), start_new_session=True, preexec_fn=guard, **popen)
     executor = None
     if gate is not None:
-        executor = subprocess.Popen(gate(node.pid), env=flwr_env(home), start_new_session=True,
-                                    preexec_fn=guard, **popen)
+        executor = subprocess.Popen(
+            gate(node.pid), env=flwr_env(home), start_new_session=True, preexec_fn=guard, **popen
+        )
     return node, executor
 
 
@@ -127,8 +158,9 @@ def run_once(command: list[str], home: Path, gate: GateCommand | None = None) ->
     import threading
 
     refused = threading.Event()
-    proc, executor = start_agent(command, home, gate, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                 text=True, errors="replace")
+    proc, executor = start_agent(
+        command, home, gate, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace"
+    )
 
     def relay(source: subprocess.Popen) -> None:
         for line in source.stdout:
@@ -181,8 +213,16 @@ REFUSED_GRACE_S = 180.0
 REFUSED_RETRY_S = 5.0
 
 
-def run_forever(command: list[str], home: Path, gate: GateCommand | None = None, *, max_backoff: float = 60.0,
-                refused_grace: float = REFUSED_GRACE_S, sleep=time.sleep, clock=time.monotonic) -> int:
+def run_forever(
+    command: list[str],
+    home: Path,
+    gate: GateCommand | None = None,
+    *,
+    max_backoff: float = 60.0,
+    refused_grace: float = REFUSED_GRACE_S,
+    sleep=time.sleep,
+    clock=time.monotonic,
+) -> int:
     """Run the SuperNode; when it exits (coordinator away, network lost), restart it after a
     growing pause. Returns :data:`REFUSED_EXIT` once the SuperLink has refused the node's key for
     ``refused_grace`` seconds in a row (an unenrolled key; systemd units do not restart on it).
@@ -195,12 +235,16 @@ def run_forever(command: list[str], home: Path, gate: GateCommand | None = None,
         if refused:
             refused_since = started if refused_since is None else refused_since
             if clock() - refused_since >= refused_grace:
-                log.error("the SuperLink has refused this node's key for %.0f s; enroll it "
-                          "(`cuvil-edge coordinator enroll`)", clock() - refused_since)
+                log.error(
+                    "the SuperLink has refused this node's key for %.0f s; enroll it (`cuvil-edge coordinator enroll`)",
+                    clock() - refused_since,
+                )
                 return REFUSED_EXIT
-            log.warning("the SuperLink refused this node: its key is not registered, or its previous session "
-                        "is still open (after a crash it is closed within about a minute); retrying in %.0f s",
-                        REFUSED_RETRY_S)
+            log.warning(
+                "the SuperLink refused this node: its key is not registered, or its previous session "
+                "is still open (after a crash it is closed within about a minute); retrying in %.0f s",
+                REFUSED_RETRY_S,
+            )
             sleep(REFUSED_RETRY_S)
             continue
         refused_since = None

@@ -50,8 +50,9 @@ def _private_state_dir(state: Path) -> None:
         private_dir.ensure_private_dir(state, what="state directory", disposable=False)
         private_dir.check_entries(state, what="state directory", disposable=False)
     except OSError as e:
-        raise StateError(f"cannot create or tighten the state directory {state}: {e}; fix its path or "
-                         "permissions") from e
+        raise StateError(
+            f"cannot create or tighten the state directory {state}: {e}; fix its path or permissions"
+        ) from e
 
 
 @dataclass(frozen=True)
@@ -62,8 +63,9 @@ class SiteSetup:
     enrollment: Enrollment
 
 
-def init_site(site: SiteConfig, trust_root: Path, *, ca: Path | None = None, home: Path | None = None,
-              force: bool = False) -> SiteSetup:
+def init_site(
+    site: SiteConfig, trust_root: Path, *, ca: Path | None = None, home: Path | None = None, force: bool = False
+) -> SiteSetup:
     """Create the site's state directory, keys and enrollment file; pin ``trust_root`` and ``ca``.
 
     Raises:
@@ -79,8 +81,10 @@ def init_site(site: SiteConfig, trust_root: Path, *, ca: Path | None = None, hom
     _private_state_dir(state)
     keys = state / "keys"
     if (keys / NODE_KEY).exists() and not force:
-        raise KeyFileError(f"{keys / NODE_KEY} exists: this device is already set up as site {site.site!r}; "
-                           "--force makes new keys (the coordinator must then enroll it again with --replace)")
+        raise KeyFileError(
+            f"{keys / NODE_KEY} exists: this device is already set up as site {site.site!r}; "
+            "--force makes new keys (the coordinator must then enroll it again with --replace)"
+        )
     try:
         pinned = Path(trust_root).read_bytes()
         ca_pem = Path(ca).read_bytes() if ca is not None else None
@@ -94,8 +98,13 @@ def init_site(site: SiteConfig, trust_root: Path, *, ca: Path | None = None, hom
     AntiRollbackState(state).initialise(pinned)  # checks it is self-signed; kept once stored
     keys.mkdir(mode=0o700, parents=True, exist_ok=True)
     node = ec.generate_private_key(ec.SECP384R1())
-    atomic_write(keys / NODE_KEY, node.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH,
-                                                     serialization.NoEncryption()), mode=0o600)
+    atomic_write(
+        keys / NODE_KEY,
+        node.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH, serialization.NoEncryption()
+        ),
+        mode=0o600,
+    )
     node_pub = node.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
     atomic_write(keys / f"{NODE_KEY}.pub", node_pub + b"\n", mode=0o644)
     seal_private, seal_public = generate_seal_keypair()

@@ -69,8 +69,15 @@ def feature_graph(graph: Graph, feature: str) -> Graph:
         shown = ", ".join(names[:8]) + (f", ... ({len(names)} in all)" if len(names) > 8 else "")
         what = "is a graph input or initializer" if feature in graph.types else "is not a value of the model"
         raise ConfigError(f"feature {feature!r} {what}; releasable values (node outputs) are: {shown}")
-    cut = Graph(graph.name, graph.inputs, (Value(feature, graph.types[feature]),), graph.nodes,
-                graph.initializers, graph.types, graph.opset)
+    cut = Graph(
+        graph.name,
+        graph.inputs,
+        (Value(feature, graph.types[feature]),),
+        graph.nodes,
+        graph.initializers,
+        graph.types,
+        graph.opset,
+    )
     nodes = live_nodes(cut)
     read = {i for n in nodes for i in n.inputs if i}
     inits = {k: v for k, v in graph.initializers.items() if k in read}
@@ -86,8 +93,12 @@ class _FeatureBuild:
 def _build_feature(runtime: AgentRuntime, package, feature: str) -> CompiledModel:
     """Compile the feature graph for the site's target; cache key from package digest + feature name."""
     digest = hashlib.sha256(f"{package.payload_digest}\0feature\0{feature}".encode()).hexdigest()
-    return build(_FeatureBuild(feature_graph(package.graph, feature), digest), runtime.target.name,
-                 cache_dir=runtime.state_dir / "build-cache", precision=runtime.site.precision)
+    return build(
+        _FeatureBuild(feature_graph(package.graph, feature), digest),
+        runtime.target.name,
+        cache_dir=runtime.state_dir / "build-cache",
+        precision=runtime.site.precision,
+    )
 
 
 def request_key(package_digest: str, x: np.ndarray, epsilon: float, clip_l1: float, feature: str | None) -> str:
@@ -96,8 +107,14 @@ def request_key(package_digest: str, x: np.ndarray, epsilon: float, clip_l1: flo
     noise (averaging replays would erode the guarantee); a deliberate second release of the same
     batch passes its own ``key``."""
     h = hashlib.sha256()
-    for part in (package_digest, str(x.dtype), repr(x.shape), repr(float(epsilon)), repr(float(clip_l1)),
-                 feature or ""):
+    for part in (
+        package_digest,
+        str(x.dtype),
+        repr(x.shape),
+        repr(float(epsilon)),
+        repr(float(clip_l1)),
+        feature or "",
+    ):
         h.update(part.encode() + b"\0")
     h.update(np.ascontiguousarray(x).tobytes())
     return f"infer-{h.hexdigest()[:40]}"
@@ -111,12 +128,20 @@ def planned_output_size(graph: Graph, x: np.ndarray) -> int:
         PrivacyError: the output shape is not determined by the input shape.
     """
     inp = graph.inputs[0]
-    typed = build_graph(graph.name, [Value(inp.name, TensorType(inp.type.dtype, tuple(int(d) for d in x.shape)))],
-                        [graph.outputs[0].name], graph.nodes, graph.initializers, graph.opset)
+    typed = build_graph(
+        graph.name,
+        [Value(inp.name, TensorType(inp.type.dtype, tuple(int(d) for d in x.shape)))],
+        [graph.outputs[0].name],
+        graph.nodes,
+        graph.initializers,
+        graph.opset,
+    )
     shape = typed.outputs[0].type.shape
     if not all(isinstance(d, int) for d in shape) or not shape or shape[0] != len(x):
-        raise PrivacyError(f"output {typed.outputs[0].name} has shape {list(shape)} for a batch of {len(x)}; a "
-                           "release needs one output row per input row and a shape known before running")
+        raise PrivacyError(
+            f"output {typed.outputs[0].name} has shape {list(shape)} for a batch of {len(x)}; a "
+            "release needs one output row per input row and a shape known before running"
+        )
     return int(np.prod(shape))
 
 
@@ -128,8 +153,16 @@ def zero_nonfinite_rows(y: np.ndarray) -> np.ndarray:
     return np.where(bad[:, None], 0.0, flat).reshape(np.shape(y))
 
 
-def infer_private(runtime: AgentRuntime, package_bytes: bytes, x: np.ndarray, epsilon: float, *,
-                  clip_l1: float = 1.0, key: str | None = None, feature: str | None = None) -> PrivateOutput:
+def infer_private(
+    runtime: AgentRuntime,
+    package_bytes: bytes,
+    x: np.ndarray,
+    epsilon: float,
+    *,
+    clip_l1: float = 1.0,
+    key: str | None = None,
+    feature: str | None = None,
+) -> PrivateOutput:
     """Verify and build ``package_bytes``, claim the release, run it on ``x`` and release the output under ε-DP.
 
     ``x`` is a batch (first axis = one record per row) in the model's input shape. The spend
@@ -170,5 +203,12 @@ def infer_private(runtime: AgentRuntime, package_bytes: bytes, x: np.ndarray, ep
     with ledger.claim(plan.event(), key=key):  # aborted if the run fails: nothing computed from x left
         name, y = next(iter(model.run(feed).items()))
         noisy = plan.apply(plan.prepare(clip_rows_l1(zero_nonfinite_rows(y), float(clip_l1)), None, None), None)
-    return PrivateOutput(np.asarray(noisy).reshape(y.shape), name, float(epsilon), sensitivity,
-                         activated.package.manifest.version, ledger.spent(), ledger.remaining())
+    return PrivateOutput(
+        np.asarray(noisy).reshape(y.shape),
+        name,
+        float(epsilon),
+        sensitivity,
+        activated.package.manifest.version,
+        ledger.spent(),
+        ledger.remaining(),
+    )

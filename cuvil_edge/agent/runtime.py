@@ -71,8 +71,9 @@ def check_state_dir(state_dir: Path) -> None:
         private_dir.ensure_private_dir(state_dir, what="state directory", disposable=False)
         private_dir.check_entries(state_dir, what="state directory", disposable=False)
     except OSError as e:
-        raise StateError(f"cannot create or read the state directory {state_dir}: {e}; fix its path or "
-                         "permissions") from e
+        raise StateError(
+            f"cannot create or read the state directory {state_dir}: {e}; fix its path or permissions"
+        ) from e
 
 
 class AgentRuntime:
@@ -82,8 +83,9 @@ class AgentRuntime:
     afterwards the root stored in the state directory (updated by rotations the packages carry) wins.
     """
 
-    def __init__(self, site: SiteConfig, state_dir: Path, trust_root: Path | None, clock=time.time,
-                 seal_key: Path | None = None) -> None:
+    def __init__(
+        self, site: SiteConfig, state_dir: Path, trust_root: Path | None, clock=time.time, seal_key: Path | None = None
+    ) -> None:
         """``trust_root`` (root.json) initialises a new state; None: the state must already hold
         one (`cuvil-edge agent init` pinned it).
 
@@ -102,8 +104,9 @@ class AgentRuntime:
             self.rollback.trust_root()  # refuses an uninitialised state now, not at the first package
         else:
             if Path(trust_root).suffix != ".json":
-                raise KeyFileError(f"{trust_root}: agents pin the federation's root.json (PACKAGE_SPEC §10), "
-                                   "not a bare key")
+                raise KeyFileError(
+                    f"{trust_root}: agents pin the federation's root.json (PACKAGE_SPEC §10), not a bare key"
+                )
             try:
                 pinned = Path(trust_root).read_bytes()
             except OSError as e:
@@ -118,8 +121,9 @@ class AgentRuntime:
 
     def ledger(self) -> PrivacyLedger:
         p = self.site.privacy
-        return PrivacyLedger(self.state_dir / "ledger.sqlite", site=self.site.site,
-                             epsilon_budget=p.epsilon_budget, delta=p.delta)
+        return PrivacyLedger(
+            self.state_dir / "ledger.sqlite", site=self.site.site, epsilon_budget=p.epsilon_budget, delta=p.delta
+        )
 
     @property
     def max_package_bytes(self) -> int:
@@ -138,12 +142,20 @@ class AgentRuntime:
             TargetError: the build failed.
         """
         if len(data) > self.max_package_bytes:
-            raise PackageSizeError(f"the package is {len(data)} bytes, over this site's limit of "
-                                   f"{self.max_package_bytes} (agent.max_package_bytes in the site YAML)")
+            raise PackageSizeError(
+                f"the package is {len(data)} bytes, over this site's limit of "
+                f"{self.max_package_bytes} (agent.max_package_bytes in the site YAML)"
+            )
         start = time.perf_counter()
-        package = verify_and_accept(data, self.rollback, site=self.site.site, target=self.target.name,
-                                    now=int(self.clock()), max_package_bytes=self.max_package_bytes,
-                                    seal_key=self.seal_key)
+        package = verify_and_accept(
+            data,
+            self.rollback,
+            site=self.site.site,
+            target=self.target.name,
+            now=int(self.clock()),
+            max_package_bytes=self.max_package_bytes,
+            seal_key=self.seal_key,
+        )
         verify_seconds = time.perf_counter() - start
         self._keep(data, package)
         # fp16-stored or int8 weights are widened once here, not on every run (and the build cache
@@ -151,8 +163,12 @@ class AgentRuntime:
         # target with an int8 dot product runs the QDQ-wrapped products as the integer ops instead
         loaded = dequantize_at_load(package.graph)
         runs = dequantize_at_load(package.graph, int8=True) if self.target.int8_kernels else loaded
-        model = build(_Loaded(runs, package.payload_digest), self.target.name,
-                      cache_dir=self.state_dir / "build-cache", precision=self.site.precision)
+        model = build(
+            _Loaded(runs, package.payload_digest),
+            self.target.name,
+            cache_dir=self.state_dir / "build-cache",
+            precision=self.site.precision,
+        )
         return Activated(package, model, len(data), verify_seconds, loaded)
 
     def kept_packages(self) -> list[Path]:
@@ -170,7 +186,7 @@ class AgentRuntime:
             folder.mkdir(mode=0o700, exist_ok=True)
             if not path.exists():
                 atomic_write(path, bytes(data), mode=0o600)
-            for old in self.kept_packages()[:-self.site.agent.keep_packages]:
+            for old in self.kept_packages()[: -self.site.agent.keep_packages]:
                 old.unlink(missing_ok=True)
         except OSError as e:
             raise StateError(f"cannot keep the verified package in {folder}: {e}; fix the state directory") from e

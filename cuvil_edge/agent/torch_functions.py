@@ -20,8 +20,13 @@ from cuvil_edge.ir import dtypes
 from cuvil_edge.ir.graph import Node
 
 ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
-    "none": lambda y: y, "relu": F.relu, "relu6": lambda y: torch.clamp(y, 0.0, 6.0), "sigmoid": torch.sigmoid,
-    "hardswish": F.hardswish, "gelu": F.gelu, "swish": F.silu,
+    "none": lambda y: y,
+    "relu": F.relu,
+    "relu6": lambda y: torch.clamp(y, 0.0, 6.0),
+    "sigmoid": torch.sigmoid,
+    "hardswish": F.hardswish,
+    "gelu": F.gelu,
+    "swish": F.silu,
 }
 
 
@@ -51,8 +56,10 @@ def check(node: Node) -> None:
     if node.op_type in ("QuantizeLinear", "DequantizeLinear") and node.attr("block_size", 0):
         raise UnsupportedAttributeError(f"{node.describe()}: blocked quantization has no training lowering")
     if node.op_type == "QuantizeLinear" and node.attr("output_dtype", 0):
-        raise UnsupportedAttributeError(f"{node.describe()}: QuantizeLinear's output_dtype has no training lowering; "
-                                        "give the zero point in the dtype wanted")
+        raise UnsupportedAttributeError(
+            f"{node.describe()}: QuantizeLinear's output_dtype has no training lowering; "
+            "give the zero point in the dtype wanted"
+        )
     if node.op_type == "Pad" and node.attr("mode", "constant") not in _PAD_MODES:
         raise UnsupportedAttributeError(f"{node.describe()}: Pad mode {node.attr('mode')!r} has no training lowering")
 
@@ -143,6 +150,7 @@ def _reduce(op: Callable[..., torch.Tensor], since: int) -> Callable[..., torch.
                 return x
             dims = list(range(x.dim()))
         return op(x, tuple(sorted(a % x.dim() for a in dims)), bool(node.attr("keepdims", 1)))
+
     return fn
 
 
@@ -152,6 +160,7 @@ def _softmax(function: Callable[..., torch.Tensor]) -> Callable[..., torch.Tenso
             axis = int(node.attr("axis", 1)) % x.dim()
             return function(x.reshape(math.prod(x.shape[:axis]), -1), dim=1).reshape(x.shape)
         return function(x, dim=int(node.attr("axis", -1)))
+
     return fn
 
 
@@ -173,7 +182,7 @@ def _conv(node: Node, x, w, b=None):
 def _norm(node: Node, x, scale, bias=None):
     eps = float(node.attr("epsilon", 1e-5))
     if node.op_type == "LayerNormalization":
-        y = F.layer_norm(x, x.shape[int(node.attr("axis", -1)) % x.dim():], eps=eps) * scale
+        y = F.layer_norm(x, x.shape[int(node.attr("axis", -1)) % x.dim() :], eps=eps) * scale
         return y if bias is None else y + bias
     if node.op_type == "InstanceNormalization":
         return F.group_norm(x, x.shape[1], scale, bias, eps)
@@ -207,13 +216,13 @@ def _slice(node: Node, x, starts=None, ends=None, axes=None, steps=None):
 def _gather(node: Node, x, indices):
     axis = int(node.attr("axis", 0)) % x.dim()
     picked = x.index_select(axis, indices.reshape(-1).long() % x.shape[axis])
-    return picked.reshape((*x.shape[:axis], *indices.shape, *x.shape[axis + 1:]))
+    return picked.reshape((*x.shape[:axis], *indices.shape, *x.shape[axis + 1 :]))
 
 
 def _shape(node: Node, x):
     dims = list(x.shape)
     start, end = int(node.attr("start", 0)), node.attr("end")
-    return torch.tensor(dims[start:None if end is None else int(end)], dtype=torch.int64)
+    return torch.tensor(dims[start : None if end is None else int(end)], dtype=torch.int64)
 
 
 def _cast(node: Node, x):
@@ -239,8 +248,9 @@ def _quantize_linear(node: Node, x, scale, zero=None):
     identity, outside it is zero (the value saturated)."""
     kind = zero.dtype if zero is not None else torch.uint8
     if kind not in _QUANT_RANGES:
-        raise UnsupportedAttributeError(f"{node.describe()}: quantization to {kind} has no training lowering "
-                                        "(int8 and uint8 have)")
+        raise UnsupportedAttributeError(
+            f"{node.describe()}: quantization to {kind} has no training lowering (int8 and uint8 have)"
+        )
     lo, hi = _QUANT_RANGES[kind]
     z = _per_axis(node, zero, x).to(x.dtype) if zero is not None else 0.0
     v = x / _per_axis(node, scale, x).to(x.dtype)
@@ -276,8 +286,10 @@ def _pad(node: Node, x, pads=None, value=None, axes=None):
     if lead == x.dim():
         return x
     if lead == 0 or x.dim() - lead > 3:
-        raise UnsupportedAttributeError(f"{node.describe()}: {mode} padding of the batch axis or of more than "
-                                        "three trailing axes has no training lowering")
+        raise UnsupportedAttributeError(
+            f"{node.describe()}: {mode} padding of the batch axis or of more than "
+            "three trailing axes has no training lowering"
+        )
     y = F.pad(x.reshape(1, -1, *x.shape[lead:]), torch_pads(full[lead:]), mode=mode)
     return y.reshape(*x.shape[:lead], *y.shape[2:])
 
@@ -302,7 +314,7 @@ def _lrn(node: Node, x):
     size, channels = int(node.attr("size")), x.shape[1]
     before = (size - 1) // 2  # channels c - floor((size-1)/2) .. c + ceil((size-1)/2)
     padded = F.pad(x * x, torch_pads([(0, 0), (before, size - 1 - before)] + [(0, 0)] * (x.dim() - 2)))
-    window = sum(padded[:, i:i + channels] for i in range(size))
+    window = sum(padded[:, i : i + channels] for i in range(size))
     scale = node.attr("bias", 1.0) + node.attr("alpha", 1e-4) / size * window
     return x / scale ** node.attr("beta", 0.75)
 
@@ -323,65 +335,129 @@ def _prod(x, dims, keep):
 
 
 FUNCTIONS: dict[str, Callable] = {
-    **{op: (lambda f: lambda node, x: f(x))(f) for op, f in {
-        "Relu": F.relu, "Sigmoid": torch.sigmoid, "Tanh": torch.tanh, "Exp": torch.exp, "Log": torch.log,
-        "Sqrt": torch.sqrt, "Erf": torch.erf, "Abs": torch.abs, "Neg": torch.neg, "Reciprocal": torch.reciprocal,
-        "Floor": torch.floor, "Ceil": torch.ceil, "Round": torch.round, "Sign": torch.sign, "Sin": torch.sin,
-        "Cos": torch.cos, "Softsign": F.softsign, "Softplus": lambda x: torch.log1p(torch.exp(x)),
-        "Mish": F.mish, "HardSwish": F.hardswish, "Not": torch.logical_not, "Identity": lambda x: x,
-        "IsNaN": torch.isnan, "Tan": torch.tan, "Asin": torch.asin, "Acos": torch.acos, "Atan": torch.atan,
-        "Sinh": torch.sinh, "Cosh": torch.cosh, "Asinh": torch.asinh, "Acosh": torch.acosh,
-        "Atanh": torch.atanh}.items()},
+    **{
+        op: (lambda f: lambda node, x: f(x))(f)
+        for op, f in {
+            "Relu": F.relu,
+            "Sigmoid": torch.sigmoid,
+            "Tanh": torch.tanh,
+            "Exp": torch.exp,
+            "Log": torch.log,
+            "Sqrt": torch.sqrt,
+            "Erf": torch.erf,
+            "Abs": torch.abs,
+            "Neg": torch.neg,
+            "Reciprocal": torch.reciprocal,
+            "Floor": torch.floor,
+            "Ceil": torch.ceil,
+            "Round": torch.round,
+            "Sign": torch.sign,
+            "Sin": torch.sin,
+            "Cos": torch.cos,
+            "Softsign": F.softsign,
+            "Softplus": lambda x: torch.log1p(torch.exp(x)),
+            "Mish": F.mish,
+            "HardSwish": F.hardswish,
+            "Not": torch.logical_not,
+            "Identity": lambda x: x,
+            "IsNaN": torch.isnan,
+            "Tan": torch.tan,
+            "Asin": torch.asin,
+            "Acos": torch.acos,
+            "Atan": torch.atan,
+            "Sinh": torch.sinh,
+            "Cosh": torch.cosh,
+            "Asinh": torch.asinh,
+            "Acosh": torch.acosh,
+            "Atanh": torch.atanh,
+        }.items()
+    },
     "LeakyRelu": lambda node, x: F.leaky_relu(x, node.attr("alpha", 0.01)),
     "Elu": lambda node, x: F.elu(x, node.attr("alpha", 1.0)),
     "Celu": lambda node, x: F.celu(x, node.attr("alpha", 1.0)),
-    "Selu": lambda node, x: node.attr("gamma", 1.0507009873554805) * torch.where(
-        x > 0, x, node.attr("alpha", 1.6732632423543772) * torch.expm1(x)),
+    "Selu": lambda node, x: (
+        node.attr("gamma", 1.0507009873554805)
+        * torch.where(x > 0, x, node.attr("alpha", 1.6732632423543772) * torch.expm1(x))
+    ),
     "ThresholdedRelu": lambda node, x: torch.where(x > node.attr("alpha", 1.0), x, torch.zeros_like(x)),
     "HardSigmoid": lambda node, x: torch.clamp(node.attr("alpha", 0.2) * x + node.attr("beta", 0.5), 0.0, 1.0),
     "Gelu": lambda node, x: F.gelu(x, approximate=node.attr("approximate", "none")),
     "Swish": lambda node, x: x * torch.sigmoid(node.attr("alpha", 1.0) * x),
     "PRelu": lambda node, x, slope: torch.where(x < 0, x * slope, x),
-    "Shrink": lambda node, x: torch.where(x < -node.attr("lambd", 0.5), x + node.attr("bias", 0.0), torch.where(
-        x > node.attr("lambd", 0.5), x - node.attr("bias", 0.0), torch.zeros_like(x))),
-    "IsInf": _is_inf, "LRN": _lrn,
+    "Shrink": lambda node, x: torch.where(
+        x < -node.attr("lambd", 0.5),
+        x + node.attr("bias", 0.0),
+        torch.where(x > node.attr("lambd", 0.5), x - node.attr("bias", 0.0), torch.zeros_like(x)),
+    ),
+    "IsInf": _is_inf,
+    "LRN": _lrn,
     "Clip": _clip,
     "Dropout": lambda node, x, *settings: x,
-    "Add": lambda node, a, b: a + b, "Sub": lambda node, a, b: a - b, "Mul": lambda node, a, b: a * b,
-    "Div": _div, "Pow": lambda node, a, b: torch.pow(a, b).to(a.dtype),
-    "Max": _variadic(torch.maximum), "Min": _variadic(torch.minimum), "Sum": _variadic(torch.add),
+    "Add": lambda node, a, b: a + b,
+    "Sub": lambda node, a, b: a - b,
+    "Mul": lambda node, a, b: a * b,
+    "Div": _div,
+    "Pow": lambda node, a, b: torch.pow(a, b).to(a.dtype),
+    "Max": _variadic(torch.maximum),
+    "Min": _variadic(torch.minimum),
+    "Sum": _variadic(torch.add),
     "Mean": lambda node, *xs: reduce(torch.add, xs) / len(xs),
-    "Equal": lambda node, a, b: a == b, "Greater": lambda node, a, b: a > b, "Less": lambda node, a, b: a < b,
-    "And": lambda node, a, b: a & b, "Or": lambda node, a, b: a | b, "Xor": lambda node, a, b: a ^ b,
+    "Equal": lambda node, a, b: a == b,
+    "Greater": lambda node, a, b: a > b,
+    "Less": lambda node, a, b: a < b,
+    "And": lambda node, a, b: a & b,
+    "Or": lambda node, a, b: a | b,
+    "Xor": lambda node, a, b: a ^ b,
     "Mod": lambda node, a, b: torch.fmod(a, b) if node.attr("fmod", 0) else torch.remainder(a, b),
     "Where": lambda node, c, a, b: torch.where(c, a, b),
-    "MatMul": lambda node, a, b: a @ b, "Gemm": _gemm, "CuvilFusedGemm": _gemm,
+    "MatMul": lambda node, a, b: a @ b,
+    "Gemm": _gemm,
+    "CuvilFusedGemm": _gemm,
     "CuvilFusedMatMul": lambda node, a, b, c=None: activation(node)(a @ b if c is None else a @ b + c.reshape(-1)),
-    "Conv": _conv, "CuvilFusedConv": _conv,
-    "MaxPool": _pool, "AveragePool": _pool,
+    "Conv": _conv,
+    "CuvilFusedConv": _conv,
+    "MaxPool": _pool,
+    "AveragePool": _pool,
     "GlobalAveragePool": lambda node, x: x.mean(dim=tuple(range(2, x.dim())), keepdim=True),
     "GlobalMaxPool": lambda node, x: x.amax(dim=tuple(range(2, x.dim())), keepdim=True),
     "BatchNormalization": lambda node, x, scale, bias, mean, var: F.batch_norm(
-        x, mean, var, scale, bias, False, 0.0, float(node.attr("epsilon", 1e-5))),
-    "InstanceNormalization": _norm, "GroupNormalization": _norm, "LayerNormalization": _norm,
-    "Softmax": _softmax(F.softmax), "LogSoftmax": _softmax(F.log_softmax),
-    "ReduceMean": _reduce(torch.mean, 18), "ReduceSum": _reduce(torch.sum, 13),
-    "ReduceMax": _reduce(torch.amax, 18), "ReduceMin": _reduce(torch.amin, 18), "ReduceProd": _reduce(_prod, 18),
+        x, mean, var, scale, bias, False, 0.0, float(node.attr("epsilon", 1e-5))
+    ),
+    "InstanceNormalization": _norm,
+    "GroupNormalization": _norm,
+    "LayerNormalization": _norm,
+    "Softmax": _softmax(F.softmax),
+    "LogSoftmax": _softmax(F.log_softmax),
+    "ReduceMean": _reduce(torch.mean, 18),
+    "ReduceSum": _reduce(torch.sum, 13),
+    "ReduceMax": _reduce(torch.amax, 18),
+    "ReduceMin": _reduce(torch.amin, 18),
+    "ReduceProd": _reduce(_prod, 18),
     "ReduceL1": _reduce(lambda x, d, k: x.abs().sum(d, keepdim=k), 18),
     "ReduceL2": _reduce(lambda x, d, k: (x * x).sum(d, keepdim=k).sqrt(), 18),
     "ReduceSumSquare": _reduce(lambda x, d, k: (x * x).sum(d, keepdim=k), 18),
     "ReduceLogSumExp": _reduce(torch.logsumexp, 18),
     "ReduceLogSum": _reduce(lambda x, d, k: x.sum(d, keepdim=k).log(), 18),
-    "Flatten": _flatten, "Reshape": _reshape, "Shape": _shape, "Cast": _cast,
-    "CastLike": lambda node, x, like: x.to(like.dtype), "ConstantOfShape": _constant_of_shape, "Split": _split,
+    "Flatten": _flatten,
+    "Reshape": _reshape,
+    "Shape": _shape,
+    "Cast": _cast,
+    "CastLike": lambda node, x, like: x.to(like.dtype),
+    "ConstantOfShape": _constant_of_shape,
+    "Split": _split,
     "Tile": lambda node, x, repeats: x.repeat(*repeats.tolist()),
-    "Range": lambda node, start, limit, delta: torch.arange(start.item(), limit.item(), delta.item(),
-                                                            dtype=start.dtype),
+    "Range": lambda node, start, limit, delta: torch.arange(
+        start.item(), limit.item(), delta.item(), dtype=start.dtype
+    ),
     "Transpose": lambda node, x: x.permute(*(node.attr("perm") or range(x.dim() - 1, -1, -1))),
-    "Unsqueeze": _unsqueeze, "Squeeze": _squeeze, "Slice": _slice, "Gather": _gather,
+    "Unsqueeze": _unsqueeze,
+    "Squeeze": _squeeze,
+    "Slice": _slice,
+    "Gather": _gather,
     "Concat": lambda node, *xs: torch.cat(xs, dim=int(node.attr("axis"))),
     "Expand": lambda node, x, shape: x.expand(torch.broadcast_shapes(x.shape, tuple(shape.tolist()))),
     "Pad": _pad,
-    "QuantizeLinear": _quantize_linear, "DequantizeLinear": _dequantize_linear,
+    "QuantizeLinear": _quantize_linear,
+    "DequantizeLinear": _dequantize_linear,
     "Einsum": lambda node, *xs: torch.einsum(node.attr("equation"), *xs),
 }

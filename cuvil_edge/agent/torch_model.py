@@ -43,8 +43,17 @@ from cuvil_edge.agent.torch_functions import FUNCTIONS, activation, check, torch
 from cuvil_edge.errors import UnsupportedOpError
 from cuvil_edge.ir.graph import Graph, Node
 
-TRAINABLE_OPS = ("Conv", "CuvilFusedConv", "Gemm", "CuvilFusedGemm", "MatMul", "CuvilFusedMatMul",
-                 "InstanceNormalization", "GroupNormalization", "LayerNormalization")
+TRAINABLE_OPS = (
+    "Conv",
+    "CuvilFusedConv",
+    "Gemm",
+    "CuvilFusedGemm",
+    "MatMul",
+    "CuvilFusedMatMul",
+    "InstanceNormalization",
+    "GroupNormalization",
+    "LayerNormalization",
+)
 _VIEW_OPS = ("Identity", "Reshape", "Unsqueeze", "Squeeze", "Flatten")
 
 
@@ -105,9 +114,9 @@ class IRTorchModule(nn.Module):
             if used:
                 raise UnsupportedOpError(
                     f"{step.node.describe()}: reads {used[0]!r}, a weight trained in a layer elsewhere; per-sample "
-                    "gradients would miss this use, so the graph is not trainable as exported")
-        self._consts = {k: torch.from_numpy(np.array(v)) for k, v in graph.initializers.items()
-                        if k not in self._bound}
+                    "gradients would miss this use, so the graph is not trainable as exported"
+                )
+        self._consts = {k: torch.from_numpy(np.array(v)) for k, v in graph.initializers.items() if k not in self._bound}
 
     # --- planning ------------------------------------------------------------------------
     def _plan(self) -> list[_Step]:
@@ -128,7 +137,8 @@ class IRTorchModule(nn.Module):
                 if node.op_type not in FUNCTIONS:
                     raise UnsupportedOpError(
                         f"{node.describe()}: op {node.op_type} has no training lowering; trainable graphs may use "
-                        f"{', '.join(sorted(set(FUNCTIONS) | set(TRAINABLE_OPS)))}")
+                        f"{', '.join(sorted(set(FUNCTIONS) | set(TRAINABLE_OPS)))}"
+                    )
                 step = _Step(node, node.inputs, node.outputs, FUNCTIONS[node.op_type])
             steps.append((index, step))
         steps.sort(key=lambda pair: pair[0])
@@ -154,8 +164,10 @@ class IRTorchModule(nn.Module):
         bound = self._bound.get(source)
         if bound is not None:
             if bound.param.shape != current.shape or bound.transposed != transposed:
-                raise UnsupportedOpError(f"initializer {source!r} is used by two layers in different layouts; "
-                                         "export the model without sharing that weight")
+                raise UnsupportedOpError(
+                    f"initializer {source!r} is used by two layers in different layouts; "
+                    "export the model without sharing that weight"
+                )
             setattr(layer, attr, bound.param)
             return
         with torch.no_grad():
@@ -175,9 +187,17 @@ class IRTorchModule(nn.Module):
             return None
         x, grouped = types[pre.inputs[0]].shape, types[pre.outputs[0]].shape
         scale, bias = (inits.get(name) for name in node.inputs[1:3])
-        if len(x) < 2 or not isinstance(x[1], int) or len(grouped) != 3 or grouped[0] != x[0] or scale is None \
-                or bias is None or not isinstance(grouped[1], int) or x[1] % grouped[1] \
-                or not (np.all(scale == 1) and np.all(bias == 0)):
+        if (
+            len(x) < 2
+            or not isinstance(x[1], int)
+            or len(grouped) != 3
+            or grouped[0] != x[0]
+            or scale is None
+            or bias is None
+            or not isinstance(grouped[1], int)
+            or x[1] % grouped[1]
+            or not (np.all(scale == 1) and np.all(bias == 0))
+        ):
             return None
         post = self._sole_reader(node.outputs[0])
         if post is None or post.op_type != "Reshape" or types[post.outputs[0]].shape != x:
@@ -186,8 +206,9 @@ class IRTorchModule(nn.Module):
         out = self._absorb_affine(layer, [pre, node, post], lambda view: _is_vector(view, x[1], len(x), 1), key)
         return _Step(node, (pre.inputs[0],), (out,), _call, key)
 
-    def _absorb_affine(self, layer: nn.Module, nodes: list[Node], fits: Callable[[np.ndarray | None], bool],
-                       key: str) -> str:
+    def _absorb_affine(
+        self, layer: nn.Module, nodes: list[Node], fits: Callable[[np.ndarray | None], bool], key: str
+    ) -> str:
         """Fold Mul(·, w) and Add(·, b) after ``nodes`` into ``layer``'s weight and bias where they
         follow and ``fits`` them; absorb ``nodes`` and register ``layer``. Returns the last output."""
         affine, tail = {}, nodes[-1]
@@ -216,8 +237,11 @@ class IRTorchModule(nn.Module):
         if axes is None or sub is None or sub.op_type != "Sub" or sub.inputs != (x, node.outputs[0]):
             return None
         readers = {n.op_type: n for n in self._readers.get(sub.outputs[0], [])}
-        if set(readers) != {"Pow", "Div"} or len(self._readers[sub.outputs[0]]) != 2 or \
-                sub.outputs[0] in (self.output_name, self.logits_name):
+        if (
+            set(readers) != {"Pow", "Div"}
+            or len(self._readers[sub.outputs[0]]) != 2
+            or sub.outputs[0] in (self.output_name, self.logits_name)
+        ):
             return None
         chain = [readers["Pow"]]
         for op in ("ReduceMean", "Add", "Sqrt", "Div"):
@@ -227,13 +251,23 @@ class IRTorchModule(nn.Module):
             chain.append(after)
         pow_, mean, add, _, div = chain
         eps = _scalar(inits.get(add.inputs[1] if add.inputs[0] == mean.outputs[0] else add.inputs[0]))
-        normalized = tuple(shape[len(shape) - len(axes):])
-        if div is not readers["Div"] or div.inputs[0] != sub.outputs[0] or _scalar(inits.get(pow_.inputs[1])) != 2 \
-                or eps is None or _reduced_axes(mean, self._graph) != axes or axes != tuple(
-                    range(len(shape) - len(axes), len(shape))) or not all(isinstance(d, int) for d in normalized):
+        normalized = tuple(shape[len(shape) - len(axes) :])
+        if (
+            div is not readers["Div"]
+            or div.inputs[0] != sub.outputs[0]
+            or _scalar(inits.get(pow_.inputs[1])) != 2
+            or eps is None
+            or _reduced_axes(mean, self._graph) != axes
+            or axes != tuple(range(len(shape) - len(axes), len(shape)))
+            or not all(isinstance(d, int) for d in normalized)
+        ):
             return None
-        out = self._absorb_affine(nn.LayerNorm(normalized, eps=eps), [node, sub, *chain],
-                                  lambda view: _trails(view, normalized, len(shape)), key)
+        out = self._absorb_affine(
+            nn.LayerNorm(normalized, eps=eps),
+            [node, sub, *chain],
+            lambda view: _trails(view, normalized, len(shape)),
+            key,
+        )
         return _Step(node, (x,), (out,), _call, key)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -263,14 +297,20 @@ def _initializer_views(graph: Graph) -> dict[str, str]:
     source = {name: name for name in graph.initializers}
     for node in graph.nodes:
         settings = all(not name or name in graph.initializers for name in node.inputs[1:])
-        if node.op_type in _VIEW_OPS and node.inputs and node.inputs[0] in source and settings \
-                and graph.types[node.outputs[0]].is_static:
+        if (
+            node.op_type in _VIEW_OPS
+            and node.inputs
+            and node.inputs[0] in source
+            and settings
+            and graph.types[node.outputs[0]].is_static
+        ):
             source[node.outputs[0]] = source[node.inputs[0]]
     return source
 
 
-def _operand(module: IRTorchModule, after: Node | None, before: Node, op: str,
-             fits: Callable[[np.ndarray | None], bool]) -> str | None:
+def _operand(
+    module: IRTorchModule, after: Node | None, before: Node, op: str, fits: Callable[[np.ndarray | None], bool]
+) -> str | None:
     """The other operand of ``after`` (an ``op`` reading ``before``'s output) when it is a weight that ``fits``."""
     if after is None or after.op_type != op or len(after.inputs) != 2:
         return None
@@ -283,7 +323,7 @@ def _trails(view: np.ndarray | None, shape: tuple[int, ...], rank: int) -> bool:
     if view is None or view.ndim > rank:
         return False
     padded = (1,) * (rank - view.ndim) + view.shape
-    return padded[rank - len(shape):] == shape and all(d == 1 for d in padded[:rank - len(shape)])
+    return padded[rank - len(shape) :] == shape and all(d == 1 for d in padded[: rank - len(shape)])
 
 
 def _scalar(value: np.ndarray | None) -> float | None:
@@ -303,8 +343,11 @@ def _call(node: Node, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
 def _reduced_axes(node: Node, graph: Graph) -> tuple[int, ...] | None:
     """The sorted, non-negative axes a ReduceMean keeping its dims reduces (None: unknown or all)."""
     rank = len(graph.types[node.inputs[0]].shape)
-    axes = node.attr("axes") if node.version < 18 else \
-        (graph.initializers.get(node.inputs[1]) if len(node.inputs) > 1 else None)
+    axes = (
+        node.attr("axes")
+        if node.version < 18
+        else (graph.initializers.get(node.inputs[1]) if len(node.inputs) > 1 else None)
+    )
     if axes is None or not int(node.attr("keepdims", 1)) or np.size(axes) == 0:
         return None
     return tuple(sorted(int(a) % rank for a in np.asarray(axes).reshape(-1)))
@@ -329,9 +372,16 @@ def _conv_layer(module: IRTorchModule, node: Node, key: str) -> _Step | None:
     pads = list(node.attr("pads") or [0] * (2 * n))
     symmetric = node.attr("auto_pad", "NOTSET") == "NOTSET" and pads[:n] == pads[n:]  # else padded per call
     conv = (nn.Conv1d, nn.Conv2d, nn.Conv3d)[n - 1]
-    layer = conv(in_c * group, out_c, tuple(kernel), stride=tuple(node.attr("strides") or (1,) * n),
-                 padding=tuple(pads[:n]) if symmetric else 0, dilation=tuple(node.attr("dilations") or (1,) * n),
-                 groups=group, bias=has_bias)
+    layer = conv(
+        in_c * group,
+        out_c,
+        tuple(kernel),
+        stride=tuple(node.attr("strides") or (1,) * n),
+        padding=tuple(pads[:n]) if symmetric else 0,
+        dilation=tuple(node.attr("dilations") or (1,) * n),
+        groups=group,
+        bias=has_bias,
+    )
     module._bind(layer, "weight", node.inputs[1])
     if has_bias:
         module._bind(layer, "bias", node.inputs[2])
@@ -341,8 +391,7 @@ def _conv_layer(module: IRTorchModule, node: Node, key: str) -> _Step | None:
 
 
 def _conv_forward(node: Node, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    pads = [] if any(layer.padding) else window_pads(node, x.shape[2:], layer.kernel_size, layer.stride,
-                                                      layer.dilation)
+    pads = [] if any(layer.padding) else window_pads(node, x.shape[2:], layer.kernel_size, layer.stride, layer.dilation)
     y = layer(F.pad(x, torch_pads(pads)) if any(any(p) for p in pads) else x)
     if bias is not None:
         y = y + bias.reshape(1, -1, *(1,) * (y.dim() - 2))
@@ -405,12 +454,16 @@ def _per_group(node: Node, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
 def _layer_norm_layer(module: IRTorchModule, node: Node, key: str) -> _Step | None:
     _only_first_output(module, node)
     x = module._graph.types[node.inputs[0]].shape
-    shape = x[int(node.attr("axis", -1)) % len(x):]
+    shape = x[int(node.attr("axis", -1)) % len(x) :]
     scale = module._view(node.inputs[1])
     has_bias = len(node.inputs) > 2 and bool(node.inputs[2])
     bias = module._view(node.inputs[2]) if has_bias else None
-    if not all(isinstance(d, int) for d in shape) or scale is None or scale.size != math.prod(shape) or \
-            (has_bias and (bias is None or bias.size != scale.size)):
+    if (
+        not all(isinstance(d, int) for d in shape)
+        or scale is None
+        or scale.size != math.prod(shape)
+        or (has_bias and (bias is None or bias.size != scale.size))
+    ):
         return None
     layer = nn.LayerNorm(tuple(shape), eps=float(node.attr("epsilon", 1e-5)))
     module._bind(layer, "weight", node.inputs[1])
@@ -428,7 +481,13 @@ def _only_first_output(module: IRTorchModule, node: Node) -> None:
 
 
 _LAYERS: dict[str, Callable[[IRTorchModule, Node, str], _Step | None]] = {
-    "Conv": _conv_layer, "CuvilFusedConv": _conv_layer, "Gemm": _linear_layer, "CuvilFusedGemm": _linear_layer,
-    "MatMul": _linear_layer, "CuvilFusedMatMul": _linear_layer, "InstanceNormalization": _norm_layer, "GroupNormalization": _norm_layer,
+    "Conv": _conv_layer,
+    "CuvilFusedConv": _conv_layer,
+    "Gemm": _linear_layer,
+    "CuvilFusedGemm": _linear_layer,
+    "MatMul": _linear_layer,
+    "CuvilFusedMatMul": _linear_layer,
+    "InstanceNormalization": _norm_layer,
+    "GroupNormalization": _norm_layer,
     "LayerNormalization": _layer_norm_layer,
 }

@@ -26,9 +26,18 @@ class TrainOutcome:
     loss: float
 
 
-def train_round(graph: Graph, site: SiteConfig, data: Records, ledger: PrivacyLedger,
-                server_round: int, package_version: int, seed: int | None = None,
-                local_dp: bool = True, proximal_mu: object = 0.0, plan_cache: Path | None = None) -> TrainOutcome:
+def train_round(
+    graph: Graph,
+    site: SiteConfig,
+    data: Records,
+    ledger: PrivacyLedger,
+    server_round: int,
+    package_version: int,
+    seed: int | None = None,
+    local_dp: bool = True,
+    proximal_mu: object = 0.0,
+    plan_cache: Path | None = None,
+) -> TrainOutcome:
     """Check the model keeps samples apart, claim this round's DP-SGD spend, then train.
 
     The plan (σ, sample rate, steps) comes from the site YAML only, never from the data, and
@@ -69,8 +78,14 @@ def train_round(graph: Graph, site: SiteConfig, data: Records, ledger: PrivacyLe
         return _train_plain(graph, site, data, seed, mu)
     check_batch_independent(graph)  # per-sample clipping is meaningless if rows mix
     model = IRTorchModule(graph)  # an op without a training lowering is refused before anything is reserved
-    plan = plan_dp_sgd(target_epsilon=p.epsilon_per_round, delta=p.delta, sample_rate=t.sample_rate,
-                       epochs=t.local_epochs, expected_batch_size=t.batch_size, cache_dir=plan_cache)
+    plan = plan_dp_sgd(
+        target_epsilon=p.epsilon_per_round,
+        delta=p.delta,
+        sample_rate=t.sample_rate,
+        epochs=t.local_epochs,
+        expected_batch_size=t.batch_size,
+        cache_dir=plan_cache,
+    )
     event = DpSgd(plan.noise_multiplier, plan.sample_rate, plan.steps)
     exceeds, total = ledger.would_exceed(event)
     if exceeds:
@@ -80,13 +95,23 @@ def train_round(graph: Graph, site: SiteConfig, data: Records, ledger: PrivacyLe
         )
     # the ledger's one way to charge: reserved before the data is touched, aborted if training raises
     with ledger.claim(event, key=train_key(server_round, package_version), round=server_round) as reservation:
-        result = train_dp_sgd(model, data.x, data.y, plan, lr=t.learning_rate, momentum=t.momentum,
-                              max_grad_norm=t.max_grad_norm, seed=seed, proximal_mu=mu)
+        result = train_dp_sgd(
+            model,
+            data.x,
+            data.y,
+            plan,
+            lr=t.learning_rate,
+            momentum=t.momentum,
+            max_grad_norm=t.max_grad_norm,
+            seed=seed,
+            proximal_mu=mu,
+        )
     weights = {k: np.array(v) for k, v in graph.initializers.items() if v.dtype == np.float32}
     weights.update(model.ir_weights())
     # the round's ε as the ledger charges it (PLD); result.epsilon is the RDP ε it was planned at
-    return TrainOutcome(weights, reservation.epsilon, plan.noise_multiplier, plan.sample_rate, plan.steps,
-                        result.final_loss)
+    return TrainOutcome(
+        weights, reservation.epsilon, plan.noise_multiplier, plan.sample_rate, plan.steps, result.final_loss
+    )
 
 
 def train_key(server_round: int, package_version: int) -> str:
@@ -94,8 +119,9 @@ def train_key(server_round: int, package_version: int) -> str:
     return f"train-r{server_round}-v{package_version}"
 
 
-def _train_plain(graph: Graph, site: SiteConfig, data: Records, seed: int | None, proximal_mu: float = 0.0
-                 ) -> TrainOutcome:
+def _train_plain(
+    graph: Graph, site: SiteConfig, data: Records, seed: int | None, proximal_mu: float = 0.0
+) -> TrainOutcome:
     """Non-private minibatch SGD with the site's hyperparameters (no ledger spend), plus FedProx's
     proximal gradient when ``proximal_mu`` > 0."""
     import torch
@@ -118,7 +144,7 @@ def _train_plain(graph: Graph, site: SiteConfig, data: Records, seed: int | None
         for _ in range(t.local_epochs):
             order = torch.randperm(len(y))
             for start in range(0, len(y), t.batch_size):
-                idx = order[start:start + t.batch_size]
+                idx = order[start : start + t.batch_size]
                 optimizer.zero_grad(set_to_none=True)
                 batch_loss = criterion(model(x[idx]), y[idx])
                 batch_loss.backward()

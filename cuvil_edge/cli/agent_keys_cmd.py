@@ -23,11 +23,14 @@ def _group() -> None:
 
 
 @agent_keys_app.command("init")
-def agent_keys_init(site: Optional[Path] = typer.Option(None, "--site", help="this site's YAML: the keys go to "
-                                                        "its state directory's keys/ (where the agent reads them)"),
-                    directory: Optional[Path] = typer.Option(None, "--dir", help="write the keys here instead"),
-                    home: Path = typer.Option(DEFAULT_HOME, "--home", help="federation home (config/home.py)"),
-                    force: bool = typer.Option(False, help="replace an existing key pair")) -> None:
+def agent_keys_init(
+    site: Optional[Path] = typer.Option(
+        None, "--site", help="this site's YAML: the keys go to its state directory's keys/ (where the agent reads them)"
+    ),
+    directory: Optional[Path] = typer.Option(None, "--dir", help="write the keys here instead"),
+    home: Path = typer.Option(DEFAULT_HOME, "--home", help="federation home (config/home.py)"),
+    force: bool = typer.Option(False, help="replace an existing key pair"),
+) -> None:
     """Generate this site's X25519 sealing key pair; only seal.pub leaves the device."""
     from cuvil_edge.config import load_site
     from cuvil_edge.errors import ConfigError, KeyFileError
@@ -38,9 +41,13 @@ def agent_keys_init(site: Optional[Path] = typer.Option(None, "--site", help="th
     directory = directory or site_state_dir(load_site(site), home) / "keys"
 
     if not force and (directory / "seal.key").exists():
-        raise KeyFileError(f"{directory}/seal.key exists; use --force to replace it (packages sealed for the old "
-                           "key can no longer be opened)")
+        raise KeyFileError(
+            f"{directory}/seal.key exists; use --force to replace it (packages sealed for the old "
+            "key can no longer be opened)"
+        )
     private, public = generate_seal_keypair()
     key_path, pub_path = save_seal_keys(private, directory)
-    console.print(f"sealing key: {key_path} (never leaves this device)\n"
-                  f"public key:  {pub_path} (give it to the coordinator)\nkey id:      {seal_key_id(public)}")
+    console.print(
+        f"sealing key: {key_path} (never leaves this device)\n"
+        f"public key:  {pub_path} (give it to the coordinator)\nkey id:      {seal_key_id(public)}"
+    )

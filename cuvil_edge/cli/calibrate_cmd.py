@@ -12,12 +12,17 @@ from rich.table import Table
 console = Console()
 
 
-def calibrate_cmd(base: str = typer.Option("x86-64", "--base", help="shipped spec the measured one starts from"),
-                  output: Optional[Path] = typer.Option(None, "--output", "-o",
-                                                        help="spec file to write (default: NAME.yaml here); "
-                                                             "load it with load_target(NAME, specs_dir=its folder)"),
-                  name: str = typer.Option("host", "--name", help="the spec's name (the file must be NAME.yaml)"),
-                  quick: bool = typer.Option(False, "--quick", help="shorter timings (a few seconds, noisier)")) -> None:
+def calibrate_cmd(
+    base: str = typer.Option("x86-64", "--base", help="shipped spec the measured one starts from"),
+    output: Optional[Path] = typer.Option(
+        None,
+        "--output",
+        "-o",
+        help="spec file to write (default: NAME.yaml here); load it with load_target(NAME, specs_dir=its folder)",
+    ),
+    name: str = typer.Option("host", "--name", help="the spec's name (the file must be NAME.yaml)"),
+    quick: bool = typer.Option(False, "--quick", help="shorter timings (a few seconds, noisier)"),
+) -> None:
     """Measure this host (one thread: per-kernel terms on synthetic shapes (sgemm, native depthwise and
     LayerNorm, im2col copies, reductions, fresh pages), memory bandwidth, per-call overheads) and write
     a target spec the cost model can plan with."""
@@ -26,8 +31,10 @@ def calibrate_cmd(base: str = typer.Option("x86-64", "--base", help="shipped spe
 
     path = output or Path(f"{name}.yaml")
     if path.suffix != ".yaml" or path.stem != name:  # checked before the measurements, not after
-        raise TargetSpecError(f"--output must be {name}.yaml in some folder (got {path}): load_target finds a spec "
-                              "by its name; or pass --name to match the file")
+        raise TargetSpecError(
+            f"--output must be {name}.yaml in some folder (got {path}): load_target finds a spec "
+            "by its name; or pass --name to match the file"
+        )
     console.print(f"calibrating this host against base spec {base!r} (one thread; ~{5 if quick else 15} s)...")
     result = calibrate(base, name=name, quick=quick)
     path = write_spec(result, path)
@@ -35,14 +42,20 @@ def calibrate_cmd(base: str = typer.Option("x86-64", "--base", help="shipped spe
     table = Table("measured", "value", title=f"spec {spec.name!r}")
     table.add_row("sgemm, best of the kernel shapes", f"{measured['sgemm_best_gflops']:.1f} GFLOP/s")
     table.add_row("gemm efficiency / half-efficiency dim", f"{spec.gemm_efficiency:.3f} / {spec.gemm_half_dim:.1f}")
-    table.add_row("memory bandwidth (copy) / numpy efficiency", f"{spec.memory_bandwidth_gbs:.1f} GB/s / "
-                  f"{spec.memory_efficiency:.2f}")
+    table.add_row(
+        "memory bandwidth (copy) / numpy efficiency",
+        f"{spec.memory_bandwidth_gbs:.1f} GB/s / {spec.memory_efficiency:.2f}",
+    )
     table.add_row("cache bandwidth (a + b, 512 KiB)", f"{spec.cache_bandwidth_gbs:.1f} GB/s")
     table.add_row("per-node call / per-run overhead", f"{spec.call_overhead_us:.2f} / {spec.run_overhead_us:.2f} µs")
     for kind, us in spec.kernel_overhead_us.items():
         table.add_row(f"  call: {kind}", f"{us:.2f} µs")
-    table.add_row("native kernels", f"{spec.native_gflops:.1f} GFLOP/s, {spec.native_plane_us:.3f} µs/plane"
-                  if spec.native_kernels and spec.native_gflops else "not available")
+    table.add_row(
+        "native kernels",
+        f"{spec.native_gflops:.1f} GFLOP/s, {spec.native_plane_us:.3f} µs/plane"
+        if spec.native_kernels and spec.native_gflops
+        else "not available",
+    )
     table.add_row("exp-class function / row loop", f"{spec.transcendental_ns:.3f} ns/element, {spec.row_ns:.1f} ns/row")
     for key, ns in spec.kernel_ns.items():  # per-kernel terms on synthetic shapes (cost_kernels.py)
         table.add_row(f"  kernel: {key}", f"{ns:.4g} ns")

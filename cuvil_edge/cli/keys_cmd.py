@@ -18,21 +18,25 @@ _DAYS = typer.Option(365, "--expires-days", min=1, help="validity of the new roo
 
 
 @keys_app.command("init")
-def keys_init(directory: Path = _DIR, force: bool = typer.Option(False, help="replace existing keys"),
-              days: int = _DAYS) -> None:
+def keys_init(
+    directory: Path = _DIR, force: bool = typer.Option(False, help="replace existing keys"), days: int = _DAYS
+) -> None:
     """Create root, release and coordinator keys and root.json v1."""
     from cuvil_edge.coordinator.keys import init_keys
 
     private, root = init_keys(directory, force=force, validity_s=days * 86400)
-    console.print(f"coordinator key: {private} (online, signs per-site manifests)\n"
-                  f"release key:     {directory / 'release.key'} (signs release statements; keep offline if you can)\n"
-                  f"root key:        {directory / 'root.key'} (keep offline: it signs root rotations)\n"
-                  f"trust root:      {root} (pin it on every agent)")
+    console.print(
+        f"coordinator key: {private} (online, signs per-site manifests)\n"
+        f"release key:     {directory / 'release.key'} (signs release statements; keep offline if you can)\n"
+        f"root key:        {directory / 'root.key'} (keep offline: it signs root rotations)\n"
+        f"trust root:      {root} (pin it on every agent)"
+    )
 
 
 @keys_app.command("rotate")
-def keys_rotate(role: str = typer.Argument(..., help="root, release or coordinator"), directory: Path = _DIR,
-                days: int = _DAYS) -> None:
+def keys_rotate(
+    role: str = typer.Argument(..., help="root, release or coordinator"), directory: Path = _DIR, days: int = _DAYS
+) -> None:
     """Replace ROLE's key; publishes root.json N+1 signed by the old and new root keys."""
     from cuvil_edge.coordinator.keys import rotate_key
 
@@ -41,8 +45,11 @@ def keys_rotate(role: str = typer.Argument(..., help="root, release or coordinat
 
 
 @keys_app.command("revoke")
-def keys_revoke(keyid: str = typer.Argument(..., help="key id (or a prefix of >= 8 hex digits)"),
-                directory: Path = _DIR, days: int = _DAYS) -> None:
+def keys_revoke(
+    keyid: str = typer.Argument(..., help="key id (or a prefix of >= 8 hex digits)"),
+    directory: Path = _DIR,
+    days: int = _DAYS,
+) -> None:
     """Publish root.json N+1 without KEYID."""
     from cuvil_edge.coordinator.keys import revoke_key
 

@@ -23,8 +23,14 @@ from cuvil_edge.agent.enroll import init_site
 from cuvil_edge.config import load_federation, load_site
 from cuvil_edge.config.flower_app import APP_DIR  # noqa: F401 - the app `run` and `demo` submit
 from cuvil_edge.coordinator.registry import SiteRegistry, init_home
-from cuvil_edge.coordinator.superlink import (CONNECTION, Coordinator, DeploymentError, flwr_cli, free_port,
-                                              start_superlink)
+from cuvil_edge.coordinator.superlink import (
+    CONNECTION,
+    Coordinator,
+    DeploymentError,
+    flwr_cli,
+    free_port,
+    start_superlink,
+)
 from cuvil_edge.coordinator.tls import make_certs
 
 
@@ -57,8 +63,9 @@ class LocalFederation:
     def restart_superlink(self, log_file: Path | None = None) -> None:
         """Kill the coordinator's processes (SIGKILL, as a crash would) and start them again on the same home."""
         self.superlink.kill()
-        self.superlink = start_superlink(self.home, self.address, log_file=log_file,
-                                         operator_address=self.superlink.operator_address)
+        self.superlink = start_superlink(
+            self.home, self.address, log_file=log_file, operator_address=self.superlink.operator_address
+        )
 
 
 def set_up(root: Path, federation: Path) -> tuple[Path, list[tuple[Path, Path]]]:
@@ -83,15 +90,21 @@ def local_federation(root: Path, federation: Path) -> Iterator[LocalFederation]:
     """
     home, devices = set_up(Path(root), federation)
     address = f"127.0.0.1:{free_port()}"
-    link = start_superlink(home, address, log_file=Path(root) / "superlink.log",
-                           operator_address=f"127.0.0.1:{free_port()}")
+    link = start_superlink(
+        home, address, log_file=Path(root) / "superlink.log", operator_address=f"127.0.0.1:{free_port()}"
+    )
     fed = LocalFederation(home, address, [d for _, d in devices], link, [])
     try:
         for i, (site_file, device) in enumerate(devices):
             site, port = load_site(site_file), free_port()
             command = supernode_command(site, site_file, device, address, port, (i, len(devices)))
-            node, gate = start_agent(command, device, partial(gate_command, site, device, port),
-                                     stdout=open(Path(root) / f"supernode-{i}.log", "wb"), stderr=subprocess.STDOUT)
+            node, gate = start_agent(
+                command,
+                device,
+                partial(gate_command, site, device, port),
+                stdout=open(Path(root) / f"supernode-{i}.log", "wb"),
+                stderr=subprocess.STDOUT,
+            )
             fed.supernodes.append(node)
             fed.gates.append(gate)
         fed.wait_online()

@@ -13,10 +13,13 @@ from rich.table import Table
 console = Console()
 
 
-def ops_cmd(op: Optional[str] = typer.Argument(None, metavar="[OP]", help="one op to show (e.g. Conv)"),
-            markdown: bool = typer.Option(False, "--markdown", help="print docs/OPS.md's markdown"),
-            write: Optional[Path] = typer.Option(None, "--write", help="write the markdown to this file "
-                                                 "(docs/OPS.md; a test checks it matches the registry)")) -> None:
+def ops_cmd(
+    op: Optional[str] = typer.Argument(None, metavar="[OP]", help="one op to show (e.g. Conv)"),
+    markdown: bool = typer.Option(False, "--markdown", help="print docs/OPS.md's markdown"),
+    write: Optional[Path] = typer.Option(
+        None, "--write", help="write the markdown to this file (docs/OPS.md; a test checks it matches the registry)"
+    ),
+) -> None:
     """List every supported op with its opsets, or show one op (its versions, attributes, notes)."""
     from cuvil_edge.atomic import atomic_write
     from cuvil_edge.ir import op_catalog
@@ -31,10 +34,15 @@ def ops_cmd(op: Optional[str] = typer.Argument(None, metavar="[OP]", help="one o
         return
     if op is not None:
         e = op_catalog.entry(op)  # an unknown op: UnsupportedOpError suggests close names
-        for key, value in (("op", e.op_type), ("domain", e.domain), ("opsets", e.opsets),
-                           ("ONNX versions", ", ".join(map(str, e.versions))),
-                           ("defined in", f"cuvil_edge/ir/ops/{e.module}.py"),
-                           ("attributes read", ", ".join(e.attributes) or "-"), ("notes", e.notes or "-")):
+        for key, value in (
+            ("op", e.op_type),
+            ("domain", e.domain),
+            ("opsets", e.opsets),
+            ("ONNX versions", ", ".join(map(str, e.versions))),
+            ("defined in", f"cuvil_edge/ir/ops/{e.module}.py"),
+            ("attributes read", ", ".join(e.attributes) or "-"),
+            ("notes", e.notes or "-"),
+        ):
             console.print(f"{key:<16} {value}", markup=False, highlight=False)
         return
     table = Table(title="supported ops (docs/OPS.md; `cuvil-edge ops OP` for one)")

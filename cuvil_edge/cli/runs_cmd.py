@@ -39,8 +39,10 @@ def _seconds(elapsed: str) -> str:
         return escape(elapsed)
 
 
-def stop_cmd(run_id: int = typer.Argument(..., help="the run to stop (`cuvil-edge runs` lists them)"),
-             home: Path = typer.Option(DEFAULT_HOME, "--home", help="the coordinator home")) -> None:
+def stop_cmd(
+    run_id: int = typer.Argument(..., help="the run to stop (`cuvil-edge runs` lists them)"),
+    home: Path = typer.Option(DEFAULT_HOME, "--home", help="the coordinator home"),
+) -> None:
     """Stop a run on the SuperLink; its sites are sent nothing more."""
     from cuvil_edge.coordinator.runs import stop_run
 

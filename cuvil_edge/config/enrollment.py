@@ -87,7 +87,7 @@ class Enrollment:
     def read(path: Path) -> "Enrollment":
         """Raises: ConfigError: unreadable, too large or malformed."""
         try:
-            data = Path(path).read_bytes()[:MAX_BYTES + 1]
+            data = Path(path).read_bytes()[: MAX_BYTES + 1]
         except OSError as e:
             raise ConfigError(f"{path}: cannot read the enrollment file ({e.strerror})") from e
         if len(data) > MAX_BYTES:
@@ -100,8 +100,10 @@ def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     doc = dict(pairs)
     if len(doc) != len(pairs):
         twice = sorted(k for k, n in Counter(k for k, _ in pairs).items() if n > 1)
-        raise ConfigError(f"the key(s) {', '.join(repr(k)[:40] for k in twice)} appear twice; write each field "
-                          "once (copy the file exactly as `cuvil-edge agent init` wrote it)")
+        raise ConfigError(
+            f"the key(s) {', '.join(repr(k)[:40] for k in twice)} appear twice; write each field "
+            "once (copy the file exactly as `cuvil-edge agent init` wrote it)"
+        )
     return doc
 
 
@@ -116,8 +118,10 @@ def known_target(name: str) -> str:
 
     known = list_targets()
     if name not in known:  # checked first: the name is untrusted and maybe huge, shown shortened
-        raise UnknownTargetError(f"unknown device target {name!r:.60}; known targets: {', '.join(known)}. "
-                                 "The device's site YAML must name one of them")
+        raise UnknownTargetError(
+            f"unknown device target {name!r:.60}; known targets: {', '.join(known)}. "
+            "The device's site YAML must name one of them"
+        )
     return load_target(name).name
 
 
@@ -140,8 +144,10 @@ def node_public_key(line: str, where: str = "") -> ec.EllipticCurvePublicKey:
     """
     if not line.isascii():
         at = next(i for i, c in enumerate(line) if not c.isascii())
-        raise ConfigError(f"{_at(where)}node_public_key holds a non-ASCII character ({line[at]!r} at {at}); an "
-                          "OpenSSH key line is ASCII: copy it exactly as `cuvil-edge agent init` wrote it")
+        raise ConfigError(
+            f"{_at(where)}node_public_key holds a non-ASCII character ({line[at]!r} at {at}); an "
+            "OpenSSH key line is ASCII: copy it exactly as `cuvil-edge agent init` wrote it"
+        )
     try:
         key = serialization.load_ssh_public_key(line.strip().encode("ascii"))
     except (ValueError, UnsupportedAlgorithm) as e:

@@ -112,8 +112,10 @@ class FedAvgMStrategy(FedAvgStrategy):
 
 #: The strategy section: ``name`` picks one of Flower's strategies, the other keys are its own
 #: parameters (unknown keys are errors).
-StrategySection = Annotated[Union[FedAvgStrategy, FedProxStrategy, FedAdamStrategy, FedYogiStrategy,
-                                  FedAvgMStrategy], Field(discriminator="name")]
+StrategySection = Annotated[
+    Union[FedAvgStrategy, FedProxStrategy, FedAdamStrategy, FedYogiStrategy, FedAvgMStrategy],
+    Field(discriminator="name"),
+]
 #: Strategies whose aggregate is FedAvg's mean, the only one Flower's central-DP accountant admits.
 MEAN_STRATEGIES = ("fedavg", "fedprox")
 
@@ -135,8 +137,10 @@ class QuantizationSection(_Strict):
         if isinstance(value, str):
             path = relative_to_file(value, info)
             if not path.is_file():
-                raise ValueError(f"calibration file {path} not found; give an .npz of sample inputs "
-                                 "(one array per model input, saved with numpy.savez)")
+                raise ValueError(
+                    f"calibration file {path} not found; give an .npz of sample inputs "
+                    "(one array per model input, saved with numpy.savez)"
+                )
             return path
         return value
 
@@ -187,7 +191,9 @@ class FederationConfig(_Strict):
         if isinstance(value, str) and not value.startswith("builtin:"):
             path = relative_to_file(value, info)
             if not path.is_file():
-                raise ValueError(f"model file {path} not found; give a path to an .onnx file or one of {BUILTIN_MODELS}")
+                raise ValueError(
+                    f"model file {path} not found; give a path to an .onnx file or one of {BUILTIN_MODELS}"
+                )
             return str(path)
         if isinstance(value, str) and value not in BUILTIN_MODELS:
             raise ValueError(f"unknown builtin model; choose one of {BUILTIN_MODELS}")
@@ -198,11 +204,15 @@ class FederationConfig(_Strict):
         if self.min_sites is not None and self.min_sites > len(self.sites):
             raise ValueError(f"min_sites {self.min_sites} is more than the {len(self.sites)} sites listed")
         if self.min_sites is not None and self.central_dp.enabled and self.min_sites != len(self.sites):
-            raise ValueError("central_dp needs every site every round (Flower's accountant counts exactly the "
-                             "sampled sites); leave min_sites unset")
+            raise ValueError(
+                "central_dp needs every site every round (Flower's accountant counts exactly the "
+                "sampled sites); leave min_sites unset"
+            )
         if self.central_dp.enabled and self.strategy.name not in MEAN_STRATEGIES:
-            raise ValueError(f"central_dp needs strategy {' or '.join(MEAN_STRATEGIES)} (Flower's accountant covers "
-                             f"the noised mean only, not {self.strategy.name}'s server optimiser step)")
+            raise ValueError(
+                f"central_dp needs strategy {' or '.join(MEAN_STRATEGIES)} (Flower's accountant covers "
+                f"the noised mean only, not {self.strategy.name}'s server optimiser step)"
+            )
         return self
 
     def load_sites(self) -> list[SiteConfig]:
@@ -213,8 +223,10 @@ class FederationConfig(_Strict):
         """
         for path in self.sites:  # the file a YAML entry names, and where it came from
             if not Path(path).is_file():
-                raise ConfigError(f"{path}: file not found; check the path (an entry of the federation's `sites:`, "
-                                  "relative to the federation file)")
+                raise ConfigError(
+                    f"{path}: file not found; check the path (an entry of the federation's `sites:`, "
+                    "relative to the federation file)"
+                )
         sites = [load_site(p) for p in self.sites]
         ids = [s.site for s in sites]
         for sid in ids:

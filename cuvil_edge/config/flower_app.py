@@ -49,8 +49,10 @@ def _entries(fab: bytes) -> dict[str, bytes]:
         with zipfile.ZipFile(io.BytesIO(fab)) as archive:
             infos = archive.infolist()
             if len(infos) > MAX_ENTRIES or sum(i.file_size for i in infos) > MAX_FAB_BYTES:
-                raise ForeignAppError(f"the run's app bundle has {len(infos)} entries "
-                                      f"({sum(i.file_size for i in infos):,} bytes unpacked); not cuvil-edge's")
+                raise ForeignAppError(
+                    f"the run's app bundle has {len(infos)} entries "
+                    f"({sum(i.file_size for i in infos):,} bytes unpacked); not cuvil-edge's"
+                )
             entries: dict[str, bytes] = {}
             for info in infos:
                 if info.filename in entries:
@@ -73,11 +75,16 @@ def check_run_app(fab: bytes) -> None:
     extra = sorted(set(got) - set(expected))
     missing = sorted(set(expected) - set(got))
     changed = sorted(n for n in set(got) & set(expected) if got[n] != expected[n])
-    parts = [f"{label} {', '.join(repr(n[:80]) for n in names[:5])}" for label, names in
-             (("extra", extra), ("missing", missing), ("different", changed)) if names]
-    raise ForeignAppError("the run's app is not the cuvil-edge app installed here (" + "; ".join(parts) + "): "
-                          "only `cuvil-edge run` of the same cuvil-edge release is executed; upgrade both sides "
-                          "to one release if this is your own run")
+    parts = [
+        f"{label} {', '.join(repr(n[:80]) for n in names[:5])}"
+        for label, names in (("extra", extra), ("missing", missing), ("different", changed))
+        if names
+    ]
+    raise ForeignAppError(
+        "the run's app is not the cuvil-edge app installed here (" + "; ".join(parts) + "): "
+        "only `cuvil-edge run` of the same cuvil-edge release is executed; upgrade both sides "
+        "to one release if this is your own run"
+    )
 
 
 def installed_app_hash() -> str:
@@ -90,8 +97,17 @@ def installed_app_hash() -> str:
     return hashlib.sha256(build_fab_from_disk(APP_DIR)).hexdigest()
 
 
-def acquire_tasks(address: str, secret_file: Path, task_type: str, handle, *, root_certificates: bytes | None,
-                  parent_pid: int | None = None, poll_s: float = 1.0, component: str = "SuperExec") -> None:
+def acquire_tasks(
+    address: str,
+    secret_file: Path,
+    task_type: str,
+    handle,
+    *,
+    root_certificates: bytes | None,
+    parent_pid: int | None = None,
+    poll_s: float = 1.0,
+    component: str = "SuperExec",
+) -> None:
     """Poll the Runtime API at ``address`` for tasks of ``task_type`` (AcquireTask, signed with the
     executor secret in ``secret_file``) and call ``handle(task, token)`` for each; return when
     ``parent_pid`` is gone. This is the loop of Flower's ``flower-superexec``, which cuvil-edge's
@@ -108,12 +124,16 @@ def acquire_tasks(address: str, secret_file: Path, task_type: str, handle, *, ro
     from flwr.supercore.runtime import RuntimeHttpClient
 
     log = logging.getLogger(__name__)
-    auth = SuperExecAuthHttpInterceptor(master_secret=Path(secret_file).read_bytes(),
-                                        protected_methods=frozenset({"/flwr.proto.Runtime/AcquireTask"}))
+    auth = SuperExecAuthHttpInterceptor(
+        master_secret=Path(secret_file).read_bytes(), protected_methods=frozenset({"/flwr.proto.Runtime/AcquireTask"})
+    )
     client = RuntimeHttpClient.from_server_address(
-        server_address=address, insecure=root_certificates is None, root_certificates=root_certificates,
+        server_address=address,
+        insecure=root_certificates is None,
+        root_certificates=root_certificates,
         interceptors=[RuntimeVersionHttpInterceptor(component_name=component), auth],
-        retry_invoker=make_simple_http_retry_invoker())
+        retry_invoker=make_simple_http_retry_invoker(),
+    )
 
     def alive() -> bool:
         if parent_pid is None:

@@ -13,8 +13,11 @@ from pathlib import Path
 
 from cuvil_edge.errors import MissingDependencyError
 
-FLOWER_ENV = {"FLWR_TELEMETRY_ENABLED": "0", "FLWR_DISABLE_UPDATE_CHECK": "1",
-              "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1"}
+FLOWER_ENV = {
+    "FLWR_TELEMETRY_ENABLED": "0",
+    "FLWR_DISABLE_UPDATE_CHECK": "1",
+    "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
+}
 
 
 def flwr_env(home: Path) -> dict[str, str]:
@@ -33,6 +36,8 @@ def flower_tool(name: str) -> str:
     """
     found = shutil.which(name, path=str(Path(sys.executable).parent)) or shutil.which(name)
     if found is None:
-        raise MissingDependencyError(f"`{name}` comes with Flower 1.42, which this install lacks",
-                                     "agent" if name == "flower-supernode" else "coordinator")
+        raise MissingDependencyError(
+            f"`{name}` comes with Flower 1.42, which this install lacks",
+            "agent" if name == "flower-supernode" else "coordinator",
+        )
     return found

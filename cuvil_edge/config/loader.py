@@ -88,10 +88,18 @@ def _step(node: object, part: object) -> object:
         if len(members) == 1:
             return _step(members[0], part)
         for member in members:  # a tagged union: pydantic puts the tag (or class name) in the location
-            if isinstance(member, type) and issubclass(member, BaseModel) and (
-                    member.__name__ == part or any(part in get_args(f.annotation)
-                                                   for f in member.model_fields.values()
-                                                   if get_origin(f.annotation) is Literal)):
+            if (
+                isinstance(member, type)
+                and issubclass(member, BaseModel)
+                and (
+                    member.__name__ == part
+                    or any(
+                        part in get_args(f.annotation)
+                        for f in member.model_fields.values()
+                        if get_origin(f.annotation) is Literal
+                    )
+                )
+            ):
                 return member
         return None
     if origin in (list, tuple, set, frozenset):

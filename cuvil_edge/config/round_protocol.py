@@ -58,21 +58,37 @@ class Failure:
 class Failures:
     """The fixed set of failure replies (numeric codes 4001-4008). A reply's reason is its name."""
 
-    PACKAGE_REJECTED = Failure(4001, "package-rejected", "the package or request failed verification "
-                               "(signature, site, size, expiry, rollback, requested weights)")
-    MODEL_INCOMPATIBLE = Failure(4002, "model-incompatible", "the package's model does not fit the public "
-                                 "data metadata of the site YAML (input shape, number of classes); "
-                                 "checked before any record is read")
-    APP_REFUSED = Failure(4003, "app-refused", "the run's app is not the one installed on the device "
-                          "(agent/app_gate.py)")
+    PACKAGE_REJECTED = Failure(
+        4001,
+        "package-rejected",
+        "the package or request failed verification (signature, site, size, expiry, rollback, requested weights)",
+    )
+    MODEL_INCOMPATIBLE = Failure(
+        4002,
+        "model-incompatible",
+        "the package's model does not fit the public "
+        "data metadata of the site YAML (input shape, number of classes); "
+        "checked before any record is read",
+    )
+    APP_REFUSED = Failure(
+        4003, "app-refused", "the run's app is not the one installed on the device (agent/app_gate.py)"
+    )
     APP_FAILED = Failure(4004, "app-failed", "the installed ClientApp raised (agent/app_gate.py)")
     DATA_INVALID = Failure(4005, "data-invalid", "the site's own records are unreadable or malformed")
-    BUDGET_EXHAUSTED = Failure(4006, "budget-exhausted", "the site's privacy budget cannot pay for the "
-                               "request (train and evaluate answer with the budget-exhausted reply instead)")
-    REPLAYED = Failure(4007, "replayed", "the request's ledger key was already claimed: a replayed or "
-                       "duplicated message is never computed again")
-    INTERNAL_ERROR = Failure(4008, "internal-error", "anything else that went wrong on the site "
-                             "(configuration, build, ledger)")
+    BUDGET_EXHAUSTED = Failure(
+        4006,
+        "budget-exhausted",
+        "the site's privacy budget cannot pay for the "
+        "request (train and evaluate answer with the budget-exhausted reply instead)",
+    )
+    REPLAYED = Failure(
+        4007,
+        "replayed",
+        "the request's ledger key was already claimed: a replayed or duplicated message is never computed again",
+    )
+    INTERNAL_ERROR = Failure(
+        4008, "internal-error", "anything else that went wrong on the site (configuration, build, ledger)"
+    )
 
     @classmethod
     def all(cls) -> tuple[Failure, ...]:
@@ -119,8 +135,10 @@ LEDGER_TOTALS = (EPS_SPENT, EPS_REMAINING)
 
 P, M, N, R = Sensitivity.PUBLIC, Sensitivity.MEASURED, Sensitivity.NOISED, Sensitivity.REQUEST
 
-_LEDGER = (Field(EPS_SPENT, "float", P, "the ledger's total ε, of events planned from public configuration"),
-           Field(EPS_REMAINING, "float", P, "the site's budget minus eps-spent"))
+_LEDGER = (
+    Field(EPS_SPENT, "float", P, "the ledger's total ε, of events planned from public configuration"),
+    Field(EPS_REMAINING, "float", P, "the site's budget minus eps-spent"),
+)
 
 
 @dataclass(frozen=True)
@@ -149,55 +167,115 @@ class MessageSpec:
         return {k: given[k] for k in expected}
 
 
-QUERY_REQUEST = MessageSpec("query request", "query", "request", {
-    CONFIG_RECORD: (Field(ASK, "str", R, "what the coordinator asks: the site's name"),)})
-QUERY_REPLY = MessageSpec("query reply", "query", "reply", {
-    CONFIG_RECORD: (Field(SITE, "str", P, "the site's name, from its own YAML"),)})
+QUERY_REQUEST = MessageSpec(
+    "query request",
+    "query",
+    "request",
+    {CONFIG_RECORD: (Field(ASK, "str", R, "what the coordinator asks: the site's name"),)},
+)
+QUERY_REPLY = MessageSpec(
+    "query reply", "query", "reply", {CONFIG_RECORD: (Field(SITE, "str", P, "the site's name, from its own YAML"),)}
+)
 
-_PACKAGE_REQUEST = (Field(SITE, "str", R, "the site the package is for"),
-                    Field(PACKAGE, "bytes", R, "the signed (and maybe sealed) package"),
-                    Field(SERVER_ROUND, "int", R, "the round number"))
-TRAIN_REQUEST = MessageSpec("train request", "train", "request", {
-    CONFIG_RECORD: (*_PACKAGE_REQUEST,
-                    Field(REPLY_KEYS, "list[str]", R, "the weights the reply carries (none beside the package)"),
-                    Field(CLIPPING_NORM, "float", R, "central DP: the clipping norm of Flower's wrapper"),
-                    Field(PROXIMAL_MU, "float", R, "FedProx's mu")),
-    ARRAYS_RECORD: (Field("<weight name>", "array", R, "under central DP: the weights the site starts from"),)})
-TRAIN_REPLY = MessageSpec("train reply", "train", "reply", {
-    ARRAYS_RECORD: (Field("<weight name>", "array", N, "the trained weights (DP-SGD, charged per round)"),),
-    METRICS_RECORD: (
-        Field(NUM_EXAMPLES, "int", P, "the FedAvg weight: training.weight of the site YAML (1 under central DP)"),
-        Field(EPS_ROUND, "float", P, "ε of this round, from the planned σ, q and steps"),
-        *_LEDGER,
-        Field(NOISE_MULTIPLIER, "float", P, "DP-SGD's σ, planned from the site YAML"),
-        Field(LOCAL_DP, "int", P, "1 when the site trains with DP-SGD"),
-        Field(BUILD_SECONDS, "float", M, "seconds to build the package for this device"),
-        Field(VERIFY_SECONDS, "float", M, "seconds to verify the package"),
-        Field(PACKAGE_BYTES, "int", P, "the package's size"),
-        Field(BUDGET_EXHAUSTED, "int", P, "0"))})
+_PACKAGE_REQUEST = (
+    Field(SITE, "str", R, "the site the package is for"),
+    Field(PACKAGE, "bytes", R, "the signed (and maybe sealed) package"),
+    Field(SERVER_ROUND, "int", R, "the round number"),
+)
+TRAIN_REQUEST = MessageSpec(
+    "train request",
+    "train",
+    "request",
+    {
+        CONFIG_RECORD: (
+            *_PACKAGE_REQUEST,
+            Field(REPLY_KEYS, "list[str]", R, "the weights the reply carries (none beside the package)"),
+            Field(CLIPPING_NORM, "float", R, "central DP: the clipping norm of Flower's wrapper"),
+            Field(PROXIMAL_MU, "float", R, "FedProx's mu"),
+        ),
+        ARRAYS_RECORD: (Field("<weight name>", "array", R, "under central DP: the weights the site starts from"),),
+    },
+)
+TRAIN_REPLY = MessageSpec(
+    "train reply",
+    "train",
+    "reply",
+    {
+        ARRAYS_RECORD: (Field("<weight name>", "array", N, "the trained weights (DP-SGD, charged per round)"),),
+        METRICS_RECORD: (
+            Field(NUM_EXAMPLES, "int", P, "the FedAvg weight: training.weight of the site YAML (1 under central DP)"),
+            Field(EPS_ROUND, "float", P, "ε of this round, from the planned σ, q and steps"),
+            *_LEDGER,
+            Field(NOISE_MULTIPLIER, "float", P, "DP-SGD's σ, planned from the site YAML"),
+            Field(LOCAL_DP, "int", P, "1 when the site trains with DP-SGD"),
+            Field(BUILD_SECONDS, "float", M, "seconds to build the package for this device"),
+            Field(VERIFY_SECONDS, "float", M, "seconds to verify the package"),
+            Field(PACKAGE_BYTES, "int", P, "the package's size"),
+            Field(BUDGET_EXHAUSTED, "int", P, "0"),
+        ),
+    },
+)
 EVALUATE_REQUEST = MessageSpec("evaluate request", "evaluate", "request", {CONFIG_RECORD: _PACKAGE_REQUEST})
-EVALUATE_REPLY = MessageSpec("evaluate reply", "evaluate", "reply", {
-    METRICS_RECORD: (
-        Field(NOISY_CORRECT, "int", N, "correct predictions + discrete Laplace noise (eval_epsilon)"),
-        Field(NOISY_TOTAL, "int", N, "evaluation records + discrete Laplace noise (same release)"),
-        Field(COUNT_NOISE_SCALE, "float", P, "the noise scale 2 / eval_epsilon"),
-        *_LEDGER, Field(BUDGET_EXHAUSTED, "int", P, "0"))})
-EXHAUSTED_REPLY = MessageSpec("budget-exhausted reply", "train or evaluate", "reply", {
-    ARRAYS_RECORD: (Field("<weight name>", "array", P, "under central DP: the weights received, unchanged"),),
-    METRICS_RECORD: (Field(NUM_EXAMPLES, "int", P, "0, or 1 under central DP"), *_LEDGER,
-                     Field(BUDGET_EXHAUSTED, "int", P, "1"))})
-FAILURE_REPLY = MessageSpec("failure reply", "any", "reply", {
-    "error": (Field("code", "int", Sensitivity.CODE, "a code of the fixed set (Failures)"),
-              Field("reason", "str", Sensitivity.CODE, "that code's name, nothing else"))})
+EVALUATE_REPLY = MessageSpec(
+    "evaluate reply",
+    "evaluate",
+    "reply",
+    {
+        METRICS_RECORD: (
+            Field(NOISY_CORRECT, "int", N, "correct predictions + discrete Laplace noise (eval_epsilon)"),
+            Field(NOISY_TOTAL, "int", N, "evaluation records + discrete Laplace noise (same release)"),
+            Field(COUNT_NOISE_SCALE, "float", P, "the noise scale 2 / eval_epsilon"),
+            *_LEDGER,
+            Field(BUDGET_EXHAUSTED, "int", P, "0"),
+        )
+    },
+)
+EXHAUSTED_REPLY = MessageSpec(
+    "budget-exhausted reply",
+    "train or evaluate",
+    "reply",
+    {
+        ARRAYS_RECORD: (Field("<weight name>", "array", P, "under central DP: the weights received, unchanged"),),
+        METRICS_RECORD: (
+            Field(NUM_EXAMPLES, "int", P, "0, or 1 under central DP"),
+            *_LEDGER,
+            Field(BUDGET_EXHAUSTED, "int", P, "1"),
+        ),
+    },
+)
+FAILURE_REPLY = MessageSpec(
+    "failure reply",
+    "any",
+    "reply",
+    {
+        "error": (
+            Field("code", "int", Sensitivity.CODE, "a code of the fixed set (Failures)"),
+            Field("reason", "str", Sensitivity.CODE, "that code's name, nothing else"),
+        )
+    },
+)
 
-MESSAGES = (QUERY_REQUEST, QUERY_REPLY, TRAIN_REQUEST, TRAIN_REPLY, EVALUATE_REQUEST, EVALUATE_REPLY,
-            EXHAUSTED_REPLY, FAILURE_REPLY)
+MESSAGES = (
+    QUERY_REQUEST,
+    QUERY_REPLY,
+    TRAIN_REQUEST,
+    TRAIN_REPLY,
+    EVALUATE_REQUEST,
+    EVALUATE_REPLY,
+    EXHAUSTED_REPLY,
+    FAILURE_REPLY,
+)
 
 
 def leaving_a_site() -> list[tuple[str, str, str, Field]]:
     """(message, record, key, field) of every value a site sends, in protocol order."""
-    return [(m.name, record, f.key, f) for m in MESSAGES if m.direction == "reply"
-            for record, fields in m.records.items() for f in fields]
+    return [
+        (m.name, record, f.key, f)
+        for m in MESSAGES
+        if m.direction == "reply"
+        for record, fields in m.records.items()
+        for f in fields
+    ]
 
 
 def privacy_table() -> str:

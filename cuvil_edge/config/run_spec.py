@@ -51,9 +51,14 @@ class RunSpec:
             from cuvil_edge.config.federation import load_federation
 
             rounds = load_federation(str(config["federation"])).rounds
-        return RunSpec(federation=str(config["federation"]), run_dir=str(run_dir), home=str(home),
-                       coordinator_key=str(keys / "coordinator.key"), trust_root=str(keys / "root.json"),
-                       rounds=rounds)
+        return RunSpec(
+            federation=str(config["federation"]),
+            run_dir=str(run_dir),
+            home=str(home),
+            coordinator_key=str(keys / "coordinator.key"),
+            trust_root=str(keys / "root.json"),
+            rounds=rounds,
+        )
 
     @staticmethod
     def load(path: str | Path) -> "RunSpec":
@@ -66,8 +71,9 @@ class RunSpec:
             data = json.loads(Path(path).read_text(encoding="utf-8"))
             return RunSpec(**data)
         except (OSError, ValueError, TypeError) as e:
-            raise ConfigError(f"{path}: invalid run spec ({e}); start runs with `cuvil-edge demo` or "
-                              "`cuvil-edge run`") from e
+            raise ConfigError(
+                f"{path}: invalid run spec ({e}); start runs with `cuvil-edge demo` or `cuvil-edge run`"
+            ) from e
 
     @staticmethod
     def of_simulation(run_config: dict) -> "RunSpec":

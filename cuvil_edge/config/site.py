@@ -49,15 +49,18 @@ class TrainingSection(_Strict):
     the steps, the ε a round costs) depends on how many records the site holds."""
 
     local_epochs: int = Field(ge=1, le=100, default=2, description="steps per round = ceil(local_epochs / sample_rate)")
-    batch_size: int = Field(ge=1, le=65536, default=32,
-                            description="expected batch size: normalises the noisy gradient sum")
-    sample_rate: float = Field(gt=0, le=1, default=0.08,
-                               description="Poisson sampling rate of DP-SGD; pick about batch_size / records")
+    batch_size: int = Field(
+        ge=1, le=65536, default=32, description="expected batch size: normalises the noisy gradient sum"
+    )
+    sample_rate: float = Field(
+        gt=0, le=1, default=0.08, description="Poisson sampling rate of DP-SGD; pick about batch_size / records"
+    )
     learning_rate: float = Field(gt=0, le=10, default=0.1)
     momentum: float = Field(ge=0, lt=1, default=0.0)
     max_grad_norm: float = Field(gt=0, default=1.0)
-    weight: int = Field(ge=1, le=10**9, default=1,
-                        description="public FedAvg weight of this site's updates (never its record count)")
+    weight: int = Field(
+        ge=1, le=10**9, default=1, description="public FedAvg weight of this site's updates (never its record count)"
+    )
 
 
 class DataSection(_Strict):
@@ -87,10 +90,14 @@ class DataSection(_Strict):
     label_column: Optional[str] = None
     feature_columns: Optional[list[str]] = None
     classes: Optional[list[str]] = None
-    input_shape: Optional[list[int]] = Field(default=None, description="one record's shape: the model input "
-                                             "without the batch axis (public; checked before any record is read)")
-    num_classes: Optional[int] = Field(default=None, ge=1, le=1_000_000,
-                                       description="the model's number of classes (public; default len(classes))")
+    input_shape: Optional[list[int]] = Field(
+        default=None,
+        description="one record's shape: the model input "
+        "without the batch axis (public; checked before any record is read)",
+    )
+    num_classes: Optional[int] = Field(
+        default=None, ge=1, le=1_000_000, description="the model's number of classes (public; default len(classes))"
+    )
     eval_fraction: float = Field(gt=0, lt=1, default=0.2)
     #: Ignored: the split is decided per record by a keyed hash (datasets/split.py), not by a shuffle;
     #: kept so that site files written for older releases still load.
@@ -106,27 +113,34 @@ class DataSection(_Strict):
         YAML does not say (the agent then refuses every package: see the class docstring)."""
         if self.kind == "digits-partition":
             return DIGITS_INPUT_SHAPE, DIGITS_CLASSES
-        shape = tuple(self.input_shape) if self.input_shape is not None else (
-            (len(self.feature_columns),) if self.kind == "csv" and self.feature_columns else None)
-        classes = self.num_classes if self.num_classes is not None else (
-            len(self.classes) if self.classes else None)
+        shape = (
+            tuple(self.input_shape)
+            if self.input_shape is not None
+            else ((len(self.feature_columns),) if self.kind == "csv" and self.feature_columns else None)
+        )
+        classes = self.num_classes if self.num_classes is not None else (len(self.classes) if self.classes else None)
         return shape, classes
 
     @model_validator(mode="after")
     def _complete(self) -> "DataSection":
         if self.input_shape is not None and (not self.input_shape or any(d < 1 for d in self.input_shape)):
-            raise ValueError("input_shape must list one or more positive dimensions (the model input without "
-                             "the batch axis)")
+            raise ValueError(
+                "input_shape must list one or more positive dimensions (the model input without the batch axis)"
+            )
         if self.classes and self.num_classes is not None and self.num_classes != len(self.classes):
             raise ValueError(f"num_classes {self.num_classes} differs from the {len(self.classes)} names in classes")
         if self.kind == "digits-partition":
-            if (self.input_shape is not None and tuple(self.input_shape) != DIGITS_INPUT_SHAPE) or \
-                    self.num_classes not in (None, DIGITS_CLASSES):
-                raise ValueError(f"the digits partition has input_shape {list(DIGITS_INPUT_SHAPE)} and "
-                                 f"{DIGITS_CLASSES} classes")
+            if (
+                self.input_shape is not None and tuple(self.input_shape) != DIGITS_INPUT_SHAPE
+            ) or self.num_classes not in (None, DIGITS_CLASSES):
+                raise ValueError(
+                    f"the digits partition has input_shape {list(DIGITS_INPUT_SHAPE)} and {DIGITS_CLASSES} classes"
+                )
             if self.path is not None or self.label_column or self.feature_columns or self.classes:
-                raise ValueError("kind digits-partition reads no files; path, label_column, feature_columns "
-                                 "and classes belong to kinds npz, csv and image-folder")
+                raise ValueError(
+                    "kind digits-partition reads no files; path, label_column, feature_columns "
+                    "and classes belong to kinds npz, csv and image-folder"
+                )
             return self
         if self.path is None:
             raise ValueError(f"kind {self.kind} needs path: the site's {self.kind} data, relative to this file")
@@ -134,8 +148,9 @@ class DataSection(_Strict):
             raise ValueError("kind csv needs label_column: the name of the column holding each record's class")
         if self.kind != "csv" and (self.label_column or self.feature_columns):
             raise ValueError(f"label_column and feature_columns are for kind csv, not {self.kind}")
-        if self.feature_columns is not None and (not self.feature_columns or
-                                                 len(set(self.feature_columns)) != len(self.feature_columns)):
+        if self.feature_columns is not None and (
+            not self.feature_columns or len(set(self.feature_columns)) != len(self.feature_columns)
+        ):
             raise ValueError("feature_columns must list distinct column names")
         if self.classes is not None and (not self.classes or len(set(self.classes)) != len(self.classes)):
             raise ValueError("classes must list distinct class names")
@@ -148,8 +163,9 @@ class AgentSection(_Strict):
     state_dir: Optional[Path] = None
     trust_root: Optional[Path] = None
     keep_packages: int = Field(ge=1, le=1000, default=3, description="verified packages kept on disk, newest first")
-    max_package_bytes: int = Field(ge=4096, le=2**40, default=512 * 2**20,
-                                   description="largest package accepted; checked before anything else")
+    max_package_bytes: int = Field(
+        ge=4096, le=2**40, default=512 * 2**20, description="largest package accepted; checked before anything else"
+    )
 
     @field_validator("state_dir", "trust_root", mode="before")
     @classmethod
@@ -164,9 +180,13 @@ class LimitsSection(_Strict):
     latency_ms: Optional[float] = Field(default=None, gt=0, description="slowest acceptable inference, batch 1")
     memory_mb: Optional[float] = Field(default=None, gt=0, description="most memory one inference may take at its peak")
     download_mb: Optional[float] = Field(default=None, gt=0, description="largest package the site's link should carry")
-    dims: dict[str, int] = Field(default_factory=dict, description=(
-        "the largest size of each dynamic axis other than the batch (a sequence length, an image side), "
-        "e.g. {seq: 128}: memory and latency are planned at these sizes; the device runs any size"))
+    dims: dict[str, int] = Field(
+        default_factory=dict,
+        description=(
+            "the largest size of each dynamic axis other than the batch (a sequence length, an image side), "
+            "e.g. {seq: 128}: memory and latency are planned at these sizes; the device runs any size"
+        ),
+    )
 
     @field_validator("dims")
     @classmethod

@@ -63,17 +63,30 @@ class _Dumper(yaml.SafeDumper):
     """Sections as blocks, lists of scalars on one line (``input_shape: [1, 8, 8]``), as people write them."""
 
 
-_Dumper.add_representer(list, lambda dumper, value: dumper.represent_sequence(
-    "tag:yaml.org,2002:seq", value, flow_style=all(not isinstance(v, (list, dict)) for v in value)))
+_Dumper.add_representer(
+    list,
+    lambda dumper, value: dumper.represent_sequence(
+        "tag:yaml.org,2002:seq", value, flow_style=all(not isinstance(v, (list, dict)) for v in value)
+    ),
+)
 
 
 def _dump(mapping: dict) -> str:
     return yaml.dump(mapping, Dumper=_Dumper, sort_keys=False, default_flow_style=False, allow_unicode=True)
 
 
-def site_yaml(site: str, target: str, data: Optional[DataFacts], *, folder: Path, description: str = "",
-              epsilon_budget: float = DEFAULT_BUDGET, epsilon_per_round: Optional[float] = None,
-              eval_epsilon: float = DEFAULT_EVAL_EPSILON, precision: str = "fp32") -> str:
+def site_yaml(
+    site: str,
+    target: str,
+    data: Optional[DataFacts],
+    *,
+    folder: Path,
+    description: str = "",
+    epsilon_budget: float = DEFAULT_BUDGET,
+    epsilon_per_round: Optional[float] = None,
+    eval_epsilon: float = DEFAULT_EVAL_EPSILON,
+    precision: str = "fp32",
+) -> str:
     """A complete site YAML for a site whose file will live in ``folder``.
 
     ``epsilon_per_round`` defaults to the demo's 2.18, or the whole budget when less is left
@@ -81,25 +94,45 @@ def site_yaml(site: str, target: str, data: Optional[DataFacts], *, folder: Path
     ``data`` None: the coordinator's copy, which names no records (it holds none).
     """
     per_round = epsilon_per_round if epsilon_per_round is not None else min(DEFAULT_PER_ROUND, epsilon_budget)
-    head = (f"# {description or site}: written by `cuvil-edge`; every key is checked when it is read.\n" +
-            ("# The device's own site file: its privacy budget, training and records are decided here.\n"
-             if data is not None else
-             "# The coordinator's copy: it addresses, targets and plans this site's packages. The device's\n"
-             "# own site file decides its privacy, training and records.\n"))
+    head = f"# {description or site}: written by `cuvil-edge`; every key is checked when it is read.\n" + (
+        "# The device's own site file: its privacy budget, training and records are decided here.\n"
+        if data is not None
+        else "# The coordinator's copy: it addresses, targets and plans this site's packages. The device's\n"
+        "# own site file decides its privacy, training and records.\n"
+    )
     body: dict = {"site": site, "target": target, "precision": precision}
     if description:
         body["description"] = description
-    body["privacy"] = {"epsilon_budget": float(epsilon_budget), "delta": 1.0e-5,
-                       "epsilon_per_round": float(per_round), "eval_epsilon": float(eval_epsilon)}
-    body["training"] = {"local_epochs": 2, "batch_size": 32, "sample_rate": 0.08, "learning_rate": 0.15,
-                        "momentum": 0.0, "max_grad_norm": 1.0, "weight": 1}
+    body["privacy"] = {
+        "epsilon_budget": float(epsilon_budget),
+        "delta": 1.0e-5,
+        "epsilon_per_round": float(per_round),
+        "eval_epsilon": float(eval_epsilon),
+    }
+    body["training"] = {
+        "local_epochs": 2,
+        "batch_size": 32,
+        "sample_rate": 0.08,
+        "learning_rate": 0.15,
+        "momentum": 0.0,
+        "max_grad_norm": 1.0,
+        "weight": 1,
+    }
     if data is not None:
         body["data"] = {**data.section(folder), "eval_fraction": 0.1}
     return head + _dump(body)
 
 
-def federation_yaml(name: str, model: str, site_files: Sequence[Path], *, folder: Path, rounds: int,
-                    min_sites: Optional[int] = None, test: Optional[DataFacts] = None) -> str:
+def federation_yaml(
+    name: str,
+    model: str,
+    site_files: Sequence[Path],
+    *,
+    folder: Path,
+    rounds: int,
+    min_sites: Optional[int] = None,
+    test: Optional[DataFacts] = None,
+) -> str:
     """A federation YAML (living in ``folder``) over ``site_files``, with the demo's strategy and DP."""
     body: dict = {
         "name": name,
@@ -115,8 +148,10 @@ def federation_yaml(name: str, model: str, site_files: Sequence[Path], *, folder
         body["min_sites"] = int(min_sites)
     body["strategy"] = {"name": "fedavgm", "server_momentum": 0.5}
     body["local_dp"] = True
-    head = ("# Written by `cuvil-edge coordinator federation` from the sites enrolled in the home; every key\n"
-            "# is checked when read (docs/DEPLOYMENT.md §5 says what each one does).\n")
+    head = (
+        "# Written by `cuvil-edge coordinator federation` from the sites enrolled in the home; every key\n"
+        "# is checked when read (docs/DEPLOYMENT.md §5 says what each one does).\n"
+    )
     return head + _dump(body)
 
 

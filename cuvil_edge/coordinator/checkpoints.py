@@ -46,7 +46,11 @@ from cuvil_edge.config.federation import load_federation
 from cuvil_edge.config.run_spec import RunSpec
 from cuvil_edge.private_dir import KEY_BYTES, load_or_create_key
 from cuvil_edge.errors import (
-    CheckpointAuthenticationError, CheckpointError, ConfigError, NonFiniteCheckpointError, StateError,
+    CheckpointAuthenticationError,
+    CheckpointError,
+    ConfigError,
+    NonFiniteCheckpointError,
+    StateError,
 )
 
 _NAME = re.compile(r"^round-(\d{5})\.npz$")
@@ -68,9 +72,11 @@ _MAC_DOMAIN = b"cuvil-edge checkpoint v1\0"
 #: Array kinds a checkpoint holds: bool, signed and unsigned integers, floats, complex.
 _PLAIN_KINDS = "biufc"
 #: What to do about a checkpoint that cannot be used (every refusal names the file first).
-_FIX = ("restore the original from backup; removing it resumes from the round before, but under central DP "
-        "that forgets the releases made after it, so there start the federation afresh (a new --home or "
-        "federation name)")
+_FIX = (
+    "restore the original from backup; removing it resumes from the round before, but under central DP "
+    "that forgets the releases made after it, so there start the federation afresh (a new --home or "
+    "federation name)"
+)
 
 
 @dataclass(frozen=True)
@@ -92,9 +98,15 @@ def checkpoint_key_file(home: Path) -> Path:
     return Path(home) / KEY_FILE
 
 
-def save_checkpoint(home: Path, federation: str, server_round: int, weights: Mapping[str, np.ndarray],
-                    accountant: Optional[dict] = None, optimiser: Optional[Mapping[str, np.ndarray]] = None,
-                    planned_rounds: Optional[int] = None) -> Path:
+def save_checkpoint(
+    home: Path,
+    federation: str,
+    server_round: int,
+    weights: Mapping[str, np.ndarray],
+    accountant: Optional[dict] = None,
+    optimiser: Optional[Mapping[str, np.ndarray]] = None,
+    planned_rounds: Optional[int] = None,
+) -> Path:
     """Write the weights (and the central-DP ``accountant`` state, the server ``optimiser``'s, and
     the run's ``planned_rounds`` in all) after ``server_round``, with their MAC (atomic: a crash
     leaves the previous checkpoints).
@@ -119,8 +131,10 @@ def save_checkpoint(home: Path, federation: str, server_round: int, weights: Map
         arrays[PLANNED_KEY] = np.asarray(int(planned_rounds), np.int64)
     odd = [k for k, v in arrays.items() if v.dtype.kind not in _PLAIN_KINDS or v.dtype.fields is not None]
     if odd:
-        raise StateError(f"checkpoint array {odd[0]!r} is {arrays[odd[0]].dtype}, not plain numbers; "
-                         "checkpoints hold numeric arrays only")
+        raise StateError(
+            f"checkpoint array {odd[0]!r} is {arrays[odd[0]].dtype}, not plain numbers; "
+            "checkpoints hold numeric arrays only"
+        )
     path = checkpoint_dir(home, federation) / f"round-{server_round:05d}.npz"
     try:
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -153,7 +167,7 @@ def latest_checkpoint(home: Path, federation: str) -> Checkpoint | None:
     _authenticate(home, federation, server_round, path, arrays)
     state = arrays.pop(ACCOUNTANT_KEY, None)
     planned = _planned(arrays.pop(PLANNED_KEY, None), server_round, path)
-    optimiser = {k[len(OPTIMISER_PREFIX):]: arrays.pop(k) for k in list(arrays) if k.startswith(OPTIMISER_PREFIX)}
+    optimiser = {k[len(OPTIMISER_PREFIX) :]: arrays.pop(k) for k in list(arrays) if k.startswith(OPTIMISER_PREFIX)}
     accountant = _accountant(state, path)
     _refuse_non_finite(path, arrays, "weight")
     _refuse_non_finite(path, optimiser, "server-optimiser array")
@@ -165,8 +179,10 @@ def _planned(value: Optional[np.ndarray], server_round: int, path: Path) -> Opti
     if value is None:
         return None
     if value.shape != () or value.dtype.kind not in "iu" or int(value) < server_round:
-        raise CheckpointError(f"checkpoint {path} is unreadable (its planned rounds {value!r} are not a number of "
-                              f"rounds of at least {server_round}); {_FIX}")
+        raise CheckpointError(
+            f"checkpoint {path} is unreadable (its planned rounds {value!r} are not a number of "
+            f"rounds of at least {server_round}); {_FIX}"
+        )
     return int(value)
 
 
@@ -179,8 +195,9 @@ def _read_arrays(path: Path) -> dict[str, np.ndarray]:
         raise CheckpointError(f"checkpoint {path} is unreadable ({e}); {_FIX}") from e
     odd = [k for k, v in arrays.items() if v.dtype.kind not in _PLAIN_KINDS or v.dtype.fields is not None]
     if odd:
-        raise CheckpointError(f"checkpoint {path} is unreadable (array {odd[0]!r} is {arrays[odd[0]].dtype}, "
-                              f"not plain numbers); {_FIX}")
+        raise CheckpointError(
+            f"checkpoint {path} is unreadable (array {odd[0]!r} is {arrays[odd[0]].dtype}, not plain numbers); {_FIX}"
+        )
     return arrays
 
 
@@ -190,13 +207,15 @@ def _authenticate(home: Path, federation: str, server_round: int, path: Path, ar
     if tag is None:
         raise CheckpointAuthenticationError(
             f"checkpoint {path} carries no MAC, so nothing shows this coordinator wrote it (it predates "
-            f"authenticated checkpoints, or was made elsewhere); {_FIX}")
+            f"authenticated checkpoints, or was made elsewhere); {_FIX}"
+        )
     key = _checkpoint_key(home, path, create=False)
     expected = _mac(key, federation, server_round, arrays)
     if tag.dtype != np.uint8 or tag.shape != (len(expected),) or not hmac.compare_digest(tag.tobytes(), expected):
         raise CheckpointAuthenticationError(
             f"checkpoint {path} does not authenticate under this home's checkpoint key {checkpoint_key_file(home)}: "
-            f"it was changed after it was written, or copied from another home, federation or round; {_FIX}")
+            f"it was changed after it was written, or copied from another home, federation or round; {_FIX}"
+        )
 
 
 def _mac(key: bytes, federation: str, server_round: int, arrays: Mapping[str, np.ndarray]) -> bytes:
@@ -240,12 +259,15 @@ def _checkpoint_key(home: Path, checkpoint: Path, *, create: bool) -> bytes:
         raise CheckpointAuthenticationError(
             f"checkpoint {checkpoint} cannot be authenticated: this home has no checkpoint key {path} (deleted, "
             "or the checkpoint was copied here from another home); restore the key from backup, or start the "
-            "federation afresh (a new --home or federation name)") from None
+            "federation afresh (a new --home or federation name)"
+        ) from None
     except OSError as e:
         raise StateError(f"cannot read the checkpoint key {path} ({e}); it must be a plain file (0600)") from e
     if len(key) != KEY_BYTES:
-        raise StateError(f"{path} holds {len(key)} bytes, not a {KEY_BYTES}-byte checkpoint key; restore it "
-                         "from backup, or start the federation afresh (a new --home)")
+        raise StateError(
+            f"{path} holds {len(key)} bytes, not a {KEY_BYTES}-byte checkpoint key; restore it "
+            "from backup, or start the federation afresh (a new --home)"
+        )
     return key
 
 
@@ -283,7 +305,8 @@ def _refuse_non_finite(path: Path, arrays: Mapping[str, np.ndarray], what: str) 
             raise NonFiniteCheckpointError(
                 f"checkpoint {path}: {what} {name!r} holds {count} NaN or infinite value(s), which a resumed run "
                 "would sign and send to every site; the run diverged (lower the learning rate or clip updates); "
-                f"{_FIX}")
+                f"{_FIX}"
+            )
 
 
 def resume_plan(home: Path, federation_path: Path | str, planned: Optional[int] = None) -> tuple[int, int]:
@@ -303,8 +326,10 @@ def resume_plan(home: Path, federation_path: Path | str, planned: Optional[int] 
         raise ConfigError(f"nothing to resume: {home} has no checkpoint of federation {federation.name!r}")
     total = planned or last.planned_rounds or federation.rounds
     if last.round >= total:
-        raise ConfigError(f"federation {federation.name!r} already completed {last.round} of {total} rounds; "
-                          "give more with --rounds TOTAL")
+        raise ConfigError(
+            f"federation {federation.name!r} already completed {last.round} of {total} rounds; "
+            "give more with --rounds TOTAL"
+        )
     return last.round, total
 
 

@@ -21,7 +21,12 @@ from cuvil_edge.ir.infer import with_sizes
 from cuvil_edge.passes import OptimizeReport, optimize
 from cuvil_edge.coordinator.keys import load_signing_keys
 from cuvil_edge.ir_serialize import (
-    describe_package, encode_payload, load_pinned_root, load_public_key, sign_release, write_package,
+    describe_package,
+    encode_payload,
+    load_pinned_root,
+    load_public_key,
+    sign_release,
+    write_package,
 )
 from cuvil_edge.atomic import atomic_write
 
@@ -66,8 +71,16 @@ def _report(graph: Graph, report: OptimizeReport, sizes: Mapping[str, int] | Non
             memory.append((target, plan.peak_bytes, plan.weights_bytes, plan.bound_bytes))
         except CuvilError as e:
             memory.append((target, None, None, str(e)))
-    return CompileReport(report.per_pass(), report.iterations, report.nodes_before, report.nodes_after,
-                         total_flops(graph), total_macs(graph), graph.parameter_bytes(), memory)
+    return CompileReport(
+        report.per_pass(),
+        report.iterations,
+        report.nodes_before,
+        report.nodes_after,
+        total_flops(graph),
+        total_macs(graph),
+        graph.parameter_bytes(),
+        memory,
+    )
 
 
 def optimize_model(model: Path, sizes: Mapping[str, int] | None = None) -> tuple[Graph, CompileReport]:
@@ -89,8 +102,16 @@ def optimize_model(model: Path, sizes: Mapping[str, int] | None = None) -> tuple
     return graph, _report(graph, report, sizes)
 
 
-def compile_for_site(model: Path, site_file: Path, output: Path, key: Path, validity: int,
-                     versions: Path, precision: str = "fp32", calibration: Path | None = None) -> CompileResult:
+def compile_for_site(
+    model: Path,
+    site_file: Path,
+    output: Path,
+    key: Path,
+    validity: int,
+    versions: Path,
+    precision: str = "fp32",
+    calibration: Path | None = None,
+) -> CompileResult:
     """Import and optimize ``model`` and write a package signed for the site in ``site_file``, its
     weights at ``precision`` (:mod:`coordinator.precision`).
 
@@ -110,14 +131,25 @@ def compile_for_site(model: Path, site_file: Path, output: Path, key: Path, vali
     payload = encode_payload(graph)
     release = sign_release(payload, "model", counters.next("release:model"), [site.target], keys.release)
     now = int(time.time())
-    data = write_package(None, site=site.site, target=site.target, version=version, signing_key=keys.coordinator,
-                         issued_at=now, expires=now + validity, release=release, payload=payload, roots=keys.roots)
+    data = write_package(
+        None,
+        site=site.site,
+        target=site.target,
+        version=version,
+        signing_key=keys.coordinator,
+        issued_at=now,
+        expires=now + validity,
+        release=release,
+        payload=payload,
+        roots=keys.roots,
+    )
     atomic_write(output, data, mode=0o644)
     return CompileResult(site.site, site.target, version, len(data), len(graph.nodes), report, note)
 
 
-def compile_for_target(model: Path, target: str, output: Path, precision: str = "fp32",
-                       calibration: Path | None = None) -> CompileResult:
+def compile_for_target(
+    model: Path, target: str, output: Path, precision: str = "fp32", calibration: Path | None = None
+) -> CompileResult:
     """Import and optimize ``model``, set its precision, check that ``target`` builds and runs it
     (a local build and one run on zeros), and write the payload: the IR container a per-site
     package carries, unsigned (``--site`` signs a package for one site).
@@ -145,8 +177,12 @@ def compile_for_target(model: Path, target: str, output: Path, precision: str = 
     loaded = dequantize_at_load(graph)  # as the agent does before it builds
     with tempfile.TemporaryDirectory() as cache:
         compiled = build(_Local(loaded), spec, cache_dir=Path(cache))
-        compiled.run({v.name: np.zeros(tuple(1 if isinstance(d, str) else d for d in v.type.shape), v.type.dtype)
-                      for v in loaded.inputs})
+        compiled.run(
+            {
+                v.name: np.zeros(tuple(1 if isinstance(d, str) else d for d in v.type.shape), v.type.dtype)
+                for v in loaded.inputs
+            }
+        )
     atomic_write(output, payload, mode=0o644)
     return CompileResult("-", spec.name, 0, len(payload), len(graph.nodes), report, note)
 

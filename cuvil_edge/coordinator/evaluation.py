@@ -75,8 +75,14 @@ class PooledAccuracy:
     estimable: bool = True
 
     def to_dict(self) -> dict[str, float | int | bool]:
-        return {"accuracy": self.accuracy, "low": self.low, "high": self.high, "noisy_total": self.noisy_total,
-                "sites": self.sites, "estimable": self.estimable}
+        return {
+            "accuracy": self.accuracy,
+            "low": self.low,
+            "high": self.high,
+            "noisy_total": self.noisy_total,
+            "sites": self.sites,
+            "estimable": self.estimable,
+        }
 
 
 def discrete_laplace_variance(scale: float) -> float:
@@ -128,8 +134,8 @@ def _cdf_at(cdf: tuple[int, np.ndarray], t: np.ndarray) -> np.ndarray:
 def total_bounds(noisy_total: int, cdf: tuple[int, np.ndarray], alpha: float) -> tuple[int, int]:
     """[N_lo, N_hi] with P(N outside) <= alpha (equal tails; N_lo clipped at 0; N_hi may be < 0)."""
     k, f = cdf
-    w_lo = int(np.searchsorted(f, alpha / 2, side="right")) - k      # P(W < w_lo) <= alpha/2
-    w_hi = int(np.searchsorted(f, 1 - alpha / 2, side="left")) - k   # P(W > w_hi) <= alpha/2
+    w_lo = int(np.searchsorted(f, alpha / 2, side="right")) - k  # P(W < w_lo) <= alpha/2
+    w_hi = int(np.searchsorted(f, 1 - alpha / 2, side="left")) - k  # P(W > w_hi) <= alpha/2
     return max(0, noisy_total - w_hi), noisy_total - w_lo
 
 
@@ -150,8 +156,14 @@ def _root(g, level: float) -> float:
     return float(brentq(lambda p: g(p) - level, 0.0, 1.0, xtol=1e-7))
 
 
-def accuracy_bounds(noisy_correct: int, noisy_total: int, scales: Iterable[float], *,
-                    alpha: float = ALPHA, alpha_total: float = ALPHA_TOTAL) -> tuple[float, float, int] | None:
+def accuracy_bounds(
+    noisy_correct: int,
+    noisy_total: int,
+    scales: Iterable[float],
+    *,
+    alpha: float = ALPHA,
+    alpha_total: float = ALPHA_TOTAL,
+) -> tuple[float, float, int] | None:
     """(low, high, N_lo) of the confidence set for p, or None when it is empty (or the noise is too
     wide to convolve). Coverage >= 1 - alpha for every N under the binomial model (module doc)."""
     scales = tuple(sorted(float(s) for s in scales))
@@ -166,7 +178,7 @@ def accuracy_bounds(noisy_correct: int, noisy_total: int, scales: Iterable[float
     if below(0.0) <= level:
         return None
     high = 1.0 if below(1.0) > level else _root(below, level)
-    above = _tail_function(noisy_correct, n_hi, cdf, upper=True)   # increasing in p
+    above = _tail_function(noisy_correct, n_hi, cdf, upper=True)  # increasing in p
     if above(1.0) <= level:
         return None
     low = 0.0 if above(0.0) > level else _root(above, level)

@@ -32,8 +32,19 @@ HEALTH_PATH = "/health"
 MAX_BODY_BYTES = 64 * 1024 * 1024
 #: Connections served at once; more get 503 (uvicorn's limit_concurrency).
 MAX_CONNECTIONS = 512
-HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-connection", "te", "trailer", "transfer-encoding",
-                        "upgrade", "host", "content-length"})
+HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+        "host",
+        "content-length",
+    }
+)
 
 Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
@@ -58,8 +69,7 @@ class FleetGateway:
 
         context = ssl.create_default_context(cafile=cafile)
         self.upstream = upstream.rstrip("/")
-        self.client = httpx.AsyncClient(verify=context, timeout=httpx.Timeout(30.0, read=None),
-                                        follow_redirects=False)
+        self.client = httpx.AsyncClient(verify=context, timeout=httpx.Timeout(30.0, read=None), follow_redirects=False)
 
     async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -69,8 +79,12 @@ class FleetGateway:
             return  # websockets and anything else: not served
         method, path = scope["method"], scope["path"]
         if not allowed(method, path):
-            log.warning("refused %s %s from %s: only the Fleet API is served on this port", method, path[:200],
-                        (scope.get("client") or ("?",))[0])
+            log.warning(
+                "refused %s %s from %s: only the Fleet API is served on this port",
+                method,
+                path[:200],
+                (scope.get("client") or ("?",))[0],
+            )
             await _respond(send, 404, b"not found: this port serves only Flower's Fleet API\n")
             return
         await self._forward(scope, receive, send)
@@ -78,14 +92,21 @@ class FleetGateway:
     async def _forward(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
         import httpx
 
-        headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in scope["headers"]
-                   if k.decode("latin-1").lower() not in HOP_BY_HOP]
+        headers = [
+            (k.decode("latin-1"), v.decode("latin-1"))
+            for k, v in scope["headers"]
+            if k.decode("latin-1").lower() not in HOP_BY_HOP
+        ]
         query = scope.get("query_string", b"").decode("latin-1")
         url = self.upstream + scope["path"] + (f"?{query}" if query else "")
         body = await _read_body(receive, scope, MAX_BODY_BYTES)
         if body is None:
-            log.warning("refused a %s body over %d bytes from %s", scope["path"][:200], MAX_BODY_BYTES,
-                        (scope.get("client") or ("?",))[0])
+            log.warning(
+                "refused a %s body over %d bytes from %s",
+                scope["path"][:200],
+                MAX_BODY_BYTES,
+                (scope.get("client") or ("?",))[0],
+            )
             await _respond(send, 413, b"request body too large\n")
             return
         request = self.client.build_request(scope["method"], url, headers=headers, content=body)
@@ -96,8 +117,11 @@ class FleetGateway:
             await _respond(send, 502, b"the SuperLink is not reachable\n")
             return
         try:
-            out = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in response.headers.multi_items()
-                   if k.lower() not in HOP_BY_HOP]
+            out = [
+                (k.encode("latin-1"), v.encode("latin-1"))
+                for k, v in response.headers.multi_items()
+                if k.lower() not in HOP_BY_HOP
+            ]
             await send({"type": "http.response.start", "status": response.status_code, "headers": out})
             async for chunk in response.aiter_raw():
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
@@ -137,8 +161,13 @@ async def _read_body(receive: Receive, scope: dict[str, Any], limit: int) -> byt
 
 
 async def _respond(send: Send, status: int, body: bytes) -> None:
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"text/plain"), (b"content-length", str(len(body)).encode())]})
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [(b"content-type", b"text/plain"), (b"content-length", str(len(body)).encode())],
+        }
+    )
     await send({"type": "http.response.body", "body": body})
 
 
@@ -154,9 +183,17 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     host, _, port = args.listen.rpartition(":")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s fleet-gateway %(levelname)s %(message)s")
-    uvicorn.run(FleetGateway(f"https://{args.upstream}", args.cafile), host=host.strip("[]"), port=int(port),
-                ssl_certfile=args.certfile, ssl_keyfile=args.keyfile, log_level="warning", access_log=False,
-                lifespan="on", limit_concurrency=MAX_CONNECTIONS)
+    uvicorn.run(
+        FleetGateway(f"https://{args.upstream}", args.cafile),
+        host=host.strip("[]"),
+        port=int(port),
+        ssl_certfile=args.certfile,
+        ssl_keyfile=args.keyfile,
+        log_level="warning",
+        access_log=False,
+        lifespan="on",
+        limit_concurrency=MAX_CONNECTIONS,
+    )
 
 
 if __name__ == "__main__":

@@ -19,8 +19,10 @@ from collections import deque
 #: Starts every line of cuvil-edge's own report in the stream (U+2063 INVISIBLE SEPARATOR).
 MARK = "\u2063"
 #: A line of Flower's console log: an optional colour, the level, an optional time, ":".
-_FLOWER_LINE = re.compile(r"^(?:\x1b\[[0-9;]*m)?(DEBUG|INFO|WARNING|ERROR|CRITICAL)"
-                          r"(?: [0-9-]+ [0-9:,.]+)?\s*(?:\x1b\[0m)?\s*:")
+_FLOWER_LINE = re.compile(
+    r"^(?:\x1b\[[0-9;]*m)?(DEBUG|INFO|WARNING|ERROR|CRITICAL)"
+    r"(?: [0-9-]+ [0-9:,.]+)?\s*(?:\x1b\[0m)?\s*:"
+)
 #: Flower's warnings and errors that say nothing to a cuvil-edge user: a ServerApp that raised (the
 #: run's final line gives its error instead), and the simulation's notice about its default size
 #: (ours is set).
@@ -74,15 +76,23 @@ class StreamFilter:
         return None
 
 
-def relay(command: list[str], env: dict, timeout: float,
-          verbose: bool) -> tuple[subprocess.CompletedProcess, list[str]]:
+def relay(
+    command: list[str], env: dict, timeout: float, verbose: bool
+) -> tuple[subprocess.CompletedProcess, list[str]]:
     """Run ``command``, copying what :class:`StreamFilter` shows of its output to our stdout; the
     finished process and the last lines not shown."""
     import threading
 
     shown = StreamFilter(verbose)
-    proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            encoding="utf-8", errors="replace")
+    proc = subprocess.Popen(
+        command,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        encoding="utf-8",
+        errors="replace",
+    )
     timer = threading.Timer(timeout, proc.kill)
     timer.start()
     try:
@@ -105,4 +115,4 @@ def failure_reason(run: dict) -> str:
     """Why a run ended as it did, from `flwr ls --format json`'s entry for it: the ServerApp's own
     error message where it raised one (Flower's wrapper words removed), on one line."""
     details = " ".join(str(run.get("status-details") or "").split())
-    return details[len(_FAILED_PREFIX):] if details.startswith(_FAILED_PREFIX) else details
+    return details[len(_FAILED_PREFIX) :] if details.startswith(_FAILED_PREFIX) else details

@@ -22,8 +22,15 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cuvil_edge.atomic import atomic_write
 from cuvil_edge.errors import KeyFileError, PackageError
 from cuvil_edge.ir_serialize import (
-    TrustRoot, generate_keypair, key_id, load_pinned_root, load_private_key, make_root, save_private_key,
-    save_public_key, sign_root,
+    TrustRoot,
+    generate_keypair,
+    key_id,
+    load_pinned_root,
+    load_private_key,
+    make_root,
+    save_private_key,
+    save_public_key,
+    sign_root,
 )
 from cuvil_edge.ir_serialize.trust import ROLES, Role, root_envelope_object, update_root
 
@@ -53,8 +60,10 @@ def init_keys(directory: Path, force: bool = False, validity_s: int = ROOT_VALID
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     if not force and any((directory / n).exists() for n in (PRIVATE_NAME, PUBLIC_NAME, ROOT_NAME, "root.key")):
-        raise KeyFileError(f"{directory} already holds keys; use --force to replace them "
-                           "(agents pinned to the old root.json will reject new packages)")
+        raise KeyFileError(
+            f"{directory} already holds keys; use --force to replace them "
+            "(agents pinned to the old root.json will reject new packages)"
+        )
     for old in directory.glob("root.*.json"):
         old.unlink()
     private = {role: generate_keypair()[0] for role in ROLES}
@@ -138,15 +147,20 @@ def load_signing_keys(coordinator_key: Path) -> SigningKeys:
         KeyFileError: a key file is missing or invalid.
     """
     directory = Path(coordinator_key).parent
-    versions = sorted(int(p.name.split(".")[1]) for p in directory.glob("root.*.json") if p.name.split(".")[1].isdigit())
-    chain = tuple(root_envelope_object((directory / f"root.{v}.json").read_bytes())
-                  for v in versions[-SHIPPED_CHAIN:] if v > 1)
+    versions = sorted(
+        int(p.name.split(".")[1]) for p in directory.glob("root.*.json") if p.name.split(".")[1].isdigit()
+    )
+    chain = tuple(
+        root_envelope_object((directory / f"root.{v}.json").read_bytes()) for v in versions[-SHIPPED_CHAIN:] if v > 1
+    )
     return SigningKeys(load_private_key(coordinator_key), load_private_key(directory / "release.key"), chain)
 
 
 def _next_root(old: TrustRoot, keys: dict, roles: dict, validity_s: int) -> TrustRoot:
     used = {k for r in roles.values() for k in r.keyids}
-    return TrustRoot(old.version + 1, int(time.time()) + validity_s, {k: v for k, v in keys.items() if k in used}, roles)
+    return TrustRoot(
+        old.version + 1, int(time.time()) + validity_s, {k: v for k, v in keys.items() if k in used}, roles
+    )
 
 
 def _root_signers(directory: Path, old: TrustRoot, new: TrustRoot) -> list[Ed25519PrivateKey]:

@@ -36,8 +36,13 @@ class RunFailedError(CuvilError):
     """The federation did not complete all its rounds."""
 
 
-def prepare_run(federation_path: Path, run_dir: Path | None = None, rounds: int | None = None,
-                home: Path | None = None, resume: bool = False) -> RunSpec:
+def prepare_run(
+    federation_path: Path,
+    run_dir: Path | None = None,
+    rounds: int | None = None,
+    home: Path | None = None,
+    resume: bool = False,
+) -> RunSpec:
     """Validate the configs, create the run directory, and write the run spec.
 
     Keys, version counters, checkpoints and every site's state (ledger included) live in ``home``
@@ -62,9 +67,14 @@ def prepare_run(federation_path: Path, run_dir: Path | None = None, rounds: int 
         private, public = keys / "coordinator.key", keys / "root.json"
     else:
         private, public = init_keys(keys)
-    spec = RunSpec(federation=str(federation_path), run_dir=str(run_dir), home=str(home),
-                   coordinator_key=str(private), trust_root=str(public),
-                   rounds=rounds or federation.rounds)
+    spec = RunSpec(
+        federation=str(federation_path),
+        run_dir=str(run_dir),
+        home=str(home),
+        coordinator_key=str(private),
+        trust_root=str(public),
+        rounds=rounds or federation.rounds,
+    )
     if resume:  # continue from the newest checkpoint in the home: the rounds left of its plan, numbered on
         spec = resumed(spec, rounds)
     spec.save(run_dir / "run_spec.json")
@@ -88,11 +98,23 @@ def simulation_superlink(run_dir: Path) -> Iterator[str]:
         env.setdefault(key, value)
     config = Path(env["FLWR_HOME"]) / "config.toml"
     config.parent.mkdir(parents=True, exist_ok=True)
-    config.write_text(f'[superlink]\ndefault = "{SIMULATION_CONNECTION}"\n\n[superlink.{SIMULATION_CONNECTION}]\n'
-                      f'address = "127.0.0.1:{port}"\ninsecure = true\n', encoding="utf-8")
-    command = [flower_tool("flower-superlink"), "--insecure", "--simulation", "--host", "127.0.0.1", "--port",
-               str(port), "--database", str(Path(env["FLWR_HOME"]) / "superlink.db"),
-               "--disable-runtime-dependency-installation"]
+    config.write_text(
+        f'[superlink]\ndefault = "{SIMULATION_CONNECTION}"\n\n[superlink.{SIMULATION_CONNECTION}]\n'
+        f'address = "127.0.0.1:{port}"\ninsecure = true\n',
+        encoding="utf-8",
+    )
+    command = [
+        flower_tool("flower-superlink"),
+        "--insecure",
+        "--simulation",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--database",
+        str(Path(env["FLWR_HOME"]) / "superlink.db"),
+        "--disable-runtime-dependency-installation",
+    ]
     with open(run_dir / "superlink.log", "ab") as log_file:
         proc = subprocess.Popen(command, env=env, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True)
     try:
@@ -136,10 +158,15 @@ def run_in_simulation(spec: RunSpec, app_dir: Path, verbose: bool = False) -> di
     failure = None
     with simulation_superlink(run_dir) as connection:
         try:
-            flwr_run(run_dir, app_dir, connection, f"{RUN_CONFIG_KEY}='{run_dir / 'run_spec.json'}'",
-                     federation_config=f"num-supernodes={len(federation.sites)} "
-                                       f"client-resources-num-cpus={sim.client_cpus} init-args-num-cpus={sim.ray_cpus}",
-                     verbose=verbose)
+            flwr_run(
+                run_dir,
+                app_dir,
+                connection,
+                f"{RUN_CONFIG_KEY}='{run_dir / 'run_spec.json'}'",
+                federation_config=f"num-supernodes={len(federation.sites)} "
+                f"client-resources-num-cpus={sim.client_cpus} init-args-num-cpus={sim.ray_cpus}",
+                verbose=verbose,
+            )
         except CuvilError as e:
             failure = e  # metrics.json says how far it got
     return completed_metrics(run_dir, spec.rounds, failure)
@@ -158,11 +185,14 @@ def completed_metrics(run_dir: Path, rounds: int, failure: Exception | None = No
     if stopped.get("reason") == STOPPED_CENTRAL_BUDGET and 1 <= len(metrics["rounds"]) <= rounds + 1:
         return metrics  # a clean stop: the next round would have exceeded central_dp.max_epsilon
     if failure is not None and len(metrics["rounds"]) == rounds + 1:  # every round ran, then the app failed
-        raise RunFailedError(f"{getattr(failure, 'reason', None) or failure}; see the log above and "
-                             f"{Path(run_dir) / 'superlink.log'}")
+        raise RunFailedError(
+            f"{getattr(failure, 'reason', None) or failure}; see the log above and {Path(run_dir) / 'superlink.log'}"
+        )
     if len(metrics["rounds"]) != rounds + 1 or failure is not None:
-        raise RunFailedError(f"the federation stopped after {max(0, len(metrics['rounds']) - 1)} of {rounds} "
-                             f"rounds ({getattr(failure, 'reason', None) or failure or 'incomplete report'}); see "
-                             "the log above and "
-                             f"{Path(run_dir) / 'superlink.log'}")
+        raise RunFailedError(
+            f"the federation stopped after {max(0, len(metrics['rounds']) - 1)} of {rounds} "
+            f"rounds ({getattr(failure, 'reason', None) or failure or 'incomplete report'}); see "
+            "the log above and "
+            f"{Path(run_dir) / 'superlink.log'}"
+        )
     return metrics

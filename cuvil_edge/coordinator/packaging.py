@@ -75,6 +75,7 @@ class FrozenWeights(Mapping[str, np.ndarray]):
 @dataclass
 class _RoundCache:
     """What the factory made from one set of weights, per precision."""
+
     digest: str
     variants: dict[str, Graph] = field(default_factory=dict)
     shipped: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
@@ -116,12 +117,21 @@ class PackageFactory:
     a payload sealed for it).
     """
 
-    def __init__(self, graph: Graph, sites: Sequence[SiteConfig], signing_key: SigningKeys, versions: VersionCounter,
-                 validity_seconds: int, clock: Callable[[], float] = time.time, package: str = "model",
-                 seal_keys: Mapping[str, Any] | None = None, refused: Mapping[str, str] | None = None,
-                 precisions: Mapping[str, str] | None = None,
-                 calibration: Sequence[Mapping[str, np.ndarray]] | None = None,
-                 quantization_method: str = "mse") -> None:
+    def __init__(
+        self,
+        graph: Graph,
+        sites: Sequence[SiteConfig],
+        signing_key: SigningKeys,
+        versions: VersionCounter,
+        validity_seconds: int,
+        clock: Callable[[], float] = time.time,
+        package: str = "model",
+        seal_keys: Mapping[str, Any] | None = None,
+        refused: Mapping[str, str] | None = None,
+        precisions: Mapping[str, str] | None = None,
+        calibration: Sequence[Mapping[str, np.ndarray]] | None = None,
+        quantization_method: str = "mse",
+    ) -> None:
         if not isinstance(signing_key, SigningKeys):
             raise KeyFileError("PackageFactory needs SigningKeys (coordinator.keys.load_signing_keys), not a bare key")
         self.graph = graph
@@ -141,8 +151,10 @@ class PackageFactory:
             raise PlanError(f"sites {unknown} were planned at an unknown precision; use one of {', '.join(PRECISIONS)}")
         int8 = sorted(s for s, p in self.precisions.items() if p == "int8")
         if int8 and calibration is None:
-            raise PlanError(f"sites {int8} were planned at int8, which needs calibration samples; give the federation "
-                            "file a quantization.calibration .npz")
+            raise PlanError(
+                f"sites {int8} were planned at int8, which needs calibration samples; give the federation "
+                "file a quantization.calibration .npz"
+            )
         self.calibration = None if calibration is None else list(calibration)
         self.quantization_method = quantization_method
         self._round: _RoundCache | None = None
@@ -175,8 +187,11 @@ class PackageFactory:
     def _variant(self, precision: str, cache: _RoundCache, arrays: Mapping[str, np.ndarray]) -> Graph:
         if precision not in cache.variants:
             graph = self.graph_with(arrays)
-            cache.variants[precision] = graph if precision == "fp32" else with_precision(
-                graph, precision, self.calibration, self.quantization_method)[0]
+            cache.variants[precision] = (
+                graph
+                if precision == "fp32"
+                else with_precision(graph, precision, self.calibration, self.quantization_method)[0]
+            )
         return cache.variants[precision]
 
     def shipped(self, site: str, arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -208,7 +223,17 @@ class PackageFactory:
         payload, release = cache.payloads[precision]
         now = int(self.clock())
         version = self.versions.next(site)
-        data = write_package(None, site=site, target=config.target, version=version, signing_key=self.keys.coordinator,
-                             issued_at=now, expires=now + self.validity_seconds, release=release, payload=payload,
-                             seal_to=self.seal_keys.get(site), roots=self.keys.roots)
+        data = write_package(
+            None,
+            site=site,
+            target=config.target,
+            version=version,
+            signing_key=self.keys.coordinator,
+            issued_at=now,
+            expires=now + self.validity_seconds,
+            release=release,
+            payload=payload,
+            seal_to=self.seal_keys.get(site),
+            roots=self.keys.roots,
+        )
         return IssuedPackage(site, version, data)

@@ -70,8 +70,9 @@ class Personaliser:
             self._sent = []
             return Personalised(None, TRAIN)
         config0 = messages[0].content[rp.CONFIG_RECORD]
-        done = Personalised(int(config0[rp.SERVER_ROUND]),
-                            TRAIN if messages[0].metadata.message_type == MessageType.TRAIN else EVAL)
+        done = Personalised(
+            int(config0[rp.SERVER_ROUND]), TRAIN if messages[0].metadata.message_type == MessageType.TRAIN else EVAL
+        )
         weights = self._weights = FrozenWeights(arrays_to_numpy(arrays))  # hashed once for every site's package
         started, sent = time.perf_counter(), []
         for message in messages:
@@ -88,8 +89,7 @@ class Personaliser:
             config = ConfigRecord(dict(message.content[rp.CONFIG_RECORD]))
             config[rp.SITE] = site
             config[rp.PACKAGE] = package.data
-            content = RecordDict({rp.ARRAYS_RECORD: self._site_arrays(site, weights, config),
-                                  rp.CONFIG_RECORD: config})
+            content = RecordDict({rp.ARRAYS_RECORD: self._site_arrays(site, weights, config), rp.CONFIG_RECORD: config})
             out = Message(content=content, dst_node_id=node, message_type=message.metadata.message_type)
             sent.append((out, site))
             done.issued[site] = Issued(len(package.data), self.precision(site))
@@ -134,9 +134,12 @@ class Personaliser:
                 continue
             shipped = self.factory.shipped(site, self._weights)
             record = reply.content[rp.ARRAYS_RECORD]
-            reply.content[rp.ARRAYS_RECORD] = ArrayRecord({
-                k: Array(a.numpy() + (self._weights[k] - shipped[k]) if k in shipped else a.numpy())
-                for k, a in record.items()})
+            reply.content[rp.ARRAYS_RECORD] = ArrayRecord(
+                {
+                    k: Array(a.numpy() + (self._weights[k] - shipped[k]) if k in shipped else a.numpy())
+                    for k, a in record.items()
+                }
+            )
         return replies
 
     def as_sent(self, arrays: ArrayRecord | None) -> ArrayRecord | None:
@@ -144,5 +147,9 @@ class Personaliser:
         (np.float64 scalars), and a package's initializers must keep the model's float32."""
         if arrays is None or self._weights is None:
             return arrays
-        return ArrayRecord({k: Array(np.asarray(a.numpy(), dtype=self._weights[k].dtype) if k in self._weights
-                                     else a.numpy()) for k, a in arrays.items()})
+        return ArrayRecord(
+            {
+                k: Array(np.asarray(a.numpy(), dtype=self._weights[k].dtype) if k in self._weights else a.numpy())
+                for k, a in arrays.items()
+            }
+        )

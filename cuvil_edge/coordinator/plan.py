@@ -63,8 +63,12 @@ class SitePlan:
     reason: str
 
 
-def plan_site(site: SiteConfig, variants: Mapping[str, Graph], latency: Optional[Latency] = None,
-              steps_per_round: Optional[int] = None) -> SitePlan:
+def plan_site(
+    site: SiteConfig,
+    variants: Mapping[str, Graph],
+    latency: Optional[Latency] = None,
+    steps_per_round: Optional[int] = None,
+) -> SitePlan:
     """Plan ``site`` over the model's precision ``variants`` (precision -> the graph that is packaged).
 
     ``steps_per_round``: DP-SGD steps of one local round (for the round time); None leaves it out.
@@ -78,14 +82,16 @@ def plan_site(site: SiteConfig, variants: Mapping[str, Graph], latency: Optional
     if chosen is None:
         why = "; ".join(f"{o.precision}: {', '.join(o.problems)}" for o in options)
         return SitePlan(site.site, spec.name, tuple(options), None, f"nothing fits ({why})")
-    skipped = [f"{o.precision} breaks {', '.join(o.problems)}" for o in options[:options.index(chosen)]]
-    reason = "the most accurate precision" + (f" that fits ({'; '.join(skipped)})" if skipped else
-                                              ", within every limit")
+    skipped = [f"{o.precision} breaks {', '.join(o.problems)}" for o in options[: options.index(chosen)]]
+    reason = "the most accurate precision" + (
+        f" that fits ({'; '.join(skipped)})" if skipped else ", within every limit"
+    )
     return SitePlan(site.site, spec.name, tuple(options), chosen, reason)
 
 
-def _option(site: SiteConfig, spec: TargetSpec, precision: str, graph: Graph, latency: Optional[Latency],
-            steps: Optional[int]) -> Option:
+def _option(
+    site: SiteConfig, spec: TargetSpec, precision: str, graph: Graph, latency: Optional[Latency], steps: Optional[int]
+) -> Option:
     problems = []
     package = len(encode_payload(graph))
     # the device dequantizes stored fp16/int8 weights once at load; it computes in fp16 only where it can
@@ -99,8 +105,11 @@ def _option(site: SiteConfig, spec: TargetSpec, precision: str, graph: Graph, la
     batch_ms = train_ms = round_s = None
     if latency is not None and peak is not None:
         # inference runs the int8 kernels where the target has them; training always runs in float
-        infer = with_sizes(_loaded(graph, int8=True), site.limits.dims) if (
-            precision == "int8" and spec.int8_kernels) else runnable
+        infer = (
+            with_sizes(_loaded(graph, int8=True), site.limits.dims)
+            if (precision == "int8" and spec.int8_kernels)
+            else runnable
+        )
         batch_ms = latency(infer, spec, compute, 1) * 1e3
         train_ms = latency(runnable, spec, compute, site.training.batch_size) * 1e3
         round_s = 3 * train_ms / 1e3 * steps if steps else None
@@ -122,8 +131,9 @@ def _loaded(graph: Graph, int8: bool = False) -> Graph:
     return dequantize_at_load(graph, int8=int8)
 
 
-def precision_variants(graph: Graph, calibration: Optional[Sequence[Mapping[str, np.ndarray]]] = None,
-                       method: str = "mse") -> dict[str, Graph]:
+def precision_variants(
+    graph: Graph, calibration: Optional[Sequence[Mapping[str, np.ndarray]]] = None, method: str = "mse"
+) -> dict[str, Graph]:
     """The model as each precision's package would carry it: fp32 as given, fp16 (weights stored in
     half precision) and, with ``calibration`` samples (feed dicts), int8. int8 needs the samples for
     its activation ranges, so without them it is not offered."""
@@ -142,17 +152,31 @@ def default_latency() -> Latency:
     return latency
 
 
-def plan_federation(graph: Graph, sites: Sequence[SiteConfig], variants: Optional[Mapping[str, Graph]] = None,
-                    latency: Optional[Latency] = None) -> list[SitePlan]:
+def plan_federation(
+    graph: Graph,
+    sites: Sequence[SiteConfig],
+    variants: Optional[Mapping[str, Graph]] = None,
+    latency: Optional[Latency] = None,
+) -> list[SitePlan]:
     """:func:`plan_site` for every site over ``variants`` (default: :func:`precision_variants`)."""
     variants = precision_variants(graph) if variants is None else variants
     # DP-SGD's Poisson steps: local_epochs passes at sample_rate make local_epochs / sample_rate steps
-    plans = [plan_site(site, variants, latency, round(site.training.local_epochs / site.training.sample_rate))
-             for site in sites]
+    plans = [
+        plan_site(site, variants, latency, round(site.training.local_epochs / site.training.sample_rate))
+        for site in sites
+    ]
     if "int8" in variants:
         return plans
-    return [replace(p, reason=p.reason + "; int8 was not planned: give the federation file a quantization."
-                    "calibration .npz of sample inputs to offer it") if p.chosen is None else p for p in plans]
+    return [
+        replace(
+            p,
+            reason=p.reason + "; int8 was not planned: give the federation file a quantization."
+            "calibration .npz of sample inputs to offer it",
+        )
+        if p.chosen is None
+        else p
+        for p in plans
+    ]
 
 
 def format_plans(plans: Sequence[SitePlan]) -> list[str]:

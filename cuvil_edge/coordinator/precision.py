@@ -54,14 +54,14 @@ def calibration_batches(arrays: Mapping[str, np.ndarray], graph: Graph, where: s
     """
     inputs = [v.name for v in graph.inputs]
     if sorted(arrays) != sorted(inputs):
-        raise ConfigError(f"{where}: holds arrays {sorted(arrays)}, but the model's inputs are {inputs}; "
-                          "name one array per input")
+        raise ConfigError(
+            f"{where}: holds arrays {sorted(arrays)}, but the model's inputs are {inputs}; name one array per input"
+        )
     counts = {name: (a.shape[0] if a.ndim else 0) for name, a in arrays.items()}
     if len(set(counts.values())) != 1 or not next(iter(counts.values())):
-        raise ConfigError(f"{where}: every input needs the same, non-zero number of samples along axis 0, "
-                          f"got {counts}")
+        raise ConfigError(f"{where}: every input needs the same, non-zero number of samples along axis 0, got {counts}")
     total = next(iter(counts.values()))
-    return [{name: a[start:start + BATCH] for name, a in arrays.items()} for start in range(0, total, BATCH)]
+    return [{name: a[start : start + BATCH] for name, a in arrays.items()} for start in range(0, total, BATCH)]
 
 
 def federation_calibration(calibration: Optional[Path], graph: Graph) -> Optional[list[dict[str, np.ndarray]]]:
@@ -82,16 +82,19 @@ def synthetic_calibration(graph: Graph, seed: int = 0) -> list[dict[str, np.ndar
         feeds = {}
         for value in graph.inputs:
             if value.type.dtype not in ("float16", "float32", "float64"):
-                raise ConfigError(f"input {value.name!r} is {value.type.dtype}: int8 needs --calibration samples "
-                                  "for it (an .npz with one array per input)")
+                raise ConfigError(
+                    f"input {value.name!r} is {value.type.dtype}: int8 needs --calibration samples "
+                    "for it (an .npz with one array per input)"
+                )
             shape = tuple(BATCH if isinstance(d, str) else d for d in value.type.shape)
             feeds[value.name] = rng.standard_normal(shape).astype(value.type.dtype)
         batches.append(feeds)
     return batches
 
 
-def with_precision(graph: Graph, precision: str, calibration: Optional[list[dict[str, np.ndarray]]] = None,
-                   method: str = "mse") -> tuple[Graph, str]:
+def with_precision(
+    graph: Graph, precision: str, calibration: Optional[list[dict[str, np.ndarray]]] = None, method: str = "mse"
+) -> tuple[Graph, str]:
     """``graph`` (optimized) as a ``precision`` package carries it, and a note for the report.
 
     int8: activation ranges by ``method`` (``mse`` searches each tensor's range for the least
@@ -115,13 +118,18 @@ def with_precision(graph: Graph, precision: str, calibration: Optional[list[dict
 
     graph = split_dw_pw(graph)  # int8 quantizes convolutions one by one; a fused block would stay float
     samples = calibration if calibration is not None else synthetic_calibration(graph)
-    source = (f"{sum(len(next(iter(b.values()))) for b in samples)} calibration samples" if calibration is not None
-              else "standard-normal inputs (no --calibration given: ranges fit random data, not real records)")
+    source = (
+        f"{sum(len(next(iter(b.values()))) for b in samples)} calibration samples"
+        if calibration is not None
+        else "standard-normal inputs (no --calibration given: ranges fit random data, not real records)"
+    )
     sites = quantizable(graph)
     inputs = {v.name for v in graph.inputs}
     first = [node.name for node, x, _, _ in sites if x in inputs]
     keep = first if len(first) < len(sites) else []  # a model that is one layer is quantized whole
     quantized = quantize_int8(graph, calibrate_ranges(graph, samples, method), samples=samples, keep_float=keep)
     kept = f"; {', '.join(keep)} kept in float (reads the model input)" if keep else ""
-    return quantized, (f"int8 weights (per channel, GPTQ rounding) and activations (per tensor, {method} over "
-                       f"{source}){kept}; dequantized once at load on targets that compute in fp32")
+    return quantized, (
+        f"int8 weights (per channel, GPTQ rounding) and activations (per tensor, {method} over "
+        f"{source}){kept}; dequantized once at load on targets that compute in fp32"
+    )

@@ -34,8 +34,15 @@ class Decision:
     missing: tuple[str, ...] = ()
 
 
-def decide(listed: Mapping[str, Path], enrolled: set[str], online: set[str], *, min_sites: int | None,
-           waited: float, start_timeout: float) -> Decision:
+def decide(
+    listed: Mapping[str, Path],
+    enrolled: set[str],
+    online: set[str],
+    *,
+    min_sites: int | None,
+    waited: float,
+    start_timeout: float,
+) -> Decision:
     """What to do now, ``waited`` seconds after the first look.
 
     Args:
@@ -61,7 +68,8 @@ def decide(listed: Mapping[str, Path], enrolled: set[str], online: set[str], *, 
     raise SitesNotReadyError(
         f"{', '.join(offline)} {'are' if len(offline) > 1 else 'is'} enrolled but offline after {start_timeout:g} s "
         f"(start_timeout), and the run needs {needed} of {len(listed)} sites online (min_sites), {up} are: start "
-        "the device (`cuvil-edge agent run`), lower min_sites, or remove the site from `sites:`")
+        "the device (`cuvil-edge agent run`), lower min_sites, or remove the site from `sites:`"
+    )
 
 
 def _refuse_strangers(listed: Mapping[str, Path], enrolled: set[str]) -> None:
@@ -72,13 +80,21 @@ def _refuse_strangers(listed: Mapping[str, Path], enrolled: set[str]) -> None:
         raise SitesNotReadyError(
             f"site{'s' if len(strangers) > 1 else ''} {named} {'are' if len(strangers) > 1 else 'is'} not enrolled in "
             "this coordinator home: enroll its device with `cuvil-edge coordinator enroll ENROLLMENT.json`, or "
-            "remove it from the federation's `sites:`")
+            "remove it from the federation's `sites:`"
+        )
 
 
-def wait_for_sites(home: Path, listed: Mapping[str, Path], *, min_sites: int | None, start_timeout: float,
-                   echo: Callable[[str], None] = print, online: Callable[[], set[str]] | None = None,
-                   clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep
-                   ) -> tuple[str, ...]:
+def wait_for_sites(
+    home: Path,
+    listed: Mapping[str, Path],
+    *,
+    min_sites: int | None,
+    start_timeout: float,
+    echo: Callable[[str], None] = print,
+    online: Callable[[], set[str]] | None = None,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> tuple[str, ...]:
     """Wait (see :func:`decide`) until the run may start; the offline sites it starts without.
     Says once which sites it waits for, and, when it goes on without some, which.
 
@@ -99,9 +115,11 @@ def wait_for_sites(home: Path, listed: Mapping[str, Path], *, min_sites: int | N
         decision = decide(listed, enrolled, up, min_sites=min_sites, waited=waited, start_timeout=start_timeout)
         if decision.start:
             if decision.missing:
-                echo(f"starting without {', '.join(decision.missing)} (offline after {start_timeout:g} s; "
-                     f"{len(listed) - len(decision.missing)} of {len(listed)} sites are online, min_sites "
-                     f"{min_sites or len(listed)})")
+                echo(
+                    f"starting without {', '.join(decision.missing)} (offline after {start_timeout:g} s; "
+                    f"{len(listed) - len(decision.missing)} of {len(listed)} sites are online, min_sites "
+                    f"{min_sites or len(listed)})"
+                )
             return decision.missing
         if not said:
             echo(f"waiting up to {start_timeout:g} s for {', '.join(decision.missing)} (enrolled, offline)")
@@ -120,6 +138,9 @@ def online_sites(home: Path, registry: Mapping[str, dict]) -> set[str]:
     if not (Path(home) / "flwr" / "config.toml").exists():
         raise no_superlink(home)
     nodes = flwr_json(home, "supernode", "list", CONNECTION).get("nodes")
-    up = {str(n.get("node-id")) for n in (nodes if isinstance(nodes, list) else [])
-          if isinstance(n, dict) and n.get("status") == "online"}
+    up = {
+        str(n.get("node-id"))
+        for n in (nodes if isinstance(nodes, list) else [])
+        if isinstance(n, dict) and n.get("status") == "online"
+    }
     return {site for site, entry in registry.items() if entry.get("node_id") and str(entry["node_id"]) in up}

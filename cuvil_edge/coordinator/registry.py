@@ -81,8 +81,9 @@ class SiteRegistry:
         """
         return self._entry(self.sites(), enrollment, replace)
 
-    def enroll(self, enrollment: Enrollment, *, replace: bool = False,
-               registered: dict[str, Any] | None = None) -> dict[str, Any]:
+    def enroll(
+        self, enrollment: Enrollment, *, replace: bool = False, registered: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
         """Record ``enrollment``; returns the entry. ``registered`` is the entry as
         ``register_enrolled`` registered it with a running SuperLink (its node id, and the replaced
         registrations still to withdraw): those are kept instead of the ones computed here.
@@ -109,8 +110,10 @@ class SiteRegistry:
         """
         key = _stored_key(entry)
         if not re.fullmatch(SITE_ID_PATTERN, str(site)) or key is None:
-            raise StateError(f"{self.path}: site {str(site)!r:.80} has a malformed site id or node key; enroll it "
-                             "again (`cuvil-edge coordinator enroll FILE --replace`) or remove its entry")
+            raise StateError(
+                f"{self.path}: site {str(site)!r:.80} has a malformed site id or node key; enroll it "
+                "again (`cuvil-edge coordinator enroll FILE --replace`) or remove its entry"
+            )
         return key
 
     def set_node_id(self, site: str, node_id: str, *, unregister: list[str] | tuple[str, ...] = ()) -> None:
@@ -138,10 +141,16 @@ class SiteRegistry:
         old = sites.get(enrollment.site)
         same = old is not None and _stored_key(old) == key
         if old is not None and not same and not replace:
-            raise ConfigError(f"site {enrollment.site!r} is enrolled with another node key; a second device cannot "
-                              "be the same site. If the device was replaced, enroll again with --replace")
-        entry = {"target": enrollment.target, "node_public_key": key,
-                 "seal_public_key": enrollment.seal_public_key, "enrolled_at": int(time.time())}
+            raise ConfigError(
+                f"site {enrollment.site!r} is enrolled with another node key; a second device cannot "
+                "be the same site. If the device was replaced, enroll again with --replace"
+            )
+        entry = {
+            "target": enrollment.target,
+            "node_public_key": key,
+            "seal_public_key": enrollment.seal_public_key,
+            "enrolled_at": int(time.time()),
+        }
         if same:  # the same device again: still registered, and what was to withdraw still is
             entry.update({k: old[k] for k in ("node_id", "unregister") if old.get(k)})
         elif old is not None:  # a replaced device: its old registration is withdrawn (`serve` does it)

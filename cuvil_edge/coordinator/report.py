@@ -49,9 +49,14 @@ def show_round_table() -> None:
         return
     # the report, every line; cuvil-edge's other warnings plain (Flower's log shows them with
     # --verbose) and its errors marked
-    for logger, level, formatter in ((log, logging.INFO, MarkedFormatter()),
-                                     (logging.getLogger("cuvil_edge"), logging.WARNING,
-                                      MarkedFormatter(marked_level=logging.ERROR, marked_prefix="error: "))):
+    for logger, level, formatter in (
+        (log, logging.INFO, MarkedFormatter()),
+        (
+            logging.getLogger("cuvil_edge"),
+            logging.WARNING,
+            MarkedFormatter(marked_level=logging.ERROR, marked_prefix="error: "),
+        ),
+    ):
         handler = logging.StreamHandler(sys.stdout)
         handler.setFormatter(formatter)
         handler.setLevel(level)
@@ -71,9 +76,16 @@ class RunReport:
         self.stopped_early: dict | None = None
         self._last = time.monotonic()
 
-    def add_round(self, server_round: int, accuracy: float, site_stats: dict[str, dict],
-                  central: dict | None = None, federated: dict | None = None, timings: dict | None = None,
-                  initial: bool = False) -> dict:
+    def add_round(
+        self,
+        server_round: int,
+        accuracy: float,
+        site_stats: dict[str, dict],
+        central: dict | None = None,
+        federated: dict | None = None,
+        timings: dict | None = None,
+        initial: bool = False,
+    ) -> dict:
         """Record one round; ``central`` is the central-DP accounting (None without central DP),
         ``federated`` the accuracy pooled from the sites' noisy counts with its 95 % interval,
         ``timings`` the coordinator's seconds per phase; ``seconds`` is the round's wall time.
@@ -81,9 +93,14 @@ class RunReport:
         or the checkpoint's round of a resumed run): no site table."""
         now = time.monotonic()
         sites = {s.site: {"target": s.target, **site_stats.get(s.site, {})} for s in self.sites}
-        entry = {"round": server_round, "global_accuracy": accuracy, "sites": sites,
-                 "dropped_out": sorted(k for k, v in sites.items() if v.get("status") == EXHAUSTED_STATUS),
-                 "seconds": round(now - self._last, 3), **({"coordinator": timings} if timings else {})}
+        entry = {
+            "round": server_round,
+            "global_accuracy": accuracy,
+            "sites": sites,
+            "dropped_out": sorted(k for k, v in sites.items() if v.get("status") == EXHAUSTED_STATUS),
+            "seconds": round(now - self._last, 3),
+            **({"coordinator": timings} if timings else {}),
+        }
         self._last = now
         if initial:
             entry["initial"] = True
@@ -99,8 +116,12 @@ class RunReport:
     def stop_early(self, reason: str, detail: str, *, requested_rounds: int) -> dict:
         """Record that the run ended cleanly before ``requested_rounds`` (e.g. :data:`STOPPED_CENTRAL_BUDGET`)."""
         completed = max((r["round"] for r in self.rounds), default=0)
-        self.stopped_early = {"reason": reason, "detail": detail, "completed_rounds": completed,
-                              "requested_rounds": requested_rounds}
+        self.stopped_early = {
+            "reason": reason,
+            "detail": detail,
+            "completed_rounds": completed,
+            "requested_rounds": requested_rounds,
+        }
         log.warning("%s", format_stop(self.stopped_early))
         self.write_json()
         return self.stopped_early
@@ -112,8 +133,10 @@ class RunReport:
         if not trained or any(s.get("status") == "ok" for r in trained for s in r["sites"].values()):
             return None
         last = trained[-1]["sites"]
-        why = [f"{site}: {s.get('train-error') or s.get('eval-error') or s.get('status', 'no reply')}"
-               for site, s in last.items()]
+        why = [
+            f"{site}: {s.get('train-error') or s.get('eval-error') or s.get('status', 'no reply')}"
+            for site, s in last.items()
+        ]
         return "no site trained in any round: " + ", ".join(why)
 
     def write_json(self) -> Path:
@@ -146,8 +169,11 @@ class RunReport:
             for site in self.sites:
                 eps = [r["sites"][site.site].get("eps-spent", 0.0) for r in self.rounds]
                 ax_eps.plot(rounds, eps, marker="o", label=f"{site.site} ({site.target})")
-        central = [(r["round"], r["central_dp"]["epsilon"]) for r in self.rounds
-                   if r.get("central_dp", {}).get("epsilon") is not None]
+        central = [
+            (r["round"], r["central_dp"]["epsilon"])
+            for r in self.rounds
+            if r.get("central_dp", {}).get("epsilon") is not None
+        ]
         if central:
             ax_eps.plot(*zip(*central), marker="s", color="black", label="central ε (site-level)")
         budgets = sorted({s.privacy.epsilon_budget for s in self.sites})
@@ -159,8 +185,11 @@ class RunReport:
         if many:
             ax_acc.legend(fontsize=8)
         if self.stopped_early is not None:
-            fig.suptitle(f"{self.stopped_early['reason']} (after round {self.stopped_early['completed_rounds']} "
-                         f"of {self.stopped_early['requested_rounds']})", fontsize=9)
+            fig.suptitle(
+                f"{self.stopped_early['reason']} (after round {self.stopped_early['completed_rounds']} "
+                f"of {self.stopped_early['requested_rounds']})",
+                fontsize=9,
+            )
         fig.tight_layout()
         path = self.run_dir / "metrics.png"
         fig.savefig(path, dpi=100)
@@ -184,15 +213,23 @@ def _plot_many(rounds: list[dict], ax_acc, ax_eps, ax_status) -> None:
     ax_eps.plot(xs, q[:, 2], marker="o", color="tab:blue", label="median site")
     fed = [(r["round"], r["federated_accuracy"]) for r in rounds if _estimable(r.get("federated_accuracy"))]
     if fed:
-        ax_acc.errorbar([x for x, _ in fed], [f["accuracy"] for _, f in fed],
-                        yerr=[[f["accuracy"] - f["low"] for _, f in fed], [f["high"] - f["accuracy"] for _, f in fed]],
-                        marker="s", capsize=3, label="sites pooled (95 %)")
-    local = [(r["round"], [v for v in (s.get("eval-accuracy") for s in r["sites"].values())
-                           if v is not None and v == v]) for r in rounds]
+        ax_acc.errorbar(
+            [x for x, _ in fed],
+            [f["accuracy"] for _, f in fed],
+            yerr=[[f["accuracy"] - f["low"] for _, f in fed], [f["high"] - f["accuracy"] for _, f in fed]],
+            marker="s",
+            capsize=3,
+            label="sites pooled (95 %)",
+        )
+    local = [
+        (r["round"], [v for v in (s.get("eval-accuracy") for s in r["sites"].values()) if v is not None and v == v])
+        for r in rounds
+    ]
     local = [(x, v) for x, v in local if v]
     if local:
-        ax_acc.boxplot([v for _, v in local], positions=[x for x, _ in local], widths=0.4, manage_ticks=False,
-                       showfliers=False)
+        ax_acc.boxplot(
+            [v for _, v in local], positions=[x for x, _ in local], widths=0.4, manage_ticks=False, showfliers=False
+        )
         ax_acc.set_title("Accuracy (boxes: the sites' local accuracy*)")
     counts = [_status_counts(r["sites"]) for r in rounds]
     bottom = np.zeros(len(xs))
@@ -209,8 +246,10 @@ def _plot_many(rounds: list[dict], ax_acc, ax_eps, ax_status) -> None:
 
 def format_stop(stopped: dict) -> str:
     """One line saying why and when a run ended before its requested rounds."""
-    return (f"{stopped['reason']}: the run ends after round {stopped['completed_rounds']} of "
-            f"{stopped['requested_rounds']} ({stopped['detail']})")
+    return (
+        f"{stopped['reason']}: the run ends after round {stopped['completed_rounds']} of "
+        f"{stopped['requested_rounds']} ({stopped['detail']})"
+    )
 
 
 def format_round(entry: dict) -> str:
@@ -226,10 +265,14 @@ def format_round(entry: dict) -> str:
     if central is not None:
         eps = central.get("epsilon")
         shown = "no accountant" if eps is None else f"ε = {eps:.3f} at δ = {central['delta']:g}"
-        lines.append(f"  central DP (site-level, σ={central['noise_multiplier']:g}, clip {central['clipping_norm']:g}): "
-                     f"{shown}" + ("" if central.get("released") else " (no aggregate released this round)"))
-    lines.append("  * local accuracy = the site's noisy correct / noisy total (discrete Laplace, eval_epsilon), "
-                 "clipped to [0, 1]")
+        lines.append(
+            f"  central DP (site-level, σ={central['noise_multiplier']:g}, clip {central['clipping_norm']:g}): "
+            f"{shown}" + ("" if central.get("released") else " (no aggregate released this round)")
+        )
+    lines.append(
+        "  * local accuracy = the site's noisy correct / noisy total (discrete Laplace, eval_epsilon), "
+        "clipped to [0, 1]"
+    )
     return "\n".join(lines)
 
 
@@ -243,8 +286,10 @@ def _pooled_text(entry: dict) -> str:
     comparable to the totals (``coordinator/evaluation.py``: never an interval of [0, 1])."""
     fed = entry.get("federated_accuracy")
     if _estimable(fed):
-        return (f"; sites' pooled accuracy {fed['accuracy']:.3f} (95 % interval {fed['low']:.3f}–{fed['high']:.3f}, "
-                f"noisy n={fed['noisy_total']})")
+        return (
+            f"; sites' pooled accuracy {fed['accuracy']:.3f} (95 % interval {fed['low']:.3f}–{fed['high']:.3f}, "
+            f"noisy n={fed['noisy_total']})"
+        )
     if fed is not None:
         return f"; sites' pooled accuracy not estimable (DP noise comparable to the noisy n={fed['noisy_total']})"
     if any("eval-noisy-total" in s for s in entry.get("sites", {}).values()):
@@ -265,8 +310,10 @@ def _site_table(entry: dict) -> list[str]:
         )
     lines += [f"  ! {site} failed ({phase}): {error[:160]}" for site, phase, error in _errors(entry["sites"])]
     if entry.get("dropped_out"):
-        lines.append(f"  ! {', '.join(entry['dropped_out'])}: privacy budget exhausted; left out of this round's "
-                     "average (the run goes on with the others)")
+        lines.append(
+            f"  ! {', '.join(entry['dropped_out'])}: privacy budget exhausted; left out of this round's "
+            "average (the run goes on with the others)"
+        )
     return lines
 
 
@@ -283,8 +330,12 @@ def _status_counts(sites: dict[str, dict]) -> dict[str, int]:
 
 def _errors(sites: dict[str, dict]) -> list[tuple[str, str, str]]:
     """(site, phase, reason) of every failure, in site order."""
-    return [(site, phase, str(s[f"{phase}-error"])) for site, s in sites.items()
-            for phase in ("train", "eval") if s.get(f"{phase}-error")]
+    return [
+        (site, phase, str(s[f"{phase}-error"]))
+        for site, s in sites.items()
+        for phase in ("train", "eval")
+        if s.get(f"{phase}-error")
+    ]
 
 
 def _spread(values: list[float], fmt: str = ".3f") -> str:
@@ -306,8 +357,11 @@ def _site_summary(entry: dict) -> list[str]:
     sites by train time (verify + build + train, as far as reported) and the first errors."""
     sites = entry["sites"]
     counts = _status_counts(sites)
-    shown = ", ".join(f"{counts.get(k, 0)} {'out of budget' if k == EXHAUSTED_STATUS else k}"
-                      for k in _STATUS_ORDER if k in counts or k != "no reply")
+    shown = ", ".join(
+        f"{counts.get(k, 0)} {'out of budget' if k == EXHAUSTED_STATUS else k}"
+        for k in _STATUS_ORDER
+        if k in counts or k != "no reply"
+    )
     lines = [f"  {len(sites)} sites: {shown}"]
     lines.append(f"  ε spent:     {_spread([s.get('eps-spent') for s in sites.values()])}")
     lines.append(f"  ε left:      {_spread([s.get('eps-remaining') for s in sites.values()])}")
@@ -318,18 +372,30 @@ def _site_summary(entry: dict) -> list[str]:
             precisions[s["precision"]] = precisions.get(s["precision"], 0) + 1
     if precisions:
         lines.append("  precision:   " + ", ".join(f"{n} {p}" for p, n in sorted(precisions.items())))
-    timed = sorted(((sum(s.get(k, 0.0) for k in TRAIN_SECONDS), site, s) for site, s in sites.items()
-                    if any(k in s for k in TRAIN_SECONDS)), key=lambda t: (-t[0], t[1]))
+    timed = sorted(
+        (
+            (sum(s.get(k, 0.0) for k in TRAIN_SECONDS), site, s)
+            for site, s in sites.items()
+            if any(k in s for k in TRAIN_SECONDS)
+        ),
+        key=lambda t: (-t[0], t[1]),
+    )
     if timed:
-        lines.append(f"  slowest ({' + '.join(k.removeprefix('train-').removesuffix('-seconds') for k in TRAIN_SECONDS)}"
-                     f", as reported):")
-        lines += [f"    {site:<20}{total:>8.2f} s  ({s['target']}, {s.get('precision', 'fp32')})"
-                  for total, site, s in timed[:SLOWEST_SHOWN]]
+        lines.append(
+            f"  slowest ({' + '.join(k.removeprefix('train-').removesuffix('-seconds') for k in TRAIN_SECONDS)}"
+            f", as reported):"
+        )
+        lines += [
+            f"    {site:<20}{total:>8.2f} s  ({s['target']}, {s.get('precision', 'fp32')})"
+            for total, site, s in timed[:SLOWEST_SHOWN]
+        ]
     errors = _errors(sites)
     if errors:
         lines.append(f"  ! {len(errors)} failure(s); the first {min(len(errors), ERRORS_SHOWN)}:")
         lines += [f"  ! {site} failed ({phase}): {error[:160]}" for site, phase, error in errors[:ERRORS_SHOWN]]
     if entry.get("dropped_out"):
-        lines.append(f"  ! {len(entry['dropped_out'])} site(s) out of privacy budget, left out of this round's "
-                     f"average (the run goes on with the others): {_names(entry['dropped_out'])}")
+        lines.append(
+            f"  ! {len(entry['dropped_out'])} site(s) out of privacy budget, left out of this round's "
+            f"average (the run goes on with the others): {_names(entry['dropped_out'])}"
+        )
     return lines

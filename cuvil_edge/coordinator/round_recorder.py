@@ -79,10 +79,15 @@ class Checkpointing:
     trainable: Mapping[str, np.ndarray] | None = None
 
     def save(self, federation_round: int, weights: Mapping[str, np.ndarray]) -> None:
-        save_checkpoint(self.home, self.federation, federation_round, weights,
-                        accountant=None if self.accountant is None else self.accountant.state_dict(),
-                        optimiser=None if self.optimiser is None else optimiser_state(self.optimiser, self.trainable),
-                        planned_rounds=self.planned_rounds)
+        save_checkpoint(
+            self.home,
+            self.federation,
+            federation_round,
+            weights,
+            accountant=None if self.accountant is None else self.accountant.state_dict(),
+            optimiser=None if self.optimiser is None else optimiser_state(self.optimiser, self.trainable),
+            planned_rounds=self.planned_rounds,
+        )
 
 
 class RoundRecorder:
@@ -115,8 +120,14 @@ class RoundRecorder:
             s.package_bytes, s.precision = issued.package_bytes, issued.precision
         self.timings.setdefault(sent.server_round, {})[f"{sent.phase}-packages-seconds"] = sent.seconds
 
-    def record_replies(self, server_round: int, phase: str, replies: Iterable[tuple[str, Message]],
-                       asked: set[str], keep_exhausted: bool = False) -> list[tuple[str, Message]]:
+    def record_replies(
+        self,
+        server_round: int,
+        phase: str,
+        replies: Iterable[tuple[str, Message]],
+        asked: set[str],
+        keep_exhausted: bool = False,
+    ) -> list[tuple[str, Message]]:
         """Store each (site, reply); return those the phase should aggregate, and name each site of
         ``asked`` that did not reply. A failure is kept (Flower's strategies count it) with only its
         code as reason; a "budget exhausted" reply is dropped unless ``keep_exhausted`` (central DP:
@@ -138,8 +149,13 @@ class RoundRecorder:
             s.metrics.setdefault(phase, {}).update(metrics)
             if metrics.get(rp.BUDGET_EXHAUSTED):
                 s.status = EXHAUSTED_STATUS
-                log.warning("site %s dropped out of round %d (%s): privacy budget exhausted; the round goes on "
-                            "with the other sites", site, server_round, phase)
+                log.warning(
+                    "site %s dropped out of round %d (%s): privacy budget exhausted; the round goes on "
+                    "with the other sites",
+                    site,
+                    server_round,
+                    phase,
+                )
                 if keep_exhausted and phase == TRAIN:
                     kept.append((site, reply))
                 continue
@@ -166,8 +182,9 @@ class RoundRecorder:
             self.evaluations[server_round] = pooled.to_dict()
         return pooled
 
-    def record_central(self, server_round: int, released: bool, noise_multiplier: float, clipping_norm: float,
-                       spent: Any = None) -> dict:
+    def record_central(
+        self, server_round: int, released: bool, noise_multiplier: float, clipping_norm: float, spent: Any = None
+    ) -> dict:
         """Central DP's round: whether an aggregate was released and Flower's cumulative (ε, δ)."""
         central = {"released": released, "noise_multiplier": noise_multiplier, "clipping_norm": clipping_norm}
         if spent is not None:
@@ -185,7 +202,12 @@ class RoundRecorder:
             self.checkpoints.save(federation_round, weights)
         if self.report is None:
             return None
-        return self.report.add_round(federation_round, accuracy, self.sites(server_round),
-                                     central=self.central.get(server_round),
-                                     federated=self.evaluations.get(server_round),
-                                     timings=self.timings.get(server_round), initial=server_round == 0)
+        return self.report.add_round(
+            federation_round,
+            accuracy,
+            self.sites(server_round),
+            central=self.central.get(server_round),
+            federated=self.evaluations.get(server_round),
+            timings=self.timings.get(server_round),
+            initial=server_round == 0,
+        )

@@ -23,8 +23,9 @@ class RunInfo:
 
 def _ask(home: Path, *args: str) -> dict:
     if not (Path(home) / "flwr" / "config.toml").exists():
-        raise DeploymentError(f"no SuperLink is configured in {home}; start one there with "
-                              "`cuvil-edge coordinator serve`")
+        raise DeploymentError(
+            f"no SuperLink is configured in {home}; start one there with `cuvil-edge coordinator serve`"
+        )
     return flwr_json(home, *args)
 
 

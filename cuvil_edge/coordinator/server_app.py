@@ -68,8 +68,9 @@ def run_federation(grid: Grid, spec: RunSpec) -> RunReport:
     # sent nothing while the run goes on
     quantization = federation.quantization
     calibration = federation_calibration(quantization.calibration, graph)
-    plans = plan_federation(graph, sites, precision_variants(graph, calibration, quantization.method),
-                            default_latency())
+    plans = plan_federation(
+        graph, sites, precision_variants(graph, calibration, quantization.method), default_latency()
+    )
     refused = {p.site: p.reason for p in plans if p.chosen is None}
     precisions = {p.site: p.chosen.precision for p in plans if p.chosen is not None}
     for site, why in refused.items():
@@ -77,12 +78,18 @@ def run_federation(grid: Grid, spec: RunSpec) -> RunReport:
     for plan in plans:
         if plan.chosen is not None and plan.chosen.precision != "fp32":
             log.info("site %r gets %s packages: %s", plan.site, plan.chosen.precision, plan.reason)
-    factory = PackageFactory(graph, sites, load_signing_keys(Path(spec.coordinator_key)),
-                             VersionCounter(versions_file(Path(spec.home))),
-                             federation.package.validity_seconds,
-                             seal_keys=SiteRegistry(Path(spec.home)).seal_keys(),  # enrolled sites: sealed
-                             refused=refused, precisions=precisions, calibration=calibration,
-                             quantization_method=quantization.method)
+    factory = PackageFactory(
+        graph,
+        sites,
+        load_signing_keys(Path(spec.coordinator_key)),
+        VersionCounter(versions_file(Path(spec.home))),
+        federation.package.validity_seconds,
+        seal_keys=SiteRegistry(Path(spec.home)).seal_keys(),  # enrolled sites: sealed
+        refused=refused,
+        precisions=precisions,
+        calibration=calibration,
+        quantization_method=quantization.method,
+    )
     sites_strategy, strategy = make_strategy(federation, factory, len(sites))
     dataset = federation.dataset
     test = load_records(dataset.test, graph) if dataset.test else digits.global_test(dataset.test_fraction)
@@ -92,20 +99,33 @@ def run_federation(grid: Grid, spec: RunSpec) -> RunReport:
     if offset:
         checkpoint = latest_checkpoint(Path(spec.home), federation.name)
         if checkpoint is None or checkpoint.round != offset or set(checkpoint.weights) != set(trainable):
-            raise StateError(f"the checkpoint of round {offset} of {federation.name!r} is missing or does not "
-                             "match the model; cannot resume")
+            raise StateError(
+                f"the checkpoint of round {offset} of {federation.name!r} is missing or does not "
+                "match the model; cannot resume"
+            )
         trainable = checkpoint.weights
         restore_accountant(strategy, checkpoint, federation.name)
         if restore_optimiser(sites_strategy.strategy, checkpoint.optimiser, trainable):
             log.info("resumed %s's optimiser state from round %d", type(sites_strategy.strategy).__name__, offset)
         sites_strategy.round_offset = offset
-        log_report.info("resuming %s after round %d of %d: %d round%s left", federation.name, offset,
-                        offset + spec.rounds, spec.rounds, "" if spec.rounds == 1 else "s")
+        log_report.info(
+            "resuming %s after round %d of %d: %d round%s left",
+            federation.name,
+            offset,
+            offset + spec.rounds,
+            spec.rounds,
+            "" if spec.rounds == 1 else "s",
+        )
     # each completed round: its checkpoint (weights, central-DP releases, server optimiser), then its row
     sites_strategy.recorder.report = report
-    sites_strategy.recorder.checkpoints = Checkpointing(Path(spec.home), federation.name, offset + spec.rounds,
-                                                        accountant=getattr(strategy, "accountant", None),
-                                                        optimiser=sites_strategy.strategy, trainable=trainable)
+    sites_strategy.recorder.checkpoints = Checkpointing(
+        Path(spec.home),
+        federation.name,
+        offset + spec.rounds,
+        accountant=getattr(strategy, "accountant", None),
+        optimiser=sites_strategy.strategy,
+        trainable=trainable,
+    )
 
     def evaluate(server_round: int, arrays: ArrayRecord) -> MetricRecord:
         weights = arrays_to_numpy(arrays)
@@ -115,8 +135,15 @@ def run_federation(grid: Grid, spec: RunSpec) -> RunReport:
         sites_strategy.recorder.round_done(server_round, accuracy, weights)
         return MetricRecord({"accuracy": accuracy})
 
-    start_rounds(strategy, report, grid, ArrayRecord({k: Array(np.array(v)) for k, v in trainable.items()}),
-                 num_rounds=spec.rounds, timeout=federation.round_timeout, evaluate_fn=evaluate)
+    start_rounds(
+        strategy,
+        report,
+        grid,
+        ArrayRecord({k: Array(np.array(v)) for k, v in trainable.items()}),
+        num_rounds=spec.rounds,
+        timeout=federation.round_timeout,
+        evaluate_fn=evaluate,
+    )
     report.plot()
     untrained = report.no_site_trained()
     if untrained:  # the rounds "completed", but the model is the one sent out: the run failed
@@ -137,20 +164,25 @@ def restore_accountant(strategy, checkpoint, federation: str) -> None:
     if accountant is None:
         return
     if checkpoint.accountant is None:
-        raise StateError(f"the checkpoint of round {checkpoint.round} of {federation!r} does not record the central-DP "
-                         "releases made so far, so a resumed run would count ε from zero; start the federation "
-                         "afresh (a new --home or federation name)")
+        raise StateError(
+            f"the checkpoint of round {checkpoint.round} of {federation!r} does not record the central-DP "
+            "releases made so far, so a resumed run would count ε from zero; start the federation "
+            "afresh (a new --home or federation name)"
+        )
     try:
         state = dict(checkpoint.accountant)  # max_epsilon, a cap on what comes next, may change on resume
         state["config"] = {**state["config"], "max_epsilon": accountant.state_dict()["config"]["max_epsilon"]}
         accountant.load_state_dict(state)
     except (ValueError, TypeError, KeyError) as e:
-        raise StateError(f"the checkpoint of round {checkpoint.round} of {federation!r} accounted central DP under "
-                         f"another configuration ({e}); resume with the federation file it ran with") from e
+        raise StateError(
+            f"the checkpoint of round {checkpoint.round} of {federation!r} accounted central DP under "
+            f"another configuration ({e}); resume with the federation file it ran with"
+        ) from e
 
 
-def start_rounds(strategy, report: RunReport, grid, arrays: ArrayRecord, *, num_rounds: int, timeout: float,
-                 evaluate_fn) -> None:
+def start_rounds(
+    strategy, report: RunReport, grid, arrays: ArrayRecord, *, num_rounds: int, timeout: float, evaluate_fn
+) -> None:
     """``strategy.start(...)``; a central-DP budget stop ends the run cleanly instead of failing it.
 
     Flower's accountant raises ``PrivacyBudgetExhausted`` in ``configure_train``,
@@ -176,8 +208,13 @@ def make_strategy(federation: FederationConfig, factory: PackageFactory, n: int)
     refuses a round that would exceed it (see :func:`start_rounds`).
     """
     needed = federation.min_sites or n  # fewer than all: a site that is down does not stall the run
-    sampling = dict(fraction_train=1.0, fraction_evaluate=1.0, min_train_nodes=needed, min_evaluate_nodes=needed,
-                    min_available_nodes=needed)
+    sampling = dict(
+        fraction_train=1.0,
+        fraction_evaluate=1.0,
+        min_train_nodes=needed,
+        min_evaluate_nodes=needed,
+        min_available_nodes=needed,
+    )
     chosen = federation.strategy
     sites = SitePackages(factory, flower_strategy(chosen.name, chosen.flower_kwargs(), **sampling))
     dp = federation.central_dp
@@ -186,10 +223,19 @@ def make_strategy(federation: FederationConfig, factory: PackageFactory, n: int)
     from flwr.serverapp import NeighboringRelation, PrivacyConfig, SamplingMethod
     from flwr.supercore.privacy_accounting.rdp_accountant import RdpAccountant
 
-    accountant = RdpAccountant(PrivacyConfig(target_delta=dp.delta, population_size=n,
-                                             neighboring_relation=NeighboringRelation.ADD_OR_REMOVE_ONE,
-                                             sampling_method=SamplingMethod.NO_AMPLIFICATION,
-                                             max_epsilon=dp.max_epsilon))
-    return sites, CentralDpFixedClipping(sites, noise_multiplier=dp.noise_multiplier,
-                                         clipping_norm=dp.clipping_norm, num_sampled_clients=n,
-                                         accountant=accountant)
+    accountant = RdpAccountant(
+        PrivacyConfig(
+            target_delta=dp.delta,
+            population_size=n,
+            neighboring_relation=NeighboringRelation.ADD_OR_REMOVE_ONE,
+            sampling_method=SamplingMethod.NO_AMPLIFICATION,
+            max_epsilon=dp.max_epsilon,
+        )
+    )
+    return sites, CentralDpFixedClipping(
+        sites,
+        noise_multiplier=dp.noise_multiplier,
+        clipping_norm=dp.clipping_norm,
+        num_sampled_clients=n,
+        accountant=accountant,
+    )

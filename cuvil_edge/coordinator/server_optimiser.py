@@ -60,11 +60,14 @@ def restore_optimiser(strategy, state: Mapping[str, np.ndarray], weights: Mappin
     if not state:
         return False
     prefix = type(strategy).__name__
-    mine = {k[len(prefix) + 1:]: v for k, v in state.items() if k.startswith(prefix + "/")}
+    mine = {k[len(prefix) + 1 :]: v for k, v in state.items() if k.startswith(prefix + "/")}
     if not mine:
         others = sorted({k.split("/", 1)[0] for k in state})
-        log.warning("the checkpoint holds %s optimiser state; the federation now runs %s, whose optimiser "
-                    "starts from zero", ", ".join(others), prefix)
+        log.warning(
+            "the checkpoint holds %s optimiser state; the federation now runs %s, whose optimiser starts from zero",
+            ", ".join(others),
+            prefix,
+        )
         return False
     slots: dict[str, dict[str, np.ndarray]] = {}
     for key, value in mine.items():
@@ -74,8 +77,10 @@ def restore_optimiser(strategy, state: Mapping[str, np.ndarray], weights: Mappin
     for slot, arrays in slots.items():
         shapes = {k: v.shape for k, v in arrays.items()}
         if slot not in expected or shapes != {k: np.shape(v) for k, v in weights.items()}:
-            raise StateError(f"the checkpoint's {prefix} state {slot!r} does not match the model's weights; "
-                             "resume with the model and federation file it ran with, or start afresh")
+            raise StateError(
+                f"the checkpoint's {prefix} state {slot!r} does not match the model's weights; "
+                "resume with the model and federation file it ran with, or start afresh"
+            )
     if isinstance(strategy, FedOpt):
         for slot in FEDOPT_SLOTS:
             setattr(strategy, slot, slots.get(slot))

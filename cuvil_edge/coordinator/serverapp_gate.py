@@ -43,8 +43,17 @@ class ServerAppGate:
     def _serverapp_command(self, token: str) -> list[str]:
         from cuvil_edge.config.flower_env import flower_tool
 
-        return [flower_tool("flwr-serverapp"), "--runtime-api-address", self.address, "--token", token,
-                "--root-certificates", str(self.ca_file), "--parent-pid", str(os.getpid())]
+        return [
+            flower_tool("flwr-serverapp"),
+            "--runtime-api-address",
+            self.address,
+            "--token",
+            token,
+            "--root-certificates",
+            str(self.ca_file),
+            "--parent-pid",
+            str(os.getpid()),
+        ]
 
     def refuse(self, task, token: str) -> None:
         """End the task as failed, with the reason, without installing or importing its app."""
@@ -53,13 +62,20 @@ class ServerAppGate:
         from flwr.supercore.interceptors import RuntimeTokenHttpInterceptor, RuntimeVersionHttpInterceptor
         from flwr.supercore.runtime import RuntimeHttpClient
 
-        reason = (f"refused by the coordinator: run {task.run_id}'s app (FAB {task.fab_hash[:16]}...) is not the "
-                  "cuvil-edge app installed here; only `cuvil-edge run` on this machine is executed")
+        reason = (
+            f"refused by the coordinator: run {task.run_id}'s app (FAB {task.fab_hash[:16]}...) is not the "
+            "cuvil-edge app installed here; only `cuvil-edge run` on this machine is executed"
+        )
         log.error("%s", reason)
         client = RuntimeHttpClient.from_server_address(
-            server_address=self.address, insecure=False, root_certificates=self.ca_file.read_bytes(),
-            interceptors=[RuntimeVersionHttpInterceptor(component_name="flwr-serverapp"),
-                          RuntimeTokenHttpInterceptor(token)])
+            server_address=self.address,
+            insecure=False,
+            root_certificates=self.ca_file.read_bytes(),
+            interceptors=[
+                RuntimeVersionHttpInterceptor(component_name="flwr-serverapp"),
+                RuntimeTokenHttpInterceptor(token),
+            ],
+        )
         try:
             client.PullTaskInput(PullTaskInputRequest())  # the task must be started before it can end
             client.PushTaskOutput(PushTaskOutputRequest(sub_status=SubStatus.FAILED, details=reason))
@@ -82,8 +98,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s cuvil-edge serverapp-gate %(levelname)s %(message)s")
     gate = ServerAppGate(args.runtime_api_address, args.root_certificates, installed_app_hash())
-    acquire_tasks(args.runtime_api_address, args.secret_file, TaskType.SERVER_APP, gate,
-                  root_certificates=args.root_certificates.read_bytes(), parent_pid=args.parent_pid)
+    acquire_tasks(
+        args.runtime_api_address,
+        args.secret_file,
+        TaskType.SERVER_APP,
+        gate,
+        root_certificates=args.root_certificates.read_bytes(),
+        parent_pid=args.parent_pid,
+    )
     return 0
 
 

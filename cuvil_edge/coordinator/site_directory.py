@@ -62,8 +62,14 @@ class SiteDirectory:
                 else:
                     log.warning("node %s is registered as %r, not an enrolled site; it gets nothing", nid, site)
             return
-        queries = [Message(RecordDict({rp.CONFIG_RECORD: ConfigRecord({rp.ASK: rp.SITE})}), dst_node_id=nid,
-                           message_type=MessageType.QUERY) for nid in unknown]
+        queries = [
+            Message(
+                RecordDict({rp.CONFIG_RECORD: ConfigRecord({rp.ASK: rp.SITE})}),
+                dst_node_id=nid,
+                message_type=MessageType.QUERY,
+            )
+            for nid in unknown
+        ]
         for reply in grid.send_and_receive(queries, timeout=QUERY_TIMEOUT):
             node = reply.metadata.src_node_id
             if reply.has_error():
@@ -82,8 +88,12 @@ class SiteDirectory:
         active = set(active)
         holders = [nid for nid, s in self._sites.items() if s == site and nid != node_id]
         if any(nid in active for nid in holders):
-            log.warning("node %s claims site %r, which node %s already is; two nodes cannot be one site",
-                        node_id, site, holders[0])
+            log.warning(
+                "node %s claims site %r, which node %s already is; two nodes cannot be one site",
+                node_id,
+                site,
+                holders[0],
+            )
             return False
         for nid in holders:
             del self._sites[nid]

@@ -80,8 +80,11 @@ def _read_list(proc: subprocess.CompletedProcess) -> tuple[set[str] | None, str,
         said = doc.get("error-message") or proc.stderr or f"exit {proc.returncode}"
         return None, f"not reachable ({_reason(said)})", False
     nodes = doc.get("nodes") if isinstance(doc.get("nodes"), list) else []
-    return ({str(n.get("node-id")) for n in nodes if isinstance(n, dict) and n.get("status") == "online"},
-            "reachable", True)
+    return (
+        {str(n.get("node-id")) for n in nodes if isinstance(n, dict) and n.get("status") == "online"},
+        "reachable",
+        True,
+    )
 
 
 def shown(value: object, limit: int = 64) -> str:
@@ -89,7 +92,7 @@ def shown(value: object, limit: int = 64) -> str:
     escapes, other controls, odd whitespace) written as its Python escape, at most ``limit``
     characters. Registries of older versions stored targets unchecked."""
     text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(value))
-    return text if len(text) <= limit else text[:limit - 1] + "…"
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def federation_status(home: Path) -> FederationStatus:
@@ -115,8 +118,15 @@ def federation_status(home: Path) -> FederationStatus:
     for site, entry in sorted(SiteRegistry(home).sites().items()):
         stats = reported.get(site, {})
         last = stats.get("status")
-        sites.append(SiteStatus(shown(site), shown(entry.get("target", "?")), bool(entry.get("node_id")),
-                                None if online is None else str(entry.get("node_id")) in online,
-                                None if last is None else shown(last), stats.get("eps-spent"),
-                                stats.get("eps-remaining")))
+        sites.append(
+            SiteStatus(
+                shown(site),
+                shown(entry.get("target", "?")),
+                bool(entry.get("node_id")),
+                None if online is None else str(entry.get("node_id")) in online,
+                None if last is None else shown(last),
+                stats.get("eps-spent"),
+                stats.get("eps-remaining"),
+            )
+        )
     return FederationStatus(sites, superlink, last_round, run_dir, reachable)

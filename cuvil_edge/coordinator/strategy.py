@@ -21,8 +21,15 @@ from typing import Iterable
 
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp import Grid
-from flwr.serverapp.strategy import (DifferentialPrivacyClientSideFixedClipping, FedAdam, FedAvg, FedAvgM,
-                                     FedProx, FedYogi, Strategy)
+from flwr.serverapp.strategy import (
+    DifferentialPrivacyClientSideFixedClipping,
+    FedAdam,
+    FedAvg,
+    FedAvgM,
+    FedProx,
+    FedYogi,
+    Strategy,
+)
 
 from cuvil_edge.config import round_protocol as rp
 from cuvil_edge.coordinator.packaging import PackageFactory
@@ -33,8 +40,13 @@ from cuvil_edge.coordinator.site_directory import SiteDirectory
 log = logging.getLogger(__name__)
 
 #: The federation YAML's ``strategy.name`` -> Flower's strategy class (never a copy of one).
-FLOWER_STRATEGIES: dict[str, type[FedAvg]] = {"fedavg": FedAvg, "fedprox": FedProx, "fedadam": FedAdam,
-                                              "fedyogi": FedYogi, "fedavgm": FedAvgM}
+FLOWER_STRATEGIES: dict[str, type[FedAvg]] = {
+    "fedavg": FedAvg,
+    "fedprox": FedProx,
+    "fedadam": FedAdam,
+    "fedyogi": FedYogi,
+    "fedavgm": FedAvgM,
+}
 
 
 def flower_strategy(name: str, parameters: dict, **sampling) -> FedAvg:
@@ -76,8 +88,11 @@ class SitePackages(Strategy):
         return getattr(self.strategy, "weighted_by_key", rp.NUM_EXAMPLES)
 
     def summary(self) -> None:
-        log.debug("per-site packages for %d sites around %s", len(getattr(self.factory, "sites", ())),
-                  type(self.strategy).__name__)
+        log.debug(
+            "per-site packages for %d sites around %s",
+            len(getattr(self.factory, "sites", ())),
+            type(self.strategy).__name__,
+        )
         self.strategy.summary()
 
     # -- messages ---------------------------------------------------------------
@@ -99,14 +114,17 @@ class SitePackages(Strategy):
         return self.personalise(self.strategy.configure_evaluate(server_round, arrays, config, grid), arrays, grid)
 
     # -- replies ----------------------------------------------------------------
-    def _recorded(self, server_round: int, phase: str, replies: Iterable[Message],
-                  keep_exhausted: bool = False) -> list[tuple[str, Message]]:
+    def _recorded(
+        self, server_round: int, phase: str, replies: Iterable[Message], keep_exhausted: bool = False
+    ) -> list[tuple[str, Message]]:
         credited = [(self.personaliser.site_of(r), r) for r in replies]
-        return self.recorder.record_replies(server_round, phase, credited, self.personaliser.sent_sites(),
-                                            keep_exhausted)
+        return self.recorder.record_replies(
+            server_round, phase, credited, self.personaliser.sent_sites(), keep_exhausted
+        )
 
-    def take_train_replies(self, server_round: int, replies: Iterable[Message], *,
-                           keep_exhausted: bool = False) -> list[Message]:
+    def take_train_replies(
+        self, server_round: int, replies: Iterable[Message], *, keep_exhausted: bool = False
+    ) -> list[Message]:
         """The train replies the wrapped strategy should aggregate: each site's results recorded,
         exhausted sites dropped (or kept as zero updates, ``keep_exhausted``), rounded ones re-anchored."""
         kept = self._recorded(server_round, TRAIN, replies, keep_exhausted)
@@ -184,8 +202,9 @@ class CentralDpFixedClipping(DifferentialPrivacyClientSideFixedClipping):
     A round with an error reply, or fewer replies, is skipped (no aggregate, no ε spent).
     """
 
-    def __init__(self, strategy: SitePackages, noise_multiplier: float, clipping_norm: float,
-                 num_sampled_clients: int, **kwargs) -> None:
+    def __init__(
+        self, strategy: SitePackages, noise_multiplier: float, clipping_norm: float, num_sampled_clients: int, **kwargs
+    ) -> None:
         super().__init__(strategy.strategy, noise_multiplier, clipping_norm, num_sampled_clients, **kwargs)
         self.sites = strategy
         self.strategy = strategy.replies_taken()
@@ -193,6 +212,7 @@ class CentralDpFixedClipping(DifferentialPrivacyClientSideFixedClipping):
     def aggregate_train(self, server_round: int, replies: Iterable[Message]):
         replies = self.sites.take_train_replies(server_round, replies, keep_exhausted=True)
         result = super().aggregate_train(server_round, replies)
-        self.sites.recorder.record_central(server_round, result[0] is not None, self.noise_multiplier,
-                                           self.clipping_norm, self.privacy_spent())
+        self.sites.recorder.record_central(
+            server_round, result[0] is not None, self.noise_multiplier, self.clipping_norm, self.privacy_spent()
+        )
         return result

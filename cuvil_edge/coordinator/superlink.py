@@ -57,8 +57,11 @@ def write_connection(home: Path, address: str) -> Path:
     ca = tls_files(Path(home) / "tls").ca_cert.resolve()
     path = Path(home) / "flwr" / "config.toml"
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(f'[superlink]\ndefault = "{CONNECTION}"\n\n[superlink.{CONNECTION}]\n'
-                    f'address = "{address}"\nroot-certificates = "{ca}"\n', encoding="utf-8")
+    path.write_text(
+        f'[superlink]\ndefault = "{CONNECTION}"\n\n[superlink.{CONNECTION}]\n'
+        f'address = "{address}"\nroot-certificates = "{ca}"\n',
+        encoding="utf-8",
+    )
     return path
 
 
@@ -80,9 +83,11 @@ def _loopback(address: str) -> tuple[str, int]:
             return host, port
     except ValueError:
         pass
-    raise ConfigError(f"--operator-address {address!r} must be a loopback address (127.0.0.1:PORT): the "
-                      "SuperLink's Control and Runtime APIs authenticate nobody, so they never face the "
-                      "network; reach them from another host through SSH (docs/DEPLOYMENT.md §4)")
+    raise ConfigError(
+        f"--operator-address {address!r} must be a loopback address (127.0.0.1:PORT): the "
+        "SuperLink's Control and Runtime APIs authenticate nobody, so they never face the "
+        "network; reach them from another host through SSH (docs/DEPLOYMENT.md §4)"
+    )
 
 
 def secret_file(home: Path) -> Path:
@@ -104,9 +109,11 @@ def _tls(home: Path):
     if not tls.server_cert.exists():
         raise ConfigError(f"{tls.server_cert} is missing; run `cuvil-edge coordinator certs --host HOST` first")
     if not covers_loopback(tls.server_cert):
-        raise ConfigError(f"{tls.server_cert} is not valid for 127.0.0.1, where the SuperLink now listens behind "
-                          "the Fleet gateway; issue it again: `cuvil-edge coordinator certs --force --host ...` "
-                          "(same CA: devices need nothing)")
+        raise ConfigError(
+            f"{tls.server_cert} is not valid for 127.0.0.1, where the SuperLink now listens behind "
+            "the Fleet gateway; issue it again: `cuvil-edge coordinator certs --force --host ...` "
+            "(same CA: devices need nothing)"
+        )
     return tls
 
 
@@ -119,11 +126,27 @@ def superlink_command(home: Path, operator_address: str = DEFAULT_OPERATOR_ADDRE
     """
     tls = _tls(home)
     host, port = _loopback(operator_address)
-    return [flower_tool("flower-superlink"), "--ssl-certfile", str(tls.server_cert), "--ssl-keyfile", str(tls.server_key),
-            "--ssl-ca-certfile", str(tls.ca_cert), "--enable-supernode-auth", "--database",
-            str(Path(home) / "superlink.db"), "--host", host, "--port", str(port),
-            "--disable-runtime-dependency-installation", "--isolation", "process",
-            "--superexec-auth-secret-file", str(secret_file(home))]
+    return [
+        flower_tool("flower-superlink"),
+        "--ssl-certfile",
+        str(tls.server_cert),
+        "--ssl-keyfile",
+        str(tls.server_key),
+        "--ssl-ca-certfile",
+        str(tls.ca_cert),
+        "--enable-supernode-auth",
+        "--database",
+        str(Path(home) / "superlink.db"),
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--disable-runtime-dependency-installation",
+        "--isolation",
+        "process",
+        "--superexec-auth-secret-file",
+        str(secret_file(home)),
+    ]
 
 
 def superexec_command(home: Path, operator_address: str = DEFAULT_OPERATOR_ADDRESS) -> list[str]:
@@ -132,9 +155,19 @@ def superexec_command(home: Path, operator_address: str = DEFAULT_OPERATOR_ADDRE
     import os
     import sys
 
-    return [sys.executable, "-m", "cuvil_edge.coordinator.serverapp_gate", "--runtime-api-address", operator_address,
-            "--root-certificates", str(_tls(home).ca_cert.resolve()), "--secret-file", str(secret_file(home)),
-            "--parent-pid", str(os.getpid())]
+    return [
+        sys.executable,
+        "-m",
+        "cuvil_edge.coordinator.serverapp_gate",
+        "--runtime-api-address",
+        operator_address,
+        "--root-certificates",
+        str(_tls(home).ca_cert.resolve()),
+        "--secret-file",
+        str(secret_file(home)),
+        "--parent-pid",
+        str(os.getpid()),
+    ]
 
 
 def gateway_command(home: Path, address: str, operator_address: str = DEFAULT_OPERATOR_ADDRESS) -> list[str]:
@@ -148,9 +181,21 @@ def gateway_command(home: Path, address: str, operator_address: str = DEFAULT_OP
     tls = _tls(home)
     if _split(address, "--address") == _loopback(operator_address):
         raise ConfigError(f"--address {address} is the SuperLink's own loopback port; give devices another port")
-    return [sys.executable, "-m", "cuvil_edge.coordinator.fleet_gateway", "--listen", address, "--upstream",
-            operator_address, "--certfile", str(tls.server_cert), "--keyfile", str(tls.server_key),
-            "--cafile", str(tls.ca_cert)]
+    return [
+        sys.executable,
+        "-m",
+        "cuvil_edge.coordinator.fleet_gateway",
+        "--listen",
+        address,
+        "--upstream",
+        operator_address,
+        "--certfile",
+        str(tls.server_cert),
+        "--keyfile",
+        str(tls.server_key),
+        "--cafile",
+        str(tls.ca_cert),
+    ]
 
 
 def wait_healthy(url: str, context: ssl.SSLContext | None = None, timeout: float = 60.0) -> None:
@@ -236,8 +281,13 @@ class Coordinator:
         stop_processes([self.gateway, self.superlink], 0, term=False)
 
 
-def start_superlink(home: Path, address: str = DEFAULT_ADDRESS, log_file: Path | None = None, *,
-                    operator_address: str = DEFAULT_OPERATOR_ADDRESS) -> Coordinator:
+def start_superlink(
+    home: Path,
+    address: str = DEFAULT_ADDRESS,
+    log_file: Path | None = None,
+    *,
+    operator_address: str = DEFAULT_OPERATOR_ADDRESS,
+) -> Coordinator:
     """Start the SuperLink on ``operator_address`` (loopback), its ServerApp executor and the Fleet
     gateway on ``address``; wait until both answer, write the CLI connection and register every
     enrolled site. The caller stops the returned :class:`Coordinator`.
@@ -253,8 +303,15 @@ def start_superlink(home: Path, address: str = DEFAULT_ADDRESS, log_file: Path |
     try:
         wait_healthy(f"https://{operator_address}", _ca_context(home))
         # its own process group, so that stopping it stops the ServerApps it started too
-        started.append(subprocess.Popen(superexec_command(home, operator_address), env=env, stdout=out,
-                                        stderr=subprocess.STDOUT, start_new_session=True))
+        started.append(
+            subprocess.Popen(
+                superexec_command(home, operator_address),
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        )
         started.append(subprocess.Popen(commands[1], env=env, stdout=out, stderr=subprocess.STDOUT))
         wait_healthy(f"https://{address}", _ca_context(home))
         write_connection(home, operator_address)
@@ -267,12 +324,12 @@ def start_superlink(home: Path, address: str = DEFAULT_ADDRESS, log_file: Path |
 
 
 def flwr_cli(home: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([flower_tool("flwr"), *args], env=flwr_env(home), capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(
+        [flower_tool("flwr"), *args], env=flwr_env(home), capture_output=True, text=True, timeout=timeout
+    )
 
 
-def register_enrolled(home: Path,
-                      pending: dict[str, dict] | None = None) -> tuple[dict[str, dict], dict[str, str]]:
+def register_enrolled(home: Path, pending: dict[str, dict] | None = None) -> tuple[dict[str, dict], dict[str, str]]:
     """Register each enrolled site's node key with the SuperLink under the site's name, once, each
     site on its own: a site that fails is logged with its reason and the others go on. The new key
     is registered first, then a replaced device's registrations are withdrawn (its key must stop
@@ -291,8 +348,15 @@ def register_enrolled(home: Path,
         StateError: the registry cannot be read or written.
     """
     registry = SiteRegistry(home)
-    todo = pending if pending is not None else {site: entry for site, entry in registry.sites().items()
-                                                if not entry.get("node_id") or entry.get("unregister")}
+    todo = (
+        pending
+        if pending is not None
+        else {
+            site: entry
+            for site, entry in registry.sites().items()
+            if not entry.get("node_id") or entry.get("unregister")
+        }
+    )
     added: dict[str, dict] = {}
     failed: dict[str, str] = {}
 
@@ -337,12 +401,21 @@ def register_enrolled(home: Path,
 
 def no_superlink(home: Path) -> DeploymentError:
     """The error for a home where `coordinator serve` never ran (no ``flwr/config.toml``)."""
-    return DeploymentError(f"no SuperLink is configured in {home}; start one there with "
-                           "`cuvil-edge coordinator serve`, or give the coordinator home with --home")
+    return DeploymentError(
+        f"no SuperLink is configured in {home}; start one there with "
+        "`cuvil-edge coordinator serve`, or give the coordinator home with --home"
+    )
 
 
-def submit_run(home: Path, app_dir: Path, federation: Path, rounds: int | None = None, timeout: float = 3600,
-               resume: bool = False, verbose: bool = True) -> str:
+def submit_run(
+    home: Path,
+    app_dir: Path,
+    federation: Path,
+    rounds: int | None = None,
+    timeout: float = 3600,
+    resume: bool = False,
+    verbose: bool = True,
+) -> str:
     """`flwr run` the Flower App in ``app_dir`` (it names the ServerApp and ClientApp; it is kept
     above both sides, `cli/flwr_app`) for the federation on the SuperLink and stream it (Flower's
     own log lines only if ``verbose``); returns the run's final status.
@@ -354,8 +427,10 @@ def submit_run(home: Path, app_dir: Path, federation: Path, rounds: int | None =
     """
     if not (Path(home) / "flwr" / "config.toml").exists():  # else flwr would start a local simulation
         raise no_superlink(home)
-    config = (f"federation='{Path(federation).resolve()}' home='{Path(home).resolve()}' rounds={rounds or 0} "
-              f"resume={'true' if resume else 'false'}")
+    config = (
+        f"federation='{Path(federation).resolve()}' home='{Path(home).resolve()}' rounds={rounds or 0} "
+        f"resume={'true' if resume else 'false'}"
+    )
     return flwr_run(home, app_dir, CONNECTION, config, timeout=timeout, verbose=verbose)
 
 
@@ -368,8 +443,16 @@ class RunEndedError(DeploymentError):
         self.status, self.reason = status, reason
 
 
-def flwr_run(home: Path, app_dir: Path, connection: str, run_config: str, *, federation_config: str | None = None,
-             timeout: float = 3600, verbose: bool = True) -> str:
+def flwr_run(
+    home: Path,
+    app_dir: Path,
+    connection: str,
+    run_config: str,
+    *,
+    federation_config: str | None = None,
+    timeout: float = 3600,
+    verbose: bool = True,
+) -> str:
     """``flwr run APP CONNECTION --stream`` with the CLI configuration of ``home``; the final status.
     Unless ``verbose``, the stream shows cuvil-edge's report and Flower's warnings and errors only
     (coordinator/flwr_stream.py).
@@ -389,8 +472,10 @@ def flwr_run(home: Path, app_dir: Path, connection: str, run_config: str, *, fed
     except KeyboardInterrupt:  # Ctrl-C ends `flwr run`, not the run: stop it on the SuperLink too
         _stop_new_runs(home, connection, earlier)
         raise
-    ours = sorted((r for r in _runs(home, connection) if r.get("run-id") not in earlier),
-                  key=lambda r: str(r.get("pending-at") or ""))
+    ours = sorted(
+        (r for r in _runs(home, connection) if r.get("run-id") not in earlier),
+        key=lambda r: str(r.get("pending-at") or ""),
+    )
     status = str(ours[-1].get("status", "unknown")) if ours else "no run"
     if proc.returncode == 0 and status == "finished:completed":
         return status

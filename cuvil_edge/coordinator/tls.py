@@ -44,8 +44,12 @@ def tls_files(directory: Path) -> TlsFiles:
 
 
 def _name(common_name: str) -> x509.Name:
-    return x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, "cuvil-edge federation"),
-                      x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
+    return x509.Name(
+        [
+            x509.NameAttribute(NameOID.ORGANIZATION_NAME, "cuvil-edge federation"),
+            x509.NameAttribute(NameOID.COMMON_NAME, common_name),
+        ]
+    )
 
 
 def _alt_names(hosts: Sequence[str]) -> list[x509.GeneralName]:
@@ -83,12 +87,16 @@ def covers_loopback(cert_path: Path) -> bool:
 
 
 def _save_key(key: ec.EllipticCurvePrivateKey, path: Path) -> None:
-    atomic_write(path, key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                         serialization.NoEncryption()), mode=0o600)
+    atomic_write(
+        path,
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()),
+        mode=0o600,
+    )
 
 
-def make_certs(directory: Path, hosts: Sequence[str], *, force: bool = False,
-               now: datetime.datetime | None = None) -> TlsFiles:
+def make_certs(
+    directory: Path, hosts: Sequence[str], *, force: bool = False, now: datetime.datetime | None = None
+) -> TlsFiles:
     """A CA (kept if it exists) and a server certificate for ``hosts`` (IP addresses or DNS names).
 
     Raises:
@@ -110,27 +118,47 @@ def make_certs(directory: Path, hosts: Sequence[str], *, force: bool = False,
             raise KeyFileError(f"cannot read the CA in {directory}: {e}") from e
     else:
         ca_key = ec.generate_private_key(ec.SECP256R1())
-        ca_cert = (x509.CertificateBuilder().subject_name(_name("cuvil-edge CA")).issuer_name(_name("cuvil-edge CA"))
-                   .public_key(ca_key.public_key()).serial_number(x509.random_serial_number())
-                   .not_valid_before(now - datetime.timedelta(minutes=5))
-                   .not_valid_after(now + datetime.timedelta(days=CA_VALIDITY_DAYS))
-                   .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-                   .add_extension(x509.KeyUsage(digital_signature=False, content_commitment=False,
-                                                key_encipherment=False, data_encipherment=False, key_agreement=False,
-                                                key_cert_sign=True, crl_sign=True, encipher_only=False,
-                                                decipher_only=False), critical=True)
-                   .sign(ca_key, hashes.SHA256()))
+        ca_cert = (
+            x509.CertificateBuilder()
+            .subject_name(_name("cuvil-edge CA"))
+            .issuer_name(_name("cuvil-edge CA"))
+            .public_key(ca_key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(days=CA_VALIDITY_DAYS))
+            .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+            .add_extension(
+                x509.KeyUsage(
+                    digital_signature=False,
+                    content_commitment=False,
+                    key_encipherment=False,
+                    data_encipherment=False,
+                    key_agreement=False,
+                    key_cert_sign=True,
+                    crl_sign=True,
+                    encipher_only=False,
+                    decipher_only=False,
+                ),
+                critical=True,
+            )
+            .sign(ca_key, hashes.SHA256())
+        )
         _save_key(ca_key, files.ca_key)
         atomic_write(files.ca_cert, ca_cert.public_bytes(serialization.Encoding.PEM), mode=0o644)
     server_key = ec.generate_private_key(ec.SECP256R1())
-    server = (x509.CertificateBuilder().subject_name(_name(hosts[0])).issuer_name(ca_cert.subject)
-              .public_key(server_key.public_key()).serial_number(x509.random_serial_number())
-              .not_valid_before(now - datetime.timedelta(minutes=5))
-              .not_valid_after(now + datetime.timedelta(days=SERVER_VALIDITY_DAYS))
-              .add_extension(x509.SubjectAlternativeName(_alt_names(_with_loopback(hosts))), critical=False)
-              .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-              .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-              .sign(ca_key, hashes.SHA256()))
+    server = (
+        x509.CertificateBuilder()
+        .subject_name(_name(hosts[0]))
+        .issuer_name(ca_cert.subject)
+        .public_key(server_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=SERVER_VALIDITY_DAYS))
+        .add_extension(x509.SubjectAlternativeName(_alt_names(_with_loopback(hosts))), critical=False)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
     _save_key(server_key, files.server_key)
     atomic_write(files.server_cert, server.public_bytes(serialization.Encoding.PEM), mode=0o644)
     return files

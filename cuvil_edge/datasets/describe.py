@@ -18,9 +18,13 @@ from cuvil_edge.errors import DataError
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
 
 
-def describe_records(path: Path, *, label_column: Optional[str] = None,
-                     input_shape: Optional[Sequence[int]] = None,
-                     num_classes: Optional[int] = None) -> DataFacts:
+def describe_records(
+    path: Path,
+    *,
+    label_column: Optional[str] = None,
+    input_shape: Optional[Sequence[int]] = None,
+    num_classes: Optional[int] = None,
+) -> DataFacts:
     """The ``data`` facts of the records at ``path``: an ``.npz`` (arrays ``x`` and ``y``), a
     ``.csv`` (needs ``label_column``) or a folder of per-class image folders (needs
     ``input_shape``, the model's record shape). ``input_shape`` and ``num_classes`` override
@@ -36,8 +40,7 @@ def describe_records(path: Path, *, label_column: Optional[str] = None,
         if not classes:
             raise DataError(f"{path}: a folder of images needs one sub-folder per class, holding PNG or JPEG files")
         if shape is None:
-            raise DataError(f"{path}: images are resized to the model's input; give --input-shape C,H,W "
-                            "(e.g. 3,32,32)")
+            raise DataError(f"{path}: images are resized to the model's input; give --input-shape C,H,W (e.g. 3,32,32)")
         return DataFacts("image-folder", path, shape, num_classes, tuple(classes))
     if not path.is_file():
         raise DataError(f"{path} does not exist; give this site's records: an .npz, a .csv or a folder of images")
@@ -49,8 +52,9 @@ def describe_records(path: Path, *, label_column: Optional[str] = None,
         if not label_column:
             raise DataError(f"{path}: say which column holds each record's class: --label-column NAME")
         header, labels = _csv_facts(path, label_column)
-        return _with_labels(DataFacts("csv", path, shape or (len(header) - 1,), label_column=label_column),
-                            labels, num_classes, path)
+        return _with_labels(
+            DataFacts("csv", path, shape or (len(header) - 1,), label_column=label_column), labels, num_classes, path
+        )
     raise DataError(f"{path}: records must be an .npz (arrays x, y), a .csv or a folder of images, not {suffix!r}")
 
 
@@ -58,8 +62,10 @@ def _npz_facts(path: Path) -> tuple[tuple[int, ...], np.ndarray]:
     try:
         with np.load(path, allow_pickle=False) as f:
             if "x" not in f.files or "y" not in f.files:
-                raise DataError(f"{path}: holds arrays {sorted(f.files)}, needs 'x' (records) and 'y' (labels); "
-                                "save it with numpy.savez(path, x=..., y=...)")
+                raise DataError(
+                    f"{path}: holds arrays {sorted(f.files)}, needs 'x' (records) and 'y' (labels); "
+                    "save it with numpy.savez(path, x=..., y=...)"
+                )
             x, y = f["x"], f["y"]
     except DataError:
         raise

@@ -25,8 +25,11 @@ from cuvil_edge.extras import require
 
 def _require_sklearn() -> None:
     """The digits come with scikit-learn, which a device reading its own files does not install."""
-    require(("sklearn",), "the demo's digits data needs scikit-learn (a site's own npz, csv or image "
-            "files do not)", "coordinator")
+    require(
+        ("sklearn",),
+        "the demo's digits data needs scikit-learn (a site's own npz, csv or image files do not)",
+        "coordinator",
+    )
 
 
 @lru_cache(maxsize=4)
@@ -46,8 +49,15 @@ def global_test(test_fraction: float = 0.2) -> Records:
     return Records(x[test_idx], y[test_idx])
 
 
-def site_partition(index: int, num_sites: int, *, test_fraction: float = 0.2,
-                   alpha: float = 0.5, seed: int = 7, cache_dir: Path | None = None) -> Records:
+def site_partition(
+    index: int,
+    num_sites: int,
+    *,
+    test_fraction: float = 0.2,
+    alpha: float = 0.5,
+    seed: int = 7,
+    cache_dir: Path | None = None,
+) -> Records:
     """Training data of site ``index`` of ``num_sites``.
 
     With ``cache_dir`` the partition is kept there as an .npz (one file per parameter set), so
@@ -88,9 +98,7 @@ def _train_test_indices(test_fraction: float) -> tuple[np.ndarray, np.ndarray]:
     from sklearn.model_selection import train_test_split
 
     _, y = _load()
-    train_idx, test_idx = train_test_split(
-        np.arange(len(y)), test_size=test_fraction, stratify=y, random_state=0
-    )
+    train_idx, test_idx = train_test_split(np.arange(len(y)), test_size=test_fraction, stratify=y, random_state=0)
     return np.sort(train_idx), np.sort(test_idx)
 
 

@@ -75,13 +75,16 @@ def model_io(graph: Graph) -> tuple[tuple[int, ...], int]:
     shape, out = graph.inputs[0].type.shape, graph.outputs[0].type.shape
     record = tuple(shape[1:])
     if not shape or any(not isinstance(d, int) for d in record) or not out or not isinstance(out[-1], int):
-        raise DataError(f"site data needs a model input [batch, fixed dims] and output [batch, classes]; "
-                        f"this model takes {list(shape)} and gives {list(out)}")
+        raise DataError(
+            f"site data needs a model input [batch, fixed dims] and output [batch, classes]; "
+            f"this model takes {list(shape)} and gives {list(out)}"
+        )
     return record, int(out[-1])
 
 
-def load_site_data(data: DataSection, graph: Graph, cache_dir: Optional[Path] = None, *,
-                   split_key: Optional[bytes] = None) -> tuple[Records, Records]:
+def load_site_data(
+    data: DataSection, graph: Graph, cache_dir: Optional[Path] = None, *, split_key: Optional[bytes] = None
+) -> tuple[Records, Records]:
     """(train, eval) records of a site from its own files, checked against ``graph``, split by the
     per-record rule of :mod:`cuvil_edge.datasets.split` under ``split_key`` (the agent passes its
     site's secret key, :func:`~cuvil_edge.datasets.split.load_split_key`; without one, benchmarks
@@ -121,8 +124,10 @@ def _npz(path: Path) -> tuple[np.ndarray, np.ndarray]:
         with np.load(path, allow_pickle=False) as f:
             missing = [k for k in ("x", "y") if k not in f.files]
             if missing:
-                raise DataError(f"{path}: holds arrays {sorted(f.files)}, needs 'x' (records) and 'y' (labels); "
-                                "save it with numpy.savez(path, x=..., y=...)")
+                raise DataError(
+                    f"{path}: holds arrays {sorted(f.files)}, needs 'x' (records) and 'y' (labels); "
+                    "save it with numpy.savez(path, x=..., y=...)"
+                )
             return np.asarray(f["x"]), np.asarray(f["y"])
     except DataError:
         raise
@@ -159,8 +164,9 @@ def _csv(path: Path, data: DataSection) -> tuple[np.ndarray, np.ndarray]:
             x[line - 2] = [float(row[c]) for c in columns]
         except ValueError:
             bad = next(features[i] for i, c in enumerate(columns) if not _is_float(row[c]))
-            raise DataError(f"{path}, line {line}: column {bad!r} holds {row[header.index(bad)]!r}, not a number") \
-                from None
+            raise DataError(
+                f"{path}, line {line}: column {bad!r} holds {row[header.index(bad)]!r}, not a number"
+            ) from None
         names.append(row[label].strip())
     return x, _labels(np.array(names, dtype=object), data.classes, path, data.label_column)
 
@@ -187,47 +193,59 @@ def _labels(y: np.ndarray, classes: Optional[Sequence[str]], path: Path, key: st
     try:
         values = np.array([float(v) for v in flat], np.float64)
     except (TypeError, ValueError):
-        raise DataError(f"{path}: labels in {key!r} are names, not class indices; list them in data.classes "
-                        "(whose order gives the indices)") from None
+        raise DataError(
+            f"{path}: labels in {key!r} are names, not class indices; list them in data.classes "
+            "(whose order gives the indices)"
+        ) from None
     if not np.all(np.isfinite(values)) or np.any(values != np.round(values)):
         bad = values[~np.isfinite(values) | (values != np.round(values))][0]
         raise DataError(f"{path}: label {bad} in {key!r} is not a whole number; labels are class indices")
     return values.astype(np.int64)
 
 
-def _checked(x: np.ndarray, y: np.ndarray, record: tuple[int, ...], classes: int, path: Path,
-             data: DataSection) -> Records:
+def _checked(
+    x: np.ndarray, y: np.ndarray, record: tuple[int, ...], classes: int, path: Path, data: DataSection
+) -> Records:
     if len(y) == 0:
         raise DataError(f"{path}: holds no record; a site needs at least one to train")
     if x.shape[1:] != record and x.ndim >= 1 and math.prod(x.shape[1:]) == math.prod(record):
         x = x.reshape((len(x), *record))  # flat features for a model that takes them shaped
     if x.shape[1:] != record or len(x) != len(y):
-        raise DataError(f"{path}: records have shape {tuple(x.shape[1:])} ({len(x)} records, {len(y)} labels), "
-                        f"the model takes {record} per record; fix the data or data.feature_columns")
+        raise DataError(
+            f"{path}: records have shape {tuple(x.shape[1:])} ({len(x)} records, {len(y)} labels), "
+            f"the model takes {record} per record; fix the data or data.feature_columns"
+        )
     if not np.issubdtype(x.dtype, np.number):
         raise DataError(f"{path}: records are {x.dtype}, not numbers")
     x = np.ascontiguousarray(x, dtype=np.float32)
     bad = np.flatnonzero(~np.isfinite(x).reshape(len(x), -1).all(axis=1))
     if bad.size:
-        raise DataError(f"{path}: record {int(bad[0])} holds NaN or an infinite value "
-                        f"({bad.size} such records); remove or impute them")
+        raise DataError(
+            f"{path}: record {int(bad[0])} holds NaN or an infinite value "
+            f"({bad.size} such records); remove or impute them"
+        )
     out = np.flatnonzero((y < 0) | (y >= classes))
     if out.size:
-        raise DataError(f"{path}: label {int(y[out[0]])} of record {int(out[0])} is out of range; the model has "
-                        f"{classes} classes (0..{classes - 1})")
+        raise DataError(
+            f"{path}: label {int(y[out[0]])} of record {int(out[0])} is out of range; the model has "
+            f"{classes} classes (0..{classes - 1})"
+        )
     if data.classes is not None and len(data.classes) > classes:
         raise DataError(f"{path}: data.classes lists {len(data.classes)} classes, the model has {classes}")
     return Records(x, y.astype(np.int64))
 
 
 # --- image folders ---------------------------------------------------------------------------
-def _image_folder(root: Path, record: tuple[int, ...], classes: Optional[Sequence[str]],
-                  cache_dir: Optional[Path]) -> tuple[np.ndarray, np.ndarray]:
+def _image_folder(
+    root: Path, record: tuple[int, ...], classes: Optional[Sequence[str]], cache_dir: Optional[Path]
+) -> tuple[np.ndarray, np.ndarray]:
     if not root.is_dir():
         raise DataError(f"data.path: {root} is not a folder; kind image-folder needs one sub-folder per class")
     if len(record) != 3 or record[0] not in (1, 3):
-        raise DataError(f"{root}: image folders need a model input [batch, 1 or 3 channels, height, width]; "
-                        f"this model takes records of shape {record}")
+        raise DataError(
+            f"{root}: image folders need a model input [batch, 1 or 3 channels, height, width]; "
+            f"this model takes records of shape {record}"
+        )
     root = root.resolve()
     folders = sorted(p.name for p in _entries(root, root) if p.is_dir())
     names = list(classes) if classes is not None else folders
@@ -240,8 +258,9 @@ def _image_folder(root: Path, record: tuple[int, ...], classes: Optional[Sequenc
     files = []
     for label, name in enumerate(names):
         found = sorted(_entries(root / name, root))
-        others = [p.name for p in found
-                  if p.suffix.lower() not in IMAGE_SUFFIXES or not stat.S_ISREG(p.lstat().st_mode)]
+        others = [
+            p.name for p in found if p.suffix.lower() not in IMAGE_SUFFIXES or not stat.S_ISREG(p.lstat().st_mode)
+        ]
         if others:
             raise DataError(f"{root / name}: {others[:3]} are not PNG/JPEG files; a class folder holds images only")
         if not found:
@@ -283,8 +302,10 @@ def _entries(folder: Path, root: Path) -> list[Path]:
     entries = [p for p in folder.iterdir() if not p.name.startswith(".")]
     for p in entries:
         if p.is_symlink():
-            raise DataError(f"{p}: a symbolic link; the files of an image folder must be in it (a link can make "
-                            f"the agent read files outside data.path {root}); copy the file or folder in instead")
+            raise DataError(
+                f"{p}: a symbolic link; the files of an image folder must be in it (a link can make "
+                f"the agent read files outside data.path {root}); copy the file or folder in instead"
+            )
         if not p.resolve().is_relative_to(root):
             raise DataError(f"{p}: resolves to outside data.path {root}; keep the site's images inside it")
     return entries
@@ -308,8 +329,10 @@ def _open_image_file(root: Path, path: Path):
         finally:
             os.close(root_fd)
     except OSError as e:
-        raise DataError(f"{path}: cannot be opened as a plain file inside data.path {root} ({e.strerror}); "
-                        "image folders hold their own files, no links") from e
+        raise DataError(
+            f"{path}: cannot be opened as a plain file inside data.path {root} ({e.strerror}); "
+            "image folders hold their own files, no links"
+        ) from e
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
         raise DataError(f"{path}: not a regular file; a class folder holds PNG/JPEG files only")
@@ -337,14 +360,18 @@ def _image(root: Path, path: Path, record: tuple[int, ...]) -> np.ndarray:
         except (Image.DecompressionBombError, Image.DecompressionBombWarning) as e:
             raise DataError(_too_many_pixels(path, record, cap)) from e
         except UnidentifiedImageError as e:
-            raise DataError(f"{path}: not a readable PNG/JPEG image (site images are decoded as PNG or JPEG "
-                            "only, whatever the suffix says); convert it to PNG or JPEG, or remove it") from e
+            raise DataError(
+                f"{path}: not a readable PNG/JPEG image (site images are decoded as PNG or JPEG "
+                "only, whatever the suffix says); convert it to PNG or JPEG, or remove it"
+            ) from e
         except (OSError, ValueError) as e:
             raise DataError(f"{path}: not a readable PNG/JPEG image ({e}); replace or remove it") from e
     return pixels[None] if channels == 1 else pixels.transpose(2, 0, 1)
 
 
 def _too_many_pixels(path: Path, record: tuple[int, ...], cap: int) -> str:
-    return (f"{path}: declares more than {cap} pixels, the cap for this model's {record[1]}x{record[2]} input "
-            f"({PIXELS_PER_INPUT_PIXEL}x its pixels, at least {MIN_PIXEL_CAP}, at most {MAX_PIXEL_CAP}); refused "
-            "before decoding (a decompression bomb, or far larger than the model needs): downscale it or remove it")
+    return (
+        f"{path}: declares more than {cap} pixels, the cap for this model's {record[1]}x{record[2]} input "
+        f"({PIXELS_PER_INPUT_PIXEL}x its pixels, at least {MIN_PIXEL_CAP}, at most {MAX_PIXEL_CAP}); refused "
+        "before decoding (a decompression bomb, or far larger than the model needs): downscale it or remove it"
+    )

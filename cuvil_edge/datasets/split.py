@@ -55,8 +55,10 @@ def load_split_key(state_dir: Path) -> bytes:
     try:
         return private_dir.load_or_create_key(path, what="the record split key")
     except OSError as e:
-        raise StateError(f"cannot create or read the record split key {path}: {e}; check the state "
-                         "directory is writable by the agent") from e
+        raise StateError(
+            f"cannot create or read the record split key {path}: {e}; check the state "
+            "directory is writable by the agent"
+        ) from e
 
 
 def record_digests(split: Records, key: bytes) -> list[bytes]:

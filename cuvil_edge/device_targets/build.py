@@ -147,8 +147,17 @@ def structure_digest(graph: Graph) -> str:
 #: Ops whose non-float inputs (quantized values, zero points) reach the kernel at run time only: the
 #: integer ops too, which a target with int8 kernels runs in place of the QDQ-wrapped products (each
 #: round's int8 weights are new values of the same structure).
-_RUNTIME_QUANT_READERS = frozenset({"QuantizeLinear", "DequantizeLinear", "QLinearConv", "QLinearMatMul",
-                                    "ConvInteger", "MatMulInteger", "CuvilQLinearAdd"})
+_RUNTIME_QUANT_READERS = frozenset(
+    {
+        "QuantizeLinear",
+        "DequantizeLinear",
+        "QLinearConv",
+        "QLinearMatMul",
+        "ConvInteger",
+        "MatMulInteger",
+        "CuvilQLinearAdd",
+    }
+)
 
 
 def cache_key(structure: str, target: TargetSpec, precision: str) -> str:
@@ -215,13 +224,26 @@ def build(
             raise BuildError(f"cannot build graph {graph.name!r} for target {spec.name!r}: {e}") from e
         source = f"# target {spec.name}, precision {precision}, {COMPILER_VERSION}, cache key {key}\n" + pruned
         code = _compile(source, path, spec)
-        _write_entry(entry, source, code, {"payload_digest": digest, "target": spec.name,
-                                           "target_spec": spec.digest(), "precision": precision,
-                                           "compiler": COMPILER_VERSION, "graph": graph.name}, mac_key)
+        _write_entry(
+            entry,
+            source,
+            code,
+            {
+                "payload_digest": digest,
+                "target": spec.name,
+                "target_spec": spec.digest(),
+                "precision": precision,
+                "compiler": COMPILER_VERSION,
+                "graph": graph.name,
+            },
+            mac_key,
+        )
         loaded = _remember(entry, source, code)
     run_fn = _instantiate(loaded.code, path, spec)
     seconds = time.perf_counter() - start
-    logger.info("built %s for %s (%s) in %.3fs%s", graph.name, spec.name, precision, seconds, " (cached)" if hit else "")
+    logger.info(
+        "built %s for %s (%s) in %.3fs%s", graph.name, spec.name, precision, seconds, " (cached)" if hit else ""
+    )
     return CompiledModel(graph, spec, precision, key, loaded.source, path, seconds, hit, run_fn)
 
 
@@ -252,8 +274,9 @@ def _mac_key(root: Path) -> bytes:
         private_dir.ensure_private_dir(root, what="build cache")
         return private_dir.load_or_create_key(root / KEY_FILE, what="build cache key")
     except OSError as e:
-        raise BuildError(f"cannot create the build cache {root} or its key {root / KEY_FILE}: {e}; "
-                         "check cache_dir is writable") from e
+        raise BuildError(
+            f"cannot create the build cache {root} or its key {root / KEY_FILE}: {e}; check cache_dir is writable"
+        ) from e
 
 
 def _source_parts(entry: Path, source: bytes) -> tuple[bytes, ...]:
@@ -324,10 +347,15 @@ def _read_code(path: Path, mac_key: bytes, source_sha: bytes, source_path: Path)
         return None
     tag, magic = _CODE_TAG, importlib.util.MAGIC_NUMBER
     head, payload = data[:_CODE_HEADER], data[_CODE_HEADER:]
-    if (len(head) != _CODE_HEADER or head[:len(tag)] != tag or head[len(tag):len(tag) + len(magic)] != magic
-            or not private_dir.mac_matches(mac_key, head[-32:], *_code_parts(path.parent, source_sha, payload))):
-        logger.warning("%s is not authenticated for its source and this Python: not run, compiling the source again",
-                       path)
+    if (
+        len(head) != _CODE_HEADER
+        or head[: len(tag)] != tag
+        or head[len(tag) : len(tag) + len(magic)] != magic
+        or not private_dir.mac_matches(mac_key, head[-32:], *_code_parts(path.parent, source_sha, payload))
+    ):
+        logger.warning(
+            "%s is not authenticated for its source and this Python: not run, compiling the source again", path
+        )
         return None
     try:
         code = marshal.loads(payload)
@@ -340,8 +368,12 @@ def _read_code(path: Path, mac_key: bytes, source_sha: bytes, source_path: Path)
 
 def _code_bytes(code: types.CodeType, mac_key: bytes, entry: Path, source_sha: bytes) -> bytes:
     payload = marshal.dumps(code)
-    return (_CODE_TAG + importlib.util.MAGIC_NUMBER + private_dir.mac(mac_key, *_code_parts(entry, source_sha, payload))
-            + payload)
+    return (
+        _CODE_TAG
+        + importlib.util.MAGIC_NUMBER
+        + private_dir.mac(mac_key, *_code_parts(entry, source_sha, payload))
+        + payload
+    )
 
 
 def _compile(source: str, path: Path, spec: TargetSpec | None) -> types.CodeType:
@@ -359,12 +391,16 @@ def _instantiate(code: types.CodeType, path: Path, spec: TargetSpec) -> Callable
     try:
         exec(code, namespace)  # noqa: S102 - our own generated, pruned source, authenticated by the cache's MAC
     except Exception as e:
-        raise BuildError(f"loading the module for target {spec.name!r} failed: {type(e).__name__}: {e} "
-                         f"(source: {path}); delete that cache entry and build again") from e
+        raise BuildError(
+            f"loading the module for target {spec.name!r} failed: {type(e).__name__}: {e} "
+            f"(source: {path}); delete that cache entry and build again"
+        ) from e
     built_for = namespace.get("BUILT_FOR", {})
     if not callable(namespace.get("run")) or built_for.get("target") != spec.name:
-        raise BuildError(f"module {path} is not a build for target {spec.name!r} (BUILT_FOR={built_for!r}); "
-                         "delete that cache entry and build again")
+        raise BuildError(
+            f"module {path} is not a build for target {spec.name!r} (BUILT_FOR={built_for!r}); "
+            "delete that cache entry and build again"
+        )
     return namespace["run"]
 
 
@@ -386,8 +422,12 @@ def _read_cached(entry: Path, mac_key: bytes) -> str | None:
     except (OSError, ValueError):
         return None
     if not private_dir.mac_matches(mac_key, tag, *_source_parts(entry, source_bytes)):
-        logger.warning("cache entry %s is not authenticated by %s (its module.py or meta.json was changed, or "
-                       "written by another cache): not run, rebuilding", entry, entry.parent / KEY_FILE)
+        logger.warning(
+            "cache entry %s is not authenticated by %s (its module.py or meta.json was changed, or "
+            "written by another cache): not run, rebuilding",
+            entry,
+            entry.parent / KEY_FILE,
+        )
         return None
     return source
 
@@ -409,8 +449,11 @@ def _write_entry(entry: Path, source: str, code: types.CodeType, meta: dict[str,
         private_dir.check(entry, os.lstat(entry), what="build cache entry", directory=True)
         atomic_write(entry / "module.py", data, mode=0o600)
         atomic_write(entry / "module.code", _code_bytes(code, mac_key, entry, sha.digest()), mode=0o600)
-        meta = {**meta, "source_sha256": sha.hexdigest(),
-                "source_mac": private_dir.mac(mac_key, *_source_parts(entry, data)).hex()}
+        meta = {
+            **meta,
+            "source_sha256": sha.hexdigest(),
+            "source_mac": private_dir.mac(mac_key, *_source_parts(entry, data)).hex(),
+        }
         text = json.dumps(meta, indent=2, sort_keys=True) + "\n"
         atomic_write(entry / "meta.json", text.encode("utf-8"), mode=0o600)
     except OSError as e:

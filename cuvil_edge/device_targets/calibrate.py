@@ -48,6 +48,7 @@ OPENBLAS_ENV = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
 #: (m, k, n) of the sgemm that gives peak_gflops (the per-shape terms are cost_kernels' synthetic grid).
 GEMM_SHAPES = ((1024, 1024, 1024),)
 
+
 @dataclass(frozen=True)
 class Calibration:
     """The spec written for this host, what was measured, and how."""
@@ -86,8 +87,9 @@ class Calibration:
         return "\n".join(header) + "\n" + body
 
 
-def calibrate(base: str = "x86-64", *, name: str = "host", quick: bool = False,
-              specs_dir: Path | str | None = None) -> Calibration:
+def calibrate(
+    base: str = "x86-64", *, name: str = "host", quick: bool = False, specs_dir: Path | str | None = None
+) -> Calibration:
     """Measure this host and return a spec named ``name`` based on the spec ``base``.
 
     ``quick``: fewer and shorter repeats (seconds instead of ~15 s; for tests, noisier).
@@ -123,24 +125,35 @@ def calibrate(base: str = "x86-64", *, name: str = "host", quick: bool = False,
         numpy_call_us = _time_per_call(lambda a=np.zeros(16, np.float32): np.add(a, a, out=a), budget) * 1e6
     best = max(sgemm.values())
     efficiency, half = fit_gemm(sgemm, best)
-    draft = reference.model_copy(update={
-        "name": name, "description": f"this host, measured ({platform.machine()}, one thread), based on {base}",
-        "native_kernels": reference.native_kernels and cost_kernels._native_library() is not None,
-        "peak_gflops": {d: round(best * v / reference.peak_gflops.get("float32", v), 2)
-                        for d, v in reference.peak_gflops.items()},
-        "memory_bandwidth_gbs": round(copy_gbs, 2), "cache_bandwidth_gbs": round(cache_gbs, 2),
-        "cache_mb": _cache_mb(), "memory_efficiency": round(min(1.0, max(0.05, add_gbs / copy_gbs)), 3),
-        "gemm_efficiency": round(efficiency, 3), "gemm_half_dim": round(half, 2),
-        "numpy_call_us": round(numpy_call_us, 3), "memory_mb": _memory_mb(reference.memory_mb),
-        "kernel_ns": {k: round(v, 5 if v < 1 else 2) for k, v in sorted(kernel_ns.items())},
-    })
+    draft = reference.model_copy(
+        update={
+            "name": name,
+            "description": f"this host, measured ({platform.machine()}, one thread), based on {base}",
+            "native_kernels": reference.native_kernels and cost_kernels._native_library() is not None,
+            "peak_gflops": {
+                d: round(best * v / reference.peak_gflops.get("float32", v), 2)
+                for d, v in reference.peak_gflops.items()
+            },
+            "memory_bandwidth_gbs": round(copy_gbs, 2),
+            "cache_bandwidth_gbs": round(cache_gbs, 2),
+            "cache_mb": _cache_mb(),
+            "memory_efficiency": round(min(1.0, max(0.05, add_gbs / copy_gbs)), 3),
+            "gemm_efficiency": round(efficiency, 3),
+            "gemm_half_dim": round(half, 2),
+            "numpy_call_us": round(numpy_call_us, 3),
+            "memory_mb": _memory_mb(reference.memory_mb),
+            "kernel_ns": {k: round(v, 5 if v < 1 else 2) for k, v in sorted(kernel_ns.items())},
+        }
+    )
     with _one_thread():
         call_us, run_us, native, plane_us = _module_costs(draft, budget)
         update: dict[str, Any] = {"call_overhead_us": round(call_us, 3), "run_overhead_us": round(run_us, 3)}
         if native is not None:
             update["native_gflops"], update["native_plane_us"] = round(native, 3), round(plane_us, 4)
-        update["kernel_overhead_us"] = {WINDOW_TAP: _window_tap_us(draft.model_copy(update=update), budget),
-                                        NUMPY_PAD: cost_kernels.measure_pad_us(budget)}
+        update["kernel_overhead_us"] = {
+            WINDOW_TAP: _window_tap_us(draft.model_copy(update=update), budget),
+            NUMPY_PAD: cost_kernels.measure_pad_us(budget),
+        }
         kinds = {**update["kernel_overhead_us"], **_kind_overheads(draft.model_copy(update=update), budget)}
         update["kernel_overhead_us"] = kinds
         scale = _cold_scale(draft.model_copy(update=update), budget)
@@ -151,13 +164,25 @@ def calibrate(base: str = "x86-64", *, name: str = "host", quick: bool = False,
     try:
         spec = TargetSpec.model_validate({**draft.model_dump(), **update})
     except ValidationError as e:
-        raise TargetSpecError(f"the measured spec for {name!r} is invalid ({e}); is this host under heavy load? "
-                              "Run `cuvil-edge calibrate` again") from e
-    measured = {"sgemm_gflops": {"x".join(map(str, s)): round(g, 2) for s, g in sgemm.items()},
-                "sgemm_best_gflops": best, "copy_gbs": copy_gbs, "cache_copy_gbs": cache_gbs, "add_gbs": add_gbs,
-                "numpy_call_us": numpy_call_us, "call_overhead_us": call_us, "run_overhead_us": run_us,
-                "native_gflops": native, "native_plane_us": plane_us, "kernel_overhead_us": kinds,
-                "cold_scale": scale, "kernel_ns": kernel_ns}
+        raise TargetSpecError(
+            f"the measured spec for {name!r} is invalid ({e}); is this host under heavy load? "
+            "Run `cuvil-edge calibrate` again"
+        ) from e
+    measured = {
+        "sgemm_gflops": {"x".join(map(str, s)): round(g, 2) for s, g in sgemm.items()},
+        "sgemm_best_gflops": best,
+        "copy_gbs": copy_gbs,
+        "cache_copy_gbs": cache_gbs,
+        "add_gbs": add_gbs,
+        "numpy_call_us": numpy_call_us,
+        "call_overhead_us": call_us,
+        "run_overhead_us": run_us,
+        "native_gflops": native,
+        "native_plane_us": plane_us,
+        "kernel_overhead_us": kinds,
+        "cold_scale": scale,
+        "kernel_ns": kernel_ns,
+    }
     return Calibration(spec, base, measured, _environment(limited))
 
 
@@ -170,8 +195,10 @@ def write_spec(calibration: Calibration, path: Path | str) -> Path:
     """
     path = Path(path)
     if path.suffix != ".yaml" or path.stem != calibration.spec.name:
-        raise TargetSpecError(f"a spec named {calibration.spec.name!r} must be written to "
-                              f"{calibration.spec.name}.yaml (got {path.name}); load_target finds it by name")
+        raise TargetSpecError(
+            f"a spec named {calibration.spec.name!r} must be written to "
+            f"{calibration.spec.name}.yaml (got {path.name}); load_target finds it by name"
+        )
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write(path, calibration.to_yaml().encode("utf-8"), mode=0o644)
@@ -327,21 +354,37 @@ def _window_tap_us(spec: TargetSpec, budget: float, count: int = 8) -> float:
 
     x = {"x": np.random.default_rng(0).standard_normal((1, 16, 8, 8), dtype=np.float32)}
     with tempfile.TemporaryDirectory() as cache:
-        models = {k: build(_Package(_chain("MaxPool", {"kernel_shape": [k, k], "pads": [k - 2, k - 2, 1, 1]},
-                                           (1, 16, 8, 8), (), count)), spec, cache_dir=cache) for k in (3, 2)}
+        models = {
+            k: build(
+                _Package(
+                    _chain("MaxPool", {"kernel_shape": [k, k], "pads": [k - 2, k - 2, 1, 1]}, (1, 16, 8, 8), (), count)
+                ),
+                spec,
+                cache_dir=cache,
+            )
+            for k in (3, 2)
+        }
         times = _fastest_interleaved({k: (lambda model=model: model.run(x)) for k, model in models.items()}, budget)
     return max(0.0, (times[3] - times[2]) / 5 / count * 1e6)
 
 
-def _chain_parts(op: str, attrs: dict, shape: tuple[int, ...], consts: tuple[np.ndarray, ...], count: int,
-                 prefix: str = ""):
+def _chain_parts(
+    op: str, attrs: dict, shape: tuple[int, ...], consts: tuple[np.ndarray, ...], count: int, prefix: str = ""
+):
     """(nodes, initializers, input info, output info) of ``count`` chained ``op`` nodes."""
     from onnx import TensorProto, helper, numpy_helper
 
     inits = [numpy_helper.from_array(c, f"{prefix}c{i}") for i, c in enumerate(consts)]
     x, y = f"{prefix}x", "y" if not prefix else f"{prefix}y"
-    nodes = [helper.make_node(op, [x if i == 0 else f"{prefix}v{i}", *(t.name for t in inits)],
-                              [y if i == count - 1 else f"{prefix}v{i + 1}"], **attrs) for i in range(count)]
+    nodes = [
+        helper.make_node(
+            op,
+            [x if i == 0 else f"{prefix}v{i}", *(t.name for t in inits)],
+            [y if i == count - 1 else f"{prefix}v{i + 1}"],
+            **attrs,
+        )
+        for i in range(count)
+    ]
     info = lambda name: helper.make_tensor_value_info(name, TensorProto.FLOAT, list(shape))  # noqa: E731
     return nodes, inits, info(x), info(y)
 
@@ -361,8 +404,11 @@ def _mixed(count: int):
 
     parts = [_chain_parts(*probe, count, prefix=f"p{i}_") for i, probe in enumerate(_PROBES)]
     nodes = [part[0][step] for step in range(count) for part in parts]
-    return _graph(helper.make_graph(nodes, "probe_mixed", [p[2] for p in parts], [p[3] for p in parts],
-                                    [t for p in parts for t in p[1]]))
+    return _graph(
+        helper.make_graph(
+            nodes, "probe_mixed", [p[2] for p in parts], [p[3] for p in parts], [t for p in parts for t in p[1]]
+        )
+    )
 
 
 def _transcendental_ns(spec: TargetSpec, budget: float) -> float:
@@ -397,8 +443,9 @@ def _cold_scale(spec: TargetSpec, budget: float, count: int = 4) -> float:
 
     graph = _mixed(count)
     prediction = predict(graph, spec)
-    feeds = {v.name: np.random.default_rng(0).standard_normal(tuple(v.type.shape), dtype=np.float32)
-             for v in graph.inputs}
+    feeds = {
+        v.name: np.random.default_rng(0).standard_normal(tuple(v.type.shape), dtype=np.float32) for v in graph.inputs
+    }
     with tempfile.TemporaryDirectory() as cache:
         model = build(_Package(graph), spec, cache_dir=cache)
         seconds = min(_time_per_call(lambda: model.run(feeds), budget / 2) for _ in range(2))
@@ -420,19 +467,34 @@ def _probe_chain(blocks: int):
     calls a real module makes (a broadcast operand, views, a copy), so per-node overhead is typical."""
     from onnx import TensorProto, helper, numpy_helper  # lazily: only the probe graphs need onnx
 
-    inits = [numpy_helper.from_array(np.full((8,), 0.5, np.float32), "c"),
-             numpy_helper.from_array(np.array([2, 4], np.int64), "s24"),
-             numpy_helper.from_array(np.array([1, 8], np.int64), "s18")]
+    inits = [
+        numpy_helper.from_array(np.full((8,), 0.5, np.float32), "c"),
+        numpy_helper.from_array(np.array([2, 4], np.int64), "s24"),
+        numpy_helper.from_array(np.array([1, 8], np.int64), "s18"),
+    ]
     nodes, v = [], "x"
     for b in range(blocks):
-        steps = [("Add", [v, "c"], {}), ("Mul", [None, "c"], {}), ("Reshape", [None, "s24"], {}),
-                 ("Transpose", [None], {"perm": [1, 0]}), ("Reshape", [None, "s18"], {}), ("Relu", [None], {})]
+        steps = [
+            ("Add", [v, "c"], {}),
+            ("Mul", [None, "c"], {}),
+            ("Reshape", [None, "s24"], {}),
+            ("Transpose", [None], {"perm": [1, 0]}),
+            ("Reshape", [None, "s18"], {}),
+            ("Relu", [None], {}),
+        ]
         for i, (op, args, attrs) in enumerate(steps):
             out = "y" if b == blocks - 1 and i == len(steps) - 1 else f"b{b}_{i}"
             nodes.append(helper.make_node(op, [a or v for a in args], [out], **attrs))
             v = out
-    return _graph(helper.make_graph(nodes, "probe", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8])],
-                                    [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8])], inits))
+    return _graph(
+        helper.make_graph(
+            nodes,
+            "probe",
+            [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8])],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8])],
+            inits,
+        )
+    )
 
 
 def _depthwise(c: int, size: int):
@@ -441,8 +503,15 @@ def _depthwise(c: int, size: int):
     w = numpy_helper.from_array(np.full((c, 1, 3, 3), 0.1, np.float32), "w")
     node = helper.make_node("Conv", ["x", "w"], ["y"], group=c, pads=[1, 1, 1, 1], kernel_shape=[3, 3])
     shape = [1, c, size, size]
-    return _graph(helper.make_graph([node], "depthwise", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
-                                    [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)], [w]))
+    return _graph(
+        helper.make_graph(
+            [node],
+            "depthwise",
+            [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)],
+            [w],
+        )
+    )
 
 
 def _graph(onnx_graph):
@@ -494,6 +563,12 @@ def _environment(limited: bool) -> dict[str, Any]:
                 cpu = line.split(":", 1)[1].strip()
                 break
     env = {k: os.environ[k] for k in OPENBLAS_ENV if k in os.environ}
-    return {"date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "cpu": cpu, "cores": os.cpu_count(),
-            "python": platform.python_version(), "numpy": np.__version__, "threads_limited": limited,
-            "openblas_env": (f"kept {env} (OpenBLAS read them at load)" if env else f"unset ({', '.join(OPENBLAS_ENV)})")}
+    return {
+        "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "python": platform.python_version(),
+        "numpy": np.__version__,
+        "threads_limited": limited,
+        "openblas_env": (f"kept {env} (OpenBLAS read them at load)" if env else f"unset ({', '.join(OPENBLAS_ENV)})"),
+    }

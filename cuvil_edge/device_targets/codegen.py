@@ -164,12 +164,20 @@ def templates_digest() -> str:
     here = os.path.abspath(__file__)  # os.path, not pathlib: a fresh process pays this on its first hit
     root = os.path.dirname(os.path.dirname(here))  # the cuvil_edge package: files are named relative to it
     # every file of the op package (sources, and anything a kernel path reads beside them, such as C)
-    names = {os.path.join(folder, n) for folder in ops.__path__ for n in os.listdir(folder)
-             if not n.startswith(".") and not n.endswith((".pyc", ".so", ".tmp"))}
+    names = {
+        os.path.join(folder, n)
+        for folder in ops.__path__
+        for n in os.listdir(folder)
+        if not n.startswith(".") and not n.endswith((".pyc", ".so", ".tmp"))
+    }
     names |= {here, os.path.join(os.path.dirname(here), "prune.py")}
     registry = ops.registry()
-    names |= {function.__code__.co_filename for op in registry.values()
-              for function in (*op.helpers, op.fn, op.attrs) if hasattr(function, "__code__")}
+    names |= {
+        function.__code__.co_filename
+        for op in registry.values()
+        for function in (*op.helpers, op.fn, op.attrs)
+        if hasattr(function, "__code__")
+    }
     files = sorted({os.path.abspath(n) for n in names if os.path.isfile(n)})  # not "<string>" (exec'd code)
     h = hashlib.sha256(f"{CODEGEN_VERSION}\0{','.join(sorted(registry))}".encode())
     for path in files:
@@ -244,30 +252,29 @@ class Specialiser:
         attrs = dict(op.attrs(node))
         values = dict(attrs)
         function = op.fn
-        positional = list(function.__code__.co_varnames[:function.__code__.co_argcount])
+        positional = list(function.__code__.co_varnames[: function.__code__.co_argcount])
         for index, arg in enumerate(args):
             if not arg and index < len(positional):
                 values[positional[index]] = None  # absent optional input: `if b is not None` folds
-        defaults = dict(zip(positional[len(positional) - len(function.__defaults__ or ()):], function.__defaults__ or ()))
-        for param in positional[len(args):]:
+        defaults = dict(
+            zip(positional[len(positional) - len(function.__defaults__ or ()) :], function.__defaults__ or ())
+        )
+        for param in positional[len(args) :]:
             if param not in values and param in defaults:
                 values[param] = defaults[param]  # a trailing input not given: its default
         present = [positional[i] for i, arg in enumerate(args) if arg and i < len(positional)]
         shown = ", ".join(f"{k}={source_literal(v)}" for k, v in values.items())
         doc = f"{function.__name__} specialised for {shown or 'its inputs'}"
-        text, bound, changed = specialise_function(source_of(function), self.PLACEHOLDER, values, present,
-                                                   doc[:400])
+        text, bound, changed = specialise_function(source_of(function), self.PLACEHOLDER, values, present, doc[:400])
         if not changed:
             return op.emit(node, args, outs)
         text = self._with_helpers(text, {h.__name__: h for h in op.helpers})
         name = self._named(function.__name__, text)
-        call_args = [a for index, a in enumerate(args)
-                     if index >= len(positional) or positional[index] not in bound]
+        call_args = [a for index, a in enumerate(args) if index >= len(positional) or positional[index] not in bound]
         call_args = [a if a else "None" for a in call_args]
         call_args += [f"{k}={source_literal(v)}" for k, v in attrs.items() if k not in bound]
         target = outs[0] if len(outs) == 1 else ", ".join(outs)
         return f"{target} = {name}({', '.join(call_args)})"
-
 
     #: How deep helper copies go (a helper's copy calling another helper with literals, ...).
     HELPER_DEPTH = 3
@@ -283,22 +290,26 @@ class Specialiser:
         changed = False
         for call in [n for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)]:
             helper = helpers.get(call.func.id)
-            if helper is None or any(isinstance(a, ast.Starred) for a in call.args) or \
-                    any(k.arg is None for k in call.keywords):
+            if (
+                helper is None
+                or any(isinstance(a, ast.Starred) for a in call.args)
+                or any(k.arg is None for k in call.keywords)
+            ):
                 continue
-            params = list(helper.__code__.co_varnames[:helper.__code__.co_argcount])
+            params = list(helper.__code__.co_varnames[: helper.__code__.co_argcount])
             given = [*zip(params, call.args), *((k.arg, k.value) for k in call.keywords)]
             values = {p: v for p, v in ((p, literal(a)) for p, a in given) if v is not _MISSING}
             if not values:
                 continue
             shown = ", ".join(f"{k}={source_literal(v)}" for k, v in values.items())
-            copy, bound, specialised = specialise_function(source_of(helper), self.PLACEHOLDER, values, (),
-                                                           f"{helper.__name__} specialised for {shown}"[:400])
+            copy, bound, specialised = specialise_function(
+                source_of(helper), self.PLACEHOLDER, values, (), f"{helper.__name__} specialised for {shown}"[:400]
+            )
             if not specialised:
                 continue
             copy = self._with_helpers(copy, helpers, depth + 1)
             call.func.id = self._named(helper.__name__, copy)
-            call.args = [a for p, a in zip(params, call.args) if p not in bound] + call.args[len(params):]
+            call.args = [a for p, a in zip(params, call.args) if p not in bound] + call.args[len(params) :]
             call.keywords = [k for k in call.keywords if k.arg not in bound]
             changed = True
         return ast.unparse(tree) if changed else text
@@ -371,8 +382,12 @@ def _static_source(graph: Graph) -> str:
         plan: BatchPlan | None = batch_plan(graph)
     except BuildError:
         plan = None  # build() refuses static targets for this graph before running it
-    head = ["", "", "def _run_static_batches(W, feeds):",
-            '    """Static-shape targets: run fixed-size chunks of rows, padding the last one."""']
+    head = [
+        "",
+        "",
+        "def _run_static_batches(W, feeds):",
+        '    """Static-shape targets: run fixed-size chunks of rows, padding the last one."""',
+    ]
     if plan is None:
         return "\n".join(head + ["    raise ValueError('this graph cannot be split into static batch chunks')"])
     if not plan.batched_inputs:

@@ -62,8 +62,13 @@ def gemm_ns(terms: dict[str, float], m: int, k: int, n: int) -> float | None:
         return None
     if min(m, n) == 1 and all(key in terms for key in GEMV_KEYS):  # sgemv: the matrix streamed once
         return terms["gemv_call"] + terms["gemv_element"] * k * max(m, n)
-    return (terms["gemm_flop"] * 2.0 * m * k * n + terms["gemm_mk"] * m * k + terms["gemm_kn"] * k * n
-            + terms["gemm_mn"] * m * n + terms["gemm_call"])
+    return (
+        terms["gemm_flop"] * 2.0 * m * k * n
+        + terms["gemm_mk"] * m * k
+        + terms["gemm_kn"] * k * n
+        + terms["gemm_mn"] * m * n
+        + terms["gemm_call"]
+    )
 
 
 def gemm_products_ns(terms: dict[str, float], m: int, k: int, n: int, count: int, calls: int) -> float | None:
@@ -86,8 +91,9 @@ def softmax_tail_ns(terms: dict[str, float], rows: int, width: int, lanes: int) 
     return rows * (terms["softmax_tail_row"] + tail * terms["softmax_tail_element"])
 
 
-def max_pool_ns(terms: dict[str, float], planes: int, padded: tuple[int, int], out: tuple[int, int],
-                taps: int) -> float | None:
+def max_pool_ns(
+    terms: dict[str, float], planes: int, padded: tuple[int, int], out: tuple[int, int], taps: int
+) -> float | None:
     """ns of the native max pooling over ``planes`` planes, None where it is not measured."""
     if not all(key in terms for key in MAX_POOL_KEYS):
         return None
@@ -95,8 +101,9 @@ def max_pool_ns(terms: dict[str, float], planes: int, padded: tuple[int, int], o
     return planes * (terms["mp_plane"] + work)
 
 
-def depthwise_ns(terms: dict[str, float], planes: int, padded: tuple[int, int], out: tuple[int, int],
-                 taps: int, strided: bool) -> float | None:
+def depthwise_ns(
+    terms: dict[str, float], planes: int, padded: tuple[int, int], out: tuple[int, int], taps: int, strided: bool
+) -> float | None:
     """ns of the native depthwise kernel over ``planes`` planes, None where it is not measured."""
     if not all(key in terms for key in DEPTHWISE_KEYS):
         return None
@@ -178,8 +185,11 @@ def measure_gemm(budget: float, quick: bool = False) -> tuple[dict[str, float], 
     rows, seconds, rates = [], [], {}
     for m, k, n in gemm_shapes(16 if quick else 40):
         out = np.empty((m, n), np.float32)
-        t = _cycled(lambda m=m, k=k, n=n: (np.full((m, k), 0.5, np.float32), np.full((k, n), 0.25, np.float32)),
-                    lambda a, b, out=out: np.matmul(a, b, out=out), budget)
+        t = _cycled(
+            lambda m=m, k=k, n=n: (np.full((m, k), 0.5, np.float32), np.full((k, n), 0.25, np.float32)),
+            lambda a, b, out=out: np.matmul(a, b, out=out),
+            budget,
+        )
         rows.append((2.0 * m * k * n, m * k, k * n, m * n, 1.0))
         seconds.append(t)
         rates["x".join(map(str, (m, k, n)))] = 2.0 * m * k * n / t / 1e9
@@ -204,18 +214,57 @@ def measure_depthwise(budget: float) -> dict[str, float]:
         return {}
     rng = np.random.default_rng(0)
     rows, seconds = [], []
-    for c, size, stride, kernel in ((512, 7, 1, 3), (256, 14, 1, 3), (96, 28, 1, 3), (32, 56, 1, 3), (8, 112, 1, 3),
-                                    (256, 14, 1, 5), (32, 56, 1, 5), (256, 14, 2, 3), (96, 28, 2, 3), (32, 56, 2, 3),
-                                    (8, 112, 2, 3), (384, 7, 2, 3), (96, 28, 2, 5), (256, 14, 2, 5)):
+    for c, size, stride, kernel in (
+        (512, 7, 1, 3),
+        (256, 14, 1, 3),
+        (96, 28, 1, 3),
+        (32, 56, 1, 3),
+        (8, 112, 1, 3),
+        (256, 14, 1, 5),
+        (32, 56, 1, 5),
+        (256, 14, 2, 3),
+        (96, 28, 2, 3),
+        (32, 56, 2, 3),
+        (8, 112, 2, 3),
+        (384, 7, 2, 3),
+        (96, 28, 2, 5),
+        (256, 14, 2, 5),
+    ):
         w = rng.standard_normal((c, 1, kernel, kernel), dtype=np.float32)
         pad = kernel // 2
         o = (size + 2 * pad - kernel) // stride + 1
         ph = pw = (o - 1) * stride + kernel
         y = np.empty((1, c, o, o), np.float32)
-        rest = (w.ctypes.data, None, y.ctypes.data, 1, c, size, size, kernel, kernel, stride, stride,
-                1, 1, pad, pad, o, o, ph, pw, 0.0, np.inf)
-        seconds.append(_cycled(lambda c=c, size=size: (np.full((1, c, size, size), 0.5, np.float32),),
-                               lambda x, rest=rest: lib.cuvil_depthwise_conv2d_f32(x.ctypes.data, *rest), budget))
+        rest = (
+            w.ctypes.data,
+            None,
+            y.ctypes.data,
+            1,
+            c,
+            size,
+            size,
+            kernel,
+            kernel,
+            stride,
+            stride,
+            1,
+            1,
+            pad,
+            pad,
+            o,
+            o,
+            ph,
+            pw,
+            0.0,
+            np.inf,
+        )
+        seconds.append(
+            _cycled(
+                lambda c=c, size=size: (np.full((1, c, size, size), 0.5, np.float32),),
+                lambda x, rest=rest: lib.cuvil_depthwise_conv2d_f32(x.ctypes.data, *rest),
+                budget,
+            )
+        )
         flat, taps = stride == 1, kernel * kernel
         rows.append((c, c * ph * pw, c * taps * o * pw if flat else 0.0, 0.0 if flat else c * taps * o * o))
     coef = fit_nonnegative(np.array(rows, float), np.array(seconds)) * 1e9
@@ -234,8 +283,7 @@ def measure_gather(budget: float) -> dict[str, float]:
             x = np.zeros((c, size + 2, size + 2), np.float32)
             x[:, 1:-1, 1:-1] = rng.standard_normal((c, size, size), dtype=np.float32)
             st, o = x.strides, (size - 1) // stride + 1
-            win = np.ndarray((c, o, o, 3, 3), np.float32, x, 0,
-                             (st[0], st[1] * stride, st[2] * stride, st[1], st[2]))
+            win = np.ndarray((c, o, o, 3, 3), np.float32, x, 0, (st[0], st[1] * stride, st[2] * stride, st[1], st[2]))
             rows = im2col_block_rows(o, c * 9 * o * 4)
             block = np.empty((c, 3, 3, rows, o), np.float32)
             t = _time_per_call(lambda: np.copyto(block, win[:, :rows].transpose(0, 3, 4, 1, 2)), budget)
@@ -258,10 +306,21 @@ def measure_reduce(budget: float) -> dict[str, float]:
     """``reduce_element`` / ``reduce_row``: ns per input element and per output of numpy's mean over
     the trailing axes (GlobalAveragePool, ReduceMean), fitted over long and short rows."""
     rows, seconds = [], []
-    for shape in ((1, 64, 56, 56), (1, 256, 28, 28), (16, 512, 7, 7), (16, 64, 2, 2), (1, 1024, 4, 4),
-                  (4, 32, 112, 112)):
-        seconds.append(_cycled(lambda shape=shape: (np.full(shape, 0.5, np.float32),),
-                               lambda x: x.mean(axis=(2, 3), keepdims=True), budget))
+    for shape in (
+        (1, 64, 56, 56),
+        (1, 256, 28, 28),
+        (16, 512, 7, 7),
+        (16, 64, 2, 2),
+        (1, 1024, 4, 4),
+        (4, 32, 112, 112),
+    ):
+        seconds.append(
+            _cycled(
+                lambda shape=shape: (np.full(shape, 0.5, np.float32),),
+                lambda x: x.mean(axis=(2, 3), keepdims=True),
+                budget,
+            )
+        )
         rows.append((math.prod(shape), shape[0] * shape[1], 1.0))
     coef = fit_nonnegative(np.array(rows, float), np.array(seconds)) * 1e9
     return {"reduce_element": float(coef[0]), "reduce_row": float(coef[1])}
@@ -277,8 +336,13 @@ def measure_layer_norm(budget: float) -> dict[str, float]:
     for r, d in ((4096, 16), (1024, 64), (256, 256), (64, 1024), (512, 384), (16, 768)):
         scale, bias, y = np.ones(d, np.float32), np.zeros(d, np.float32), np.empty((r, d), np.float32)
         rest = (scale.ctypes.data, bias.ctypes.data, y.ctypes.data, r, d, 1e-5)
-        seconds.append(_cycled(lambda r=r, d=d: (np.full((r, d), 0.5, np.float32),),
-                               lambda x, rest=rest: lib.cuvil_layer_norm_f32(x.ctypes.data, *rest), budget))
+        seconds.append(
+            _cycled(
+                lambda r=r, d=d: (np.full((r, d), 0.5, np.float32),),
+                lambda x, rest=rest: lib.cuvil_layer_norm_f32(x.ctypes.data, *rest),
+                budget,
+            )
+        )
         rows.append((r * d, r, 1.0))
     coef = fit_nonnegative(np.array(rows, float), np.array(seconds)) * 1e9
     return {"ln_element": float(coef[0]), "ln_row": float(coef[1])}
@@ -294,9 +358,14 @@ def measure_gemm_batched(terms: dict[str, float], budget: float, seed: int = 11)
         m, k, n = (int(round(math.exp(rng.uniform(math.log(4), math.log(96))))) for _ in range(3))
         seconds = {}
         for count in (8, 64):
-            seconds[count] = _cycled(lambda c=count, m=m, k=k, n=n: (np.full((c, m, k), 0.5, np.float32),
-                                                                     np.full((c, k, n), 0.25, np.float32)),
-                                     lambda a, b: np.matmul(a, b), budget)
+            seconds[count] = _cycled(
+                lambda c=count, m=m, k=k, n=n: (
+                    np.full((c, m, k), 0.5, np.float32),
+                    np.full((c, k, n), 0.25, np.float32),
+                ),
+                lambda a, b: np.matmul(a, b),
+                budget,
+            )
         slope = (seconds[64] - seconds[8]) / 56 * 1e9
         excess.append(slope - (gemm_ns(terms, m, k, n) - terms["gemm_call"]))
     return {"gemm_batch_call": max(0.0, float(np.median(excess)))}
@@ -310,13 +379,19 @@ def measure_softmax_tail(budget: float, lanes: int) -> dict[str, float]:
     if lib is None or lanes < 2:
         return {}
     rows, seconds = [], []
-    widths = sorted({w for base in (lanes, 2 * lanes, 3 * lanes) for w in (base, base + 1, base + lanes // 2,
-                                                                         base + lanes - 1)})
+    widths = sorted(
+        {w for base in (lanes, 2 * lanes, 3 * lanes) for w in (base, base + 1, base + lanes // 2, base + lanes - 1)}
+    )
     for width in widths:
         y = np.empty((1024, width), np.float32)
-        seconds.append(_cycled(lambda w=width: (np.random.default_rng(w).standard_normal((1024, w), dtype=np.float32),),
-                               lambda x, y=y: lib.cuvil_softmax_f32(x.ctypes.data, y.ctypes.data, 1024, x.shape[1]),
-                               budget) / 1024)
+        seconds.append(
+            _cycled(
+                lambda w=width: (np.random.default_rng(w).standard_normal((1024, w), dtype=np.float32),),
+                lambda x, y=y: lib.cuvil_softmax_f32(x.ctypes.data, y.ctypes.data, 1024, x.shape[1]),
+                budget,
+            )
+            / 1024
+        )
         tail = width % lanes
         rows.append((1.0, width, float(tail > 0), tail))
     coef = fit_nonnegative(np.array(rows, float), np.array(seconds)) * 1e9
@@ -344,8 +419,13 @@ def measure_gemv(budget: float, seed: int = 13) -> dict[str, float]:
     rows, seconds = [], []
     for _ in range(12):
         k, n = (int(round(math.exp(rng.uniform(math.log(lo), math.log(4096))))) for lo in (16, 8))
-        seconds.append(_cycled(lambda k=k, n=n: (np.full((1, k), 0.5, np.float32), np.full((k, n), 0.25, np.float32)),
-                               lambda a, b: np.matmul(a, b), budget))
+        seconds.append(
+            _cycled(
+                lambda k=k, n=n: (np.full((1, k), 0.5, np.float32), np.full((k, n), 0.25, np.float32)),
+                lambda a, b: np.matmul(a, b),
+                budget,
+            )
+        )
         rows.append((k * n, 1.0))
     coef = fit_nonnegative(np.array(rows, float), np.array(seconds)) * 1e9
     return dict(zip(GEMV_KEYS, (float(v) for v in coef)))
@@ -358,14 +438,27 @@ def measure_max_pool(budget: float) -> dict[str, float]:
     if lib is None:
         return {}
     rows, seconds = [], []
-    for c, size, kernel, stride, pad in ((256, 14, 2, 2, 0), (64, 28, 2, 2, 0), (16, 112, 2, 2, 0), (512, 8, 2, 2, 0),
-                                         (64, 56, 3, 2, 1), (16, 112, 3, 2, 1), (128, 14, 3, 1, 1), (32, 28, 3, 1, 1)):
+    for c, size, kernel, stride, pad in (
+        (256, 14, 2, 2, 0),
+        (64, 28, 2, 2, 0),
+        (16, 112, 2, 2, 0),
+        (512, 8, 2, 2, 0),
+        (64, 56, 3, 2, 1),
+        (16, 112, 3, 2, 1),
+        (128, 14, 3, 1, 1),
+        (32, 28, 3, 1, 1),
+    ):
         o = (size + 2 * pad - kernel) // stride + 1
         ph = pw = (o - 1) * stride + kernel
         y = np.empty((1, c, o, o), np.float32)
         rest = (y.ctypes.data, c, size, size, kernel, kernel, stride, stride, 1, 1, pad, pad, o, o, ph, pw)
-        seconds.append(_cycled(lambda c=c, size=size: (np.full((1, c, size, size), 0.5, np.float32),),
-                               lambda x, rest=rest: lib.cuvil_max_pool2d_f32(x.ctypes.data, *rest), budget))
+        seconds.append(
+            _cycled(
+                lambda c=c, size=size: (np.full((1, c, size, size), 0.5, np.float32),),
+                lambda x, rest=rest: lib.cuvil_max_pool2d_f32(x.ctypes.data, *rest),
+                budget,
+            )
+        )
         rows.append((c, c * ph * pw, c * kernel * kernel * o * o))
     coef = fit_nonnegative(np.array(rows, float), np.array(seconds)) * 1e9
     return dict(zip(MAX_POOL_KEYS, (float(v) for v in coef)))

@@ -44,8 +44,13 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
-from cuvil_edge.device_targets.cost_kernels import (MMAP_LIMIT, depthwise_ns, gemm_products_ns, max_pool_ns,
-                                                    softmax_tail_ns)
+from cuvil_edge.device_targets.cost_kernels import (
+    MMAP_LIMIT,
+    depthwise_ns,
+    gemm_products_ns,
+    max_pool_ns,
+    softmax_tail_ns,
+)
 from cuvil_edge.device_targets.cost_int8 import INT8_KIND, int8_seconds, int8_work
 from cuvil_edge.device_targets.memory_plan import VIEW_OPS, plan_memory
 from cuvil_edge.device_targets.spec import PRECISIONS, TargetSpec, resolve
@@ -64,17 +69,53 @@ MATMUL_OPS = frozenset({"MatMul", "CuvilFusedMatMul", "Gemm", "CuvilFusedGemm", 
 #: numpy kernels that loop over window taps, each a pass over the output (when not native).
 TAP_OPS = frozenset({"MaxPool", "AveragePool"})
 #: numpy kernels making several passes and many small calls (statistics, casts, broadcasts).
-NORMALIZATION_OPS = frozenset({"InstanceNormalization", "BatchNormalization", "LRN", "LayerNormalization",
-                               "GroupNormalization", "MeanVarianceNormalization"})
+NORMALIZATION_OPS = frozenset(
+    {
+        "InstanceNormalization",
+        "BatchNormalization",
+        "LRN",
+        "LayerNormalization",
+        "GroupNormalization",
+        "MeanVarianceNormalization",
+    }
+)
 #: index and broadcast kernels: index normalisation (np.where), then a take or a broadcast copy.
 GATHER_OPS = frozenset({"Gather", "GatherElements", "GatherND", "Expand", "Tile", "ScatterND"})
 #: Ops (and fused activations) that evaluate an exp-class function per element: transcendental_ns each.
-TRANSCENDENTAL_OPS = frozenset({"Softmax", "LogSoftmax", "Sigmoid", "Swish", "Gelu", "Erf", "Tanh", "Exp", "Log",
-                                "Softplus", "Elu", "Selu", "Mish"})
+TRANSCENDENTAL_OPS = frozenset(
+    {
+        "Softmax",
+        "LogSoftmax",
+        "Sigmoid",
+        "Swish",
+        "Gelu",
+        "Erf",
+        "Tanh",
+        "Exp",
+        "Log",
+        "Softplus",
+        "Elu",
+        "Selu",
+        "Mish",
+    }
+)
 TRANSCENDENTAL_ACTIVATIONS = frozenset({"sigmoid", "swish", "gelu", "tanh"})
 #: Reductions over axes (means, sums, maxima): numpy's reduction machinery and a keepdims reshape.
-REDUCE_OPS = frozenset({"GlobalAveragePool", "GlobalMaxPool", "ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin",
-                        "ReduceProd", "ReduceL2", "ReduceSumSquare", "ArgMax", "ArgMin"})
+REDUCE_OPS = frozenset(
+    {
+        "GlobalAveragePool",
+        "GlobalMaxPool",
+        "ReduceMean",
+        "ReduceSum",
+        "ReduceMax",
+        "ReduceMin",
+        "ReduceProd",
+        "ReduceL2",
+        "ReduceSumSquare",
+        "ArgMax",
+        "ArgMin",
+    }
+)
 #: kernel_overhead_us key of the cost of each tap of the numpy window loop (else numpy_call_us)
 WINDOW_TAP = "numpy window tap"
 #: kernel_overhead_us key of one np.pad call (its Python-level argument handling: ~25x a ufunc)
@@ -85,11 +126,26 @@ NUMPY_PAD = "numpy pad"
 #: numpy conv paths build window views, transpose and reshape; a native kernel is a ctypes call
 #: with a dozen arguments; normalisations compute statistics in several calls.
 KIND_FACTORS: dict[str, float] = {
-    "conv im2col": 12.5, "conv im2col blocks": 12.5, "conv per-tap gemm": 12.5, "conv depthwise taps": 12.5,
-    "conv-transpose gemm": 12.5, "conv depthwise native": 9.0, "conv native gemm": 9.0, "conv 1x1 gemm": 4.7,
-    "gemm": 1.0, "gemm rows collapsed": 1.6, "gemm batched": 1.5, "native": 2.7, "native layer norm": 6.5,
-    "numpy window taps": 12.0, "normalization": 8.0, "gather": 3.0, "reduce": 5.0, "transpose": 1.5,
-    "elementwise": 1.0, "view": 0.7,
+    "conv im2col": 12.5,
+    "conv im2col blocks": 12.5,
+    "conv per-tap gemm": 12.5,
+    "conv depthwise taps": 12.5,
+    "conv-transpose gemm": 12.5,
+    "conv depthwise native": 9.0,
+    "conv native gemm": 9.0,
+    "conv 1x1 gemm": 4.7,
+    "gemm": 1.0,
+    "gemm rows collapsed": 1.6,
+    "gemm batched": 1.5,
+    "native": 2.7,
+    "native layer norm": 6.5,
+    "numpy window taps": 12.0,
+    "normalization": 8.0,
+    "gather": 3.0,
+    "reduce": 5.0,
+    "transpose": 1.5,
+    "elementwise": 1.0,
+    "view": 0.7,
 }
 
 
@@ -142,10 +198,12 @@ class CostPrediction:
 
     def describe(self, top: int = 10) -> str:
         """A few lines for a report: the total and the ``top`` costliest nodes."""
-        lines = [f"{self.graph!r} on {self.target} ({self.precision}, batch {self.batch}): predicted "
-                 f"{self.seconds * 1e3:.3f} ms = nodes {sum(n.seconds for n in self.nodes) * 1e3:.3f} + run "
-                 f"{self.run_overhead_s * 1e3:.3f} + transfer {self.transfer_s * 1e3:.3f} ms; peak memory "
-                 f"{self.peak_memory_bytes / 2**20:.2f} MiB"]
+        lines = [
+            f"{self.graph!r} on {self.target} ({self.precision}, batch {self.batch}): predicted "
+            f"{self.seconds * 1e3:.3f} ms = nodes {sum(n.seconds for n in self.nodes) * 1e3:.3f} + run "
+            f"{self.run_overhead_s * 1e3:.3f} + transfer {self.transfer_s * 1e3:.3f} ms; peak memory "
+            f"{self.peak_memory_bytes / 2**20:.2f} MiB"
+        ]
         for n in sorted(self.nodes, key=lambda n: -n.seconds)[:top]:
             lines.append(f"  {n.seconds * 1e3:9.3f} ms  {n.bound:<8} {n.kernel:<24} {n.op_type} {n.node!r}")
         return "\n".join(lines)
@@ -217,8 +275,18 @@ def predict(graph: Graph, target: TargetSpec | str, *, precision: str = "fp32", 
         transfer_bytes = sum(_bytes(v.type.bind(full)) for v in (*graph.inputs, *graph.outputs))
         bandwidth = spec.transfer_bandwidth_gbs or spec.memory_bandwidth_gbs
         transfer_s = transfer_bytes / (bandwidth * 1e9) + 2 * chunks * spec.transfer_latency_us * 1e-6
-    return CostPrediction(graph.name, spec.name, precision, batch, chunks, tuple(rows),
-                          spec.run_overhead_us * 1e-6 * chunks, transfer_bytes, transfer_s, plan.peak_bytes)
+    return CostPrediction(
+        graph.name,
+        spec.name,
+        precision,
+        batch,
+        chunks,
+        tuple(rows),
+        spec.run_overhead_us * 1e-6 * chunks,
+        transfer_bytes,
+        transfer_s,
+        plan.peak_bytes,
+    )
 
 
 def gemm_seconds(spec: TargetSpec, m: int, k: int, n: int, dtype: str = "float32") -> float:
@@ -241,8 +309,9 @@ def kernel_overhead_us(spec: TargetSpec, kind: str) -> float:
     return spec.call_overhead_us * KIND_FACTORS.get(kind, 1.0)
 
 
-def _cost(spec: TargetSpec, node: Node, ins, outs, work: _Work, flops: int, scratch: int, peak: float,
-          chunks: int) -> NodeCost:
+def _cost(
+    spec: TargetSpec, node: Node, ins, outs, work: _Work, flops: int, scratch: int, peak: float, chunks: int
+) -> NodeCost:
     view = node.op_type in VIEW_OPS
     read = 0 if view else sum(_bytes(t) for t in {i: t for i, t in zip(node.inputs, ins) if t is not None}.values())
     written = 0 if view else sum(_bytes(t) for t in outs)
@@ -271,15 +340,31 @@ def _cost(spec: TargetSpec, node: Node, ins, outs, work: _Work, flops: int, scra
     # the numpy window loop's taps: a Python generator step, a strided view and a ufunc each
     taps = work.kernel == "numpy window taps"
     per_call = spec.kernel_overhead_us.get(WINDOW_TAP, spec.numpy_call_us) if taps else spec.numpy_call_us
-    overhead = (kernel_overhead_us(spec, work.kernel) + work.calls * per_call
-                + work.pad_calls * spec.numpy_call_us + work.np_pads * spec.kernel_overhead_us.get(NUMPY_PAD, 0.0)
-                + work.native_calls * kernel_overhead_us(spec, "native")) * 1e-6
+    overhead = (
+        kernel_overhead_us(spec, work.kernel)
+        + work.calls * per_call
+        + work.pad_calls * spec.numpy_call_us
+        + work.np_pads * spec.kernel_overhead_us.get(NUMPY_PAD, 0.0)
+        + work.native_calls * kernel_overhead_us(spec, "native")
+    ) * 1e-6
     memory = streamed + serial
     terms = {"overhead": overhead, "compute": compute, "memory": memory}
     seconds = (overhead + max(compute, streamed) + serial) * chunks
-    return NodeCost(node.name, node.op_type, work.kernel, flops * chunks, read * chunks, written * chunks,
-                    scratch, work.gemm, overhead * chunks, compute * chunks, memory * chunks, seconds,
-                    max(terms, key=terms.__getitem__))  # type: ignore[arg-type]
+    return NodeCost(
+        node.name,
+        node.op_type,
+        work.kernel,
+        flops * chunks,
+        read * chunks,
+        written * chunks,
+        scratch,
+        work.gemm,
+        overhead * chunks,
+        compute * chunks,
+        memory * chunks,
+        seconds,
+        max(terms, key=terms.__getitem__),
+    )  # type: ignore[arg-type]
 
 
 def _compute_s(spec: TargetSpec, work: _Work, flops: int, peak: float) -> float:
@@ -292,8 +377,7 @@ def _compute_s(spec: TargetSpec, work: _Work, flops: int, peak: float) -> float:
         # the fitted sgemm terms include packing the operands (from L3, as calibrated)
         compute = sum(measured)  # a batched call's further products skip numpy's call setup
     elif work.gemm:
-        compute = sum(count * 2.0 * m * k * n / (peak * gemm_efficiency(spec, m, k, n))
-                      for m, k, n, count in work.gemm)
+        compute = sum(count * 2.0 * m * k * n / (peak * gemm_efficiency(spec, m, k, n)) for m, k, n, count in work.gemm)
     elif work.layer_norm and "ln_element" in terms:  # the native LayerNorm's passes and rows, measured
         compute, rows = work.layer_norm * terms["ln_element"] + work.rows * terms.get("ln_row", 0.0), 0.0
     elif work.native:
@@ -329,8 +413,13 @@ def _work(node: Node, ins, outs, large: bool, native: bool) -> _Work:
             st, di = attrs.get("strides") or (1,) * len(kernel), attrs.get("dilations") or (1,) * len(kernel)
             padded_plane = tuple((o - 1) * s + d * (k - 1) + 1 for o, s, d, k in zip(out, st, di, kernel))
             planes = math.prod(ins[0].shape[:2])
-            return _Work("native", native=True, planes=planes, pool=True,
-                         depthwise=(planes, padded_plane, out, math.prod(kernel), True) if len(out) == 2 else None)
+            return _Work(
+                "native",
+                native=True,
+                planes=planes,
+                pool=True,
+                depthwise=(planes, padded_plane, out, math.prod(kernel), True) if len(out) == 2 else None,
+            )
         if op == "LayerNormalization":  # the C kernel's three passes per row, measured (kernel_ns ln_*)
             # its own kind: four arrays passed (x, scale, bias, y), each pointer read through .ctypes
             return _Work("native layer norm", native=True, rows=_rows(node, ins[0]), layer_norm=ins[0].numel())
@@ -340,8 +429,13 @@ def _work(node: Node, ins, outs, large: bool, native: bool) -> _Work:
     if op in NORMALIZATION_OPS:  # numpy's passes: each reads its operands and writes a new array
         passes, reductions, powers = _normalization_passes(node)
         size = _bytes(ins[0])
-        return _Work("normalization", calls=passes + reductions, traffic=3 * passes * size,
-                     reduced=reductions * ins[0].numel(), exp_elements=powers * ins[0].numel())
+        return _Work(
+            "normalization",
+            calls=passes + reductions,
+            traffic=3 * passes * size,
+            reduced=reductions * ins[0].numel(),
+            exp_elements=powers * ins[0].numel(),
+        )
     if op in GATHER_OPS:
         return _Work("gather")
     if op in REDUCE_OPS:
@@ -357,8 +451,13 @@ def _work(node: Node, ins, outs, large: bool, native: bool) -> _Work:
         traffic = 2 * taps * _bytes(outs[0]) + 3 * padded * _bytes(ins[0])
         if op == "AveragePool":  # and a second tap loop counting each window's cells, then the division
             include = bool(attrs.get("count_include_pad", 0))
-            return _Work("numpy window taps", calls=2 * taps, traffic=traffic + 3 * _bytes(outs[0]),
-                         pad_calls=4 * padded + 4, np_pads=int(include))
+            return _Work(
+                "numpy window taps",
+                calls=2 * taps,
+                traffic=traffic + 3 * _bytes(outs[0]),
+                pad_calls=4 * padded + 4,
+                np_pads=int(include),
+            )
         return _Work("numpy window taps", calls=taps, traffic=traffic, pad_calls=2 * padded)
     return _Work("elementwise", exp_elements=exp)
 
@@ -380,36 +479,86 @@ def _conv(node: Node, ins, outs, large: bool, native: bool) -> _Work:
     epilogue = 2 * y_bytes * ((bias + (act != "none")) if not native or y.numel() < 1 << 15 else 1)
     calls, foreign = _epilogue_calls(bias, act, native and x.dtype != "float16", y.numel())
     strided = any(s != 1 for s in attrs.get("strides") or ())
-    path = conv_path(k, c, m, group, max(kernel, default=1) == 1, padded, native and x.dtype == "float32", large,
-                     c * taps * p * item)
+    path = conv_path(
+        k, c, m, group, max(kernel, default=1) == 1, padded, native and x.dtype == "float32", large, c * taps * p * item
+    )
     if path == "native depthwise":
         st, di = attrs.get("strides") or (1, 1), attrs.get("dilations") or (1, 1)
         padded_plane = tuple((o - 1) * s + d * (kk - 1) + 1 for o, s, d, kk in zip(out, st, di, kernel))
         # bias and Relu/Clip inside the C kernel; sigmoid/swish/GELU one more foreign call
-        return _Work("conv depthwise native", native=True, planes=n * c, exp_elements=exp,
-                     depthwise=(n * c, padded_plane, out, taps, tuple(st) != (1, 1)),
-                     native_calls=int(act in TRANSCENDENTAL_ACTIVATIONS), calls=4 * (act == "hardswish"))
+        return _Work(
+            "conv depthwise native",
+            native=True,
+            planes=n * c,
+            exp_elements=exp,
+            depthwise=(n * c, padded_plane, out, taps, tuple(st) != (1, 1)),
+            native_calls=int(act in TRANSCENDENTAL_ACTIVATIONS),
+            calls=4 * (act == "hardswish"),
+        )
     if path == "native gemm":  # im2col packing, bias and Relu/Clip in the C GEMM: costed as the sgemm
-        return _Work("conv native gemm", ((m, c * taps, p, n),), exp_elements=exp, products=n,
-                     native_calls=int(act in TRANSCENDENTAL_ACTIVATIONS), calls=4 * (act == "hardswish"))
+        return _Work(
+            "conv native gemm",
+            ((m, c * taps, p, n),),
+            exp_elements=exp,
+            products=n,
+            native_calls=int(act in TRANSCENDENTAL_ACTIVATIONS),
+            calls=4 * (act == "hardswish"),
+        )
     if path == "1x1 matmul":
         # a strided 1x1 reads every s-th pixel: the reshape copies that view (a strided gather)
-        return _Work("conv 1x1 gemm", ((mg, cg, p, n * group),), traffic=epilogue, exp_elements=exp, calls=calls,
-                     native_calls=foreign, gathered=n * c * p if strided else 0, strided=strided, products=1)
+        return _Work(
+            "conv 1x1 gemm",
+            ((mg, cg, p, n * group),),
+            traffic=epilogue,
+            exp_elements=exp,
+            calls=calls,
+            native_calls=foreign,
+            gathered=n * c * p if strided else 0,
+            strided=strided,
+            products=1,
+        )
     if path == "depthwise taps":  # y += window * w per tap: the product written, then y read and written
-        return _Work("conv depthwise taps", calls=2 * taps + calls, traffic=4 * taps * y_bytes + epilogue,
-                     exp_elements=exp, native_calls=foreign)
+        return _Work(
+            "conv depthwise taps",
+            calls=2 * taps + calls,
+            traffic=4 * taps * y_bytes + epilogue,
+            exp_elements=exp,
+            native_calls=foreign,
+        )
     if path == "im2col blocks":  # each block's strided gather is one more read and write of its columns
         rows = im2col_block_rows(out[0], c * taps * out[1] * item)
         blocks = n * -(-out[0] // rows)
-        return _Work("conv im2col blocks", ((m, c * taps, rows * out[1], blocks),), calls=2 * blocks + calls,
-                     traffic=2 * n * c * taps * p * item + epilogue, exp_elements=exp, gathered=n * c * taps * p,
-                     native_calls=foreign, strided=strided)
+        return _Work(
+            "conv im2col blocks",
+            ((m, c * taps, rows * out[1], blocks),),
+            calls=2 * blocks + calls,
+            traffic=2 * n * c * taps * p * item + epilogue,
+            exp_elements=exp,
+            gathered=n * c * taps * p,
+            native_calls=foreign,
+            strided=strided,
+        )
     if path == "im2col":
-        return _Work("conv im2col", ((mg, cg * taps, p, n * group),), traffic=epilogue, exp_elements=exp,
-                     gathered=n * c * taps * p, calls=calls, native_calls=foreign, strided=strided, products=1)
-    return _Work("conv per-tap gemm", ((mg, cg, p, n * group * taps),), calls=2 * taps + calls,
-                 traffic=2 * taps * y_bytes + epilogue, exp_elements=exp, native_calls=foreign, products=taps)
+        return _Work(
+            "conv im2col",
+            ((mg, cg * taps, p, n * group),),
+            traffic=epilogue,
+            exp_elements=exp,
+            gathered=n * c * taps * p,
+            calls=calls,
+            native_calls=foreign,
+            strided=strided,
+            products=1,
+        )
+    return _Work(
+        "conv per-tap gemm",
+        ((mg, cg, p, n * group * taps),),
+        calls=2 * taps + calls,
+        traffic=2 * taps * y_bytes + epilogue,
+        exp_elements=exp,
+        native_calls=foreign,
+        products=taps,
+    )
 
 
 def _matmul(node: Node, ins, outs, native: bool) -> _Work:
@@ -421,22 +570,32 @@ def _matmul(node: Node, ins, outs, native: bool) -> _Work:
     exp = y.numel() if act in TRANSCENDENTAL_ACTIVATIONS else 0
     if op == "ConvTranspose":
         taps, group = math.prod(b.shape[2:]), int(node.attr("group", 1) or 1)
-        return _Work("conv-transpose gemm", ((b.shape[1], b.shape[0] // group, math.prod(a.shape[2:]),
-                                             a.shape[0] * group * taps),), calls=taps)
+        return _Work(
+            "conv-transpose gemm",
+            ((b.shape[1], b.shape[0] // group, math.prod(a.shape[2:]), a.shape[0] * group * taps),),
+            calls=taps,
+        )
     bias = len(ins) > 2 and ins[2] is not None
     if op in ("Gemm", "CuvilFusedGemm"):
         m, k = reversed(a.shape) if node.attr("transA", 0) else a.shape
         n = b.shape[0] if node.attr("transB", 0) else b.shape[1]
         calls, foreign = _epilogue_calls(bias, act or "none", False, y.numel())
-        return _Work("gemm", ((m, k, n, 1),), traffic=2 * _bytes(y) * bias, exp_elements=exp, calls=calls,
-                     native_calls=foreign)
+        return _Work(
+            "gemm", ((m, k, n, 1),), traffic=2 * _bytes(y) * bias, exp_elements=exp, calls=calls, native_calls=foreign
+        )
     if b.rank == 2 and (a.rank > 2 or op == "CuvilFusedMatMul"):
         rows = math.prod(a.shape[:-1])
         fused = op == "CuvilFusedMatMul"
         epilogue = 2 * _bytes(y) if fused and bias else 0
         calls, foreign = _epilogue_calls(bias and fused, act or "none", native and y.dtype == "float32", y.numel())
-        return _Work("gemm rows collapsed", ((rows, a.shape[-1], b.shape[-1], 1),), traffic=epilogue,
-                     exp_elements=exp, calls=calls, native_calls=foreign)
+        return _Work(
+            "gemm rows collapsed",
+            ((rows, a.shape[-1], b.shape[-1], 1),),
+            traffic=epilogue,
+            exp_elements=exp,
+            calls=calls,
+            native_calls=foreign,
+        )
     m = a.shape[-2] if a.rank > 1 else 1
     n = b.shape[-1] if b.rank > 1 else 1
     count = math.prod(y.shape[:-2]) if y.rank > 2 else 1
@@ -495,6 +654,10 @@ def _bound(graph: Graph, name: str, bindings: dict[str, int], fp16: bool) -> Ten
 
 def _batch_symbol(graph: Graph) -> str | None:
     """The one symbol the inputs lead with (plan_memory has already refused several)."""
-    leading = {s for v in graph.inputs if v.type.shape and isinstance(v.type.shape[0], str)
-               for s in dims.symbols_of(v.type.shape[0])}
+    leading = {
+        s
+        for v in graph.inputs
+        if v.type.shape and isinstance(v.type.shape[0], str)
+        for s in dims.symbols_of(v.type.shape[0])
+    }
     return leading.pop() if len(leading) == 1 else None

@@ -31,15 +31,68 @@ OVERHEAD_BYTES = 2048
 VIEW_OPS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Dropout"})
 
 #: One ufunc: numpy's iterator buffers a block when an operand is broadcast (:meth:`Site.buffer`).
-BROADCASTING = frozenset({"Add", "Sub", "Mul", "Div", "Pow", "Equal", "Greater", "GreaterOrEqual", "Less",
-                          "LessOrEqual", "Where", "And", "Or", "Xor", "BitwiseAnd", "BitwiseOr", "BitwiseXor", "Mod",
-                          "PRelu"})
+BROADCASTING = frozenset(
+    {
+        "Add",
+        "Sub",
+        "Mul",
+        "Div",
+        "Pow",
+        "Equal",
+        "Greater",
+        "GreaterOrEqual",
+        "Less",
+        "LessOrEqual",
+        "Where",
+        "And",
+        "Or",
+        "Xor",
+        "BitwiseAnd",
+        "BitwiseOr",
+        "BitwiseXor",
+        "Mod",
+        "PRelu",
+    }
+)
 
 #: Kernels that allocate their outputs only (one numpy call, or views then one copy).
-NO_SCRATCH = frozenset({*VIEW_OPS, "Not", "BitwiseNot", "Relu", "Tanh", "Exp", "Log", "Sqrt", "Abs", "Neg", "Floor",
-                        "Ceil", "Round", "Reciprocal", "Sign", "Sin", "Cos", "Cast", "CastLike", "Transpose", "Expand",
-                        "Shape", "Size", "Concat", "Split", "Slice", "MatMul", "GlobalAveragePool", "GlobalMaxPool",
-                        "ReduceMax", "ReduceSum", "ConstantOfShape", "Tile"})
+NO_SCRATCH = frozenset(
+    {
+        *VIEW_OPS,
+        "Not",
+        "BitwiseNot",
+        "Relu",
+        "Tanh",
+        "Exp",
+        "Log",
+        "Sqrt",
+        "Abs",
+        "Neg",
+        "Floor",
+        "Ceil",
+        "Round",
+        "Reciprocal",
+        "Sign",
+        "Sin",
+        "Cos",
+        "Cast",
+        "CastLike",
+        "Transpose",
+        "Expand",
+        "Shape",
+        "Size",
+        "Concat",
+        "Split",
+        "Slice",
+        "MatMul",
+        "GlobalAveragePool",
+        "GlobalMaxPool",
+        "ReduceMax",
+        "ReduceSum",
+        "ConstantOfShape",
+        "Tile",
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -88,8 +141,9 @@ def _window(s: Site, kernel) -> tuple[tuple, tuple, tuple, tuple]:
     strides, dilations = tuple(s.attrs.get("strides") or (1,) * k), tuple(s.attrs.get("dilations") or (1,) * k)
     pads = tuple(s.attrs.get("pads") or (0,) * (2 * k))
     if s.attrs.get("auto_pad", "NOTSET") not in ("NOTSET", "VALID"):
-        total = [max(0, (out[i] - 1) * strides[i] + dilations[i] * (kernel[i] - 1) + 1 - x.shape[2 + i])
-                 for i in range(k)]
+        total = [
+            max(0, (out[i] - 1) * strides[i] + dilations[i] * (kernel[i] - 1) + 1 - x.shape[2 + i]) for i in range(k)
+        ]
         pads = tuple(t // 2 for t in total) + tuple(t - t // 2 for t in total)
     return strides, pads, dilations, out
 
@@ -116,8 +170,17 @@ def _conv(s: Site) -> int:
     wide = 4 if x.dtype == "float16" else dtypes.itemsize(x.dtype)  # float16 is computed in float32
     n, c, m, p, taps = x.shape[0], x.shape[1], w.shape[0], math.prod(out_sp), math.prod(kernel)
     y, depthwise, block = n * m * p * wide, group == c and m == group, s.buffer(n * m * p * wide, wide)
-    path = conv_path(len(kernel), c, m, group, max(kernel, default=1) == 1, any(pads),
-                     s.native and x.dtype == "float32", s.large_scratch, c * taps * p * wide)
+    path = conv_path(
+        len(kernel),
+        c,
+        m,
+        group,
+        max(kernel, default=1) == 1,
+        any(pads),
+        s.native and x.dtype == "float32",
+        s.large_scratch,
+        c * taps * p * wide,
+    )
     if path == "native depthwise":
         plane = _padded(x, kernel, strides, pads, dilations, out_sp, 4, planes=False)
         tail = (kernel[1] - 1) * dilations[1] * 4
@@ -125,8 +188,10 @@ def _conv(s: Site) -> int:
         acc = (out_sp[0] * plane // (4 * (out_sp[0] + dilations[0] * (kernel[0] - 1))) if flat else out_sp[1]) * 4
         return plane + tail + acc + (y + _activation(kind, y, True) if kind == "hardswish" else 0)
     if path == "native gemm":  # the packed weights are held for the module's life: runtime weights
-        return max(gemm_scratch_bytes(c, x.shape[2:], kernel, strides, pads, dilations, out_sp, gemm_panels()[1]),
-                   y + _activation(kind, y, True) if kind == "hardswish" else 0)  # the block is freed first
+        return max(
+            gemm_scratch_bytes(c, x.shape[2:], kernel, strides, pads, dilations, out_sp, gemm_panels()[1]),
+            y + _activation(kind, y, True) if kind == "hardswish" else 0,
+        )  # the block is freed first
     held = (x.numel() + w.numel()) * wide if wide != dtypes.itemsize(x.dtype) else 0  # float32 copies
     if path == "1x1 matmul":
         main = y + (n * c * p * wide if any(st != 1 for st in strides) else 0)  # reshape copies a strided x
@@ -172,8 +237,13 @@ def _fused_mat_mul(s: Site) -> int:
     """k_fused_mat_mul: one product, then the bias (broadcast through numpy's buffer) and the
     activation in place, or both in one native pass from 32k float32 outputs."""
     y, kind, bias = s.out, str(s.attrs.get("activation", "none")), s.input(2)
-    if (s.native and s.outs[0].dtype == "float32" and kind != "hardswish" and (bias is not None or kind != "none")
-            and s.outs[0].numel() >= 1 << 15):
+    if (
+        s.native
+        and s.outs[0].dtype == "float32"
+        and kind != "hardswish"
+        and (bias is not None or kind != "none")
+        and s.outs[0].numel() >= 1 << 15
+    ):
         return 0
     phases = [y, y + s.buffer(y)] if bias is not None else [y]
     if kind != "none":
@@ -200,8 +270,14 @@ def _conv_transpose(s: Site) -> int:
     x, w, y, k = s.ins[0], s.ins[1], s.outs[0], s.ins[0].rank - 2
     kernel, item, pads = tuple(w.shape[2:]), dtypes.itemsize(x.dtype), tuple(s.attrs.get("pads") or (0,) * 2 * k)
     st, di = tuple(s.attrs.get("strides") or (1,) * k), tuple(s.attrs.get("dilations") or (1,) * k)
-    span = y.shape[0] * y.shape[1] * item * math.prod(
-        max(pads[i] + y.shape[2 + i], (x.shape[2 + i] - 1) * st[i] + di[i] * (kernel[i] - 1) + 1) for i in range(k))
+    span = (
+        y.shape[0]
+        * y.shape[1]
+        * item
+        * math.prod(
+            max(pads[i] + y.shape[2 + i], (x.shape[2 + i] - 1) * st[i] + di[i] * (kernel[i] - 1) + 1) for i in range(k)
+        )
+    )
     per_tap = x.shape[0] * int(s.attrs.get("group", 1)) * w.shape[1] * math.prod(x.shape[2:]) * item
     cols, bias = per_tap * math.prod(kernel) if s.large_scratch else 0, s.input(2) is not None
     copied = bias or span != s.out
@@ -221,8 +297,9 @@ def _resize(s: Site, every_axis: bool = False) -> int:
             sizes.append(math.prod(shape) * (8 if linear else dtypes.itemsize(y.dtype)))
     if linear:
         sources = [x.numel() * 8] + sizes[:-1]  # out.astype(float64) copies its input at every axis
-        return max([p + (p if i else 0) + 3 * e + s.buffer(e, 8) for i, (p, e) in enumerate(zip(sources, sizes))]
-                   + [sizes[-1]])  # the last float64 result beside the output's astype copy
+        return max(
+            [p + (p if i else 0) + 3 * e + s.buffer(e, 8) for i, (p, e) in enumerate(zip(sources, sizes))] + [sizes[-1]]
+        )  # the last float64 result beside the output's astype copy
     phases = [a + b for a, b in zip(sizes, sizes[1:])] or sizes or [s.out]
     return max(phases + [sizes[-1] + s.out] * every_axis) - s.out
 
@@ -238,16 +315,24 @@ def _native_softmax(s: Site) -> bool:
 def _native_layer_norm(s: Site) -> bool:
     """k_layer_normalization's C path: float32, one output, scale (and bias) of the normalised size."""
     x, rank = s.ins[0], len(s.ins[0].shape)
-    size = math.prod(x.shape[int(s.attrs.get("axis", -1)) % rank:]) if rank else 1
+    size = math.prod(x.shape[int(s.attrs.get("axis", -1)) % rank :]) if rank else 1
     bias = s.input(2)
-    return (s.native and x.dtype == "float32" and len(s.outs) == 1 and s.attrs.get("stash") != "float64"
-            and s.ins[1].numel() == size and (bias is None or bias.numel() == size))
+    return (
+        s.native
+        and x.dtype == "float32"
+        and len(s.outs) == 1
+        and s.attrs.get("stash") != "float64"
+        and s.ins[1].numel() == size
+        and (bias is None or bias.numel() == size)
+    )
 
 
 SCRATCH: dict[str, Callable[[Site], int]] = {
     # one ufunc: a block buffered when an operand is broadcast (neither one element nor the output's size)
-    **{op: lambda s: s.buffer(s.out) * any(t is not None and t.numel() not in (1, s.outs[0].numel()) for t in s.ins)
-       for op in BROADCASTING},
+    **{
+        op: lambda s: s.buffer(s.out) * any(t is not None and t.numel() not in (1, s.outs[0].numel()) for t in s.ins)
+        for op in BROADCASTING
+    },
     "Conv": _conv,
     "CuvilFusedMatMul": _fused_mat_mul,
     "CuvilFusedConv": _conv,
@@ -342,14 +427,23 @@ class MemoryPlan:
         w = self.steps[self.peak_step] if self.steps else Step(0, "-", "-", 0, 0, 0, False)
         kernels = ", low-memory kernels" * self.low_memory + ", native kernels" * self.native
         over, guessed = self.over_bound(), sorted({s.op_type for s in self.steps if s.estimated})
-        return "\n".join([
-            f"memory plan for {self.graph!r} on {self.target} ({self.precision}, batch {self.batch}{kernels}): peak "
-            f"{mb(self.peak_bytes)} = weights {mb(self.weights_bytes + self.runtime_weights_bytes + self.packed_weights_bytes)} + live "
-            f"{mb(w.live_bytes)} + scratch {mb(w.scratch_bytes)} at {w.node!r} ({w.op_type})",
-            f"bound: weights + {' + '.join(f'{n!r} {mb(b)}' for n, b in self.largest_live)} = {mb(self.bound_bytes)}",
-            *(["over the bound + 10 %: " + ", ".join(f"{s.node!r} ({s.op_type}, scratch {mb(s.scratch_bytes)})"
-                                                     for s in over[:5])] if over else []),
-            *([f"scratch estimated (no SCRATCH row): {', '.join(guessed)}"] if guessed else [])])
+        return "\n".join(
+            [
+                f"memory plan for {self.graph!r} on {self.target} ({self.precision}, batch {self.batch}{kernels}): peak "
+                f"{mb(self.peak_bytes)} = weights {mb(self.weights_bytes + self.runtime_weights_bytes + self.packed_weights_bytes)} + live "
+                f"{mb(w.live_bytes)} + scratch {mb(w.scratch_bytes)} at {w.node!r} ({w.op_type})",
+                f"bound: weights + {' + '.join(f'{n!r} {mb(b)}' for n, b in self.largest_live)} = {mb(self.bound_bytes)}",
+                *(
+                    [
+                        "over the bound + 10 %: "
+                        + ", ".join(f"{s.node!r} ({s.op_type}, scratch {mb(s.scratch_bytes)})" for s in over[:5])
+                    ]
+                    if over
+                    else []
+                ),
+                *([f"scratch estimated (no SCRATCH row): {', '.join(guessed)}"] if guessed else []),
+            ]
+        )
 
 
 def release_schedule(graph: Graph) -> list[list[str]]:
@@ -365,8 +459,9 @@ def release_schedule(graph: Graph) -> list[list[str]]:
     return schedule
 
 
-def plan_memory(graph: Graph, target: TargetSpec | str, *, precision: str = "fp32", batch: int = 1,
-                native: bool | None = None) -> MemoryPlan:
+def plan_memory(
+    graph: Graph, target: TargetSpec | str, *, precision: str = "fp32", batch: int = 1, native: bool | None = None
+) -> MemoryPlan:
     """Plan the peak memory of ``graph`` compiled for ``target``, run on ``batch`` samples.
 
     ``native``: whether the C kernels load where the module runs (None: the target has them and
@@ -383,11 +478,17 @@ def plan_memory(graph: Graph, target: TargetSpec | str, *, precision: str = "fp3
     caps = spec.capabilities(precision)
     if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
         raise BuildError(f"batch must be a positive int, got {batch!r}")
-    leading = {name for v in graph.inputs if v.type.shape and isinstance(v.type.shape[0], str)
-               for name in dims.symbols_of(v.type.shape[0])}
+    leading = {
+        name
+        for v in graph.inputs
+        if v.type.shape and isinstance(v.type.shape[0], str)
+        for name in dims.symbols_of(v.type.shape[0])
+    }
     if len(leading) > 1:
-        raise BuildError(f"graph {graph.name!r} inputs lead with several symbols {sorted(leading)}; the memory plan "
-                         "binds one batch symbol. Export the model with one batch axis shared by its inputs")
+        raise BuildError(
+            f"graph {graph.name!r} inputs lead with several symbols {sorted(leading)}; the memory plan "
+            "binds one batch symbol. Export the model with one batch axis shared by its inputs"
+        )
     symbol = leading.pop() if leading else None
     if symbol is None and batch != 1:
         raise BuildError(f"graph {graph.name!r} has no symbolic batch dim (its inputs fix it); plan with batch=1")
@@ -395,6 +496,7 @@ def plan_memory(graph: Graph, target: TargetSpec | str, *, precision: str = "fp3
     if native is None:  # as the module will: the C kernels when the target has them and they load here
         try:
             from cuvil_edge.ir.ops._native import library  # lazily: the first call may compile them
+
             native = bool(caps.get("TARGET_NATIVE")) and library() is not None
         except ImportError:  # a tree without the native kernels
             native = False
@@ -411,15 +513,29 @@ def plan_memory(graph: Graph, target: TargetSpec | str, *, precision: str = "fp3
     last = steps[-1].after_bytes if steps else held + sum(types.bytes(v.name) for v in graph.inputs)
     wrapper = [("(static batch) concatenate chunks", held + (chunks + 1) * out_step)] * static
     wrapper += [("(float16) cast outputs to float32", last + sum(full.bytes(v.name) for v in graph.outputs))] * fp16
-    steps += [Step(len(steps) + i, name, "(module wrapper)", live, 0, live, False)
-              for i, (name, live) in enumerate(wrapper)]
+    steps += [
+        Step(len(steps) + i, name, "(module wrapper)", live, 0, live, False) for i, (name, live) in enumerate(wrapper)
+    ]
     copies = sum(int(a.size) * 2 for a in graph.initializers.values() if fp16 and a.dtype == np.float32)
     worst = max(range(len(steps)), key=lambda i: steps[i].peak_bytes, default=0)
     packed = packed_conv_bytes(graph, types, bool(caps["TARGET_LARGE_SCRATCH"])) if native else 0
     weights = graph.parameter_bytes()
     peak = weights + copies + packed + (steps[worst].peak_bytes if steps else last) + OVERHEAD_BYTES
-    return MemoryPlan(graph.name, spec.name, precision, batch, not caps["TARGET_LARGE_SCRATCH"], native, weights,
-                      copies, tuple(steps), peak, worst, pair, packed)
+    return MemoryPlan(
+        graph.name,
+        spec.name,
+        precision,
+        batch,
+        not caps["TARGET_LARGE_SCRATCH"],
+        native,
+        weights,
+        copies,
+        tuple(steps),
+        peak,
+        worst,
+        pair,
+        packed,
+    )
 
 
 class _Types(dict):
@@ -438,7 +554,8 @@ class _Types(dict):
                     f"value {name!r} of graph {graph.name!r} has shape {list(t.shape)}: a dim is neither fixed nor "
                     f"the batch ({', '.join(bindings) or 'none'}), so its size is unknown before running. Give "
                     "the largest size of each such axis in the site's limits.dims (e.g. {seq: 128}), or "
-                    "export the model with that axis fixed")
+                    "export the model with that axis fixed"
+                )
             self[name] = TensorType("float16", t.shape) if fp16 and t.dtype == "float32" else t
 
     def bytes(self, name: str) -> int:
@@ -464,8 +581,9 @@ def _scratch(node: Node, types: _Types, large: bool, native: bool) -> tuple[int,
         raise BuildError(f"memory plan of {node.describe()} failed: {type(e).__name__}: {e}") from e
 
 
-def _simulate(graph: Graph, types: _Types, large: bool, native: bool,
-              held: int) -> tuple[list[Step], tuple[tuple[str, int], ...]]:
+def _simulate(
+    graph: Graph, types: _Types, large: bool, native: bool, held: int
+) -> tuple[list[Step], tuple[tuple[str, int], ...]]:
     """The steps of ``_forward``, tracking live buffers; and the two buffers alive together whose
     sum is largest, as (value name, bytes)."""
     pinned = {v.name for v in graph.inputs}  # the caller's feeds hold them

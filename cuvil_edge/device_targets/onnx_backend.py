@@ -69,7 +69,9 @@ class CuvilBackendRep(BackendRep):
             if isinstance(inputs, np.ndarray) or not isinstance(inputs, Sequence):
                 inputs = [inputs]
             if len(inputs) != len(names):
-                raise ExecutionError(f"the model takes {len(names)} inputs {names}, got {len(inputs)}; feed them in that order")
+                raise ExecutionError(
+                    f"the model takes {len(names)} inputs {names}, got {len(inputs)}; feed them in that order"
+                )
             pairs = dict(zip(names, inputs))
         return {k: np.asarray(v) if isinstance(v, np.generic) else v for k, v in pairs.items()}
 
@@ -124,9 +126,12 @@ def _shape_deciding_inputs(proto: onnx.ModelProto) -> list[str]:
     directly or through other nodes (``Max(Shape(x), shape) -> ... -> Pad``); a ``Shape``
     node reads only its input's type, so the walk stops there."""
     producer = {out: node for node in proto.graph.node for out in node.output if out}
-    pending = [node.input[i] for node in proto.graph.node
-               for i in getattr(ops.registry().get(node.op_type), "CONST_INPUTS", ())
-               if i < len(node.input) and node.input[i]]
+    pending = [
+        node.input[i]
+        for node in proto.graph.node
+        for i in getattr(ops.registry().get(node.op_type), "CONST_INPUTS", ())
+        if i < len(node.input) and node.input[i]
+    ]
     reached: set[str] = set()
     while pending:
         name = pending.pop()
@@ -144,7 +149,9 @@ class _SpecialisingRep(CuvilBackendRep):
 
     def __init__(self, proto: onnx.ModelProto, bound: list[str], mode: str, cache_dir: Any, error: Exception) -> None:
         self.proto, self.bound, self.mode, self.cache_dir, self.error = proto, bound, mode, cache_dir, error
-        self.input_names = [i.name for i in proto.graph.input if i.name not in {t.name for t in proto.graph.initializer}]
+        self.input_names = [
+            i.name for i in proto.graph.input if i.name not in {t.name for t in proto.graph.initializer}
+        ]
         self._reps: dict[bytes, CuvilBackendRep] = {}
 
     def run(self, inputs: Any, **kwargs: Any) -> tuple[np.ndarray, ...]:
@@ -156,8 +163,10 @@ class _SpecialisingRep(CuvilBackendRep):
         """
         feeds = self._feeds(inputs, self.input_names)
         consts = {k: np.asarray(feeds[k]) for k in self.bound if k in feeds}
-        key = b"".join(k.encode() + b"\0" + v.dtype.str.encode() + str(v.shape).encode() + v.tobytes()
-                       for k, v in sorted(consts.items()))
+        key = b"".join(
+            k.encode() + b"\0" + v.dtype.str.encode() + str(v.shape).encode() + v.tobytes()
+            for k, v in sorted(consts.items())
+        )
         rep = self._reps.get(key)
         if rep is None:
             model = onnx.ModelProto()

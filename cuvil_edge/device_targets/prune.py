@@ -37,18 +37,36 @@ from typing import Any, Callable, Iterable, Mapping
 from cuvil_edge.errors import BuildError
 
 _UNARY: dict[type, Callable[[Any], Any]] = {
-    ast.Not: operator.not_, ast.USub: operator.neg, ast.UAdd: operator.pos, ast.Invert: operator.invert,
+    ast.Not: operator.not_,
+    ast.USub: operator.neg,
+    ast.UAdd: operator.pos,
+    ast.Invert: operator.invert,
 }
 _BINARY: dict[type, Callable[[Any, Any], Any]] = {
-    ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
-    ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow,
-    ast.LShift: operator.lshift, ast.RShift: operator.rshift, ast.BitOr: operator.or_,
-    ast.BitAnd: operator.and_, ast.BitXor: operator.xor,
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+    ast.FloorDiv: operator.floordiv,
+    ast.Mod: operator.mod,
+    ast.Pow: operator.pow,
+    ast.LShift: operator.lshift,
+    ast.RShift: operator.rshift,
+    ast.BitOr: operator.or_,
+    ast.BitAnd: operator.and_,
+    ast.BitXor: operator.xor,
 }
 _COMPARE: dict[type, Callable[[Any, Any], Any]] = {
-    ast.Eq: operator.eq, ast.NotEq: operator.ne, ast.Lt: operator.lt, ast.LtE: operator.le,
-    ast.Gt: operator.gt, ast.GtE: operator.ge, ast.Is: operator.is_, ast.IsNot: operator.is_not,
-    ast.In: lambda a, b: a in b, ast.NotIn: lambda a, b: a not in b,
+    ast.Eq: operator.eq,
+    ast.NotEq: operator.ne,
+    ast.Lt: operator.lt,
+    ast.LtE: operator.le,
+    ast.Gt: operator.gt,
+    ast.GtE: operator.ge,
+    ast.Is: operator.is_,
+    ast.IsNot: operator.is_not,
+    ast.In: lambda a, b: a in b,
+    ast.NotIn: lambda a, b: a not in b,
 }
 _TERMINAL = (ast.Return, ast.Raise, ast.Break, ast.Continue)
 _LITERALS = (bool, int, float, complex, str, bytes, type(None))
@@ -113,7 +131,8 @@ class Substitute(_Tracking):
     def is_constant_assignment(self, stmt: ast.stmt) -> bool:
         """A top-level ``TARGET_X = ...`` (the generated module's reference values), which goes."""
         return isinstance(stmt, ast.Assign) and all(
-            isinstance(t, ast.Name) and t.id in self.constants for t in stmt.targets)
+            isinstance(t, ast.Name) and t.id in self.constants for t in stmt.targets
+        )
 
     def visit_Module(self, node: ast.Module) -> ast.Module:
         body = []
@@ -229,7 +248,7 @@ class Fold(_Tracking):
                     if isinstance(stmt, _TERMINAL):
                         if index + 1 < len(block):
                             self.changed = True
-                            del block[index + 1:]
+                            del block[index + 1 :]
                         break
         if not isinstance(node, ast.Module) and getattr(node, "body", None) == []:
             self.changed = True
@@ -241,8 +260,12 @@ class Fold(_Tracking):
         tuple attribute leaves)."""
         self.generic_visit(node)
         items, index = literal(node.value), literal(node.slice)
-        if (not isinstance(node.ctx, ast.Load) or not isinstance(items, tuple) or not isinstance(index, int)
-                or isinstance(index, bool)):
+        if (
+            not isinstance(node.ctx, ast.Load)
+            or not isinstance(items, tuple)
+            or not isinstance(index, int)
+            or isinstance(index, bool)
+        ):
             return node
         return self._try(lambda: items[index], node)
 
@@ -250,14 +273,20 @@ class Fold(_Tracking):
         """``{'relu': 0, ...}.get('relu', -1)``: a literal mapping read at a literal key."""
         self.generic_visit(node)
         f = node.func
-        if not (isinstance(f, ast.Attribute) and f.attr == "get" and isinstance(f.value, ast.Dict)
-                and not node.keywords and 1 <= len(node.args) <= 2 and None not in f.value.keys):
+        if not (
+            isinstance(f, ast.Attribute)
+            and f.attr == "get"
+            and isinstance(f.value, ast.Dict)
+            and not node.keywords
+            and 1 <= len(node.args) <= 2
+            and None not in f.value.keys
+        ):
             return node
         parts = [literal(e) for e in (*f.value.keys, *f.value.values, *node.args)]
         if any(p is _MISSING for p in parts):
             return node
         count = len(f.value.keys)
-        return self._try(lambda: dict(zip(parts[:count], parts[count:2 * count])).get(*parts[2 * count:]), node)
+        return self._try(lambda: dict(zip(parts[:count], parts[count : 2 * count])).get(*parts[2 * count :]), node)
 
     @staticmethod
     def _try(compute: Callable[[], Any], node: ast.AST) -> ast.AST:
@@ -319,7 +348,7 @@ def prune(source: str, constants: Mapping[str, object], *, roots: tuple[str, ...
         body.extend(kept)
     for index, stmt in enumerate(body):  # as Fold does in any block: nothing runs after a raise
         if isinstance(stmt, _TERMINAL):
-            del body[index + 1:]
+            del body[index + 1 :]
             break
     tree.body = body
     tree = remove_unused_functions(tree, roots)  # unparse needs no locations: no fix_missing_locations
@@ -336,11 +365,11 @@ def segmenter(source: str) -> Callable[[ast.AST], str | None]:
     lines = io.StringIO(source, newline="").readlines()  # the line breaks ast counts (not \f, \x1c, ...)
 
     def segment(node: ast.AST) -> str | None:
-        chunk = [line.encode() for line in lines[node.lineno - 1:node.end_lineno]]
+        chunk = [line.encode() for line in lines[node.lineno - 1 : node.end_lineno]]
         if not chunk:
             return None
-        chunk[-1] = chunk[-1][:node.end_col_offset]
-        chunk[0] = chunk[0][node.col_offset:]
+        chunk[-1] = chunk[-1][: node.end_col_offset]
+        chunk[0] = chunk[0][node.col_offset :]
         return b"".join(chunk).decode()
 
     return segment
@@ -367,8 +396,9 @@ def _join(body: list[ast.stmt], chunks: list[str]) -> str:
     return "".join(out)
 
 
-def specialise_function(source: str, name: str, values: Mapping[str, object], present: Iterable[str] = (),
-                        doc: str | None = None) -> tuple[str, tuple[str, ...], bool]:
+def specialise_function(
+    source: str, name: str, values: Mapping[str, object], present: Iterable[str] = (), doc: str | None = None
+) -> tuple[str, tuple[str, ...], bool]:
     """One call site's copy of a kernel: the parameters in ``values`` become literals, the
     parameters in ``present`` are known to hold arrays (``p is None`` is False), and the branches
     these decide are pruned (:class:`Fold`).
@@ -386,8 +416,13 @@ def specialise_function(source: str, name: str, values: Mapping[str, object], pr
     Raises:
         BuildError: ``source`` is not one function definition.
     """
-    key = (source, name, doc, frozenset(present),
-           tuple(sorted((k, _tag(v)) for k, v in values.items() if _is_literal(v))))
+    key = (
+        source,
+        name,
+        doc,
+        frozenset(present),
+        tuple(sorted((k, _tag(v)) for k, v in values.items() if _is_literal(v))),
+    )
     with _MEMO_LOCK:
         done = _SPECIALISED.get(key)
     if done is None:
@@ -412,8 +447,9 @@ def _tag(value: object) -> object:
     return type(value).__name__, repr(value)
 
 
-def _specialise(source: str, name: str, values: Mapping[str, object], present: Iterable[str],
-                doc: str | None) -> tuple[str, tuple[str, ...], bool]:
+def _specialise(
+    source: str, name: str, values: Mapping[str, object], present: Iterable[str], doc: str | None
+) -> tuple[str, tuple[str, ...], bool]:
     tree = ast.parse(source)
     if len(tree.body) != 1 or not isinstance(tree.body[0], ast.FunctionDef):
         raise BuildError(f"cannot specialise {name!r}: its source is not one function definition")
@@ -436,7 +472,7 @@ def _specialise(source: str, name: str, values: Mapping[str, object], present: I
         return source, (), False
     # drop the substituted parameters, keeping each remaining one's default
     positional = [*args.posonlyargs, *args.args]
-    defaults = dict(zip([a.arg for a in positional][len(positional) - len(args.defaults):], args.defaults))
+    defaults = dict(zip([a.arg for a in positional][len(positional) - len(args.defaults) :], args.defaults))
     kept = [a for a in positional if a.arg not in chosen]
     args.posonlyargs, args.args = [], kept
     args.defaults = []
@@ -448,8 +484,12 @@ def _specialise(source: str, name: str, values: Mapping[str, object], present: I
     function.name = name
     if doc is not None:
         body = function.body
-        has_doc = body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) \
+        has_doc = (
+            body
+            and isinstance(body[0], ast.Expr)
+            and isinstance(body[0].value, ast.Constant)
             and isinstance(body[0].value.value, str)
+        )
         function.body = [ast.Expr(ast.Constant(doc))] + (body[1:] if has_doc else body)
     function = Fold().visit(function)
     return ast.unparse(function), tuple(chosen), True  # unparse reads no locations
@@ -476,8 +516,13 @@ class _Bind(ast.NodeTransformer):
 
     def visit_Compare(self, node: ast.Compare) -> ast.AST:
         self.generic_visit(node)
-        if (len(node.ops) == 1 and isinstance(node.ops[0], (ast.Is, ast.IsNot)) and isinstance(node.left, ast.Name)
-                and node.left.id in self.arrays and literal(node.comparators[0]) is None):
+        if (
+            len(node.ops) == 1
+            and isinstance(node.ops[0], (ast.Is, ast.IsNot))
+            and isinstance(node.left, ast.Name)
+            and node.left.id in self.arrays
+            and literal(node.comparators[0]) is None
+        ):
             self.changed = True
             return _const(isinstance(node.ops[0], ast.IsNot), node)
         return node

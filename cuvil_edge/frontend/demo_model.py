@@ -54,8 +54,14 @@ def digits_cnn_onnx(seed: int = 0, channels: int = 32, activation: str = "Relu")
     nodes = [
         helper.make_node("Mul", ["image", "input.scale"], ["scaled"], name="scale"),
         helper.make_node("Add", ["scaled", "input.shift"], ["standardised"], name="shift"),
-        helper.make_node("Conv", ["standardised", "conv.weight", "conv.bias"], ["conv"], name="conv",
-                         kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+        helper.make_node(
+            "Conv",
+            ["standardised", "conv.weight", "conv.bias"],
+            ["conv"],
+            name="conv",
+            kernel_shape=[3, 3],
+            pads=[1, 1, 1, 1],
+        ),
         helper.make_node(activation, ["conv"], [activation.lower()], name=activation.lower()),
         helper.make_node("MaxPool", [activation.lower()], ["pool"], name="pool", kernel_shape=[2, 2], strides=[2, 2]),
         helper.make_node("Flatten", ["pool"], ["flat"], name="flatten", axis=1),
@@ -63,7 +69,8 @@ def digits_cnn_onnx(seed: int = 0, channels: int = 32, activation: str = "Relu")
         helper.make_node("Softmax", ["logits"], ["probs"], name="softmax", axis=1),
     ]
     graph = helper.make_graph(
-        nodes, "digits_cnn",
+        nodes,
+        "digits_cnn",
         [helper.make_tensor_value_info("image", TensorProto.FLOAT, ["batch", 1, 8, 8])],
         [helper.make_tensor_value_info("probs", TensorProto.FLOAT, ["batch", 10])],
         [numpy_helper.from_array(array, name) for name, array in weights.items()],

@@ -71,8 +71,9 @@ def load_model(source: str | Path | bytes | onnx.ModelProto) -> Graph:
     return build_graph(graph.name or "model", inputs, outputs, nodes, initializers, opset)
 
 
-def _package_names(inputs: set[str], outputs: list[str], nodes: list[Node], initializers: dict[str, np.ndarray],
-                   opset: int) -> tuple[list[Node], dict[str, np.ndarray]]:
+def _package_names(
+    inputs: set[str], outputs: list[str], nodes: list[Node], initializers: dict[str, np.ndarray], opset: int
+) -> tuple[list[Node], dict[str, np.ndarray]]:
     """The graph with every name a package refuses (PACKAGE_SPEC §1.3) renamed to a valid, unused one.
 
     torch names the outputs of its Constant nodes like paths (``/Constant_output_0``), and they
@@ -85,18 +86,38 @@ def _package_names(inputs: set[str], outputs: list[str], nodes: list[Node], init
     kept = inputs | set(outputs)
     taken = kept | set(initializers) | {x for n in nodes for x in (n.name, *n.inputs, *n.outputs) if x}
     mapping = {k: fresh_tensor_name(taken, k) for k in initializers if not is_tensor_name(k)}
-    mapping.update({o: fresh_graph_name(taken, o) for n in nodes for o in n.outputs
-                    if o and o not in kept and not is_graph_name(o)})
+    mapping.update(
+        {
+            o: fresh_graph_name(taken, o)
+            for n in nodes
+            for o in n.outputs
+            if o and o not in kept and not is_graph_name(o)
+        }
+    )
     bad_nodes = [n for n in nodes if not is_graph_name(n.name)]
     if not mapping and not bad_nodes:
         return nodes, initializers
-    log.info("renamed %d names a package refuses: %s", len(mapping) + len(bad_nodes),
-             ", ".join(f"{k!r} -> {v!r}" for k, v in list(mapping.items())[:5]))
-    renamed = [Node(n.name if is_graph_name(n.name) else fresh_graph_name(taken, n.name), n.op_type,
-                    tuple(mapping.get(i, i) for i in n.inputs), tuple(mapping.get(o, o) for o in n.outputs),
-                    n.attrs, n.version) for n in nodes]
-    renamed += [Node(fresh_graph_name(taken, f"{out}_identity"), "Identity", (mapping[out],), (out,), {}, opset)
-                for out in dict.fromkeys(outputs) if out in mapping]
+    log.info(
+        "renamed %d names a package refuses: %s",
+        len(mapping) + len(bad_nodes),
+        ", ".join(f"{k!r} -> {v!r}" for k, v in list(mapping.items())[:5]),
+    )
+    renamed = [
+        Node(
+            n.name if is_graph_name(n.name) else fresh_graph_name(taken, n.name),
+            n.op_type,
+            tuple(mapping.get(i, i) for i in n.inputs),
+            tuple(mapping.get(o, o) for o in n.outputs),
+            n.attrs,
+            n.version,
+        )
+        for n in nodes
+    ]
+    renamed += [
+        Node(fresh_graph_name(taken, f"{out}_identity"), "Identity", (mapping[out],), (out,), {}, opset)
+        for out in dict.fromkeys(outputs)
+        if out in mapping
+    ]
     return renamed, {mapping.get(k, k): v for k, v in initializers.items()}
 
 
@@ -119,8 +140,9 @@ def _read(source: Any) -> onnx.ModelProto:
         try:
             onnx.external_data_helper.load_external_data_for_model(model, str(path.parent))
         except Exception as e:
-            raise ModelFileError(f"cannot load external tensor data of {str(path)!r} ({e}); "
-                                 "keep the data files next to the model") from e
+            raise ModelFileError(
+                f"cannot load external tensor data of {str(path)!r} ({e}); keep the data files next to the model"
+            ) from e
     return model
 
 
@@ -131,7 +153,8 @@ def _parse(data: bytes, where: str) -> onnx.ModelProto:
     except Exception as e:  # protobuf's DecodeError and friends: never leak them
         raise MalformedModelError(
             f"{where}: not an ONNX model (protobuf decoding failed: {_summary(e)}); "
-            "check the file is a complete, uncorrupted .onnx export") from e
+            "check the file is a complete, uncorrupted .onnx export"
+        ) from e
     return model
 
 
@@ -144,7 +167,9 @@ def _summary(e: Exception, limit: int = 400) -> str:
 def _default_opset(model: onnx.ModelProto) -> int:
     versions = [o.version for o in model.opset_import if o.domain in DEFAULT_DOMAINS]
     if not versions:
-        raise MalformedModelError("the model imports no opset for the default ONNX domain; re-export it with an opset_import")
+        raise MalformedModelError(
+            "the model imports no opset for the default ONNX domain; re-export it with an opset_import"
+        )
     return int(max(versions))
 
 
@@ -202,7 +227,8 @@ def _convert(value: Any, where: str) -> Any:
     if isinstance(value, list):
         return tuple(_convert(v, where) for v in value)
     raise UnsupportedAttributeError(
-        f"{where} holds a {type(value).__name__} (subgraph, sparse tensor or type), which the IR does not support")
+        f"{where} holds a {type(value).__name__} (subgraph, sparse tensor or type), which the IR does not support"
+    )
 
 
 def _tensor(t: onnx.TensorProto, where: str) -> np.ndarray:

@@ -23,8 +23,9 @@ def parse_text(text: str) -> Expr:
         DimError: not text, too long, nested too deep, or not an integer expression over symbols.
     """
     if not isinstance(text, str) or not text or len(text) > MAX_TEXT:
-        raise DimError(f"{text!r:.80} is not a dim: a symbol or an integer expression of at most {MAX_TEXT} "
-                       "characters is")
+        raise DimError(
+            f"{text!r:.80} is not a dim: a symbol or an integer expression of at most {MAX_TEXT} characters is"
+        )
     tokens: list[str] = []
     position = 0
     while position < len(text):
@@ -32,8 +33,10 @@ def parse_text(text: str) -> Expr:
             break
         match = _TOKEN.match(text, position)
         if match is None:
-            raise DimError(f"dim {text!r:.80} has {text[position]!r} at {position}; a dim uses symbols, integers, "
-                           "+ - * // %, min(), max() and parentheses")
+            raise DimError(
+                f"dim {text!r:.80} has {text[position]!r} at {position}; a dim uses symbols, integers, "
+                "+ - * // %, min(), max() and parentheses"
+            )
         tokens.append(match.group(match.lastindex))
         position = match.end()
     parser = _Parser(text, tokens)

@@ -47,8 +47,10 @@ class Expr:
     def __init__(self, terms: Mapping[tuple, int]) -> None:
         self.terms = {m: c for m, c in terms.items() if c}
         if len(self.terms) > MAX_TERMS:
-            raise DimError(f"a dim expression grew past {MAX_TERMS} terms; the model's shape arithmetic is too "
-                           "involved to follow symbolically (fix an axis when exporting)")
+            raise DimError(
+                f"a dim expression grew past {MAX_TERMS} terms; the model's shape arithmetic is too "
+                "involved to follow symbolically (fix an axis when exporting)"
+            )
         self._text: str | None = None
 
     # construction
@@ -355,8 +357,43 @@ _ATOM_OPS = {"//": floordiv, "%": mod, "min": minimum, "max": maximum}
 
 #: Sizes tried for each symbol by :func:`same`: small ones (every residue of small moduli), the
 #: common image and sequence sizes, and some primes; fixed, so inference is deterministic.
-_SAMPLE_SIZES = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 23, 24, 31, 32, 48, 49, 56, 64, 97,
-                 100, 112, 128, 224, 256, 384, 512, 1000, 1024)
+_SAMPLE_SIZES = (
+    1,
+    2,
+    3,
+    4,
+    5,
+    6,
+    7,
+    8,
+    9,
+    10,
+    11,
+    12,
+    13,
+    14,
+    15,
+    16,
+    17,
+    23,
+    24,
+    31,
+    32,
+    48,
+    49,
+    56,
+    64,
+    97,
+    100,
+    112,
+    128,
+    224,
+    256,
+    384,
+    512,
+    1000,
+    1024,
+)
 _SAMPLES = 48
 
 
@@ -378,8 +415,9 @@ def same(a: Dim, b: Dim) -> bool:
         return x == y
     agree = 0
     for i in range(_SAMPLES * 2):
-        binding = {n: _SAMPLE_SIZES[(i * (3 + 2 * j) + j * 7 + (i * i) % 5) % len(_SAMPLE_SIZES)]
-                   for j, n in enumerate(names)}
+        binding = {
+            n: _SAMPLE_SIZES[(i * (3 + 2 * j) + j * 7 + (i * i) % 5) % len(_SAMPLE_SIZES)] for j, n in enumerate(names)
+        }
         try:
             if x.evaluate(binding) != y.evaluate(binding):
                 return False
@@ -416,7 +454,7 @@ def _wrap(e: Expr, text: str, right: bool) -> str:
     if len(e.terms) > 1 or any(c < 0 for c in e.terms.values()):
         return f"({text})"
     if right and e.terms and not e.is_const():
-        (monomial, coefficient), = e.terms.items()
+        ((monomial, coefficient),) = e.terms.items()
         if coefficient != 1 or len(monomial) > 1:
             return f"({text})"
     return text

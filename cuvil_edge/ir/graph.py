@@ -158,10 +158,17 @@ MAX_INLINE_TENSOR = 1024
 def _attr_to_json(node: Node, key: str, value: AttrValue) -> Any:
     if isinstance(value, np.ndarray):
         if value.size > MAX_INLINE_TENSOR or value.dtype.kind not in "iuf":
-            raise ValueError(f"{node.describe()} attribute {key!r} holds a {value.dtype}{list(value.shape)} tensor; "
-                             "fold it into an initializer first")
-        return {"tensor": {"dtype": dtypes.from_numpy(value.dtype), "shape": list(value.shape),
-                           "values": value.ravel().tolist()}}
+            raise ValueError(
+                f"{node.describe()} attribute {key!r} holds a {value.dtype}{list(value.shape)} tensor; "
+                "fold it into an initializer first"
+            )
+        return {
+            "tensor": {
+                "dtype": dtypes.from_numpy(value.dtype),
+                "shape": list(value.shape),
+                "values": value.ravel().tolist(),
+            }
+        }
     if isinstance(value, tuple):
         return list(value)
     return value

@@ -36,8 +36,9 @@ def check_type(t: TensorType, where: str) -> TensorType:
         if isinstance(d, str) and not d:
             raise MalformedModelError(f"{where} has an empty symbolic dim name")
     if t.numel() > MAX_ELEMENTS:
-        raise MalformedModelError(f"{where} has shape {list(t.shape)}: more than {MAX_ELEMENTS} elements; "
-                                  "fix the model's shapes")
+        raise MalformedModelError(
+            f"{where} has shape {list(t.shape)}: more than {MAX_ELEMENTS} elements; fix the model's shapes"
+        )
     return t
 
 
@@ -48,8 +49,10 @@ def _canonical_dim(d, where: str):
     try:
         return dims.canonical(d)
     except (dims.DimError, ArithmeticError) as e:
-        raise MalformedModelError(f"{where} has a dim that is not a symbol or an integer expression over "
-                                  f"symbols ({e}); name dynamic axes like 'batch'") from None
+        raise MalformedModelError(
+            f"{where} has a dim that is not a symbol or an integer expression over "
+            f"symbols ({e}); name dynamic axes like 'batch'"
+        ) from None
 
 
 def topological_order(nodes: Sequence[Node], available: set[str]) -> list[Node]:
@@ -64,7 +67,9 @@ def topological_order(nodes: Sequence[Node], available: set[str]) -> list[Node]:
             if not out:  # an optional output the model skips ("Y, '', '', qk")
                 continue
             if out in producer or out in available:
-                raise MalformedModelError(f"value {out!r} is produced twice ({n.describe()}); every value needs one producer")
+                raise MalformedModelError(
+                    f"value {out!r} is produced twice ({n.describe()}); every value needs one producer"
+                )
             producer[out] = n
     for n in nodes:
         for name in n.inputs:
@@ -94,8 +99,9 @@ def topological_order(nodes: Sequence[Node], available: set[str]) -> list[Node]:
     return order
 
 
-def const_inputs(module, node: Node, values: Mapping[str, np.ndarray],
-                 in_types: Sequence[TensorType | None] = ()) -> dict[str, dict[int, np.ndarray]]:
+def const_inputs(
+    module, node: Node, values: Mapping[str, np.ndarray], in_types: Sequence[TensorType | None] = ()
+) -> dict[str, dict[int, np.ndarray]]:
     """Keyword arguments for ``module.infer``: ``{"consts": {index: value}}`` for the
     input indices the op lists in ``CONST_INPUTS`` whose values are known (initializers,
     folded constants, symbolic shape vectors as object arrays); ``{}`` when the op lists
@@ -128,7 +134,8 @@ def _infer_nodes(order: Sequence[Node], types: dict[str, TensorType], values: di
         except UNEXPECTED as e:
             raise ShapeInferenceError(
                 f"{node.describe()}: cannot infer output types ({type(e).__name__}: {e}); the model is malformed "
-                "or uses the op in a way the IR does not support") from e
+                "or uses the op in a way the IR does not support"
+            ) from e
 
 
 def _infer_node(node: Node, module, types: dict[str, TensorType], values: dict[str, np.ndarray]) -> None:
@@ -137,12 +144,15 @@ def _infer_node(node: Node, module, types: dict[str, TensorType], values: dict[s
     in_types = [types[i] if i else None for i in node.inputs]
     out_types = module.infer(node, in_types, **shape_values.consts_for(module, node, values, in_types))
     if len(out_types) < len([o for o in node.outputs if o]):
-        raise ShapeInferenceError(f"{node.describe()} declares {len(node.outputs)} outputs, the op gives {len(out_types)}")
+        raise ShapeInferenceError(
+            f"{node.describe()} declares {len(node.outputs)} outputs, the op gives {len(out_types)}"
+        )
     for out, t in zip(node.outputs, out_types):
         if out:
             types[out] = check_type(t, f"output {out!r} of {node.describe()}")
-    known = shape_values.evaluate(node, module, [values.get(i) if i else None for i in node.inputs],
-                                  in_types, out_types)
+    known = shape_values.evaluate(
+        node, module, [values.get(i) if i else None for i in node.inputs], in_types, out_types
+    )
     for out, value in zip(node.outputs, known):
         if out and value is not None:
             values[out] = value
@@ -215,13 +225,16 @@ def with_sizes(graph: Graph, sizes: Mapping[str, int]) -> Graph:
     axes = {d for v in graph.inputs for d in v.type.shape if isinstance(d, str)}
     for name, size in sizes.items():
         if name not in axes:
-            raise ShapeInferenceError(f"the model has no dynamic axis {name!r}; its inputs' dynamic axes are "
-                                      f"{', '.join(sorted(axes)) or 'none'}")
+            raise ShapeInferenceError(
+                f"the model has no dynamic axis {name!r}; its inputs' dynamic axes are "
+                f"{', '.join(sorted(axes)) or 'none'}"
+            )
         if isinstance(size, bool) or not isinstance(size, int) or size < 1:
             raise ShapeInferenceError(f"dynamic axis {name!r} must be sized by a positive int, got {size!r}")
     inputs = [Value(v.name, v.type.bind(sizes)) for v in graph.inputs]
-    return build_graph(graph.name, inputs, [v.name for v in graph.outputs], graph.nodes, graph.initializers,
-                       graph.opset)
+    return build_graph(
+        graph.name, inputs, [v.name for v in graph.outputs], graph.nodes, graph.initializers, graph.opset
+    )
 
 
 def with_initializers(graph: Graph, arrays: Mapping[str, np.ndarray]) -> Graph:

@@ -108,4 +108,5 @@ def _check_shape(graph: Graph, node, name: str, value, bindings: dict[str, int])
             raise ExecutionError(
                 f"{node.describe()} made {name!r} of shape {list(shape)}, but its type {want} is {list(bound.shape)} "
                 f"for {', '.join(f'{k}={v}' for k, v in sorted(bindings.items()))}: the model does not hold for "
-                "these input sizes (a slice or reshape it makes assumes other sizes)")
+                "these input sizes (a slice or reshape it makes assumes other sizes)"
+            )

@@ -56,8 +56,14 @@ def entry(op_type: str) -> OpEntry:
         which = names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
         plural = "s" if len(names) > 1 else ""
         notes.append(f"shape inference reads the value{plural} of its {which} input{plural}")
-    return OpEntry(op_type, "internal" if internal else "ai.onnx", tuple(op.VERSIONS), ops.op_modules()[op_type],
-                   tuple(sorted(op.ATTRS)), "; ".join(notes))
+    return OpEntry(
+        op_type,
+        "internal" if internal else "ai.onnx",
+        tuple(op.VERSIONS),
+        ops.op_modules()[op_type],
+        tuple(sorted(op.ATTRS)),
+        "; ".join(notes),
+    )
 
 
 def entries() -> list[OpEntry]:
@@ -95,8 +101,16 @@ def markdown() -> str:
     ]
     for module in dict.fromkeys(e.module for e in rows):
         group = [e for e in rows if e.module == module]
-        lines += ["", f"## `{module}`: {summary(module)}", "",
-                  "| op | domain | opsets | ONNX versions | attributes read | notes |", "|---|---|---|---|---|---|"]
-        lines += [f"| {e.op_type} | {e.domain} | {e.opsets} | {', '.join(map(str, e.versions))} | "
-                  f"{', '.join(e.attributes) or '-'} | {e.notes or '-'} |" for e in group]
+        lines += [
+            "",
+            f"## `{module}`: {summary(module)}",
+            "",
+            "| op | domain | opsets | ONNX versions | attributes read | notes |",
+            "|---|---|---|---|---|---|",
+        ]
+        lines += [
+            f"| {e.op_type} | {e.domain} | {e.opsets} | {', '.join(map(str, e.versions))} | "
+            f"{', '.join(e.attributes) or '-'} | {e.notes or '-'} |"
+            for e in group
+        ]
     return "\n".join(lines) + "\n"

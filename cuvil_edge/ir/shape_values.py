@@ -101,8 +101,9 @@ def _gather(node, values, types):
     data, indices = values[0], values[1]
     if data is None or indices is None or is_symbolic(indices):
         return None
-    return _settle(np.asarray(np.take(_obj(data), np.asarray(indices, np.int64), axis=int(node.attr("axis", 0))),
-                              dtype=object))
+    return _settle(
+        np.asarray(np.take(_obj(data), np.asarray(indices, np.int64), axis=int(node.attr("axis", 0))), dtype=object)
+    )
 
 
 def _unsqueeze(node, values, types):
@@ -138,7 +139,8 @@ def _slice(node, values, types):
         starts, ends, axes, steps = node.attr("starts"), node.attr("ends"), node.attr("axes"), None
     else:
         if any(v is None or is_symbolic(v) for v in values[1:3]) or any(
-                len(values) > i and node.inputs[i] and (values[i] is None or is_symbolic(values[i])) for i in (3, 4)):
+            len(values) > i and node.inputs[i] and (values[i] is None or is_symbolic(values[i])) for i in (3, 4)
+        ):
             return None
         starts, ends = values[1].reshape(-1), values[2].reshape(-1)
         axes = values[3].reshape(-1) if len(values) > 3 and values[3] is not None else None
@@ -160,8 +162,9 @@ def _cast(node, values, types):
         return None
     if to in _FLOAT_CODES:
         return _settle(values[0], _FLOAT_CODES[to])
-    whole = np.frompyfunc(lambda v: dims.floordiv(v.num, Expr.const(v.den)).to_dim()
-                          if isinstance(v, Quotient) else v, 1, 1)
+    whole = np.frompyfunc(
+        lambda v: dims.floordiv(v.num, Expr.const(v.den)).to_dim() if isinstance(v, Quotient) else v, 1, 1
+    )
     return _settle(np.asarray(whole(_obj(values[0])), dtype=object))
 
 
@@ -179,6 +182,7 @@ def _ratio(v) -> tuple[Expr, int]:
 
 def _float_arithmetic(op: str) -> Callable:
     """Add/Sub/Mul/Div of float shape values (a division only by a constant), as fractions."""
+
     def combine(x, y):
         (n1, d1), (n2, d2) = _ratio(x), _ratio(y)
         if op == "Add":
@@ -190,6 +194,7 @@ def _float_arithmetic(op: str) -> Callable:
         if not n2.is_const() or n2.constant() == 0:
             raise ValueError("a division by a symbolic float")
         return Quotient.make(n1 * d2, d1 * n2.constant())
+
     return combine
 
 
@@ -199,7 +204,9 @@ def _rounding(floor: bool) -> Callable:
             if not isinstance(v, Quotient):
                 return v
             return dims.floordiv(v.num + (0 if floor else v.den - 1), Expr.const(v.den)).to_dim()
+
         return _settle(np.asarray(np.frompyfunc(whole, 1, 1)(_obj(values[0])), dtype=object), types[0].dtype)
+
     return rule
 
 
@@ -225,6 +232,7 @@ def _transpose(node, values, types):
 
 def _equal(node, values, types):
     a, b = (_obj(v) for v in values[:2])
+
     def eq(x, y):
         if isinstance(x, str) or isinstance(y, str):
             ex, ey = _as_expr(x), _as_expr(y)
@@ -236,6 +244,7 @@ def _equal(node, values, types):
                 return False  # a symbolic entry is a size (torch's Where(Equal(shape, -1), 1, shape))
             raise ValueError("unknown")
         return x == y
+
     return np.vectorize(eq, otypes=[bool])(a, b)
 
 
@@ -253,6 +262,7 @@ def _as_expr(v) -> Expr:
 def _arithmetic(combine: Callable[[Expr, Expr], Expr]) -> Callable:
     """An int64 elementwise op on shape vectors, dims as expressions (``Mul(batch, 4)`` is ``4*batch``);
     on float shape values (torch's ``ceil(size / patch)``) Add/Sub/Mul/Div as fractions."""
+
     def rule(node, values, types):
         if any(t is None for t in types[:2]):
             return None
@@ -265,6 +275,7 @@ def _arithmetic(combine: Callable[[Expr, Expr], Expr]) -> Callable:
             return None
         combined = np.frompyfunc(lambda x, y: combine(_as_expr(x), _as_expr(y)).to_dim(), 2, 1)
         return _settle(np.asarray(combined(_obj(values[0]), _obj(values[1])), dtype=object))
+
     return rule
 
 
@@ -278,12 +289,27 @@ def _neg(node, values, types):
 
 #: op -> evaluation of its first output on symbolic vectors (None: unknown).
 SYMBOLIC: dict[str, Callable] = {
-    "Gather": _gather, "Unsqueeze": _unsqueeze, "Squeeze": _squeeze, "Concat": _concat,
-    "Slice": _slice, "Cast": _cast, "Identity": _identity, "Reshape": _reshape, "Equal": _equal, "Where": _where,
-    "Transpose": _transpose, "Add": _arithmetic(lambda a, b: a + b), "Sub": _arithmetic(lambda a, b: a - b),
-    "Mul": _arithmetic(lambda a, b: a * b), "Div": _arithmetic(dims.floordiv), "Mod": _arithmetic(dims.mod),
-    "Max": _arithmetic(dims.maximum), "Min": _arithmetic(dims.minimum), "Neg": _neg,
-    "Ceil": _rounding(floor=False), "Floor": _rounding(floor=True),
+    "Gather": _gather,
+    "Unsqueeze": _unsqueeze,
+    "Squeeze": _squeeze,
+    "Concat": _concat,
+    "Slice": _slice,
+    "Cast": _cast,
+    "Identity": _identity,
+    "Reshape": _reshape,
+    "Equal": _equal,
+    "Where": _where,
+    "Transpose": _transpose,
+    "Add": _arithmetic(lambda a, b: a + b),
+    "Sub": _arithmetic(lambda a, b: a - b),
+    "Mul": _arithmetic(lambda a, b: a * b),
+    "Div": _arithmetic(dims.floordiv),
+    "Mod": _arithmetic(dims.mod),
+    "Max": _arithmetic(dims.maximum),
+    "Min": _arithmetic(dims.minimum),
+    "Neg": _neg,
+    "Ceil": _rounding(floor=False),
+    "Floor": _rounding(floor=True),
 }
 
 
@@ -295,8 +321,13 @@ def _small_type(t: Optional[TensorType]) -> bool:
     return t is not None and t.is_static and t.numel() <= SMALL and all(d <= SMALL for d in t.shape)
 
 
-def evaluate(node: Node, module, values: Sequence[Optional[np.ndarray]],
-             in_types: Sequence[Optional[TensorType]], out_types: Sequence[TensorType]) -> list[Optional[np.ndarray]]:
+def evaluate(
+    node: Node,
+    module,
+    values: Sequence[Optional[np.ndarray]],
+    in_types: Sequence[Optional[TensorType]],
+    out_types: Sequence[TensorType],
+) -> list[Optional[np.ndarray]]:
     """Known values of ``node``'s outputs (``None`` where unknown); never raises.
 
     ``values`` are the known values of its inputs (``None``: unknown or absent); ``out_types``
@@ -334,7 +365,7 @@ def evaluate(node: Node, module, values: Sequence[Optional[np.ndarray]],
     except Exception as e:  # a kernel that fails on constants fails at run time too; leave it to then
         log.debug("%s: cannot evaluate at build time (%s)", node.describe(), e)
         return unknown
-    return [np.asarray(r) if r is not None else None for r in results][: len(node.outputs)] + unknown[len(results):]
+    return [np.asarray(r) if r is not None else None for r in results][: len(node.outputs)] + unknown[len(results) :]
 
 
 def reshape_target(node: Node, value: np.ndarray, data_type: TensorType) -> Optional[np.ndarray]:
@@ -362,8 +393,9 @@ def reshape_target(node: Node, value: np.ndarray, data_type: TensorType) -> Opti
 CONCRETE: dict[str, tuple[int, Callable]] = {"Reshape": (1, reshape_target)}
 
 
-def concrete_input(node: Node, index: int, value: np.ndarray,
-                   in_types: Sequence[Optional[TensorType]]) -> Optional[np.ndarray]:
+def concrete_input(
+    node: Node, index: int, value: np.ndarray, in_types: Sequence[Optional[TensorType]]
+) -> Optional[np.ndarray]:
     """The int64 equivalent of a symbolic value at input ``index``, where the op has one."""
     rule = CONCRETE.get(node.op_type)
     if rule is None or rule[0] != index or in_types[0] is None:
@@ -371,8 +403,9 @@ def concrete_input(node: Node, index: int, value: np.ndarray,
     return rule[1](node, value, in_types[0])
 
 
-def consts_for(module, node: Node, values: Mapping[str, np.ndarray],
-               in_types: Sequence[Optional[TensorType]]) -> dict[str, dict[int, np.ndarray]]:
+def consts_for(
+    module, node: Node, values: Mapping[str, np.ndarray], in_types: Sequence[Optional[TensorType]]
+) -> dict[str, dict[int, np.ndarray]]:
     """Keyword arguments for ``module.infer``: ``{"consts": {index: value}}`` with every known
     value among the inputs listed in ``CONST_INPUTS`` (symbolic ones as object arrays, or
     as the op's int64 equivalent where :data:`CONCRETE` has one); ``{}`` when it lists none."""
@@ -386,4 +419,3 @@ def consts_for(module, node: Node, values: Mapping[str, np.ndarray],
             concrete = concrete_input(node, i, value, in_types) if is_symbolic(value) else None
             consts[i] = value if concrete is None else concrete
     return {"consts": consts}
-

@@ -69,8 +69,9 @@ def _check_depth(text: str, what: str) -> None:
     steps = np.frombuffer(brackets.encode("ascii"), dtype=np.uint8)
     depth = np.cumsum(np.where((steps == ord("[")) | (steps == ord("{")), 1, -1), dtype=np.int64)
     if int(depth.max()) > MAX_JSON_DEPTH:
-        raise PackageFormatError(f"{what} nests arrays/objects {int(depth.max())} deep, more than "
-                                 f"{MAX_JSON_DEPTH} (PACKAGE_SPEC §1.2)")
+        raise PackageFormatError(
+            f"{what} nests arrays/objects {int(depth.max())} deep, more than {MAX_JSON_DEPTH} (PACKAGE_SPEC §1.2)"
+        )
 
 
 def parse_json(data: bytes, what: str, *, canonical: bool = True) -> Any:
@@ -88,7 +89,9 @@ def parse_json(data: bytes, what: str, *, canonical: bool = True) -> Any:
     try:
         obj = json.loads(text, object_pairs_hook=_pairs_hook(what), parse_constant=_reject_constant)
     except json.JSONDecodeError as e:
-        raise PackageFormatError(f"{what} is not valid JSON: {e.msg} at byte {e.pos} (garbage or trailing data?)") from e
+        raise PackageFormatError(
+            f"{what} is not valid JSON: {e.msg} at byte {e.pos} (garbage or trailing data?)"
+        ) from e
     except RecursionError as e:
         raise PackageFormatError(f"{what} nests too deeply") from e
     except ValueError as e:
@@ -191,8 +194,10 @@ def _name_chars(value: Any, where: str) -> None:
     if isinstance(value, str):
         bad = _FORBIDDEN_IN_NAMES.search(value)
         if bad:
-            raise BadNameError(f"{where} {value!r:.80} holds the forbidden character U+{ord(bad.group()):04X} "
-                               "(control, bidi, line separator, BOM or backslash; PACKAGE_SPEC §1.3)")
+            raise BadNameError(
+                f"{where} {value!r:.80} holds the forbidden character U+{ord(bad.group()):04X} "
+                "(control, bidi, line separator, BOM or backslash; PACKAGE_SPEC §1.3)"
+            )
         if _DRIVE_LETTER.match(value):
             raise BadNameError(f"{where} {value!r:.80} starts with a drive letter (PACKAGE_SPEC §1.3); rename it")
 

@@ -18,14 +18,27 @@ from typing import Any, Union
 import numpy as np
 
 from cuvil_edge.errors import (
-    BadShapeError, DeclaredLengthError, PackageFormatError, PayloadDigestError, RegionLayoutError, TrailingDataError,
-    TruncatedPackageError, UnsupportedFormatError,
+    BadShapeError,
+    DeclaredLengthError,
+    PackageFormatError,
+    PayloadDigestError,
+    RegionLayoutError,
+    TrailingDataError,
+    TruncatedPackageError,
+    UnsupportedFormatError,
 )
 from cuvil_edge.ir import dtypes
 from cuvil_edge.ir.graph import Graph, readonly
 from cuvil_edge.ir.infer import MAX_DIM
 from cuvil_edge.ir_serialize._canonical import (
-    canonical_json, check_int, check_tensor_name, fields, get_int, get_list, get_str, parse_json,
+    canonical_json,
+    check_int,
+    check_tensor_name,
+    fields,
+    get_int,
+    get_list,
+    get_str,
+    parse_json,
 )
 from cuvil_edge.ir_serialize.graph_codec import MAX_RANK, graph_from_dict, graph_to_dict
 
@@ -53,8 +66,14 @@ class TensorEntry:
     sha256: str
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "dtype": self.dtype, "shape": list(self.shape),
-                "offset": self.offset, "length": self.length, "sha256": self.sha256}
+        return {
+            "name": self.name,
+            "dtype": self.dtype,
+            "shape": list(self.shape),
+            "offset": self.offset,
+            "length": self.length,
+            "sha256": self.sha256,
+        }
 
     @staticmethod
     def from_dict(obj: Any, index: int) -> "TensorEntry":
@@ -72,8 +91,14 @@ class TensorEntry:
         if len(shape) > MAX_RANK:
             raise BadShapeError(f"{where} has rank {len(shape)}, more than {MAX_RANK}")
         dims = tuple(_dim(d, where) for d in shape)
-        entry = TensorEntry(check_tensor_name(t["name"], f"{where} name"), dtype, dims, get_int(t, "offset", where),
-                            get_int(t, "length", where), _hex_digest(t["sha256"], where))
+        entry = TensorEntry(
+            check_tensor_name(t["name"], f"{where} name"),
+            dtype,
+            dims,
+            get_int(t, "offset", where),
+            get_int(t, "length", where),
+            _hex_digest(t["sha256"], where),
+        )
         expected = math.prod(dims) * dtypes.itemsize(dtype)  # python ints: no overflow
         if expected != entry.length:
             raise BadShapeError(
@@ -113,23 +138,34 @@ def encode_payload(graph: Graph) -> bytes:
         array = graph.initializers[name]
         little = np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<"))
         blob = little.tobytes()
-        entries.append(TensorEntry(name, dtypes.from_numpy(array.dtype), tuple(int(d) for d in array.shape),
-                                   cursor, len(blob), hashlib.sha256(blob).hexdigest()))
+        entries.append(
+            TensorEntry(
+                name,
+                dtypes.from_numpy(array.dtype),
+                tuple(int(d) for d in array.shape),
+                cursor,
+                len(blob),
+                hashlib.sha256(blob).hexdigest(),
+            )
+        )
         blobs.append(blob)
         cursor = align(cursor + len(blob))
     graph_dict = graph_to_dict(graph)
     # The writer applies the reader's checks (names, attributes, types), so a graph agents would
     # refuse fails here, on the coordinator, with the reader's message.
-    graph_from_dict(parse_json(canonical_json(graph_dict, "payload graph"), "payload graph"),
-                    {name: graph.initializers[name] for name in sorted(graph.initializers)})
+    graph_from_dict(
+        parse_json(canonical_json(graph_dict, "payload graph"), "payload graph"),
+        {name: graph.initializers[name] for name in sorted(graph.initializers)},
+    )
     header = canonical_json(
-        {"format": FORMAT_VERSION, "graph": graph_dict, "tensors": [e.to_dict() for e in entries]}, "payload header")
+        {"format": FORMAT_VERSION, "graph": graph_dict, "tensors": [e.to_dict() for e in entries]}, "payload header"
+    )
     data_start = align(PRELUDE.size + len(header))
     out = bytearray(data_start + cursor)
     PRELUDE.pack_into(out, 0, MAGIC, FORMAT_VERSION, 0, len(header))
-    out[PRELUDE.size:PRELUDE.size + len(header)] = header
+    out[PRELUDE.size : PRELUDE.size + len(header)] = header
     for entry, blob in zip(entries, blobs):
-        out[data_start + entry.offset:data_start + entry.offset + entry.length] = blob
+        out[data_start + entry.offset : data_start + entry.offset + entry.length] = blob
     return bytes(out)
 
 
@@ -182,9 +218,11 @@ def read_layout(view: memoryview, *, max_header_bytes: int = MAX_HEADER_BYTES) -
     """
     header_len = _read_prelude(view, max_header_bytes)
     header_end = PRELUDE.size + header_len
-    header = fields(parse_json(view[PRELUDE.size:header_end], "payload header"), HEADER_KEYS, "payload header")
+    header = fields(parse_json(view[PRELUDE.size : header_end], "payload header"), HEADER_KEYS, "payload header")
     if get_int(header, "format", "payload header") != FORMAT_VERSION:
-        raise UnsupportedFormatError(f"payload header format {header['format']} is not supported (this reader: {FORMAT_VERSION})")
+        raise UnsupportedFormatError(
+            f"payload header format {header['format']} is not supported (this reader: {FORMAT_VERSION})"
+        )
     entries = [TensorEntry.from_dict(row, i) for i, row in enumerate(get_list(header, "tensors", "payload header"))]
     names = [e.name for e in entries]
     if any(a >= b for a, b in zip(names, names[1:])):
@@ -202,13 +240,19 @@ def _read_prelude(view: memoryview, max_header_bytes: int) -> int:
     if magic != MAGIC:
         raise PackageFormatError(f"the payload does not start with the container magic {MAGIC!r} (got {magic!r})")
     if version != FORMAT_VERSION:
-        raise UnsupportedFormatError(f"container format version {version} is not supported (this reader: {FORMAT_VERSION})")
+        raise UnsupportedFormatError(
+            f"container format version {version} is not supported (this reader: {FORMAT_VERSION})"
+        )
     if reserved != 0:
         raise PackageFormatError("the container prelude's reserved field must be 0")
     if header_len > max_header_bytes:
-        raise DeclaredLengthError(f"the payload header declares {header_len} bytes, over the {max_header_bytes}-byte cap")
+        raise DeclaredLengthError(
+            f"the payload header declares {header_len} bytes, over the {max_header_bytes}-byte cap"
+        )
     if header_len > len(view) - PRELUDE.size:
-        raise DeclaredLengthError(f"the payload header declares {header_len} bytes but only {len(view) - PRELUDE.size} follow")
+        raise DeclaredLengthError(
+            f"the payload header declares {header_len} bytes but only {len(view) - PRELUDE.size} follow"
+        )
     return header_len
 
 
@@ -219,17 +263,23 @@ def _check_layout(entries: list[TensorEntry], data_start: int, total: int) -> No
         if e.offset % ALIGN:
             raise RegionLayoutError(f"tensor {e.name!r} starts at offset {e.offset}, not a multiple of {ALIGN}")
         if e.offset < end:
-            raise RegionLayoutError(f"tensor {e.name!r} at offset {e.offset} overlaps the previous region (ends at {end})")
+            raise RegionLayoutError(
+                f"tensor {e.name!r} at offset {e.offset} overlaps the previous region (ends at {end})"
+            )
         if e.offset != align(end):
             raise RegionLayoutError(f"tensor {e.name!r} at offset {e.offset} leaves a gap; expected {align(end)}")
         end = e.offset + e.length
         if data_start + end > total:
-            raise TruncatedPackageError(f"tensor {e.name!r} ends at byte {data_start + end}, past the payload end ({total})")
+            raise TruncatedPackageError(
+                f"tensor {e.name!r} ends at byte {data_start + end}, past the payload end ({total})"
+            )
     expected = data_start + align(end)
     if total < expected:
         raise TruncatedPackageError(f"the payload is {total} bytes, its layout needs {expected}; it is truncated")
     if total > expected:
-        raise TrailingDataError(f"the payload has {total - expected} bytes after its last region; trailing data is not allowed")
+        raise TrailingDataError(
+            f"the payload has {total - expected} bytes after its last region; trailing data is not allowed"
+        )
 
 
 def _check_padding(view: memoryview, entries: list[TensorEntry], header_end: int, data_start: int) -> None:
@@ -244,7 +294,7 @@ def _check_padding(view: memoryview, entries: list[TensorEntry], header_end: int
 
 def _tensor_view(view: memoryview, data_start: int, e: TensorEntry, check_digest: bool) -> np.ndarray:
     start = data_start + e.offset
-    region = view[start:start + e.length]
+    region = view[start : start + e.length]
     if check_digest and not hmac.compare_digest(hashlib.sha256(region).hexdigest(), e.sha256):
         raise PayloadDigestError(f"tensor {e.name!r} does not match its sha256 in the payload header")
     dtype = dtypes.to_numpy(e.dtype).newbyteorder("<")

@@ -30,8 +30,13 @@ class PackageDescription:
     signature: str
 
 
-def describe_package(data: Buffer, *, max_bytes: int, trust_root: Optional[TrustRoot] = None,
-                     coordinator_key: Optional[Ed25519PublicKey] = None) -> PackageDescription:
+def describe_package(
+    data: Buffer,
+    *,
+    max_bytes: int,
+    trust_root: Optional[TrustRoot] = None,
+    coordinator_key: Optional[Ed25519PublicKey] = None,
+) -> PackageDescription:
     """Parse ``data``; check both signatures against ``trust_root`` or the manifest's against
     ``coordinator_key`` when given (signatures first, then the bodies are parsed).
 

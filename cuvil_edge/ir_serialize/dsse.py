@@ -39,8 +39,11 @@ class Envelope:
     signatures: tuple[tuple[str, bytes], ...]  # (keyid, signature)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"payload": b64encode(self.body), "payloadType": self.payload_type,
-                "signatures": [{"keyid": k, "sig": b64encode(s)} for k, s in self.signatures]}
+        return {
+            "payload": b64encode(self.body),
+            "payloadType": self.payload_type,
+            "signatures": [{"keyid": k, "sig": b64encode(s)} for k, s in self.signatures],
+        }
 
 
 def sign_envelope(payload_type: str, body: bytes, keys: Iterable[Ed25519PrivateKey]) -> Envelope:
@@ -60,7 +63,9 @@ def parse_envelope(obj: Any, payload_type: str, max_body: int, where: str) -> En
     e = fields(obj, ENVELOPE_KEYS, where)
     declared = get_str(e, "payloadType", where)
     if declared != payload_type:
-        raise UnsupportedFormatError(f"{where} has payload type {declared!r:.100}, this reader expects {payload_type!r}")
+        raise UnsupportedFormatError(
+            f"{where} has payload type {declared!r:.100}, this reader expects {payload_type!r}"
+        )
     sigs = get_list(e, "signatures", where)
     if not 1 <= len(sigs) <= MAX_SIGNATURES:
         raise PackageFormatError(f"{where} must carry 1..{MAX_SIGNATURES} signatures, has {len(sigs)}")
@@ -77,8 +82,14 @@ def parse_envelope(obj: Any, payload_type: str, max_body: int, where: str) -> En
     return Envelope(declared, b64decode_strict(e["payload"], f"{where} payload", max_body), tuple(parsed))
 
 
-def verify_threshold(env: Envelope, keys: Mapping[str, Ed25519PublicKey], keyids: Iterable[str], threshold: int,
-                     role: str, revoked: Iterable[str] = ()) -> int:
+def verify_threshold(
+    env: Envelope,
+    keys: Mapping[str, Ed25519PublicKey],
+    keyids: Iterable[str],
+    threshold: int,
+    role: str,
+    revoked: Iterable[str] = (),
+) -> int:
     """Require ``threshold`` distinct keys of ``keyids`` to have signed ``env`` (§4.2); returns the count.
 
     Raises:
@@ -101,12 +112,15 @@ def verify_threshold(env: Envelope, keys: Mapping[str, Ed25519PublicKey], keyids
     if good >= threshold:
         return good
     if bad:
-        raise BadSignatureError(f"a {role} signature does not verify over the exact signed bytes; "
-                                "the envelope was tampered with")
+        raise BadSignatureError(
+            f"a {role} signature does not verify over the exact signed bytes; the envelope was tampered with"
+        )
     if good:
         raise ThresholdError(f"only {good} of the required {threshold} {role} keys signed")
     signers = [k for k, _ in env.signatures]
     if set(signers) & set(revoked):
-        raise RevokedKeyError(f"signed by revoked key(s) {[k[:16] for k in signers if k in set(revoked)]}; "
-                              f"the trust root no longer lists them for {role}")
+        raise RevokedKeyError(
+            f"signed by revoked key(s) {[k[:16] for k in signers if k in set(revoked)]}; "
+            f"the trust root no longer lists them for {role}"
+        )
     raise UntrustedKeyError(f"no {role} key of the trust root signed (signers {[k[:16] for k in signers]})")

@@ -17,7 +17,13 @@ from cuvil_edge.ir import dtypes
 from cuvil_edge.ir.graph import MAX_INLINE_TENSOR, Graph, Node, TensorType, Value
 from cuvil_edge.ir.infer import build_graph
 from cuvil_edge.ir_serialize._canonical import (
-    check_graph_name, check_int, check_tensor_name, fields, get_int, get_list, get_str,
+    check_graph_name,
+    check_int,
+    check_tensor_name,
+    fields,
+    get_int,
+    get_list,
+    get_str,
 )
 
 GRAPH_KEYS = ("name", "opset", "inputs", "outputs", "nodes", "initializers")
@@ -78,8 +84,10 @@ def _value(obj: Any, where: str) -> Value:
     shape = get_list(v, "shape", where)
     if len(shape) > MAX_RANK:
         raise PackageFormatError(f"{where} has rank {len(shape)}, more than {MAX_RANK}")
-    dims = tuple(check_graph_name(d, f"{where} symbolic dim") if isinstance(d, str) else check_int(d, f"{where} dim")
-                 for d in shape)
+    dims = tuple(
+        check_graph_name(d, f"{where} symbolic dim") if isinstance(d, str) else check_int(d, f"{where} dim")
+        for d in shape
+    )
     return Value(check_graph_name(v["name"], f"{where} name"), TensorType(get_str(v, "dtype", where), dims))
 
 
@@ -96,7 +104,10 @@ def _node(obj: Any, index: int) -> Node:
         op_type=get_str(n, "op", where),
         inputs=ins,
         outputs=outs,
-        attrs={check_graph_name(k, f"{where} attribute name"): _attr(v, f"{where} attribute {k!r}") for k, v in attrs.items()},
+        attrs={
+            check_graph_name(k, f"{where} attribute name"): _attr(v, f"{where} attribute {k!r}")
+            for k, v in attrs.items()
+        },
         version=get_int(n, "version", where, 1, MAX_OPSET),
     )
 
@@ -144,11 +155,14 @@ def _inline_tensor(obj: Any, where: str) -> np.ndarray:
     values = get_list(t, "values", where)
     count = int(np.prod(shape, dtype=object))  # python ints: no overflow
     if len(values) > MAX_INLINE_TENSOR or count != len(values):
-        raise PackageFormatError(f"{where}: inline tensor of shape {shape} must have {count} values "
-                                 f"(at most {MAX_INLINE_TENSOR}), got {len(values)}")
+        raise PackageFormatError(
+            f"{where}: inline tensor of shape {shape} must have {count} values "
+            f"(at most {MAX_INLINE_TENSOR}), got {len(values)}"
+        )
     if not all(_fits(v, np.dtype(dtype)) for v in values):
-        raise PackageFormatError(f"{where}: inline tensor values must be numbers that fit {dtype} "
-                                 "(integers in its range, or finite floats)")
+        raise PackageFormatError(
+            f"{where}: inline tensor values must be numbers that fit {dtype} (integers in its range, or finite floats)"
+        )
     array = np.array(values, dtype=dtype).reshape(shape)
     array.flags.writeable = False
     return array

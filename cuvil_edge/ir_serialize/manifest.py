@@ -8,7 +8,16 @@ from typing import Any, Optional
 
 from cuvil_edge.errors import BadNameError, PackageFormatError, UnsupportedFormatError
 from cuvil_edge.ir_serialize._canonical import (
-    canonical_json, check_int, check_name, check_str, check_tensor_name, fields, get_int, get_list, hex_digest, parse_json,
+    canonical_json,
+    check_int,
+    check_name,
+    check_str,
+    check_tensor_name,
+    fields,
+    get_int,
+    get_list,
+    hex_digest,
+    parse_json,
 )
 
 MANIFEST_FORMAT = 2
@@ -20,8 +29,20 @@ MAX_REGIONS = 4096
 MAX_TARGETS = 64
 MAX_NONCE_CHARS = 128
 REGION_KINDS = ("header", "tensor")
-_MANIFEST_KEYS = ("format", "package", "site", "target", "version", "issued_at", "expires", "nonce",
-                  "release_sha256", "payload_length", "sealed", "regions")
+_MANIFEST_KEYS = (
+    "format",
+    "package",
+    "site",
+    "target",
+    "version",
+    "issued_at",
+    "expires",
+    "nonce",
+    "release_sha256",
+    "payload_length",
+    "sealed",
+    "regions",
+)
 _RELEASE_KEYS = ("format", "package", "release_counter", "targets", "regions")
 
 
@@ -49,8 +70,13 @@ class Region:
         if kind == "header" and r["name"] != "":
             raise BadNameError(f"{where}: the header region's name must be empty (PACKAGE_SPEC §3.3)")
         name = check_tensor_name(r["name"], f"{where} name") if kind == "tensor" else ""
-        return Region(kind, name, get_int(r, "offset", where) if with_offset else 0, get_int(r, "length", where),
-                      hex_digest(r["sha256"], f"{where} sha256"))
+        return Region(
+            kind,
+            name,
+            get_int(r, "offset", where) if with_offset else 0,
+            get_int(r, "length", where),
+            hex_digest(r["sha256"], f"{where} sha256"),
+        )
 
 
 def _regions(obj: Any, key: str, where: str, with_offset: bool) -> tuple[Region, ...]:
@@ -74,9 +100,16 @@ class ReleaseStatement:
     format: int = RELEASE_FORMAT
 
     def to_bytes(self) -> bytes:
-        return canonical_json({"format": self.format, "package": self.package, "release_counter": self.release_counter,
-                               "targets": list(self.targets),
-                               "regions": [r.to_dict(with_offset=False) for r in self.regions]}, "release statement")
+        return canonical_json(
+            {
+                "format": self.format,
+                "package": self.package,
+                "release_counter": self.release_counter,
+                "targets": list(self.targets),
+                "regions": [r.to_dict(with_offset=False) for r in self.regions],
+            },
+            "release statement",
+        )
 
     @classmethod
     def from_bytes(cls, data: bytes) -> "ReleaseStatement":
@@ -91,9 +124,12 @@ class ReleaseStatement:
         targets = tuple(check_name(t, "release target") for t in get_list(d, "targets", "release statement"))
         if not 1 <= len(targets) <= MAX_TARGETS or list(targets) != sorted(set(targets)):
             raise PackageFormatError(f"release targets must be 1..{MAX_TARGETS} names, sorted, without duplicates")
-        return cls(check_name(d["package"], "release package name"),
-                   get_int(d, "release_counter", "release statement"), targets,
-                   _regions(d, "regions", "release statement", with_offset=False))
+        return cls(
+            check_name(d["package"], "release package name"),
+            get_int(d, "release_counter", "release statement"),
+            targets,
+            _regions(d, "regions", "release statement", with_offset=False),
+        )
 
 
 @dataclass(frozen=True)
@@ -122,12 +158,22 @@ class Manifest:
     format: int = MANIFEST_FORMAT
 
     def to_dict(self) -> dict[str, Any]:
-        return {"format": self.format, "package": self.package, "site": self.site, "target": self.target,
-                "version": self.version, "issued_at": self.issued_at, "expires": self.expires, "nonce": self.nonce,
-                "release_sha256": self.release_sha256, "payload_length": self.payload_length,
-                "sealed": None if self.sealed is None else {"recipient": self.sealed.recipient,
-                                                            "length": self.sealed.length},
-                "regions": [r.to_dict() for r in self.regions]}
+        return {
+            "format": self.format,
+            "package": self.package,
+            "site": self.site,
+            "target": self.target,
+            "version": self.version,
+            "issued_at": self.issued_at,
+            "expires": self.expires,
+            "nonce": self.nonce,
+            "release_sha256": self.release_sha256,
+            "payload_length": self.payload_length,
+            "sealed": None
+            if self.sealed is None
+            else {"recipient": self.sealed.recipient, "length": self.sealed.length},
+            "regions": [r.to_dict() for r in self.regions],
+        }
 
     def to_bytes(self) -> bytes:
         return canonical_json(self.to_dict(), "manifest")
@@ -141,7 +187,9 @@ class Manifest:
         """
         d = fields(parse_json(data, "manifest"), _MANIFEST_KEYS, "manifest")
         if get_int(d, "format", "manifest") != MANIFEST_FORMAT:
-            raise UnsupportedFormatError(f"manifest format {d['format']} is not supported (this reader: {MANIFEST_FORMAT})")
+            raise UnsupportedFormatError(
+                f"manifest format {d['format']} is not supported (this reader: {MANIFEST_FORMAT})"
+            )
         nonce = d["nonce"]
         if nonce is not None:
             check_str(nonce, "manifest nonce", max_len=MAX_NONCE_CHARS)
@@ -152,10 +200,19 @@ class Manifest:
         issued, expires = get_int(d, "issued_at", "manifest"), get_int(d, "expires", "manifest")
         if expires <= issued:
             raise PackageFormatError(f"manifest expires ({expires}) is not after issued_at ({issued})")
-        return cls(check_name(d["package"], "manifest package"), check_name(d["site"], "manifest site"),
-                   check_name(d["target"], "manifest target"), get_int(d, "version", "manifest"), issued, expires,
-                   nonce, hex_digest(d["release_sha256"], "manifest release_sha256"),
-                   get_int(d, "payload_length", "manifest"), sealed, _regions(d, "regions", "manifest", True))
+        return cls(
+            check_name(d["package"], "manifest package"),
+            check_name(d["site"], "manifest site"),
+            check_name(d["target"], "manifest target"),
+            get_int(d, "version", "manifest"),
+            issued,
+            expires,
+            nonce,
+            hex_digest(d["release_sha256"], "manifest release_sha256"),
+            get_int(d, "payload_length", "manifest"),
+            sealed,
+            _regions(d, "regions", "manifest", True),
+        )
 
 
 def check_fields(m: Manifest) -> Manifest:

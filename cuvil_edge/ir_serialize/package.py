@@ -18,7 +18,11 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PublicKey
 
 from cuvil_edge.errors import (
-    DeclaredLengthError, PackageFormatError, PackageSizeError, RegionLayoutError, TruncatedPackageError,
+    DeclaredLengthError,
+    PackageFormatError,
+    PackageSizeError,
+    RegionLayoutError,
+    TruncatedPackageError,
     UnsupportedFormatError,
 )
 from cuvil_edge.ir.graph import Graph
@@ -26,7 +30,13 @@ from cuvil_edge.ir_serialize._canonical import canonical_json, fields, get_list,
 from cuvil_edge.ir_serialize.container import align, byte_view, encode_payload, read_layout
 from cuvil_edge.ir_serialize.dsse import Envelope, parse_envelope, sign_envelope
 from cuvil_edge.ir_serialize.manifest import (
-    MANIFEST_TYPE, RELEASE_TYPE, Manifest, Region, ReleaseStatement, Sealed, check_fields,
+    MANIFEST_TYPE,
+    RELEASE_TYPE,
+    Manifest,
+    Region,
+    ReleaseStatement,
+    Sealed,
+    check_fields,
 )
 from cuvil_edge.ir_serialize.sealing import hpke_info, seal, seal_key_id
 from cuvil_edge.ir_serialize.trust import MAX_ROOT_CHAIN
@@ -76,12 +86,15 @@ def payload_regions(payload: bytes) -> tuple[Region, ...]:
     """The header and tensor regions of a container we wrote (PACKAGE_SPEC §3.3)."""
     view = byte_view(payload)
     layout = read_layout(view)
-    head = Region("header", "", 0, layout.data_start, hashlib.sha256(view[:layout.data_start]).hexdigest())
-    return (head,) + tuple(Region("tensor", e.name, layout.data_start + e.offset, e.length, e.sha256)
-                           for e in layout.entries)
+    head = Region("header", "", 0, layout.data_start, hashlib.sha256(view[: layout.data_start]).hexdigest())
+    return (head,) + tuple(
+        Region("tensor", e.name, layout.data_start + e.offset, e.length, e.sha256) for e in layout.entries
+    )
 
 
-def sign_release(payload: bytes, package: str, release_counter: int, targets: Iterable[str], keys: Keys) -> SignedRelease:
+def sign_release(
+    payload: bytes, package: str, release_counter: int, targets: Iterable[str], keys: Keys
+) -> SignedRelease:
     """The release statement for ``payload`` signed by the release-role ``keys`` (§3.1).
 
     Raises:
@@ -93,11 +106,24 @@ def sign_release(payload: bytes, package: str, release_counter: int, targets: It
     return SignedRelease(statement, sign_envelope(RELEASE_TYPE, body, _keys(keys)))
 
 
-def write_package(graph: Graph | None, site: str, target: str, version: int, signing_key: Keys, *,
-                  issued_at: int, expires: int, release: Optional[SignedRelease] = None,
-                  release_key: Optional[Keys] = None, payload: Optional[bytes] = None, package: str = "model",
-                  release_counter: int = 1, nonce: Optional[str] = None, seal_to: Optional[X25519PublicKey] = None,
-                  roots: Sequence[Any] = ()) -> bytes:
+def write_package(
+    graph: Graph | None,
+    site: str,
+    target: str,
+    version: int,
+    signing_key: Keys,
+    *,
+    issued_at: int,
+    expires: int,
+    release: Optional[SignedRelease] = None,
+    release_key: Optional[Keys] = None,
+    payload: Optional[bytes] = None,
+    package: str = "model",
+    release_counter: int = 1,
+    nonce: Optional[str] = None,
+    seal_to: Optional[X25519PublicKey] = None,
+    roots: Sequence[Any] = (),
+) -> bytes:
     """Encode ``graph`` (or take ``payload``), bind it in a manifest for ``site``/``target``, sign it.
 
     ``release`` is a statement signed earlier (offline); otherwise ``release_key`` signs one here
@@ -119,8 +145,21 @@ def write_package(graph: Graph | None, site: str, target: str, version: int, sig
         from cuvil_edge.ir_serialize.sealing import sealed_length
 
         sealed = Sealed(seal_key_id(seal_to), sealed_length(len(plain)))
-    manifest = check_fields(Manifest(st.package, site, target, version, issued_at, expires, nonce, release.digest,
-                                     len(plain), sealed, payload_regions(plain)))
+    manifest = check_fields(
+        Manifest(
+            st.package,
+            site,
+            target,
+            version,
+            issued_at,
+            expires,
+            nonce,
+            release.digest,
+            len(plain),
+            sealed,
+            payload_regions(plain),
+        )
+    )
     body = manifest.to_bytes()
     envelope = sign_envelope(MANIFEST_TYPE, body, _keys(signing_key))
     if seal_to is not None:
@@ -134,8 +173,9 @@ def assemble(manifest: Envelope, release: Envelope, payload: bytes, roots: Seque
     Raises:
         PackageSizeError: the envelope is over its cap.
     """
-    env = canonical_json({"manifest": manifest.to_dict(), "release": release.to_dict(), "roots": list(roots)},
-                         "package envelope")
+    env = canonical_json(
+        {"manifest": manifest.to_dict(), "release": release.to_dict(), "roots": list(roots)}, "package envelope"
+    )
     if len(env) > MAX_ENVELOPE_BYTES:
         raise PackageSizeError(f"the envelope is {len(env)} bytes, over the {MAX_ENVELOPE_BYTES}-byte cap")
     head = PRELUDE.pack(MAGIC, PACKAGE_VERSION, len(env), 0) + env
@@ -170,7 +210,7 @@ def _split_package(view: memoryview, max_package_bytes: int) -> PackageParts:
         raise TruncatedPackageError(f"the package is {size} bytes but its envelope needs {payload_start}")
     if any(view[env_end:payload_start]):
         raise RegionLayoutError("the padding after the envelope is not all zero")
-    doc = fields(parse_json(view[PRELUDE.size:env_end], "package envelope"), ENVELOPE_KEYS, "package envelope")
+    doc = fields(parse_json(view[PRELUDE.size : env_end], "package envelope"), ENVELOPE_KEYS, "package envelope")
     roots = get_list(doc, "roots", "package envelope")
     if len(roots) > MAX_ROOT_CHAIN:
         from cuvil_edge.errors import RootChainTooLongError
@@ -179,5 +219,7 @@ def _split_package(view: memoryview, max_package_bytes: int) -> PackageParts:
     return PackageParts(
         manifest=parse_envelope(doc["manifest"], MANIFEST_TYPE, MAX_ENVELOPE_BYTES, "manifest envelope"),
         release=parse_envelope(doc["release"], RELEASE_TYPE, MAX_ENVELOPE_BYTES, "release envelope"),
-        roots=tuple(roots), payload=view[payload_start:], size=size,
+        roots=tuple(roots),
+        payload=view[payload_start:],
+        size=size,
     )

@@ -25,8 +25,13 @@ from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 
 from cuvil_edge.atomic import atomic_write
 from cuvil_edge.errors import (
-    DeclaredLengthError, KeyFileError, SealingError, TruncatedPackageError, TrailingDataError,
-    UnsupportedFormatError, WrongSealKeyError,
+    DeclaredLengthError,
+    KeyFileError,
+    SealingError,
+    TruncatedPackageError,
+    TrailingDataError,
+    UnsupportedFormatError,
+    WrongSealKeyError,
 )
 
 MAGIC = b"CUVLSEAL"
@@ -69,7 +74,7 @@ def seal(plain: bytes, recipient: X25519PublicKey, *, info: bytes, aad: bytes, c
     aad = bytes(aad) + prelude
     count = max(1, -(-len(plain) // chunk))
     for i in range(count):
-        out += aead.encrypt(_nonce(i, i == count - 1), bytes(view[i * chunk:(i + 1) * chunk]), aad)
+        out += aead.encrypt(_nonce(i, i == count - 1), bytes(view[i * chunk : (i + 1) * chunk]), aad)
     return bytes(out)
 
 
@@ -98,23 +103,26 @@ def unseal(sealed: memoryview, private: X25519PrivateKey, *, info: bytes, aad: b
         raise TrailingDataError(f"the sealed payload has {len(sealed) - expected} bytes after its last chunk")
     start = PRELUDE.size
     try:
-        key = _SUITE.decrypt(bytes(sealed[start:start + WRAPPED_BYTES]), private, info=info)
+        key = _SUITE.decrypt(bytes(sealed[start : start + WRAPPED_BYTES]), private, info=info)
     except (InvalidTag, ValueError) as e:
-        raise WrongSealKeyError("the payload's content key is not sealed for this site's key (or for another "
-                                "site, package or version); ask the coordinator to seal for this site") from e
+        raise WrongSealKeyError(
+            "the payload's content key is not sealed for this site's key (or for another "
+            "site, package or version); ask the coordinator to seal for this site"
+        ) from e
     if len(key) != 32:
         raise SealingError("the unwrapped content key is not 32 bytes")
     aead, out = ChaCha20Poly1305(key), bytearray(length)
-    aad = bytes(aad) + bytes(sealed[:PRELUDE.size])
+    aad = bytes(aad) + bytes(sealed[: PRELUDE.size])
     pos, count = start + WRAPPED_BYTES, max(1, -(-length // chunk))
     for i in range(count):
         n = min(chunk, length - i * chunk)
         try:
-            plain = aead.decrypt(_nonce(i, i == count - 1), bytes(sealed[pos:pos + n + TAG]), aad)
+            plain = aead.decrypt(_nonce(i, i == count - 1), bytes(sealed[pos : pos + n + TAG]), aad)
         except InvalidTag as e:
-            raise SealingError(f"sealed chunk {i} fails authentication; the payload was altered or belongs "
-                               "to another manifest") from e
-        out[i * chunk:i * chunk + n] = plain
+            raise SealingError(
+                f"sealed chunk {i} fails authentication; the payload was altered or belongs to another manifest"
+            ) from e
+        out[i * chunk : i * chunk + n] = plain
         pos += n + TAG
     return out
 
@@ -130,8 +138,9 @@ def save_seal_keys(private: X25519PrivateKey, directory: Path) -> tuple[Path, Pa
     Raises:
         KeyFileError: the files cannot be written.
     """
-    pem = private.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                serialization.NoEncryption())
+    pem = private.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
     raw = private.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
     paths = (Path(directory) / "seal.key", Path(directory) / "seal.pub")
     try:
@@ -163,4 +172,3 @@ def load_seal_public(path: Path) -> X25519PublicKey:
     if len(text) != 64 or any(c not in "0123456789abcdefABCDEF" for c in text):
         raise KeyFileError(f"{path} must hold one line of 64 hex digits (a raw X25519 public key)")
     return X25519PublicKey.from_public_bytes(bytes.fromhex(text))
-

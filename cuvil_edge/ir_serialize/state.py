@@ -20,7 +20,13 @@ from typing import Any, Iterator, Mapping, Optional
 from cuvil_edge.atomic import atomic_write
 from cuvil_edge.errors import PackageError, PackageFormatError, StateError, UnsupportedFormatError
 from cuvil_edge.ir_serialize._canonical import (
-    canonical_json, check_name, fields, get_int, get_list, hex_digest, parse_json,
+    canonical_json,
+    check_name,
+    fields,
+    get_int,
+    get_list,
+    hex_digest,
+    parse_json,
 )
 from cuvil_edge.ir_serialize.trust import TrustRoot, load_pinned_root
 
@@ -63,8 +69,10 @@ class TrustState:
     def require_root(self, where: Path) -> TrustRoot:
         """Raises: StateError: the state was never initialised from a pinned root.json."""
         if self.root is None:
-            raise StateError(f"{where} holds no trusted root yet; initialise the agent's state from the "
-                             "federation's root.json first (`cuvil-edge agent init`)")
+            raise StateError(
+                f"{where} holds no trusted root yet; initialise the agent's state from the "
+                "federation's root.json first (`cuvil-edge agent init`)"
+            )
         return self.root
 
 
@@ -100,8 +108,14 @@ class AntiRollbackState:
             if txn.current.root is not None:
                 return txn.current.root
             root = load_pinned_root(pinned, now)
-            txn.commit(replace(txn.current, root=root, root_envelope=parse_json(pinned, "root.json", canonical=False),
-                               snapshot=replace(txn.current.snapshot, root_version=root.version)))
+            txn.commit(
+                replace(
+                    txn.current,
+                    root=root,
+                    root_envelope=parse_json(pinned, "root.json", canonical=False),
+                    snapshot=replace(txn.current.snapshot, root_version=root.version),
+                )
+            )
             log.info("trust initialised from the pinned root.json v%d", root.version)
             return root
 
@@ -153,10 +167,19 @@ class AntiRollbackState:
         s = state.snapshot
         revoked = sorted(state.root.revoked) if state.root is not None else []
         try:
-            data = canonical_json({
-                "format": STATE_FORMAT, "root": state.root_envelope, "revoked": revoked, "time_floor": s.time_floor,
-                "sites": {k: {"version": v.version, "digest": hex_digest(v.digest, "digest")} for k, v in s.sites.items()},
-                "releases": dict(s.releases)}, "anti-rollback state")
+            data = canonical_json(
+                {
+                    "format": STATE_FORMAT,
+                    "root": state.root_envelope,
+                    "revoked": revoked,
+                    "time_floor": s.time_floor,
+                    "sites": {
+                        k: {"version": v.version, "digest": hex_digest(v.digest, "digest")} for k, v in s.sites.items()
+                    },
+                    "releases": dict(s.releases),
+                },
+                "anti-rollback state",
+            )
         except PackageFormatError as e:
             raise StateError(f"refusing to record invalid state: {e}") from e
         try:
@@ -177,8 +200,10 @@ class AntiRollbackState:
         try:
             return _from_doc(parse_json(data, "anti-rollback state", canonical=False))
         except PackageError as e:
-            raise StateError(f"anti-rollback state {self.path} is corrupt ({e}); restore it from backup or "
-                             "re-provision the site. It is never reset automatically.") from e
+            raise StateError(
+                f"anti-rollback state {self.path} is corrupt ({e}); restore it from backup or "
+                "re-provision the site. It is never reset automatically."
+            ) from e
 
 
 class _Transaction:

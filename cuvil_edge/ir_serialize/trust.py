@@ -30,7 +30,12 @@ from cuvil_edge.errors import (
     UnsupportedFormatError,
 )
 from cuvil_edge.ir_serialize._canonical import (
-    canonical_json, fields, get_int, get_list, hex_digest, parse_json,
+    canonical_json,
+    fields,
+    get_int,
+    get_list,
+    hex_digest,
+    parse_json,
 )
 from cuvil_edge.ir_serialize.dsse import Envelope, parse_envelope, sign_envelope, verify_threshold
 from cuvil_edge.ir_serialize.signing import key_id, raw_public
@@ -72,9 +77,13 @@ class TrustRoot:
         return verify_threshold(env, self.keys, r.keyids, r.threshold, role, self.revoked)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"format": ROOT_FORMAT, "version": self.version, "expires": self.expires,
-                "keys": {k: raw_public(v).hex() for k, v in sorted(self.keys.items())},
-                "roles": {n: {"keyids": sorted(r.keyids), "threshold": r.threshold} for n, r in sorted(self.roles.items())}}
+        return {
+            "format": ROOT_FORMAT,
+            "version": self.version,
+            "expires": self.expires,
+            "keys": {k: raw_public(v).hex() for k, v in sorted(self.keys.items())},
+            "roles": {n: {"keyids": sorted(r.keyids), "threshold": r.threshold} for n, r in sorted(self.roles.items())},
+        }
 
     def to_bytes(self) -> bytes:
         return canonical_json(self.to_dict(), "trust root")
@@ -88,7 +97,9 @@ class TrustRoot:
         """
         d = fields(parse_json(body, "trust root"), ("format", "version", "expires", "keys", "roles"), "trust root")
         if get_int(d, "format", "trust root") != ROOT_FORMAT:
-            raise UnsupportedFormatError(f"trust root format {d['format']} is not supported (this reader: {ROOT_FORMAT})")
+            raise UnsupportedFormatError(
+                f"trust root format {d['format']} is not supported (this reader: {ROOT_FORMAT})"
+            )
         if not isinstance(d["keys"], dict) or len(d["keys"]) > MAX_KEYS:
             raise PackageFormatError(f"trust root 'keys' must be an object of at most {MAX_KEYS} keys")
         keys = {hex_digest(k, "trust root key id"): _public_from_hex(v, k) for k, v in d["keys"].items()}
@@ -99,8 +110,10 @@ class TrustRoot:
             keyids = tuple(hex_digest(k, f"role {name!r} key id") for k in get_list(r, "keyids", name))
             threshold = get_int(r, "threshold", f"role {name!r}", 1, MAX_KEYS)
             if len(set(keyids)) != len(keyids) or not set(keyids) <= keys.keys() or threshold > len(keyids):
-                raise PackageFormatError(f"trust root role {name!r}: key ids must be unique, listed under 'keys', "
-                                         f"and at least the threshold {threshold}")
+                raise PackageFormatError(
+                    f"trust root role {name!r}: key ids must be unique, listed under 'keys', "
+                    f"and at least the threshold {threshold}"
+                )
             roles[name] = Role(keyids, threshold)
         return TrustRoot(get_int(d, "version", "trust root", 1), get_int(d, "expires", "trust root"), keys, roles)
 
@@ -114,8 +127,12 @@ def _public_from_hex(value: Any, kid: str) -> Ed25519PublicKey:
     return Ed25519PublicKey.from_public_bytes(raw)
 
 
-def make_root(version: int, expires: int, role_keys: Mapping[str, Sequence[Ed25519PublicKey]],
-              thresholds: Mapping[str, int] | None = None) -> TrustRoot:
+def make_root(
+    version: int,
+    expires: int,
+    role_keys: Mapping[str, Sequence[Ed25519PublicKey]],
+    thresholds: Mapping[str, int] | None = None,
+) -> TrustRoot:
     """A root object for ``role_keys`` (role -> public keys); thresholds default to 1.
 
     Raises:
@@ -185,20 +202,25 @@ def update_root(current: TrustRoot, data: bytes | Any) -> TrustRoot:
     try:
         current.verify(env, "root")
     except PackageError as e:
-        raise RootRotationError(f"a root update is not signed by a threshold of the trusted root "
-                                f"v{current.version} keys: {e}") from e
+        raise RootRotationError(
+            f"a root update is not signed by a threshold of the trusted root v{current.version} keys: {e}"
+        ) from e
     new = TrustRoot.from_bytes(env.body)
     if new.version != current.version + 1:
-        raise RootRotationError(f"root update has version {new.version}; only {current.version + 1} can follow "
-                                f"{current.version} (roots are applied one version at a time)")
+        raise RootRotationError(
+            f"root update has version {new.version}; only {current.version + 1} can follow "
+            f"{current.version} (roots are applied one version at a time)"
+        )
     try:
         new.verify(env, "root")
     except PackageError as e:
         raise RootRotationError(f"root v{new.version} is not signed by a threshold of its own root keys: {e}") from e
     relisted = sorted(set(new.keys) & current.revoked)
     if relisted:
-        raise RootRotationError(f"root v{new.version} lists key(s) {[k[:16] for k in relisted]} that an earlier "
-                                "rotation revoked; a revoked key is never trusted again, publish a fresh key")
+        raise RootRotationError(
+            f"root v{new.version} lists key(s) {[k[:16] for k in relisted]} that an earlier "
+            "rotation revoked; a revoked key is never trusted again, publish a fresh key"
+        )
     dropped = frozenset(set(current.keys) - set(new.keys)) | current.revoked
     return TrustRoot(new.version, new.expires, new.keys, new.roles, dropped)
 
@@ -214,8 +236,9 @@ class RootUpdate:
     rotated_roles: frozenset[str]
 
 
-def _apply_root_chain(trusted: TrustRoot, trusted_envelope: Any, chain: Sequence[Any], now: int,
-                     max_chain: int = MAX_ROOT_CHAIN) -> RootUpdate:
+def _apply_root_chain(
+    trusted: TrustRoot, trusted_envelope: Any, chain: Sequence[Any], now: int, max_chain: int = MAX_ROOT_CHAIN
+) -> RootUpdate:
     """Bring ``trusted`` up to date with the root chain a package carries (§10.3).
 
     Links are located by bytes, never by what they claim: the links up to and including the
@@ -243,8 +266,9 @@ def _apply_root_chain(trusted: TrustRoot, trusted_envelope: Any, chain: Sequence
         rotated |= {name for name in ROLES if not new.roles[name].same_as(root.roles[name])}
         root, envelope = new, link
     if now >= root.expires:
-        raise ExpiredRootError(f"trust root v{root.version} expired at {root.expires} (now {now}); "
-                               "the federation must publish a new root")
+        raise ExpiredRootError(
+            f"trust root v{root.version} expired at {root.expires} (now {now}); the federation must publish a new root"
+        )
     return RootUpdate(root, envelope, frozenset(rotated))
 
 

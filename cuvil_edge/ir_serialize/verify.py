@@ -20,9 +20,23 @@ from typing import Any, Optional
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from cuvil_edge.errors import (
-    ClockRollbackError, DeclaredLengthError, DigestConflictError, ExpiredPackageError, ManifestMismatchError,
-    NonceError, PackageError, PackageSizeError, RegionDigestError, RegionLayoutError, ReleaseRollbackError,
-    RollbackError, TrailingDataError, TruncatedPackageError, WrongSealKeyError, WrongSiteError, WrongTargetError,
+    ClockRollbackError,
+    DeclaredLengthError,
+    DigestConflictError,
+    ExpiredPackageError,
+    ManifestMismatchError,
+    NonceError,
+    PackageError,
+    PackageSizeError,
+    RegionDigestError,
+    RegionLayoutError,
+    ReleaseRollbackError,
+    RollbackError,
+    TrailingDataError,
+    TruncatedPackageError,
+    WrongSealKeyError,
+    WrongSiteError,
+    WrongTargetError,
 )
 from cuvil_edge.ir.graph import Graph
 from cuvil_edge.ir_serialize._canonical import canonical_json
@@ -57,10 +71,18 @@ class VerifiedPackage:
     size: int
 
 
-def verify_and_accept(data: Buffer, state: AntiRollbackState, *, site: str, target: str, now: int,
-                      max_package_bytes: int, seal_key: Optional[X25519PrivateKey] = None,
-                      expected_nonce: Optional[str] = None,
-                      clock_skew_s: int = DEFAULT_CLOCK_SKEW_S) -> VerifiedPackage:
+def verify_and_accept(
+    data: Buffer,
+    state: AntiRollbackState,
+    *,
+    site: str,
+    target: str,
+    now: int,
+    max_package_bytes: int,
+    seal_key: Optional[X25519PrivateKey] = None,
+    expected_nonce: Optional[str] = None,
+    clock_skew_s: int = DEFAULT_CLOCK_SKEW_S,
+) -> VerifiedPackage:
     """Verify ``data`` against ``state`` (PACKAGE_SPEC §7) and durably record its acceptance (§11)
     before returning; on any failure nothing is recorded.
 
@@ -78,16 +100,37 @@ def verify_and_accept(data: Buffer, state: AntiRollbackState, *, site: str, targ
     if size > max_package_bytes:
         raise PackageSizeError(f"the package is {size} bytes, over this agent's limit of {max_package_bytes}")
     with state.transaction() as txn:
-        checked, accepted = _check_package(data, txn.current, site=site, target=target, now=now,
-                                           max_package_bytes=max_package_bytes, seal_key=seal_key,
-                                           expected_nonce=expected_nonce, clock_skew_s=clock_skew_s,
-                                           where=state.path)
+        checked, accepted = _check_package(
+            data,
+            txn.current,
+            site=site,
+            target=target,
+            now=now,
+            max_package_bytes=max_package_bytes,
+            seal_key=seal_key,
+            expected_nonce=expected_nonce,
+            clock_skew_s=clock_skew_s,
+            where=state.path,
+        )
         txn.commit(accepted)  # durable before use (§11.3)
     m = checked.manifest
-    log.info("site %s accepted package version %d (%s) under root v%d", m.site, m.version,
-             checked.manifest_digest[:16], accepted.snapshot.root_version)
-    return VerifiedPackage(m, checked.release, checked.graph, checked.payload_digest, checked.manifest_digest,
-                           accepted.snapshot.root_version, state.path, size)
+    log.info(
+        "site %s accepted package version %d (%s) under root v%d",
+        m.site,
+        m.version,
+        checked.manifest_digest[:16],
+        accepted.snapshot.root_version,
+    )
+    return VerifiedPackage(
+        m,
+        checked.release,
+        checked.graph,
+        checked.payload_digest,
+        checked.manifest_digest,
+        accepted.snapshot.root_version,
+        state.path,
+        size,
+    )
 
 
 @dataclass(frozen=True)
@@ -99,9 +142,19 @@ class _Checked:
     manifest_digest: str
 
 
-def _check_package(data: Buffer, trusted: TrustState, *, site: str, target: str, now: int, max_package_bytes: int,
-                   seal_key: Optional[X25519PrivateKey] = None, expected_nonce: Optional[str] = None,
-                   clock_skew_s: int = DEFAULT_CLOCK_SKEW_S, where: Any = "the state") -> tuple[_Checked, TrustState]:
+def _check_package(
+    data: Buffer,
+    trusted: TrustState,
+    *,
+    site: str,
+    target: str,
+    now: int,
+    max_package_bytes: int,
+    seal_key: Optional[X25519PrivateKey] = None,
+    expected_nonce: Optional[str] = None,
+    clock_skew_s: int = DEFAULT_CLOCK_SKEW_S,
+    where: Any = "the state",
+) -> tuple[_Checked, TrustState]:
     """The pure verification (no IO): the package checked against ``trusted``, and the state that
     accepting it yields.
 
@@ -110,15 +163,15 @@ def _check_package(data: Buffer, trusted: TrustState, *, site: str, target: str,
         StateError: ``trusted`` holds no root.
     """
     trusted_root = trusted.require_root(where)
-    parts = _split_package(byte_view(data), max_package_bytes)                       # 1-2
+    parts = _split_package(byte_view(data), max_package_bytes)  # 1-2
     update = _apply_root_chain(trusted_root, trusted.root_envelope, parts.roots, now)  # 3
     root = update.root
-    root.verify(parts.release, "release")                                          # 4
+    root.verify(parts.release, "release")  # 4
     root.verify(parts.manifest, "coordinator")
-    release = ReleaseStatement.from_bytes(parts.release.body)                      # 5
+    release = ReleaseStatement.from_bytes(parts.release.body)  # 5
     manifest = Manifest.from_bytes(parts.manifest.body)
-    _check_agreement(manifest, release, parts.release.body)                        # 6
-    _check_addressing(manifest, site, target, expected_nonce)                      # 7
+    _check_agreement(manifest, release, parts.release.body)  # 6
+    _check_addressing(manifest, site, target, expected_nonce)  # 7
     old = trusted.snapshot
     _check_time(manifest, now, old.time_floor, clock_skew_s)
     manifest_digest = hashlib.sha256(parts.manifest.body).hexdigest()
@@ -126,15 +179,20 @@ def _check_package(data: Buffer, trusted: TrustState, *, site: str, target: str,
     # a stolen key's inflated version cannot lock the site out once the root replaces the key.
     sites = {} if "coordinator" in update.rotated_roles else old.sites
     releases = {} if "release" in update.rotated_roles else old.releases
-    _check_versions(manifest, release, manifest_digest, sites, releases)            # 8
+    _check_versions(manifest, release, manifest_digest, sites, releases)  # 8
     plain = _open_payload(parts.payload, manifest, parts.manifest.body, seal_key, max_package_bytes)  # 9
-    _check_regions(plain, manifest)                                                # 10
-    graph = _decode_payload(plain, check_digests=False)                            # 11 (digests checked in 10)
-    accepted = TrustState(root, update.envelope, RollbackSnapshot(
-        root.version,
-        max(old.time_floor, min(manifest.issued_at, now)),  # never past the agent's own clock (§11.2)
-        {**sites, manifest.site: AcceptedVersion(manifest.version, manifest_digest)},
-        {**releases, release.package: release.release_counter}))
+    _check_regions(plain, manifest)  # 10
+    graph = _decode_payload(plain, check_digests=False)  # 11 (digests checked in 10)
+    accepted = TrustState(
+        root,
+        update.envelope,
+        RollbackSnapshot(
+            root.version,
+            max(old.time_floor, min(manifest.issued_at, now)),  # never past the agent's own clock (§11.2)
+            {**sites, manifest.site: AcceptedVersion(manifest.version, manifest_digest)},
+            {**releases, release.package: release.release_counter},
+        ),
+    )
     checked = _Checked(manifest, release, graph, _content_digest(manifest), manifest_digest)
     return checked, accepted
 
@@ -151,11 +209,15 @@ def _check_agreement(m: Manifest, r: ReleaseStatement, release_body: bytes) -> N
     if m.package != r.package:
         raise ManifestMismatchError(f"manifest package {m.package!r} differs from the release's {r.package!r}")
     if m.target not in r.targets:
-        raise WrongTargetError(f"release {r.package!r} is not approved for target {m.target!r} (only {list(r.targets)})")
+        raise WrongTargetError(
+            f"release {r.package!r} is not approved for target {m.target!r} (only {list(r.targets)})"
+        )
     mine = [x.to_dict(with_offset=False) for x in m.regions]
     if mine != [x.to_dict(with_offset=False) for x in r.regions]:
-        raise ManifestMismatchError("the manifest's regions differ from the release statement's (a region was "
-                                    "replaced, deleted, added or swapped)")
+        raise ManifestMismatchError(
+            "the manifest's regions differ from the release statement's (a region was "
+            "replaced, deleted, added or swapped)"
+        )
 
 
 def _check_addressing(m: Manifest, site: str, target: str, expected_nonce: Optional[str]) -> None:
@@ -163,7 +225,9 @@ def _check_addressing(m: Manifest, site: str, target: str, expected_nonce: Optio
         raise WrongSiteError(f"the package is addressed to site {m.site!r}, this agent is site {site!r}")
     if m.target != target:
         raise WrongTargetError(f"the package is built for target {m.target!r}, this device is {target!r}")
-    if expected_nonce is not None and (m.nonce is None or not hmac.compare_digest(m.nonce.encode("utf-8"), expected_nonce.encode("utf-8"))):
+    if expected_nonce is not None and (
+        m.nonce is None or not hmac.compare_digest(m.nonce.encode("utf-8"), expected_nonce.encode("utf-8"))
+    ):
         raise NonceError("the manifest does not carry this agent's current nonce; a replayed or stale package")
 
 
@@ -171,11 +235,15 @@ def _check_time(m: Manifest, now: int, time_floor: int, clock_skew_s: int) -> No
     if now >= m.expires:
         raise ExpiredPackageError(f"package version {m.version} expired at {m.expires} (now {now})")
     if time_floor >= m.expires:
-        raise ClockRollbackError(f"package version {m.version} expired at {m.expires}, before the latest issue time "
-                                 f"this agent has seen ({time_floor}); this device's clock is set back")
+        raise ClockRollbackError(
+            f"package version {m.version} expired at {m.expires}, before the latest issue time "
+            f"this agent has seen ({time_floor}); this device's clock is set back"
+        )
     if m.issued_at > max(now, time_floor) + clock_skew_s:
-        raise ExpiredPackageError(f"package version {m.version} is issued at {m.issued_at}, in the future beyond the "
-                                  f"{clock_skew_s} s skew; check this device's clock")
+        raise ExpiredPackageError(
+            f"package version {m.version} is issued at {m.issued_at}, in the future beyond the "
+            f"{clock_skew_s} s skew; check this device's clock"
+        )
 
 
 def _check_versions(m: Manifest, r: ReleaseStatement, digest: str, sites: dict, releases: dict) -> None:
@@ -185,12 +253,14 @@ def _check_versions(m: Manifest, r: ReleaseStatement, digest: str, sites: dict, 
     if prev is not None and m.version == prev.version and not hmac.compare_digest(digest, prev.digest):
         raise DigestConflictError(f"package version {m.version} was already accepted with another manifest")
     if r.release_counter < releases.get(r.package, 0):
-        raise ReleaseRollbackError(f"release {r.package!r} counter {r.release_counter} is below the accepted "
-                                   f"{releases[r.package]}")
+        raise ReleaseRollbackError(
+            f"release {r.package!r} counter {r.release_counter} is below the accepted {releases[r.package]}"
+        )
 
 
-def _open_payload(payload: memoryview, m: Manifest, manifest_body: bytes, seal_key: Optional[X25519PrivateKey],
-                  max_bytes: int) -> memoryview:
+def _open_payload(
+    payload: memoryview, m: Manifest, manifest_body: bytes, seal_key: Optional[X25519PrivateKey], max_bytes: int
+) -> memoryview:
     if m.payload_length > max_bytes:
         raise DeclaredLengthError(f"the manifest declares a {m.payload_length}-byte payload, over {max_bytes}")
     if m.sealed is None:
@@ -203,8 +273,15 @@ def _open_payload(payload: memoryview, m: Manifest, manifest_body: bytes, seal_k
         raise kind(f"the sealed payload is {len(payload)} bytes, the signed manifest says {m.sealed.length}")
     if seal_key is None or seal_key_id(seal_key.public_key()) != m.sealed.recipient:
         raise WrongSealKeyError(f"the payload is sealed for key {m.sealed.recipient[:16]}..., not this site's key")
-    return memoryview(unseal(payload, seal_key, info=hpke_info(m.site, m.package, m.version),
-                             aad=hashlib.sha256(manifest_body).digest(), plain_length=m.payload_length))
+    return memoryview(
+        unseal(
+            payload,
+            seal_key,
+            info=hpke_info(m.site, m.package, m.version),
+            aad=hashlib.sha256(manifest_body).digest(),
+            plain_length=m.payload_length,
+        )
+    )
 
 
 def _check_regions(plain: memoryview, m: Manifest) -> None:
@@ -218,7 +295,7 @@ def _check_regions(plain: memoryview, m: Manifest) -> None:
     if align(end) != m.payload_length:
         raise RegionLayoutError(f"the manifest regions cover {align(end)} bytes, the payload is {m.payload_length}")
     for i, r in enumerate(regions):
-        if not hmac.compare_digest(hashlib.sha256(plain[r.offset:r.offset + r.length]).hexdigest(), r.sha256):
+        if not hmac.compare_digest(hashlib.sha256(plain[r.offset : r.offset + r.length]).hexdigest(), r.sha256):
             raise RegionDigestError(f"region #{i} ({r.kind} {r.name!r:.60}) does not match its signed sha256")
     layout = read_layout(plain)
     table = [(layout.data_start + e.offset, e.length, e.sha256, e.name) for e in layout.entries]
@@ -226,8 +303,9 @@ def _check_regions(plain: memoryview, m: Manifest) -> None:
         raise ManifestMismatchError("the payload's tensor table disagrees with the signed regions")
 
 
-def open_package(path: str | os.PathLike, state: AntiRollbackState, *, max_package_bytes: int,
-                 **kwargs: Any) -> VerifiedPackage:
+def open_package(
+    path: str | os.PathLike, state: AntiRollbackState, *, max_package_bytes: int, **kwargs: Any
+) -> VerifiedPackage:
     """Map ``path`` read-only and :func:`verify_and_accept` it; plaintext tensors view the map.
 
     Raises:
@@ -238,7 +316,9 @@ def open_package(path: str | os.PathLike, state: AntiRollbackState, *, max_packa
         with open(path, "rb") as f:
             size = os.fstat(f.fileno()).st_size
             if size > max_package_bytes:
-                raise PackageSizeError(f"package file {path} is {size} bytes, over this agent's limit of {max_package_bytes}")
+                raise PackageSizeError(
+                    f"package file {path} is {size} bytes, over this agent's limit of {max_package_bytes}"
+                )
             if size == 0:
                 raise TruncatedPackageError(f"package file {path} is empty")
             mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
@@ -252,4 +332,3 @@ def open_package(path: str | os.PathLike, state: AntiRollbackState, *, max_packa
         except BufferError:
             log.debug("package map still referenced after a failed verification; left to the garbage collector")
         raise
-

@@ -21,9 +21,19 @@ from cuvil_edge.passes.remove_identity import RemoveIdentity
 
 def default_passes() -> list[Pass]:
     """The default pipeline, in order: clean up, fold, fuse, clean up."""
-    return [RemoveIdentity(), ConstantFolding(), DeadCodeElimination(), CommonSubexpressionElimination(),
-            FoldBatchNorm(), FuseBias(), FuseGelu(), FuseSwish(), FuseActivation(), FuseDepthwisePointwise(),
-            DeadCodeElimination()]
+    return [
+        RemoveIdentity(),
+        ConstantFolding(),
+        DeadCodeElimination(),
+        CommonSubexpressionElimination(),
+        FoldBatchNorm(),
+        FuseBias(),
+        FuseGelu(),
+        FuseSwish(),
+        FuseActivation(),
+        FuseDepthwisePointwise(),
+        DeadCodeElimination(),
+    ]
 
 
 def optimize(graph: Graph, passes: list[Pass] | None = None, max_iterations: int = 8) -> tuple[Graph, OptimizeReport]:
@@ -35,6 +45,22 @@ def optimize(graph: Graph, passes: list[Pass] | None = None, max_iterations: int
     return PassManager(default_passes() if passes is None else passes, max_iterations).run(graph)
 
 
-__all__ = ["optimize", "default_passes", "Pass", "PassResult", "PassManager", "PassReport", "OptimizeReport",
-           "CommonSubexpressionElimination", "DeadCodeElimination", "FoldBatchNorm", "ConstantFolding",
-           "FuseActivation", "FuseBias", "FuseDepthwisePointwise", "FuseGelu", "FuseSwish", "RemoveIdentity"]
+__all__ = [
+    "optimize",
+    "default_passes",
+    "Pass",
+    "PassResult",
+    "PassManager",
+    "PassReport",
+    "OptimizeReport",
+    "CommonSubexpressionElimination",
+    "DeadCodeElimination",
+    "FoldBatchNorm",
+    "ConstantFolding",
+    "FuseActivation",
+    "FuseBias",
+    "FuseDepthwisePointwise",
+    "FuseGelu",
+    "FuseSwish",
+    "RemoveIdentity",
+]

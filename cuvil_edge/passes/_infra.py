@@ -57,8 +57,9 @@ class Pass:
             try:
                 out = step(graph)
             except Exception as e:
-                raise PassError(f"pass {self.name!r} failed in its {stage} on graph {graph.name!r}: "
-                                f"{type(e).__name__}: {e}") from e
+                raise PassError(
+                    f"pass {self.name!r} failed in its {stage} on graph {graph.name!r}: {type(e).__name__}: {e}"
+                ) from e
         result: PassResult = out
         try:
             self.postcondition(result.graph)
@@ -76,8 +77,10 @@ def check_outputs_kept(before: Graph, after: Graph) -> None:
         PassError: an input or output changed.
     """
     if [(v.name, v.type) for v in before.outputs] != [(v.name, v.type) for v in after.outputs]:
-        raise PassError(f"outputs changed from {[str(v.type) + ' ' + v.name for v in before.outputs]} "
-                        f"to {[str(v.type) + ' ' + v.name for v in after.outputs]}")
+        raise PassError(
+            f"outputs changed from {[str(v.type) + ' ' + v.name for v in before.outputs]} "
+            f"to {[str(v.type) + ' ' + v.name for v in after.outputs]}"
+        )
     if [(v.name, v.type) for v in before.inputs] != [(v.name, v.type) for v in after.inputs]:
         raise PassError("graph inputs changed")
 
@@ -94,8 +97,10 @@ def check_names_created(before: Graph, after: Graph) -> None:
     old = all_names(before)
     bad += [f"name {n!r}" for n in all_names(after) - old if not is_graph_name(n)]
     if bad:
-        raise PassError(f"created names a package refuses: {', '.join(sorted(bad)[:5])}; name new initializers "
-                        "with naming.fresh_tensor_name, new values and nodes with naming.fresh_graph_name")
+        raise PassError(
+            f"created names a package refuses: {', '.join(sorted(bad)[:5])}; name new initializers "
+            "with naming.fresh_tensor_name, new values and nodes with naming.fresh_graph_name"
+        )
 
 
 @dataclass(frozen=True)
@@ -150,15 +155,18 @@ class PassManager:
                 result = p(graph)
                 graph = result.graph
                 changed |= result.modified
-                runs.append(PassReport(p.name, iteration, before, len(graph.nodes), result.modified,
-                                       tuple(result.changes)))
+                runs.append(
+                    PassReport(p.name, iteration, before, len(graph.nodes), result.modified, tuple(result.changes))
+                )
                 if result.modified:
                     log.debug("pass %s (iteration %d): %s", p.name, iteration, "; ".join(result.changes))
             if not changed:
                 return graph, OptimizeReport(tuple(runs), iteration, start, len(graph.nodes))
-        raise PassError(f"passes {[p.name for p in self.passes]} still change graph {graph.name!r} after "
-                        f"{self.max_iterations} iterations; last changes: "
-                        f"{[r.name for r in runs[-len(self.passes):] if r.modified]}")
+        raise PassError(
+            f"passes {[p.name for p in self.passes]} still change graph {graph.name!r} after "
+            f"{self.max_iterations} iterations; last changes: "
+            f"{[r.name for r in runs[-len(self.passes) :] if r.modified]}"
+        )
 
 
 # --- helpers shared by passes ---------------------------------------------------
@@ -172,8 +180,12 @@ def rebuild(graph: Graph, nodes: Iterable[Node], initializers: Mapping[str, np.n
     return build_graph(graph.name, graph.inputs, [v.name for v in graph.outputs], list(nodes), inits, graph.opset)
 
 
-def replaced(graph: Graph, replace: Mapping[int, Node | None], changes: list[str],
-             initializers: Mapping[str, np.ndarray] | None = None) -> PassResult:
+def replaced(
+    graph: Graph,
+    replace: Mapping[int, Node | None],
+    changes: list[str],
+    initializers: Mapping[str, np.ndarray] | None = None,
+) -> PassResult:
     """The result of a rewrite that swaps nodes in place: ``replace`` maps ``id(node)`` to its new
     node, or to None to drop it; unchanged (and ``graph`` itself) when ``changes`` is empty.
 
@@ -222,8 +234,14 @@ def with_(node: Node, **changes) -> Node:
     """A copy of ``node`` with some fields replaced (``attrs`` merged when given as ``set_attrs``)."""
     attrs = dict(node.attrs)
     attrs.update(changes.pop("set_attrs", {}))
-    fields = {"name": node.name, "op_type": node.op_type, "inputs": node.inputs, "outputs": node.outputs,
-              "attrs": attrs, "version": node.version}
+    fields = {
+        "name": node.name,
+        "op_type": node.op_type,
+        "inputs": node.inputs,
+        "outputs": node.outputs,
+        "attrs": attrs,
+        "version": node.version,
+    }
     fields.update(changes)
     return Node(**fields)
 
@@ -232,6 +250,23 @@ def initializer(graph: Graph, name: str) -> np.ndarray | None:
     return graph.initializers.get(name) if name else None
 
 
-__all__ = ["Pass", "PassResult", "PassManager", "PassReport", "OptimizeReport", "rebuild", "replaced", "users",
-           "sole_user", "fresh_name", "fresh_tensor_name", "fresh_graph_name", "all_names", "rename_inputs", "with_",
-           "initializer", "check_outputs_kept", "check_names_created"]
+__all__ = [
+    "Pass",
+    "PassResult",
+    "PassManager",
+    "PassReport",
+    "OptimizeReport",
+    "rebuild",
+    "replaced",
+    "users",
+    "sole_user",
+    "fresh_name",
+    "fresh_tensor_name",
+    "fresh_graph_name",
+    "all_names",
+    "rename_inputs",
+    "with_",
+    "initializer",
+    "check_outputs_kept",
+    "check_names_created",
+]

@@ -27,8 +27,13 @@ def _freeze(value: Any) -> Any:
 
 
 def node_key(node: Node) -> tuple:
-    return (node.op_type, node.version, node.inputs, len(node.outputs),
-            tuple(sorted((k, _freeze(v)) for k, v in node.attrs.items())))
+    return (
+        node.op_type,
+        node.version,
+        node.inputs,
+        len(node.outputs),
+        tuple(sorted((k, _freeze(v)) for k, v in node.attrs.items())),
+    )
 
 
 def _array_key(array: np.ndarray) -> tuple:

@@ -33,8 +33,10 @@ class DeadCodeElimination(Pass):
             return PassResult(graph, False)
         changes = [f"removed {n.describe()}" for n in dropped]
         if unused:
-            changes.append(f"removed {len(unused)} unused initializers ({', '.join(unused[:5])}"
-                           f"{', ...' if len(unused) > 5 else ''})")
+            changes.append(
+                f"removed {len(unused)} unused initializers ({', '.join(unused[:5])}"
+                f"{', ...' if len(unused) > 5 else ''})"
+            )
         return PassResult(rebuild(graph, nodes, inits), True, changes)
 
     def postcondition(self, graph: Graph) -> None:

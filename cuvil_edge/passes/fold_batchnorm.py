@@ -15,7 +15,14 @@ import numpy as np
 
 from cuvil_edge.ir.graph import Graph, Node
 from cuvil_edge.passes._infra import (
-    Pass, PassResult, all_names, fresh_tensor_name, replaced, sole_user, users, with_,
+    Pass,
+    PassResult,
+    all_names,
+    fresh_tensor_name,
+    replaced,
+    sole_user,
+    users,
+    with_,
 )
 
 
@@ -70,7 +77,10 @@ class FoldBatchNorm(Pass):
             prev = producer.get(bn.inputs[0]) if bn.op_type == "BatchNormalization" else None
             if prev is None or prev.op_type not in FOLDS or id(prev) in replace:
                 continue
-            if sole_user(graph, bn.inputs[0], uses) is not bn or graph.types[bn.inputs[0]].dtype not in ("float32", "float64"):
+            if sole_user(graph, bn.inputs[0], uses) is not bn or graph.types[bn.inputs[0]].dtype not in (
+                "float32",
+                "float64",
+            ):
                 continue
             params = _bn_params(graph, bn)
             folded = params and FOLDS[prev.op_type](graph, prev, *params)
@@ -80,8 +90,9 @@ class FoldBatchNorm(Pass):
             w_name = fresh_tensor_name(taken, f"{prev.inputs[1]}_bn")
             b_name = fresh_tensor_name(taken, f"{prev.name}_bn_bias")
             inits[w_name], inits[b_name] = new_w, new_b
-            replace[id(prev)] = with_(prev, inputs=(prev.inputs[0], w_name, b_name), outputs=bn.outputs[:1],
-                                      set_attrs=attrs)
+            replace[id(prev)] = with_(
+                prev, inputs=(prev.inputs[0], w_name, b_name), outputs=bn.outputs[:1], set_attrs=attrs
+            )
             replace[id(bn)] = None
             changes.append(f"folded {bn.describe()} into {prev.describe()}")
         return replaced(graph, replace, changes, inits)

@@ -50,8 +50,9 @@ class ConstantFolding(Pass):
                         name = out if is_tensor_name(out) else fresh_tensor_name(taken, out)
                         renamed[out] = name
                         inits[name] = known[out].astype(np.dtype(graph.types[out].dtype), copy=False)
-                changes.append(f"folded {node.describe()} into constant "
-                               f"{', '.join(renamed[o] for o in node.outputs if o)}")
+                changes.append(
+                    f"folded {node.describe()} into constant {', '.join(renamed[o] for o in node.outputs if o)}"
+                )
                 continue
             nodes.append(self._concretize(node, graph, known, inits, taken, changes))
         if not changes:

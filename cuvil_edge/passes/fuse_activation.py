@@ -65,17 +65,25 @@ class FuseActivation(Pass):
         for act in graph.nodes:
             rule = ACTIVATIONS.get(act.op_type)
             prev = producer.get(act.inputs[0]) if rule and act.inputs else None
-            if (prev is None or prev.op_type not in FUSED or id(prev) in replace
-                    or prev.attr("activation", "none") != "none"):
+            if (
+                prev is None
+                or prev.op_type not in FUSED
+                or id(prev) in replace
+                or prev.attr("activation", "none") != "none"
+            ):
                 continue
             if sole_user(graph, act.inputs[0], uses) is not act or graph.types[act.inputs[0]].dtype not in (
-                    "float16", "float32", "float64"):
+                "float16",
+                "float32",
+                "float64",
+            ):
                 continue
             name = rule(graph, act)
             if name is None:
                 continue
-            replace[id(prev)] = with_(prev, op_type=FUSED[prev.op_type], outputs=act.outputs[:1],
-                                      set_attrs={"activation": name})
+            replace[id(prev)] = with_(
+                prev, op_type=FUSED[prev.op_type], outputs=act.outputs[:1], set_attrs={"activation": name}
+            )
             replace[id(act)] = None
             changes.append(f"fused {act.describe()} into {prev.describe()} as {FUSED[prev.op_type]}({name})")
         return replaced(graph, replace, changes)

@@ -14,7 +14,14 @@ import numpy as np
 
 from cuvil_edge.ir.graph import Graph, Node
 from cuvil_edge.passes._infra import (
-    Pass, PassResult, all_names, fresh_tensor_name, replaced, sole_user, users, with_,
+    Pass,
+    PassResult,
+    all_names,
+    fresh_tensor_name,
+    replaced,
+    sole_user,
+    users,
+    with_,
 )
 
 
@@ -51,7 +58,7 @@ def _gemm_like(graph, node, c):
     if node.op_type == "MatMul":
         if node.version < 7 or graph.types[node.inputs[0]].rank != 2 or graph.types[node.inputs[1]].rank != 2:
             return None
-        return (None if vec is None else ("Gemm", vec.astype(np.float64), {}))
+        return None if vec is None else ("Gemm", vec.astype(np.float64), {})
     old = _existing(graph, node, 2, t.shape[1])
     if vec is None or old is None or (np.ndim(old) == 2 and np.shape(old)[0] != 1):
         return None
@@ -99,9 +106,12 @@ class FuseBias(Pass):
                 op, bias, attrs = fused
                 name = fresh_tensor_name(taken, f"{prev.name}_bias")
                 inits[name] = bias.astype(c.dtype)
-                replace[id(prev)] = with_(prev, op_type=op, inputs=(*prev.inputs[:2], name), outputs=add.outputs,
-                                          set_attrs=attrs)
+                replace[id(prev)] = with_(
+                    prev, op_type=op, inputs=(*prev.inputs[:2], name), outputs=add.outputs, set_attrs=attrs
+                )
                 replace[id(add)] = None
-                changes.append(f"fused {add.describe()} into {prev.describe()}" + (f" as {op}" if op != prev.op_type else ""))
+                changes.append(
+                    f"fused {add.describe()} into {prev.describe()}" + (f" as {op}" if op != prev.op_type else "")
+                )
                 break
         return replaced(graph, replace, changes, inits)

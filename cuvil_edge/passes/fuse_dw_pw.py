@@ -53,8 +53,12 @@ def _conv(graph: Graph, node: Node | None) -> dict | None:
         return None
     attrs = _conv_attrs(node)
     # without kernel_shape the attributes stay unresolved: the defaults for two spatial dims
-    attrs = {**attrs, "strides": attrs["strides"] or (1, 1), "dilations": attrs["dilations"] or (1, 1),
-             "pads": attrs["pads"] or ((0,) * 4 if attrs["auto_pad"] == "NOTSET" else ())}
+    attrs = {
+        **attrs,
+        "strides": attrs["strides"] or (1, 1),
+        "dilations": attrs["dilations"] or (1, 1),
+        "pads": attrs["pads"] or ((0,) * 4 if attrs["auto_pad"] == "NOTSET" else ()),
+    }
     if attrs["auto_pad"] != "NOTSET" or attrs["activation"] not in CLAMPS:
         return None
     return {**attrs, "c": x.shape[1], "w": w.shape}
@@ -70,8 +74,14 @@ def _depthwise(graph: Graph, node: Node) -> dict | None:
 
 def _pointwise(graph: Graph, node: Node | None) -> dict | None:
     a = _conv(graph, node)
-    if (a is None or a["group"] != 1 or a["w"][2:] != (1, 1) or any(a["pads"]) or a["dilations"] != (1, 1)
-            or a["strides"] != (1, 1)):
+    if (
+        a is None
+        or a["group"] != 1
+        or a["w"][2:] != (1, 1)
+        or any(a["pads"])
+        or a["dilations"] != (1, 1)
+        or a["strides"] != (1, 1)
+    ):
         return None
     return a
 
@@ -102,23 +112,39 @@ class FuseDepthwisePointwise(Pass):
             if p is None or pw.inputs[0] != dw.outputs[0] or pw.inputs[1] == dw.outputs[0]:
                 continue
             res = _residual(graph, pw, uses)
-            inputs = [dw.inputs[0], dw.inputs[1], dw.inputs[2] if len(dw.inputs) > 2 else "", pw.inputs[1],
-                      pw.inputs[2] if len(pw.inputs) > 2 else ""]
+            inputs = [
+                dw.inputs[0],
+                dw.inputs[1],
+                dw.inputs[2] if len(dw.inputs) > 2 else "",
+                pw.inputs[1],
+                pw.inputs[2] if len(pw.inputs) > 2 else "",
+            ]
             last = pw
             if res is not None:
                 inputs.append(res[1])
                 last = res[0]
             while inputs and not inputs[-1]:
                 inputs.pop()
-            fused = Node(dw.name, "CuvilDwPw", tuple(inputs), last.outputs[:1],
-                         {"strides": list(d["strides"]), "pads": list(d["pads"]),
-                          "dilations": list(d["dilations"]),
-                          "dw_activation": d["activation"], "pw_activation": p["activation"]}, 1)
+            fused = Node(
+                dw.name,
+                "CuvilDwPw",
+                tuple(inputs),
+                last.outputs[:1],
+                {
+                    "strides": list(d["strides"]),
+                    "pads": list(d["pads"]),
+                    "dilations": list(d["dilations"]),
+                    "dw_activation": d["activation"],
+                    "pw_activation": p["activation"],
+                },
+                1,
+            )
             # at the last node's place: the residual may be computed after the depthwise conv
             replace[id(dw)] = replace[id(pw)] = None
             replace[id(last)] = fused
-            changes.append(f"fused {dw.describe()}, {pw.describe()}{' and ' + res[0].describe() if res else ''} "
-                           "into CuvilDwPw")
+            changes.append(
+                f"fused {dw.describe()}, {pw.describe()}{' and ' + res[0].describe() if res else ''} into CuvilDwPw"
+            )
         return replaced(graph, replace, changes)
 
 
@@ -147,12 +173,30 @@ def split_dw_pw(graph: Graph) -> Graph:
         x, wd, bd, wp, bp, res = (list(n.inputs) + [""] * 6)[:6]
         kernel = list(graph.types[wd].shape[2:])
         dw_out, pw_out = fresh_name(taken, n.outputs[0] + "/dw"), fresh_name(taken, n.outputs[0] + "/pw")
-        nodes.append(_conv_node(fresh_name(taken, n.name + "/dw"), (x, wd, bd), dw_out, n.attr("dw_activation"),
-                                {"group": graph.types[x].shape[1], "kernel_shape": kernel,
-                                 "strides": list(n.attr("strides")), "pads": list(n.attr("pads")),
-                                 "dilations": list(n.attr("dilations"))}))
-        nodes.append(_conv_node(fresh_name(taken, n.name + "/pw"), (dw_out, wp, bp), pw_out if res else n.outputs[0],
-                                n.attr("pw_activation"), {"kernel_shape": [1, 1]}))
+        nodes.append(
+            _conv_node(
+                fresh_name(taken, n.name + "/dw"),
+                (x, wd, bd),
+                dw_out,
+                n.attr("dw_activation"),
+                {
+                    "group": graph.types[x].shape[1],
+                    "kernel_shape": kernel,
+                    "strides": list(n.attr("strides")),
+                    "pads": list(n.attr("pads")),
+                    "dilations": list(n.attr("dilations")),
+                },
+            )
+        )
+        nodes.append(
+            _conv_node(
+                fresh_name(taken, n.name + "/pw"),
+                (dw_out, wp, bp),
+                pw_out if res else n.outputs[0],
+                n.attr("pw_activation"),
+                {"kernel_shape": [1, 1]},
+            )
+        )
         if res:
             nodes.append(Node(fresh_name(taken, n.name + "/add"), "Add", (pw_out, res), n.outputs, {}, 14))
     return rebuild(graph, nodes)

@@ -77,8 +77,12 @@ def _match(graph: Graph, erf: Node, uses, producer) -> tuple[str, list[Node]] | 
             return None
         return x, [half, product, add, erf, scale]
     halved = producer.get(factor) if factor else None  # (x * 0.5) * (1 + erf)
-    if (halved is None or halved.op_type != "Mul" or _split(graph, halved, 0.5) != x
-            or sole_user(graph, factor, uses) is not product):
+    if (
+        halved is None
+        or halved.op_type != "Mul"
+        or _split(graph, halved, 0.5) != x
+        or sole_user(graph, factor, uses) is not product
+    ):
         return None
     return x, [product, add, erf, scale, halved]
 
@@ -98,8 +102,11 @@ class FuseGelu(Pass):
                 continue
             x, chain = found
             out = chain[0].outputs[0]
-            if (any(id(n) in replace for n in chain) or graph.types[x].dtype not in _FLOATS
-                    or graph.types[out].shape != graph.types[x].shape):
+            if (
+                any(id(n) in replace for n in chain)
+                or graph.types[x].dtype not in _FLOATS
+                or graph.types[out].shape != graph.types[x].shape
+            ):
                 continue
             # the Gelu takes the place of the chain's last node: x exists by then, and so before any reader of out
             replace[id(chain[0])] = Node(chain[0].name, "Gelu", (x,), (out,), {}, GELU_VERSION)

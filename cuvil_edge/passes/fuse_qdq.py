@@ -58,8 +58,12 @@ def _along(scale, zp, axis, rank, size, want_axis) -> bool:
     """A scale (and zero point) per tensor, or of ``size`` elements along ``want_axis``."""
     if _per_tensor(scale, zp):
         return True
-    return (scale.ndim == 1 and scale.size == size and (axis % rank) == want_axis
-            and (zp is None or zp.shape == scale.shape))
+    return (
+        scale.ndim == 1
+        and scale.size == size
+        and (axis % rank) == want_axis
+        and (zp is None or zp.shape == scale.shape)
+    )
 
 
 class FuseQDQ(Pass):
@@ -129,14 +133,31 @@ class FuseQDQ(Pass):
             inits[name] = np.ascontiguousarray(value)
             names.append(name)
         xz_name, wz_name = names[0], names[1]
-        inputs = (x[0], producer[op.inputs[0]].inputs[1], xz_name,
-                  w[0], producer[op.inputs[1]].inputs[1], wz_name, q.inputs[1], q.inputs[2])
+        inputs = (
+            x[0],
+            producer[op.inputs[0]].inputs[1],
+            xz_name,
+            w[0],
+            producer[op.inputs[1]].inputs[1],
+            wz_name,
+            q.inputs[1],
+            q.inputs[2],
+        )
         if op.op_type == "MatMul":
             return Node(fresh_graph_name(taken, op.name), "QLinearMatMul", inputs, q.outputs, {}, 10)
-        attrs = {k: v for k, v in op.attrs.items() if k in ("strides", "pads", "dilations", "group", "auto_pad",
-                                                            "kernel_shape")}
-        return Node(fresh_graph_name(taken, op.name), "QLinearConv", inputs + ((names[2],) if bias is not None else ()),
-                    q.outputs, attrs, 10)
+        attrs = {
+            k: v
+            for k, v in op.attrs.items()
+            if k in ("strides", "pads", "dilations", "group", "auto_pad", "kernel_shape")
+        }
+        return Node(
+            fresh_graph_name(taken, op.name),
+            "QLinearConv",
+            inputs + ((names[2],) if bias is not None else ()),
+            q.outputs,
+            attrs,
+            10,
+        )
 
     @staticmethod
     def _max_pool(graph: Graph, op: Node, q: Node, ys, yz, taken: set) -> Node | None:
@@ -144,11 +165,16 @@ class FuseQDQ(Pass):
         parts = _dq_parts(graph, dq)
         if parts is None or parts[2] is None or graph.types[parts[0]].dtype != yz.dtype:
             return None
-        if parts[1].size != 1 or parts[2].size != 1 or float(parts[1].reshape(())) != float(ys.reshape(())) or (
-                int(parts[2].reshape(())) != int(yz.reshape(()))):
+        if (
+            parts[1].size != 1
+            or parts[2].size != 1
+            or float(parts[1].reshape(())) != float(ys.reshape(()))
+            or (int(parts[2].reshape(())) != int(yz.reshape(())))
+        ):
             return None
-        return Node(fresh_graph_name(taken, op.name), "MaxPool", (parts[0],), q.outputs, dict(op.attrs),
-                    max(op.version, 12))
+        return Node(
+            fresh_graph_name(taken, op.name), "MaxPool", (parts[0],), q.outputs, dict(op.attrs), max(op.version, 12)
+        )
 
     @staticmethod
     def _add(graph: Graph, op: Node, q: Node, inits: dict, taken: set) -> Node | None:
@@ -156,16 +182,20 @@ class FuseQDQ(Pass):
         for name in op.inputs:
             dq = producer.get(name)
             parts = _dq_parts(graph, dq)
-            if parts is None or not _per_tensor(parts[1], parts[2]) or graph.types[parts[0]].dtype not in (
-                    "int8", "uint8"):
+            if (
+                parts is None
+                or not _per_tensor(parts[1], parts[2])
+                or graph.types[parts[0]].dtype not in ("int8", "uint8")
+            ):
                 return None
             zp = dq.inputs[2] if len(dq.inputs) > 2 and dq.inputs[2] else None
             if zp is None:
                 zp = fresh_tensor_name(taken, f"{op.name}.zero_point")
                 inits[zp] = np.zeros((), graph.types[parts[0]].dtype)
             inputs += [parts[0], dq.inputs[1], zp]
-        return Node(fresh_graph_name(taken, op.name), "CuvilQLinearAdd", (*inputs, q.inputs[1], q.inputs[2]),
-                    q.outputs, {}, 1)
+        return Node(
+            fresh_graph_name(taken, op.name), "CuvilQLinearAdd", (*inputs, q.inputs[1], q.inputs[2]), q.outputs, {}, 1
+        )
 
     @staticmethod
     def _bias(graph: Graph, op: Node, xs, ws, m):
@@ -178,14 +208,19 @@ class FuseQDQ(Pass):
         dq = _dq_parts(graph, graph.producer().get(name))
         if dq is not None:
             bq = _const(graph, dq[0])
-            if (bq is not None and bq.dtype == np.int32 and bq.shape == (m,) and (dq[2] is None or not dq[2].any())
-                    and np.allclose(dq[1].reshape(-1), grid, rtol=1e-6, atol=0)):
+            if (
+                bq is not None
+                and bq.dtype == np.int32
+                and bq.shape == (m,)
+                and (dq[2] is None or not dq[2].any())
+                and np.allclose(dq[1].reshape(-1), grid, rtol=1e-6, atol=0)
+            ):
                 return bq
             return False
         b = _const(graph, name)
         if b is None or b.dtype != np.float32 or b.shape != (m,) or not np.all(grid > 0):
             return False
-        return np.clip(np.rint(b.astype(np.float64) / grid), -2**31, 2**31 - 1).astype(np.int32)
+        return np.clip(np.rint(b.astype(np.float64) / grid), -(2**31), 2**31 - 1).astype(np.int32)
 
 
 def _drop_unread(nodes: list[Node], graph: Graph) -> list[Node]:

@@ -29,9 +29,14 @@ class FuseSwish(Pass):
                 continue
             x, gate = sigmoid.inputs[0], sigmoid.outputs[0]
             mul = sole_user(graph, gate, uses)
-            if (mul is None or mul.op_type != "Mul" or sorted(mul.inputs) != sorted((x, gate))
-                    or graph.types[x].dtype not in _FLOATS or graph.types[mul.outputs[0]].shape != graph.types[x].shape
-                    or id(mul) in replace):
+            if (
+                mul is None
+                or mul.op_type != "Mul"
+                or sorted(mul.inputs) != sorted((x, gate))
+                or graph.types[x].dtype not in _FLOATS
+                or graph.types[mul.outputs[0]].shape != graph.types[x].shape
+                or id(mul) in replace
+            ):
                 continue
             replace[id(mul)] = Node(mul.name, "Swish", (x,), mul.outputs, {"alpha": 1.0}, SWISH_VERSION)
             replace[id(sigmoid)] = None

@@ -28,8 +28,12 @@ _STEM_CHARS = MAX_CHARS - 32
 
 def is_graph_name(name: str) -> bool:
     """Whether the package accepts ``name`` for a graph value or node (``/`` allowed)."""
-    return (isinstance(name, str) and 0 < len(name) <= MAX_CHARS and FORBIDDEN.search(name) is None
-            and DRIVE_LETTER.match(name) is None)
+    return (
+        isinstance(name, str)
+        and 0 < len(name) <= MAX_CHARS
+        and FORBIDDEN.search(name) is None
+        and DRIVE_LETTER.match(name) is None
+    )
 
 
 def is_tensor_name(name: str) -> bool:
@@ -77,5 +81,15 @@ def fresh_graph_name(taken: set[str], base: str) -> str:
     return fresh_name(taken, graph_stem(base))
 
 
-__all__ = ["is_graph_name", "is_tensor_name", "graph_stem", "tensor_stem", "fresh_name", "fresh_tensor_name",
-           "fresh_graph_name", "FORBIDDEN", "DRIVE_LETTER", "MAX_CHARS"]
+__all__ = [
+    "is_graph_name",
+    "is_tensor_name",
+    "graph_stem",
+    "tensor_stem",
+    "fresh_name",
+    "fresh_tensor_name",
+    "fresh_graph_name",
+    "FORBIDDEN",
+    "DRIVE_LETTER",
+    "MAX_CHARS",
+]

@@ -43,7 +43,12 @@ from cuvil_edge.ir import ops
 from cuvil_edge.ir.graph import Graph, Node
 from cuvil_edge.ir.interpreter import bind_inputs
 from cuvil_edge.passes._infra import (
-    all_names, check_names_created, check_outputs_kept, fresh_graph_name, fresh_tensor_name, rebuild,
+    all_names,
+    check_names_created,
+    check_outputs_kept,
+    fresh_graph_name,
+    fresh_tensor_name,
+    rebuild,
 )
 from cuvil_edge.passes.quantize_weights import Site, sequential
 
@@ -82,17 +87,25 @@ def quantizable(graph: Graph) -> list[tuple[Node, str, str, int]]:
             continue
         x, w = node.inputs[0], node.inputs[1]
         weight = graph.initializers.get(w)
-        if (weight is None or w in inputs or weight.dtype != np.float32 or weight.ndim < 2
-                or x in graph.initializers or graph.types[x].dtype != "float32"):
+        if (
+            weight is None
+            or w in inputs
+            or weight.dtype != np.float32
+            or weight.ndim < 2
+            or x in graph.initializers
+            or graph.types[x].dtype != "float32"
+        ):
             continue
         out.append((node, x, w, QUANTIZABLE[node.op_type](node, weight.ndim)))
     return out
 
 
 def _no_quantizable_ops(graph: Graph) -> PassError:
-    return PassError(f"graph {graph.name!r} has no op to quantize (Conv, Gemm or MatMul, plain or fused, with a "
-                     "float32 constant weight of rank >= 2); ship it as fp32 or with store_fp16 instead, and run "
-                     "passes.optimize first so weights are initializers")
+    return PassError(
+        f"graph {graph.name!r} has no op to quantize (Conv, Gemm or MatMul, plain or fused, with a "
+        "float32 constant weight of rank >= 2); ship it as fp32 or with store_fp16 instead, and run "
+        "passes.optimize first so weights are initializers"
+    )
 
 
 # --- calibration ----------------------------------------------------------------------------------
@@ -106,8 +119,10 @@ def _batches(graph: Graph, samples) -> Iterable[dict[str, np.ndarray]]:
             yield dict(item)
         else:
             if len(graph.inputs) != 1:
-                raise PassError(f"calibration sample is a bare array but graph {graph.name!r} takes inputs "
-                                f"{[v.name for v in graph.inputs]}; pass feed dicts naming each input")
+                raise PassError(
+                    f"calibration sample is a bare array but graph {graph.name!r} takes inputs "
+                    f"{[v.name for v in graph.inputs]}; pass feed dicts naming each input"
+                )
             yield {graph.inputs[0].name: item}
 
 
@@ -118,8 +133,10 @@ def _checked_batches(graph: Graph, samples) -> Iterable[tuple[int, dict[str, np.
     for index, feeds in enumerate(_batches(graph, samples)):
         for name, array in feeds.items():
             if isinstance(array, np.ndarray) and array.dtype.kind == "f" and not np.isfinite(array).all():
-                raise PassError(f"calibration sample {index} input {name!r} holds NaN or Inf; calibrate on real, "
-                                "finite inputs (drop or repair the broken records)")
+                raise PassError(
+                    f"calibration sample {index} input {name!r} holds NaN or Inf; calibrate on real, "
+                    "finite inputs (drop or repair the broken records)"
+                )
         try:
             bind_inputs(graph, feeds)
         except ExecutionError as e:
@@ -127,12 +144,15 @@ def _checked_batches(graph: Graph, samples) -> Iterable[tuple[int, dict[str, np.
         count += 1
         yield index, feeds
     if count == 0:
-        raise PassError("no calibration samples; pass at least one batch of representative inputs "
-                        "(an array for a single-input graph, or feed dicts)")
+        raise PassError(
+            "no calibration samples; pass at least one batch of representative inputs "
+            "(an array for a single-input graph, or feed dicts)"
+        )
 
 
-def calibrate_ranges(graph: Graph, samples, method: str = "mse",
-                     percentile: float = 99.99) -> dict[str, tuple[float, float]]:
+def calibrate_ranges(
+    graph: Graph, samples, method: str = "mse", percentile: float = 99.99
+) -> dict[str, tuple[float, float]]:
     """Run ``graph`` on the sample batches; the (lo, hi) range of each activation a quantized op reads.
 
     ``samples``: one array (a batch for the graph's single input) or an iterable of feed dicts or
@@ -160,8 +180,10 @@ def calibrate_ranges(graph: Graph, samples, method: str = "mse",
     for index, feeds in _checked_batches(graph, samples):
         for name, value in _activations(graph, feeds, wanted).items():
             if not np.isfinite(value).all():
-                raise PassError(f"activation {name!r} becomes NaN or Inf on calibration sample {index}; the model "
-                                "overflows on this data, so fix the model or the samples before quantizing")
+                raise PassError(
+                    f"activation {name!r} becomes NaN or Inf on calibration sample {index}; the model "
+                    "overflows on this data, so fix the model or the samples before quantizing"
+                )
             if value.size == 0:
                 continue
             if method == "percentile":
@@ -174,8 +196,10 @@ def calibrate_ranges(graph: Graph, samples, method: str = "mse",
                 flat = value.reshape(-1)
                 kept[name].append(flat if flat.size <= MSE_SAMPLES else rng.choice(flat, MSE_SAMPLES, replace=False))
     combine = (lambda v: float(np.mean(v)),) * 2 if method == "percentile" else (min, max)
-    ranges = {name: (combine[0](lows[name]) if lows[name] else 0.0, combine[1](highs[name]) if highs[name] else 0.0)
-              for name in sorted(wanted)}
+    ranges = {
+        name: (combine[0](lows[name]) if lows[name] else 0.0, combine[1](highs[name]) if highs[name] else 0.0)
+        for name in sorted(wanted)
+    }
     if method == "mse":
         ranges = {name: _mse_range(np.concatenate(kept[name]), *r) if kept[name] else r for name, r in ranges.items()}
     return ranges
@@ -259,9 +283,15 @@ def activation_params(lo: float, hi: float) -> tuple[np.ndarray, np.ndarray]:
     return np.array(scale, np.float32), np.array(zero, dtype)
 
 
-def quantize_int8(graph: Graph, ranges: Mapping[str, tuple[float, float]], *, samples=None,
-                  weights: str | None = None, bias_correction: bool | None = None,
-                  keep_float: Iterable[str] = ()) -> Graph:
+def quantize_int8(
+    graph: Graph,
+    ranges: Mapping[str, tuple[float, float]],
+    *,
+    samples=None,
+    weights: str | None = None,
+    bias_correction: bool | None = None,
+    keep_float: Iterable[str] = (),
+) -> Graph:
     """The QDQ int8 form of ``graph``: int8 weights with per-channel scales and per-tensor QDQ on the
     activations entering Conv/Gemm/MatMul (plain or fused). ``ranges`` is what
     :func:`calibrate_ranges` returned for this graph.
@@ -291,9 +321,11 @@ def quantize_int8(graph: Graph, ranges: Mapping[str, tuple[float, float]], *, sa
         raise PassError(f"weight rounding {weights!r} is unknown; use one of {', '.join(WEIGHT_METHODS)}")
     bias_correction = bool(bias_correction)
     if (weights != "rtn" or bias_correction) and samples is None:
-        raise PassError(f"weights={weights!r}{' with bias correction' if bias_correction else ''} needs the "
-                        "calibration samples (quantize_int8(graph, ranges, samples=...)); pass them, or "
-                        "weights='rtn', bias_correction=False")
+        raise PassError(
+            f"weights={weights!r}{' with bias correction' if bias_correction else ''} needs the "
+            "calibration samples (quantize_int8(graph, ranges, samples=...)); pass them, or "
+            "weights='rtn', bias_correction=False"
+        )
     all_sites = quantizable(graph)
     if not all_sites:
         raise _no_quantizable_ops(graph)
@@ -304,8 +336,10 @@ def quantize_int8(graph: Graph, ranges: Mapping[str, tuple[float, float]], *, sa
     sites = [site for site in all_sites if site[0].name not in keep]
     missing = sorted({x for _, x, _, _ in sites if x not in ranges})
     if missing:
-        raise PassError(f"no calibrated range for activations {missing}; run calibrate_ranges on this same graph "
-                        "(after passes.optimize) and pass its result")
+        raise PassError(
+            f"no calibrated range for activations {missing}; run calibrate_ranges on this same graph "
+            "(after passes.optimize) and pass its result"
+        )
     for x in {x for _, x, _, _ in sites}:  # refuse a bad range before the (slow) Hessians
         activation_params(*ranges[x])
     taken, inits = all_names(graph), dict(graph.initializers)
@@ -324,17 +358,29 @@ def quantize_int8(graph: Graph, ranges: Mapping[str, tuple[float, float]], *, sa
             qn, sn = fresh_tensor_name(taken, f"{w}.int8"), fresh_tensor_name(taken, f"{w}.scale")
             stored[w] = (qn, sn)
             inits[qn], inits[sn] = q, scale
-            insert.append(Node(fresh_graph_name(taken, f"{w}.dequantize"), "DequantizeLinear", (qn, sn), (w,),
-                               {"axis": axis}, QDQ_VERSION))
+            insert.append(
+                Node(
+                    fresh_graph_name(taken, f"{w}.dequantize"),
+                    "DequantizeLinear",
+                    (qn, sn),
+                    (w,),
+                    {"axis": axis},
+                    QDQ_VERSION,
+                )
+            )
         if x not in activation:
             scale, zero = activation_params(*ranges[x])
             sn, zn = fresh_tensor_name(taken, f"{x}.scale"), fresh_tensor_name(taken, f"{x}.zero_point")
             qx, dx = fresh_graph_name(taken, f"{x}.quantized"), fresh_graph_name(taken, f"{x}.dequantized")
             inits[sn], inits[zn] = scale, zero
-            insert.append(Node(fresh_graph_name(taken, f"{x}.quantize"), "QuantizeLinear", (x, sn, zn), (qx,), {},
-                               QDQ_VERSION))
-            insert.append(Node(fresh_graph_name(taken, f"{x}.dequantize"), "DequantizeLinear", (qx, sn, zn), (dx,), {},
-                               QDQ_VERSION))
+            insert.append(
+                Node(fresh_graph_name(taken, f"{x}.quantize"), "QuantizeLinear", (x, sn, zn), (qx,), {}, QDQ_VERSION)
+            )
+            insert.append(
+                Node(
+                    fresh_graph_name(taken, f"{x}.dequantize"), "DequantizeLinear", (qx, sn, zn), (dx,), {}, QDQ_VERSION
+                )
+            )
             activation[x] = dx
         renamed[id(node)] = activation[x]
         found.setdefault(node.name, Site(w, *stored[w], axis, x, activation[x]))
@@ -342,15 +388,27 @@ def quantize_int8(graph: Graph, ranges: Mapping[str, tuple[float, float]], *, sa
     for node in graph.nodes:
         nodes.extend(before.get(id(node), []))
         if id(node) in renamed:
-            node = Node(node.name, node.op_type, (renamed[id(node)], *node.inputs[1:]), node.outputs, node.attrs,
-                        node.version)
+            node = Node(
+                node.name, node.op_type, (renamed[id(node)], *node.inputs[1:]), node.outputs, node.attrs, node.version
+            )
         nodes.append(node)
     result = _finish(graph, nodes, inits, packaged=True)
     if weights == "rtn" and not bias_correction:
         return result
     batches = [feeds for _, feeds in _checked_batches(graph, samples)]
-    return _finish(graph, nodes, sequential(graph, result, found, batches, weights=weights != "rtn",
-                                            from_quantized=weights == "gptq", bias_correction=bias_correction))
+    return _finish(
+        graph,
+        nodes,
+        sequential(
+            graph,
+            result,
+            found,
+            batches,
+            weights=weights != "rtn",
+            from_quantized=weights == "gptq",
+            bias_correction=bias_correction,
+        ),
+    )
 
 
 # --- fp16 storage and the fold at load ------------------------------------------------------------
@@ -367,8 +425,13 @@ def store_fp16(graph: Graph) -> Graph:
     taken, inits = all_names(graph), dict(graph.initializers)
     casts = []
     for name, array in graph.initializers.items():
-        if (array.dtype != np.float32 or array.size < FP16_MIN_ELEMENTS or name in inputs
-                or not np.isfinite(array).all() or float(np.abs(array).max()) > FP16_MAX):
+        if (
+            array.dtype != np.float32
+            or array.size < FP16_MIN_ELEMENTS
+            or name in inputs
+            or not np.isfinite(array).all()
+            or float(np.abs(array).max()) > FP16_MAX
+        ):
             continue
         half = fresh_tensor_name(taken, f"{name}.fp16")
         inits[half] = inits.pop(name).astype(np.float16)
@@ -406,7 +469,8 @@ def dequantize_at_load(graph: Graph, int8: bool = False) -> Graph:
         if node.op_type in LOAD_FOLDS and args and all(n in inits for n in args):
             try:
                 result = ops.get(node.op_type, node.describe()).kernel(
-                    node, *[inits[n] if n else None for n in node.inputs])[0]
+                    node, *[inits[n] if n else None for n in node.inputs]
+                )[0]
             except Exception as e:
                 raise PassError(f"dequantize at load: {node.describe()} failed: {type(e).__name__}: {e}") from e
             inits[node.outputs[0]] = np.ascontiguousarray(result)
@@ -432,5 +496,16 @@ def _finish(graph: Graph, nodes: list[Node], inits: dict[str, np.ndarray], packa
     return out
 
 
-__all__ = ["METHODS", "WEIGHT_METHODS", "calibrate_ranges", "quantize_int8", "store_fp16", "dequantize_at_load", "quantizable",
-           "weight_scales", "activation_params", "QUANTIZABLE", "FP16_MIN_ELEMENTS"]
+__all__ = [
+    "METHODS",
+    "WEIGHT_METHODS",
+    "calibrate_ranges",
+    "quantize_int8",
+    "store_fp16",
+    "dequantize_at_load",
+    "quantizable",
+    "weight_scales",
+    "activation_params",
+    "QUANTIZABLE",
+    "FP16_MIN_ELEMENTS",
+]

@@ -43,8 +43,9 @@ DAMP = 0.01
 def gptq_supported(node: Node, weight: np.ndarray) -> bool:
     """Whether :func:`layer_inputs` can im2col this op's input (else the weight gets RTN)."""
     if node.op_type.endswith("Conv"):
-        return (weight.ndim == 4 and node.attr("group", 1) == 1
-                and node.attr("auto_pad", "NOTSET") in ("NOTSET", b"NOTSET"))
+        return (
+            weight.ndim == 4 and node.attr("group", 1) == 1 and node.attr("auto_pad", "NOTSET") in ("NOTSET", b"NOTSET")
+        )
     return weight.ndim == 2 and not node.attr("transA", 0)
 
 
@@ -60,8 +61,11 @@ def layer_inputs(node: Node, x: np.ndarray, k: int) -> np.ndarray:
     x = np.pad(x, ((0, 0), (0, 0), (pads[0], pads[2]), (pads[1], pads[3])))
     ho = (x.shape[2] - dh * (kh - 1) - 1) // sh + 1
     wo = (x.shape[3] - dw * (kw - 1) - 1) // sw + 1
-    cols = [x[:, :, i * dh:i * dh + sh * (ho - 1) + 1:sh, j * dw:j * dw + sw * (wo - 1) + 1:sw]
-            for i in range(kh) for j in range(kw)]  # each [b, c, ho, wo]
+    cols = [
+        x[:, :, i * dh : i * dh + sh * (ho - 1) + 1 : sh, j * dw : j * dw + sw * (wo - 1) + 1 : sw]
+        for i in range(kh)
+        for j in range(kw)
+    ]  # each [b, c, ho, wo]
     patches = np.stack(cols, axis=2)  # [b, c, kh*kw, ho, wo]
     return np.ascontiguousarray(patches.transpose(0, 3, 4, 1, 2).reshape(-1, k))
 
@@ -81,8 +85,9 @@ def from_matrix(matrix: np.ndarray, shape: tuple[int, ...], axis: int) -> np.nda
     return np.moveaxis(matrix.reshape(moved), 0, axis)
 
 
-def gptq(matrix: np.ndarray, hessian: np.ndarray, scale: np.ndarray, damp: float = DAMP,
-         block: int = BLOCK) -> np.ndarray:
+def gptq(
+    matrix: np.ndarray, hessian: np.ndarray, scale: np.ndarray, damp: float = DAMP, block: int = BLOCK
+) -> np.ndarray:
     """int8 codes [out, in] for ``matrix`` [out, in] with per-row ``scale``, minimising the output error
     under the input second moments ``hessian`` [in, in] (see the module docstring)."""
     w = matrix.astype(np.float64)
@@ -109,7 +114,7 @@ def gptq(matrix: np.ndarray, hessian: np.ndarray, scale: np.ndarray, damp: float
             q = np.clip(np.rint(part[:, j] / s), -127, 127)
             codes[:, start + j] = q
             e = (part[:, j] - q * s) / u[start + j, start + j]
-            part[:, j + 1:] -= np.outer(e, u[start + j, start + j + 1:stop])
+            part[:, j + 1 :] -= np.outer(e, u[start + j, start + j + 1 : stop])
             errors[:, j] = e
         w[:, stop:] -= errors @ u[start:stop, stop:]
     out = np.empty_like(codes)
@@ -154,17 +159,29 @@ def correctable_bias(graph: Graph, node: Node) -> str | None:
         return None
     b = node.inputs[2]
     bias, weight = graph.initializers.get(b), graph.initializers.get(node.inputs[1])
-    if (bias is None or weight is None or bias.dtype != np.float32 or b in {v.name for v in graph.inputs}
-            or float(node.attr("beta", 1.0)) != 1.0
-            or sum(b in n.inputs for n in graph.nodes) != 1):
+    if (
+        bias is None
+        or weight is None
+        or bias.dtype != np.float32
+        or b in {v.name for v in graph.inputs}
+        or float(node.attr("beta", 1.0)) != 1.0
+        or sum(b in n.inputs for n in graph.nodes) != 1
+    ):
         return None
     channels = weight.shape[0] if node.op_type.endswith("Conv") or node.attr("transB", 0) else weight.shape[1]
     return b if bias.size == channels and bias.ndim >= 1 and bias.shape[-1] == channels else None
 
 
-def sequential(graph: Graph, qgraph: Graph, sites: Mapping[str, Site], batches: list[dict[str, np.ndarray]], *,
-               weights: bool = True, from_quantized: bool = True,
-               bias_correction: bool = True) -> dict[str, np.ndarray]:
+def sequential(
+    graph: Graph,
+    qgraph: Graph,
+    sites: Mapping[str, Site],
+    batches: list[dict[str, np.ndarray]],
+    *,
+    weights: bool = True,
+    from_quantized: bool = True,
+    bias_correction: bool = True,
+) -> dict[str, np.ndarray]:
     """The initializers of ``qgraph`` (the QDQ form of ``graph``, weights rounded to nearest) with
     the weights of ``sites`` (node name -> Site) rounded by GPTQ (with ``weights``) and, with
     ``bias_correction``, their biases shifted, going through the ops in order on the calibration
@@ -186,7 +203,7 @@ def sequential(graph: Graph, qgraph: Graph, sites: Mapping[str, Site], batches: 
     for i, node in enumerate(qgraph.nodes):
         for name in node.inputs:
             last_q[name] = i
-        for name in (fp_nodes[node.name].inputs if node.name in fp_nodes else ()):
+        for name in fp_nodes[node.name].inputs if node.name in fp_nodes else ():
             last_f[name] = i
     producer = {node.outputs[0]: node for node in qgraph.nodes if node.outputs}
     env_f = [dict(feeds) for feeds in batches]
@@ -225,8 +242,10 @@ def _gptq_on(node: Node, weight: np.ndarray, site: Site, xs: list[np.ndarray], s
     for x in xs:
         rows = layer_inputs(node, np.asarray(x, np.float32), k)
         if not np.isfinite(rows).all():
-            raise PassError(f"activation {site.x!r} becomes NaN or Inf on the calibration samples; fix the model or "
-                            "the samples before quantizing")
+            raise PassError(
+                f"activation {site.x!r} becomes NaN or Inf on the calibration samples; fix the model or "
+                "the samples before quantizing"
+            )
         hessian += rows.T @ rows
     codes = gptq(as_matrix(weight, site.axis), hessian, scale)
     return from_matrix(codes, weight.shape, site.axis)
@@ -236,13 +255,23 @@ def _correct(fp: Node, node: Node, bias: str, env_f, env_q, inits_f, inits_q) ->
     """Run the op on both paths, add the mean fp32 - quantized difference of its pre-activation output
     per channel to the quantized path's bias, and leave both paths' outputs in their environments."""
     act = str(node.attr("activation", "none"))
-    plain = [Node(n.name, n.op_type, n.inputs, n.outputs, {**n.attrs, "activation": "none"} if "activation" in
-                  n.attrs else n.attrs, n.version) for n in (fp, node)]
+    plain = [
+        Node(
+            n.name,
+            n.op_type,
+            n.inputs,
+            n.outputs,
+            {**n.attrs, "activation": "none"} if "activation" in n.attrs else n.attrs,
+            n.version,
+        )
+        for n in (fp, node)
+    ]
     want = [_run(plain[0], env, inits_f)[0] for env in env_f]
     got = [_run(plain[1], env, inits_q)[0] for env in env_q]
     # per sample, the mean error of each channel over the positions: [samples, channels]
-    per = np.concatenate([(a - b).astype(np.float64).reshape(a.shape[0], a.shape[1], -1).mean(axis=2)
-                          for a, b in zip(want, got)])
+    per = np.concatenate(
+        [(a - b).astype(np.float64).reshape(a.shape[0], a.shape[1], -1).mean(axis=2) for a, b in zip(want, got)]
+    )
     shift = per.mean(axis=0)
     if SHRINK and len(per) > 1:  # keep a channel's shift only as far as it stands out of its sampling noise
         noise = per.var(axis=0, ddof=1) / len(per)
@@ -256,13 +285,27 @@ def _correct(fp: Node, node: Node, bias: str, env_f, env_q, inits_f, inits_q) ->
 
 def _run(node: Node, env: dict[str, np.ndarray], inits: Mapping[str, np.ndarray]) -> list[np.ndarray]:
     try:
-        return list(ops.get(node.op_type, node.describe()).kernel(
-            node, *[(env[n] if n in env else inits[n]) if n else None for n in node.inputs]))
+        return list(
+            ops.get(node.op_type, node.describe()).kernel(
+                node, *[(env[n] if n in env else inits[n]) if n else None for n in node.inputs]
+            )
+        )
     except CuvilError:
         raise
     except Exception as e:  # a kernel fault names the node, as in the interpreter
         raise PassError(f"quantization: {node.describe()} failed: {type(e).__name__}: {e}") from e
 
 
-__all__ = ["gptq", "gptq_supported", "layer_inputs", "as_matrix", "from_matrix", "output_error", "sequential",
-           "correctable_bias", "Site", "BLOCK", "DAMP"]
+__all__ = [
+    "gptq",
+    "gptq_supported",
+    "layer_inputs",
+    "as_matrix",
+    "from_matrix",
+    "output_error",
+    "sequential",
+    "correctable_bias",
+    "Site",
+    "BLOCK",
+    "DAMP",
+]

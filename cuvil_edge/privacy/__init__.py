@@ -22,8 +22,15 @@ _LAZY_DPSGD = (
     "train_dp_sgd",
 )
 
-__all__ = ["GaussianMechanism", "LaplaceMechanism", "PrivacyLedger", "Reservation", "release", "release_counts",
-           *_LAZY_DPSGD]
+__all__ = [
+    "GaussianMechanism",
+    "LaplaceMechanism",
+    "PrivacyLedger",
+    "Reservation",
+    "release",
+    "release_counts",
+    *_LAZY_DPSGD,
+]
 
 
 def __getattr__(name: str) -> Any:

@@ -38,16 +38,20 @@ _CONSEQUENCE = "DP-SGD's per-sample clipping cannot bound one record's influence
 
 def describe(node: Node) -> str:
     """``node 'sm' (Softmax axis=0, opset 13)``: the node with its scalar and short-list attributes."""
-    shown = [f"{k}={list(v) if isinstance(v, tuple) else v}" for k, v in sorted(node.attrs.items())
-             if isinstance(v, (int, float, str)) or (isinstance(v, (list, tuple)) and len(v) <= 8)]
+    shown = [
+        f"{k}={list(v) if isinstance(v, tuple) else v}"
+        for k, v in sorted(node.attrs.items())
+        if isinstance(v, (int, float, str)) or (isinstance(v, (list, tuple)) and len(v) <= 8)
+    ]
     attrs = f" {', '.join(shown)}" if shown else ""
     return f"node {node.name!r} ({node.op_type}{attrs}, opset {node.version})"
 
 
 def refuse(node: Node, what: str, fix: str) -> BatchMixingError:
     """The error for ``node``: what it does to the samples, the consequence, and ``fix``."""
-    return BatchMixingError(f"the model mixes samples across the batch axis at {describe(node)}: {what}; "
-                            f"{_CONSEQUENCE}; {fix}")
+    return BatchMixingError(
+        f"the model mixes samples across the batch axis at {describe(node)}: {what}; {_CONSEQUENCE}; {fix}"
+    )
 
 
 @dataclass(frozen=True)
@@ -123,10 +127,14 @@ def align(v: View, slots: Sequence[int], rank: int) -> int:
     """
     axes = {v.states[i] + rank - v.rank(i) for i in slots if batched(v.states[i])}
     if len(axes) > 1:
-        names = ", ".join(f"{v.node.inputs[i]!r} {v.types[i]} (samples on axis {v.states[i]})"
-                          for i in slots if batched(v.states[i]))
-        raise v.refuse(f"its inputs {names} carry the samples on different axes, so broadcasting pairs every "
-                       "sample with every other", "combine per-sample values whose batch axes line up")
+        names = ", ".join(
+            f"{v.node.inputs[i]!r} {v.types[i]} (samples on axis {v.states[i]})" for i in slots if batched(v.states[i])
+        )
+        raise v.refuse(
+            f"its inputs {names} carry the samples on different axes, so broadcasting pairs every "
+            "sample with every other",
+            "combine per-sample values whose batch axes line up",
+        )
     axis = axes.pop()
     for i in slots:
         if not batched(v.states[i]):
@@ -144,9 +152,12 @@ def fits(v: View, index: int, axis: int, rank: int) -> None:
     t = v.types[index]
     offset = axis - (rank - t.rank)
     if offset >= 0 and t.shape[offset] != 1:
-        raise v.refuse(f"its input {v.node.inputs[index]!r} {t} holds no sample but has {t.shape[offset]} entries "
-                       "along the batch axis, so each sample meets a different slice depending on its position "
-                       "in the batch", "give that input size 1 along the batch axis")
+        raise v.refuse(
+            f"its input {v.node.inputs[index]!r} {t} holds no sample but has {t.shape[offset]} entries "
+            "along the batch axis, so each sample meets a different slice depending on its position "
+            "in the batch",
+            "give that input size 1 along the batch axis",
+        )
 
 
 def _softmax(v: View) -> State:
@@ -154,8 +165,11 @@ def _softmax(v: View) -> State:
     axis = _norm(v.node.attr("axis", 1 if legacy else -1), rank)
     fix = "export the model with softmax over the class axis (axis=-1 from opset 13, axis=1 before)"
     if legacy and a >= axis:
-        raise v.refuse(f"below opset 13 {v.node.op_type} normalises the flattening of axes {axis}..{rank - 1} "
-                       f"of {v.types[0]}, which includes the batch axis {a}", fix)
+        raise v.refuse(
+            f"below opset 13 {v.node.op_type} normalises the flattening of axes {axis}..{rank - 1} "
+            f"of {v.types[0]}, which includes the batch axis {a}",
+            fix,
+        )
     if not legacy and a == axis:
         raise v.refuse(f"it normalises over axis {axis} of {v.types[0]}, the batch axis", fix)
     return a
@@ -166,15 +180,19 @@ def _reduce(since: int) -> Rule:
 
     def rule(v: View) -> State:
         node, a, rank = v.node, v.states[0], v.rank()
-        fix = ("reduce only per-sample axes (e.g. axes=[1]) and leave the reduction over the batch to the loss, "
-               "outside the model")
+        fix = (
+            "reduce only per-sample axes (e.g. axes=[1]) and leave the reduction over the batch to the loss, "
+            "outside the model"
+        )
         if node.version < since:
             axes = node.attr("axes")
         elif v.has(1):
             axes = v.value(1)
             if axes is None:
-                raise v.refuse("its axes are computed while running, so they may include the batch axis",
-                               "give the axes as a constant")
+                raise v.refuse(
+                    "its axes are computed while running, so they may include the batch axis",
+                    "give the axes as a constant",
+                )
         else:
             axes = None
         axes = [] if axes is None else [_norm(x, rank) for x in np.asarray(axes).reshape(-1)]
@@ -198,9 +216,11 @@ def _reshaped(v: View) -> State:
     for k, d in enumerate(dst):
         if d == src[a] and _product(dst[:k]) == before:
             return k
-    raise v.refuse(f"it turns {v.types[0]} into {v.outs[0]}, so the batch axis {a} ({src[a]!r}) does not survive "
-                   "as an axis of its own", "keep the batch dim first and unchanged (Reshape to [0, -1] or "
-                   "[batch, -1], Flatten with axis=1)")
+    raise v.refuse(
+        f"it turns {v.types[0]} into {v.outs[0]}, so the batch axis {a} ({src[a]!r}) does not survive "
+        "as an axis of its own",
+        "keep the batch dim first and unchanged (Reshape to [0, -1] or [batch, -1], Flatten with axis=1)",
+    )
 
 
 def _transpose(v: View) -> State:
@@ -216,8 +236,10 @@ def _concat(v: View) -> State:
         raise v.refuse(f"it concatenates along axis {axis}, the batch axis", "concatenate along a per-sample axis")
     for i, s in enumerate(v.states):
         if not batched(s):
-            raise v.refuse(f"its input {v.node.inputs[i]!r} {v.types[i]} holds no sample yet is joined to the "
-                           "samples' slices", "expand that input to the batch size first (Expand to [batch, ...])")
+            raise v.refuse(
+                f"its input {v.node.inputs[i]!r} {v.types[i]} holds no sample yet is joined to the samples' slices",
+                "expand that input to the batch size first (Expand to [batch, ...])",
+            )
     return a
 
 
@@ -241,12 +263,15 @@ def _slice(v: View) -> State:
     axes = _vector(v, "axes", 3, 10) if given else list(range(len(starts or ())))
     steps = _vector(v, "steps", 4, 10) if v.node.version >= 10 and v.has(4) else [1] * len(axes or ())
     if starts is None or axes is None or steps is None:
-        raise v.refuse("its axes or steps are computed while running, so it may cut the batch axis",
-                       "give starts, ends, axes and steps as constants")
+        raise v.refuse(
+            "its axes or steps are computed while running, so it may cut the batch axis",
+            "give starts, ends, axes and steps as constants",
+        )
     axes = [_norm(x, rank) for x in axes]
     if a in axes and (int(steps[axes.index(a)]) != 1 or v.outs[0].shape[a] != v.types[0].shape[a]):
-        raise v.refuse(f"it cuts or reorders the batch axis {a} ({v.types[0]} -> {v.outs[0]})",
-                       "slice only per-sample axes")
+        raise v.refuse(
+            f"it cuts or reorders the batch axis {a} ({v.types[0]} -> {v.outs[0]})", "slice only per-sample axes"
+        )
     return a
 
 
@@ -254,13 +279,16 @@ def _gather(v: View) -> State:
     data, indices = v.states[0], v.states[1]
     axis = _norm(v.node.attr("axis", 0), v.rank())
     if batched(data) and batched(indices):
-        raise v.refuse("both its data and its indices carry samples, so each sample's indices pick from every "
-                       "sample's data", "gather per-sample indices from a constant table (an embedding)")
+        raise v.refuse(
+            "both its data and its indices carry samples, so each sample's indices pick from every sample's data",
+            "gather per-sample indices from a constant table (an embedding)",
+        )
     if not batched(data):
         return axis + indices
     if data == axis:
-        raise v.refuse(f"it picks entries of {v.types[0]} along axis {axis}, the batch axis",
-                       "gather along a per-sample axis")
+        raise v.refuse(
+            f"it picks entries of {v.types[0]} along axis {axis}, the batch axis", "gather along a per-sample axis"
+        )
     return data if data < axis else data - 1 + v.rank(1)
 
 
@@ -269,12 +297,15 @@ def _pad(v: View) -> State:
     pads = _vector(v, "pads", 1, 11)
     axes = _vector(v, "axes", 3, 18) if v.node.version >= 18 and v.has(3) else list(range(rank))
     if pads is None or axes is None:
-        raise v.refuse("its pads are computed while running, so it may pad the batch axis",
-                       "give pads (and axes) as constants")
+        raise v.refuse(
+            "its pads are computed while running, so it may pad the batch axis", "give pads (and axes) as constants"
+        )
     axes = [_norm(x, rank) for x in axes]
     if a in axes and (pads[axes.index(a)] != 0 or pads[axes.index(a) + len(axes)] != 0):
-        raise v.refuse(f"it pads axis {a}, the batch axis, with rows that are no sample (or copies of others)",
-                       "pad only per-sample axes")
+        raise v.refuse(
+            f"it pads axis {a}, the batch axis, with rows that are no sample (or copies of others)",
+            "pad only per-sample axes",
+        )
     return a
 
 
@@ -285,8 +316,9 @@ def _created(v: View) -> State:
     if batched(x):
         k = x + v.outs[0].rank - v.rank()
         if v.outs[0].shape[k] != v.types[0].shape[x]:
-            raise v.refuse(f"it broadcasts the batch axis of {v.types[0]} to {v.outs[0]}",
-                           "expand only per-sample axes")
+            raise v.refuse(
+                f"it broadcasts the batch axis of {v.types[0]} to {v.outs[0]}", "expand only per-sample axes"
+            )
         return k
     symbols = [k for k, d in enumerate(v.outs[0].shape) if d in v.batch_symbols]
     if symbols:
@@ -300,11 +332,16 @@ def _windowed(sample_axes: tuple[int, ...]) -> Rule:
     def rule(v: View) -> State:
         a = v.states[0]
         if a not in sample_axes:
-            raise v.refuse(f"it combines neighbouring entries along axis {a} of {v.types[0]}, the batch axis",
-                           "keep the batch on axis 0 of its input (N, C, spatial...)")
+            raise v.refuse(
+                f"it combines neighbouring entries along axis {a} of {v.types[0]}, the batch axis",
+                "keep the batch on axis 0 of its input (N, C, spatial...)",
+            )
         if v.node.op_type == "MaxPool" and len(v.node.outputs) > 1 and v.node.outputs[1]:
-            raise v.refuse("its Indices output numbers elements across the whole batch, so a sample's indices "
-                           "depend on its position in the batch", "do not use MaxPool's Indices output")
+            raise v.refuse(
+                "its Indices output numbers elements across the whole batch, so a sample's indices "
+                "depend on its position in the batch",
+                "do not use MaxPool's Indices output",
+            )
         return a
 
     return rule
@@ -313,9 +350,10 @@ def _windowed(sample_axes: tuple[int, ...]) -> Rule:
 def _batch_norm(v: View) -> State:
     training = v.node.version >= 14 and int(v.node.attr("training_mode", 0))
     if training or len([o for o in v.node.outputs if o]) > 1:
-        raise v.refuse("it runs in training mode and normalises every sample with the mean and variance of "
-                       "the whole batch", "export the model in eval mode (model.eval()), or use a norm over "
-                       "per-sample axes (GroupNorm, LayerNorm)")
+        raise v.refuse(
+            "it runs in training mode and normalises every sample with the mean and variance of the whole batch",
+            "export the model in eval mode (model.eval()), or use a norm over per-sample axes (GroupNorm, LayerNorm)",
+        )
     if v.states[0] == 1:
         raise v.refuse("its per-channel parameters meet the samples along axis 1", "keep the batch on axis 0")
     return v.states[0]
@@ -325,13 +363,17 @@ def _layer_norm(v: View) -> State:
     a, rank = v.states[0], v.rank()
     axis = _norm(v.node.attr("axis", -1), rank)
     if a >= axis:
-        raise v.refuse(f"it normalises over axes {axis}..{rank - 1} of {v.types[0]}, which include the batch "
-                       f"axis {a}", "normalise only per-sample axes (axis >= 1 with the batch first)")
+        raise v.refuse(
+            f"it normalises over axes {axis}..{rank - 1} of {v.types[0]}, which include the batch axis {a}",
+            "normalise only per-sample axes (axis >= 1 with the batch first)",
+        )
     return a
 
 
-_BOTH = ("multiply the samples by weights (initializers), not by each other; products within one sample are "
-         "fine when the batch is a leading (broadcast) axis of both operands")
+_BOTH = (
+    "multiply the samples by weights (initializers), not by each other; products within one sample are "
+    "fine when the batch is a leading (broadcast) axis of both operands"
+)
 
 
 def _matmul_axis(side: int, axis: int, ra: int, rb: int) -> tuple[Optional[int], bool]:
@@ -362,13 +404,16 @@ def _matmul(slots: tuple[int, int]) -> Rule:
             if batched(v.states[i]):
                 axis, lead = _matmul_axis(side, v.states[i], ra, rb)
                 if axis is None:
-                    raise v.refuse(f"it sums over axis {v.states[i]} of {v.node.inputs[i]!r} {v.types[i]}, the "
-                                   "batch axis", "multiply with the batch on a row (or leading) axis")
+                    raise v.refuse(
+                        f"it sums over axis {v.states[i]} of {v.node.inputs[i]!r} {v.types[i]}, the batch axis",
+                        "multiply with the batch on a row (or leading) axis",
+                    )
                 _per_tensor(v, i)
                 found.append((axis, lead))
         if len(found) == 2 and (found[0] != found[1] or not found[0][1]):
-            raise v.refuse("both operands carry the samples, on different axes (x · xT pairs every sample with "
-                           "every other)", _BOTH)
+            raise v.refuse(
+                "both operands carry the samples, on different axes (x · xT pairs every sample with every other)", _BOTH
+            )
         axis, lead = found[0]
         return align(v, list(slots), max(ra, rb)) if lead and ra > 1 and rb > 1 else axis
 
@@ -380,8 +425,11 @@ def _per_tensor(v: View, operand: int) -> None:
     for i in _QUANT_PARAMS.get(v.node.op_type, {}).get(operand, ()):
         t = v.types[i] if i < len(v.types) else None
         if t is not None and t.numel() > 1:
-            raise v.refuse(f"its quantization parameter {v.node.inputs[i]!r} {t} has one entry per row or column, "
-                           "so samples meet different parameters by their position", "quantize that operand per tensor")
+            raise v.refuse(
+                f"its quantization parameter {v.node.inputs[i]!r} {t} has one entry per row or column, "
+                "so samples meet different parameters by their position",
+                "quantize that operand per tensor",
+            )
 
 
 def _gemm(v: View) -> State:
@@ -392,8 +440,10 @@ def _gemm(v: View) -> State:
         state = v.states[side]
         if batched(state):
             if state ^ trans[side] != side:
-                raise v.refuse(f"it sums over the batch axis of {v.node.inputs[side]!r} {v.types[side]}",
-                               "multiply with the samples as the rows of A")
+                raise v.refuse(
+                    f"it sums over the batch axis of {v.node.inputs[side]!r} {v.types[side]}",
+                    "multiply with the samples as the rows of A",
+                )
             found.append(side)
     if len(found) == 2:
         raise v.refuse("both A and B carry samples (x · xT pairs every sample with every other)", _BOTH)
@@ -404,8 +454,11 @@ def _gemm(v: View) -> State:
         raise v.refuse("A·B and C carry the samples on different axes", "add a bias that lines up with the rows")
     axis = found[0]
     if not batched(v.states[axis]) and v.types[axis].shape[axis ^ trans[axis]] != 1:
-        raise v.refuse(f"{v.node.inputs[axis]!r} {v.types[axis]} holds no sample but spans the batch axis of the "
-                       "output, so each sample meets a different slice by its position", "give it size 1 there")
+        raise v.refuse(
+            f"{v.node.inputs[axis]!r} {v.types[axis]} holds no sample but spans the batch axis of the "
+            "output, so each sample meets a different slice by its position",
+            "give it size 1 there",
+        )
     if bias and not batched(v.states[2]):
         fits(v, 2, axis, 2)
     return axis
@@ -430,16 +483,20 @@ def _resize(v: View) -> State:
     else:
         same = scales is not None and np.size(scales) > where and float(np.asarray(scales).reshape(-1)[where]) == 1.0
     if not same or policy != "stretch" or coord not in _RESIZE_SAFE:
-        raise v.refuse(f"it resamples axis {a}, the batch axis ({coord}), interpolating between samples",
-                       "resize only spatial axes (scale 1 on the batch axis)")
+        raise v.refuse(
+            f"it resamples axis {a}, the batch axis ({coord}), interpolating between samples",
+            "resize only spatial axes (scale 1 on the batch axis)",
+        )
     return a
 
 
 def _quantize(v: View) -> State:
     a, scale = v.states[0], v.types[1]
     if scale.numel() > 1 and scale.rank and _norm(v.node.attr("axis", 1), v.rank()) == a:
-        raise v.refuse(f"its scale {v.node.inputs[1]!r} {scale} has one entry per position along the batch axis",
-                       "quantize per tensor or per channel")
+        raise v.refuse(
+            f"its scale {v.node.inputs[1]!r} {scale} has one entry per position along the batch axis",
+            "quantize per tensor or per channel",
+        )
     return a
 
 
@@ -447,8 +504,22 @@ def _shape(v: View) -> State:
     return SIZE
 
 
-_UNARY = ("Relu", "Sigmoid", "Tanh", "Exp", "Log", "Sqrt", "Erf", "Not", "LeakyRelu", "HardSigmoid", "HardSwish",
-          "Gelu", "Cast", "Identity")
+_UNARY = (
+    "Relu",
+    "Sigmoid",
+    "Tanh",
+    "Exp",
+    "Log",
+    "Sqrt",
+    "Erf",
+    "Not",
+    "LeakyRelu",
+    "HardSigmoid",
+    "HardSwish",
+    "Gelu",
+    "Cast",
+    "Identity",
+)
 _BINARY = ("Add", "Sub", "Mul", "Div", "Pow", "Equal", "Greater", "Less", "Where", "Sum", "Clip")
 
 #: op type -> how samples flow through it (see the module docstring).
@@ -456,11 +527,15 @@ ROWS: dict[str, Row] = {
     **{op: Row(_same) for op in _UNARY},
     **{op: Row(_broadcast, data=None) for op in _BINARY},
     "Dropout": Row(_same),
-    "Softmax": Row(_softmax), "LogSoftmax": Row(_softmax),
-    "ReduceSum": Row(_reduce(13), shape=(1,)), "ReduceMean": Row(_reduce(18), shape=(1,)),
+    "Softmax": Row(_softmax),
+    "LogSoftmax": Row(_softmax),
+    "ReduceSum": Row(_reduce(13), shape=(1,)),
+    "ReduceMean": Row(_reduce(18), shape=(1,)),
     "ReduceMax": Row(_reduce(18), shape=(1,)),
-    "Reshape": Row(_reshaped, shape=(1,)), "Flatten": Row(_reshaped),
-    "Squeeze": Row(_reshaped, shape=(1,)), "Unsqueeze": Row(_reshaped, shape=(1,)),
+    "Reshape": Row(_reshaped, shape=(1,)),
+    "Flatten": Row(_reshaped),
+    "Squeeze": Row(_reshaped, shape=(1,)),
+    "Unsqueeze": Row(_reshaped, shape=(1,)),
     "Transpose": Row(_transpose),
     "Concat": Row(_concat, data=None),
     "Split": Row(_split, shape=(1,)),
@@ -470,8 +545,7 @@ ROWS: dict[str, Row] = {
     "Expand": Row(_created, shape=(1,), creates=True),
     "ConstantOfShape": Row(_created, data=(), shape=(0,), creates=True),
     "Shape": Row(_shape),
-    **{op: Row(_windowed((0,))) for op in ("Conv", "ConvTranspose", "ConvInteger", "QLinearConv",
-                                             "CuvilFusedConv")},
+    **{op: Row(_windowed((0,))) for op in ("Conv", "ConvTranspose", "ConvInteger", "QLinearConv", "CuvilFusedConv")},
     **{op: Row(_windowed((0, 1))) for op in ("MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool")},
     "BatchNormalization": Row(_batch_norm),
     # per sample over its own spatial axes (Instance) or channel groups (Group): the batch stays on axis 0
@@ -480,7 +554,9 @@ ROWS: dict[str, Row] = {
     "MatMul": Row(_matmul((0, 1)), data=(0, 1)),
     "MatMulInteger": Row(_matmul((0, 1)), data=(0, 1)),
     "QLinearMatMul": Row(_matmul((0, 3)), data=(0, 3)),
-    "Gemm": Row(_gemm, data=None), "CuvilFusedGemm": Row(_gemm, data=None),
+    "Gemm": Row(_gemm, data=None),
+    "CuvilFusedGemm": Row(_gemm, data=None),
     "Resize": Row(_resize, shape=(1, 2, 3)),
-    "QuantizeLinear": Row(_quantize), "DequantizeLinear": Row(_quantize),
+    "QuantizeLinear": Row(_quantize),
+    "DequantizeLinear": Row(_quantize),
 }

@@ -52,8 +52,11 @@ CREATE TABLE budget (
     created_at     TEXT NOT NULL
 );
 """
-_SCHEMA = ("CREATE TABLE meta (name TEXT PRIMARY KEY, value TEXT NOT NULL);\n" + _EVENTS_TABLE.format(name="events")
-           + _BUDGET_TABLE)
+_SCHEMA = (
+    "CREATE TABLE meta (name TEXT PRIMARY KEY, value TEXT NOT NULL);\n"
+    + _EVENTS_TABLE.format(name="events")
+    + _BUDGET_TABLE
+)
 #: The event parameter columns; pure events store their ε in ``epsilon`` instead.
 PARAMETER_COLUMNS = ("noise_multiplier", "sample_rate", "steps", "noise_std", "sensitivity")
 
@@ -85,8 +88,10 @@ class _LedgerFile:
         if self.path.exists():
             return
         if self.epsilon_budget is None:
-            raise LedgerError(f"there is no privacy ledger at {self.path} yet; the first use needs the site's "
-                              "epsilon_budget (from its YAML) to create it")
+            raise LedgerError(
+                f"there is no privacy ledger at {self.path} yet; the first use needs the site's "
+                "epsilon_budget (from its YAML) to create it"
+            )
         wal = Path(str(self.path) + "-wal")
         if wal.exists():
             raise LedgerError(
@@ -110,8 +115,10 @@ class _LedgerFile:
                         ("created_at", _now()),
                     ],
                 )
-                conn.execute("INSERT INTO budget (epsilon_budget, reason, created_at) VALUES (?, ?, ?)",
-                             (self.epsilon_budget, "initial budget (site YAML) when the ledger was created", _now()))
+                conn.execute(
+                    "INSERT INTO budget (epsilon_budget, reason, created_at) VALUES (?, ?, ?)",
+                    (self.epsilon_budget, "initial budget (site YAML) when the ledger was created", _now()),
+                )
             finally:
                 conn.close()
             with open(tmp, "rb") as f:
@@ -134,9 +141,7 @@ class _LedgerFile:
                     f"privacy ledger {self.path} is empty (truncated?); releases are refused. "
                     "Restore it from backup; never delete it to reset the budget."
                 )
-            conn = sqlite3.connect(
-                self.path, isolation_level=None, timeout=30.0, check_same_thread=False
-            )
+            conn = sqlite3.connect(self.path, isolation_level=None, timeout=30.0, check_same_thread=False)
         except (OSError, sqlite3.Error) as e:
             raise LedgerError(f"cannot open privacy ledger {self.path}: {e}") from e
         try:
@@ -187,9 +192,10 @@ class _LedgerFile:
             meta = dict(conn.execute("SELECT name, value FROM meta").fetchall())
             if meta.get("schema_version") == "2":
                 conn.execute(_BUDGET_TABLE)
-                conn.execute("INSERT INTO budget (epsilon_budget, reason, created_at) VALUES (?, ?, ?)",
-                             (float(meta["epsilon_budget"]), "budget recorded at creation (upgrade to schema 3)",
-                              _now()))
+                conn.execute(
+                    "INSERT INTO budget (epsilon_budget, reason, created_at) VALUES (?, ?, ?)",
+                    (float(meta["epsilon_budget"]), "budget recorded at creation (upgrade to schema 3)", _now()),
+                )
                 conn.execute("UPDATE meta SET value = ? WHERE name = 'schema_version'", (str(SCHEMA_VERSION),))
                 logger.warning("privacy ledger %s upgraded from schema 2 to %d", self.path, SCHEMA_VERSION)
             return dict(conn.execute("SELECT name, value FROM meta").fetchall())

@@ -105,8 +105,9 @@ class DpSgd:
 
     def rdp(self, orders: Sequence[float]) -> np.ndarray:
         """RDP at ``orders`` of ``steps`` compositions of the sampled Gaussian mechanism."""
-        return self.steps * np.array([sgm_rdp_once(self.sample_rate, self.noise_multiplier, float(a))
-                                      for a in orders], dtype=np.float64)
+        return self.steps * np.array(
+            [sgm_rdp_once(self.sample_rate, self.noise_multiplier, float(a)) for a in orders], dtype=np.float64
+        )
 
 
 @dataclass(frozen=True)
@@ -204,8 +205,9 @@ def event_from(mechanism: str, parameters: dict[str, Any]) -> Event:
         raise PrivacyError(f"bad {mechanism} event parameters {parameters!r}: {e}") from e
 
 
-def subsampled_gaussian_rdp(sample_rate: float, noise_multiplier: float, steps: int,
-                            orders: Sequence[float]) -> np.ndarray:
+def subsampled_gaussian_rdp(
+    sample_rate: float, noise_multiplier: float, steps: int, orders: Sequence[float]
+) -> np.ndarray:
     """RDP at each order α > 1 of ``steps`` compositions of the Poisson-subsampled Gaussian
     mechanism (sampling rate q, noise σ in units of the sensitivity)."""
     return DpSgd(noise_multiplier, sample_rate, steps).rdp(orders)
@@ -238,18 +240,29 @@ def event_pld(event: Event, interval: float = PLD_VALUE_INTERVAL) -> Any:
     from dp_accounting.pld import privacy_loss_distribution as pld
 
     if isinstance(event, DpSgd):
-        one = pld.from_gaussian_mechanism(event.noise_multiplier, sensitivity=1, pessimistic_estimate=True,
-                                          value_discretization_interval=interval, sampling_prob=event.sample_rate)
+        one = pld.from_gaussian_mechanism(
+            event.noise_multiplier,
+            sensitivity=1,
+            pessimistic_estimate=True,
+            value_discretization_interval=interval,
+            sampling_prob=event.sample_rate,
+        )
         return one.self_compose(event.steps) if event.steps > 1 else one
     if isinstance(event, Gaussian):
-        return pld.from_gaussian_mechanism(event.noise_std, sensitivity=event.sensitivity, pessimistic_estimate=True,
-                                           value_discretization_interval=interval)
+        return pld.from_gaussian_mechanism(
+            event.noise_std,
+            sensitivity=event.sensitivity,
+            pessimistic_estimate=True,
+            value_discretization_interval=interval,
+        )
     if isinstance(event, Laplace):
-        return pld.from_laplace_mechanism(1.0 / event.epsilon, sensitivity=1, pessimistic_estimate=True,
-                                          value_discretization_interval=interval)
+        return pld.from_laplace_mechanism(
+            1.0 / event.epsilon, sensitivity=1, pessimistic_estimate=True, value_discretization_interval=interval
+        )
     if isinstance(event, PureDp):
-        return pld.from_privacy_parameters(common.DifferentialPrivacyParameters(event.epsilon, 0.0),
-                                           value_discretization_interval=interval)
+        return pld.from_privacy_parameters(
+            common.DifferentialPrivacyParameters(event.epsilon, 0.0), value_discretization_interval=interval
+        )
     raise PrivacyError(f"not a privacy event: {event!r}")
 
 
@@ -264,9 +277,9 @@ def composed_pld(events: Sequence[Event], interval: float = PLD_VALUE_INTERVAL) 
     with _pld_lock:
         start, acc = 0, None
         for n in range(len(events), max(0, len(events) - 64), -1):
-            hit = _pld_prefixes.get(key[:n + 1])
+            hit = _pld_prefixes.get(key[: n + 1])
             if hit is not None:
-                _pld_prefixes.move_to_end(key[:n + 1])
+                _pld_prefixes.move_to_end(key[: n + 1])
                 start, acc = n, hit
                 break
     for i in range(start, len(events)):
@@ -369,8 +382,12 @@ class Accountant:
 
     def breakdown(self, delta: float) -> dict[str, float]:
         """Every bound at ``delta``: ``pld``, ``rdp``, ``basic`` and the ``charged`` total."""
-        return {"pld": self.pld_epsilon(delta), "rdp": self.rdp_epsilon(delta),
-                "basic": float(self.basic_epsilon(delta)), "charged": self.epsilon(delta)}
+        return {
+            "pld": self.pld_epsilon(delta),
+            "rdp": self.rdp_epsilon(delta),
+            "basic": float(self.basic_epsilon(delta)),
+            "charged": self.epsilon(delta),
+        }
 
     def basic_epsilon(self, delta: float) -> Fraction:
         """Exact sum of the pure events' ε plus the PLD ε of the approximate events at ``delta``."""
@@ -416,8 +433,11 @@ class Accountant:
         if state["schema"] != STATE_SCHEMA or state["version"] != STATE_VERSION:
             raise PrivacyError(f"unknown accountant state {state['schema']!r} v{state['version']!r}")
         orders = state["orders"]
-        if not isinstance(orders, list) or not orders or not all(
-                isinstance(o, (int, float)) and not isinstance(o, bool) and o > 1 for o in orders):
+        if (
+            not isinstance(orders, list)
+            or not orders
+            or not all(isinstance(o, (int, float)) and not isinstance(o, bool) and o > 1 for o in orders)
+        ):
             raise PrivacyError("accountant state: orders must be a non-empty list of numbers > 1")
         events: list[Event] = []
         for raw in state["events"] if isinstance(state["events"], list) else [None]:
@@ -443,8 +463,7 @@ class Accountant:
             raise PrivacyError(f"accountant state is not JSON: {e}") from e
 
 
-def cumulative_epsilons(events: Sequence[Event], delta: float,
-                        orders: Sequence[float] = DEFAULT_ORDERS) -> list[float]:
+def cumulative_epsilons(events: Sequence[Event], delta: float, orders: Sequence[float] = DEFAULT_ORDERS) -> list[float]:
     """Total ε (min of PLD and basic, as :meth:`Accountant.epsilon`) after each prefix of ``events``.
 
     Each prefix's PLD is the previous one composed with one event (:func:`composed_pld` caches

@@ -42,8 +42,9 @@ PROBE_DIM = 2
 _ALLOW_LIST = "ROWS in cuvil_edge/privacy/_batch_rules.py"
 
 
-def check_batch_independent(graph: Graph, *, batch_axis_inputs: Optional[Iterable[str]] = None,
-                            probe_rows: int = 4, seed: int = 0) -> None:
+def check_batch_independent(
+    graph: Graph, *, batch_axis_inputs: Optional[Iterable[str]] = None, probe_rows: int = 4, seed: int = 0
+) -> None:
     """Refuse ``graph`` for DP-SGD training if any sample's outputs depend on another sample.
 
     ``batch_axis_inputs`` names the inputs that carry one sample per index of their axis 0; by
@@ -66,9 +67,13 @@ def check_batch_independent(graph: Graph, *, batch_axis_inputs: Optional[Iterabl
     if not batched_inputs(graph, batch_axis_inputs):
         log.debug("graph %r has no batched input; static check only", graph.name)
         return
-    probe_batch_independence(graph, batch_axis_inputs=batch_axis_inputs,
-                             output_axes={v.name: axes[v.name] for v in graph.outputs},
-                             probe_rows=probe_rows, seed=seed)
+    probe_batch_independence(
+        graph,
+        batch_axis_inputs=batch_axis_inputs,
+        output_axes={v.name: axes[v.name] for v in graph.outputs},
+        probe_rows=probe_rows,
+        seed=seed,
+    )
 
 
 def batched_inputs(graph: Graph, names: Optional[Iterable[str]] = None) -> dict[str, Dim]:
@@ -85,14 +90,18 @@ def batched_inputs(graph: Graph, names: Optional[Iterable[str]] = None) -> dict[
         chosen = list(names)
         for n in chosen:
             if n not in inputs or not inputs[n].rank:
-                raise PrivacyError(f"batch_axis_inputs names {n!r}, which is not a graph input of rank >= 1 "
-                                   f"(inputs: {sorted(inputs)}); name the inputs that carry one sample per row")
+                raise PrivacyError(
+                    f"batch_axis_inputs names {n!r}, which is not a graph input of rank >= 1 "
+                    f"(inputs: {sorted(inputs)}); name the inputs that carry one sample per row"
+                )
     dims = {n: inputs[n].shape[0] for n in chosen}
     symbols = {d for d in dims.values() if isinstance(d, str)}
     for n, t in inputs.items():
         if n not in dims and symbols & t.symbols():
-            raise PrivacyError(f"input {n!r} {t} shares the batch dim {sorted(symbols & t.symbols())} but is not "
-                               "in batch_axis_inputs; list it there (with the samples on axis 0)")
+            raise PrivacyError(
+                f"input {n!r} {t} shares the batch dim {sorted(symbols & t.symbols())} but is not "
+                "in batch_axis_inputs; list it there (with the samples on axis 0)"
+            )
     return dims
 
 
@@ -112,9 +121,14 @@ def batch_axes(graph: Graph, *, batch_axis_inputs: Optional[Iterable[str]] = Non
     states: dict[str, State] = {name: CONST for name in graph.initializers}
     states.update({v.name: 0 if v.name in dims else CONST for v in graph.inputs})
     for node in graph.nodes:
-        view = View(node, tuple(states.get(i, CONST) if i else CONST for i in node.inputs),
-                    tuple(graph.types[i] if i else None for i in node.inputs),
-                    tuple(graph.types.get(o) if o else None for o in node.outputs), known, symbols)
+        view = View(
+            node,
+            tuple(states.get(i, CONST) if i else CONST for i in node.inputs),
+            tuple(graph.types[i] if i else None for i in node.inputs),
+            tuple(graph.types.get(o) if o else None for o in node.outputs),
+            known,
+            symbols,
+        )
         for name, state in zip(node.outputs, _step(view)):
             if name:
                 states[name] = _settle(state, known.get(name), symbols)
@@ -122,8 +136,11 @@ def batch_axes(graph: Graph, *, batch_axis_inputs: Optional[Iterable[str]] = Non
     producer = graph.producer()
     for out in graph.outputs:
         if states[out.name] == SIZE:
-            raise refuse(producer[out.name], f"the graph output {out.name!r} is computed from the batch size",
-                         "output per-sample values only")
+            raise refuse(
+                producer[out.name],
+                f"the graph output {out.name!r} is computed from the batch size",
+                "output per-sample values only",
+            )
     return states
 
 
@@ -133,9 +150,12 @@ def _one_batch_axis(node: Node, name: str, t: TensorType, state: State, symbols:
     extra = [j for j, d in enumerate(t.shape) if d in symbols and j != state]
     if extra:
         held = f"besides its batch axis {state}" if batched(state) else "yet holds no sample"
-        raise refuse(node, f"its output {name!r} {t} has the batch size on axis {extra[0]} {held}, so each "
-                           "sample's slice depends on how many records the batch holds",
-                     "keep the batch size on one axis only")
+        raise refuse(
+            node,
+            f"its output {name!r} {t} has the batch size on axis {extra[0]} {held}, so each "
+            "sample's slice depends on how many records the batch holds",
+            "keep the batch size on one axis only",
+        )
 
 
 def _step(v: View) -> list[State]:
@@ -148,35 +168,49 @@ def _step(v: View) -> list[State]:
         raise BatchMixingError(
             f"op {node.op_type!r} at {describe(node)} is not known to keep samples independent, and its inputs "
             f"depend on the batch; add it to the allow-list ({_ALLOW_LIST}) if it is row-wise, or re-export "
-            "the model without it")
+            "the model without it"
+        )
     data = range(len(v.states)) if row.data is None else row.data
     for i, state in enumerate(v.states):
         if i not in data and (batched(state) or (state == SIZE and i not in row.shape)):
-            raise v.refuse(f"its input {i} ({node.inputs[i]!r}), a weight or setting of the op, is computed from "
-                           f"the {'samples' if batched(state) else 'batch size'}, and only the op's data inputs "
-                           "may carry samples", "compute weights and settings from initializers only")
+            raise v.refuse(
+                f"its input {i} ({node.inputs[i]!r}), a weight or setting of the op, is computed from "
+                f"the {'samples' if batched(state) else 'batch size'}, and only the op's data inputs "
+                "may carry samples",
+                "compute weights and settings from initializers only",
+            )
     carried = [v.states[i] for i in data if i < len(v.states)]
     if not any(batched(s) for s in carried) and not row.creates:
         return [SIZE if SIZE in v.states else CONST] * count
     if SIZE in carried and any(batched(s) for s in carried):
-        raise v.refuse("it combines the samples with a value computed from the batch size (a Shape of the "
-                       "batch), so every sample's output depends on how many records the batch holds",
-                       "use constants, not the batch size, in per-sample arithmetic")
+        raise v.refuse(
+            "it combines the samples with a value computed from the batch size (a Shape of the "
+            "batch), so every sample's output depends on how many records the batch holds",
+            "use constants, not the batch size, in per-sample arithmetic",
+        )
     result = row.rule(v)
     return [result] * count if isinstance(result, (int, str)) else list(result)
 
 
 def _settle(state: State, value: Optional[np.ndarray], symbols: frozenset[str]) -> State:
     """A batch-size value whose known value names no batch symbol is a constant (``Shape(x)[1:]``)."""
-    if state == SIZE and value is not None and not any(str(d) in symbols for d in np.asarray(value).reshape(-1)
-                                                       if isinstance(d, str)):
+    if (
+        state == SIZE
+        and value is not None
+        and not any(str(d) in symbols for d in np.asarray(value).reshape(-1) if isinstance(d, str))
+    ):
         return CONST
     return state
 
 
-def probe_batch_independence(graph: Graph, *, batch_axis_inputs: Optional[Iterable[str]] = None,
-                             output_axes: Optional[Mapping[str, State]] = None, probe_rows: int = 4,
-                             seed: int = 0) -> None:
+def probe_batch_independence(
+    graph: Graph,
+    *,
+    batch_axis_inputs: Optional[Iterable[str]] = None,
+    output_axes: Optional[Mapping[str, State]] = None,
+    probe_rows: int = 4,
+    seed: int = 0,
+) -> None:
     """Run a random batch of ``probe_rows`` rows and each row alone through the IR interpreter;
     every output's row (along its batch axis in ``output_axes``; by default 0 where the output's
     dim 0 is a batch dim, else the whole output) must match the row run alone. Inputs are drawn
@@ -208,23 +242,36 @@ def probe_batch_independence(graph: Graph, *, batch_axis_inputs: Optional[Iterab
         _perturb(graph, dims, feeds, whole, axes, rows, min(probe_rows, rows), rng)
         return
     for i in range(rows):
-        alone = {n: a[i:i + 1] if n in dims else a for n, a in feeds.items()}
+        alone = {n: a[i : i + 1] if n in dims else a for n, a in feeds.items()}
         try:
             single = _run(graph, alone)
         except ExecutionError as e:
-            raise BatchMixingError(f"the model runs on a batch of {rows} rows but fails on row {i} alone ({e}): "
-                                   "its computation depends on the batch size; DP-SGD's per-sample clipping "
-                                   "cannot bound one record's influence; keep every op row-wise") from e
+            raise BatchMixingError(
+                f"the model runs on a batch of {rows} rows but fails on row {i} alone ({e}): "
+                "its computation depends on the batch size; DP-SGD's per-sample clipping "
+                "cannot bound one record's influence; keep every op row-wise"
+            ) from e
         for out in graph.outputs:
             axis = axes.get(out.name, CONST)
-            what = (f"row {i} run alone differs from row {i} of a {rows}-row batch" if batched(axis) else
-                    f"(no batch axis) differs between a {rows}-row batch and its row {i} alone")
+            what = (
+                f"row {i} run alone differs from row {i} of a {rows}-row batch"
+                if batched(axis)
+                else f"(no batch axis) differs between a {rows}-row batch and its row {i} alone"
+            )
             _compare(out.name, _row(whole[out.name], axis, i), single[out.name], what)
     log.debug("graph %r: %d probe rows each match when run alone", graph.name, rows)
 
 
-def _perturb(graph: Graph, dims: Mapping[str, Dim], feeds: dict[str, np.ndarray], whole: dict[str, np.ndarray],
-             axes: Mapping[str, State], rows: int, count: int, rng: np.random.Generator) -> None:
+def _perturb(
+    graph: Graph,
+    dims: Mapping[str, Dim],
+    feeds: dict[str, np.ndarray],
+    whole: dict[str, np.ndarray],
+    axes: Mapping[str, State],
+    rows: int,
+    count: int,
+    rng: np.random.Generator,
+) -> None:
     """Static batch: replace row ``i`` of every batched input; the other rows' outputs must not move."""
     for i in range(count):
         fresh = _draw(graph, dims, rows, rng)
@@ -233,13 +280,21 @@ def _perturb(graph: Graph, dims: Mapping[str, Dim], feeds: dict[str, np.ndarray]
         for out in graph.outputs:
             axis = axes.get(out.name, CONST)
             if not batched(axis):
-                _compare(out.name, whole[out.name], moved[out.name],
-                         f"(no batch axis) changes when only row {i} of the inputs changes")
+                _compare(
+                    out.name,
+                    whole[out.name],
+                    moved[out.name],
+                    f"(no batch axis) changes when only row {i} of the inputs changes",
+                )
                 continue
             for j in range(rows):
                 if j != i:
-                    _compare(out.name, _row(whole[out.name], axis, j), _row(moved[out.name], axis, j),
-                             f"row {j} changes when only row {i} of the inputs changes")
+                    _compare(
+                        out.name,
+                        _row(whole[out.name], axis, j),
+                        _row(moved[out.name], axis, j),
+                        f"row {j} changes when only row {i} of the inputs changes",
+                    )
 
 
 def _replace_row(array: np.ndarray, fresh: np.ndarray, i: int) -> np.ndarray:
@@ -257,8 +312,10 @@ def _draw(graph: Graph, dims: Mapping[str, Dim], rows: int, rng: np.random.Gener
     """Random feeds: batch dims ``rows``, other symbols :data:`PROBE_DIM`; normal floats, ints in 0..2, bools."""
     feeds = {}
     for v in graph.inputs:
-        shape = tuple(rows if (i == 0 and v.name in dims) else d if isinstance(d, int) else PROBE_DIM
-                      for i, d in enumerate(v.type.shape))
+        shape = tuple(
+            rows if (i == 0 and v.name in dims) else d if isinstance(d, int) else PROBE_DIM
+            for i, d in enumerate(v.type.shape)
+        )
         dtype = np.dtype(v.type.dtype)
         if dtype.kind == "f":
             feeds[v.name] = rng.standard_normal(shape).astype(dtype)
@@ -296,10 +353,14 @@ def _compare(name: str, want: np.ndarray, got: np.ndarray, what: str) -> None:
     elif same:
         same = bool(np.array_equal(got, want))
     if not same:
-        diff = (f"max |difference| {float(np.nanmax(np.abs(got.astype(np.float64) - want))):.3g}"
-                if want.shape == got.shape and want.size else f"shape {list(got.shape)} vs {list(want.shape)}")
+        diff = (
+            f"max |difference| {float(np.nanmax(np.abs(got.astype(np.float64) - want))):.3g}"
+            if want.shape == got.shape and want.size
+            else f"shape {list(got.shape)} vs {list(want.shape)}"
+        )
         raise BatchMixingError(
             f"the model mixes samples across the batch axis: output {name!r} {what} ({diff}); DP-SGD's "
             "per-sample clipping cannot bound one record's influence, so training is refused; find the op that "
             "combines rows (a softmax, reduction or normalisation over the batch, a Reshape of the batch axis) "
-            "and export the model without it")
+            "and export the model without it"
+        )

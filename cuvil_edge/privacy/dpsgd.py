@@ -103,8 +103,7 @@ def steps_for(sample_rate: float, epochs: int) -> int:
 
 
 @lru_cache(maxsize=256)
-def noise_multiplier_for(target_epsilon: float, delta: float, sample_rate: float,
-                         steps: int) -> float:
+def noise_multiplier_for(target_epsilon: float, delta: float, sample_rate: float, steps: int) -> float:
     """Smallest noise multiplier (RDP accountant) reaching ``target_epsilon`` at ``delta``.
 
     A pure function of public configuration, remembered per process: Opacus' search costs
@@ -123,12 +122,11 @@ def noise_multiplier_for(target_epsilon: float, delta: float, sample_rate: float
 
     try:
         with _quiet_opacus():
-            return float(get_noise_multiplier(target_epsilon=eps, target_delta=d,
-                                              sample_rate=q, steps=steps, accountant="rdp"))
+            return float(
+                get_noise_multiplier(target_epsilon=eps, target_delta=d, sample_rate=q, steps=steps, accountant="rdp")
+            )
     except ValueError as e:
-        raise PrivacyError(
-            f"cannot reach epsilon={eps} at delta={d} with q={q}, {steps} steps: {e}"
-        ) from e
+        raise PrivacyError(f"cannot reach epsilon={eps} at delta={d} with q={q}, {steps} steps: {e}") from e
 
 
 #: File, in a plan cache directory, of noise multipliers already searched (:func:`plan_dp_sgd`).
@@ -137,8 +135,15 @@ NOISE_CACHE = "noise-multipliers.json"
 _SEARCH_TOLERANCE = 0.01
 
 
-def plan_dp_sgd(*, target_epsilon: float, delta: float, sample_rate: float, epochs: int,
-                expected_batch_size: int, cache_dir: Path | None = None) -> DpSgdPlan:
+def plan_dp_sgd(
+    *,
+    target_epsilon: float,
+    delta: float,
+    sample_rate: float,
+    epochs: int,
+    expected_batch_size: int,
+    cache_dir: Path | None = None,
+) -> DpSgdPlan:
     """The (noise_multiplier, sample_rate, steps) :func:`train_dp_sgd` will use, from public
     configuration only.
 
@@ -151,8 +156,9 @@ def plan_dp_sgd(*, target_epsilon: float, delta: float, sample_rate: float, epoc
     steps = steps_for(sample_rate, epochs)
     args = (target_epsilon, delta, sample_rate, steps)
     sigma = noise_multiplier_for(*args) if cache_dir is None else _remembered_noise(*args, Path(cache_dir))
-    return DpSgdPlan(sigma, float(sample_rate), steps, int_at_least("expected_batch_size", expected_batch_size),
-                     float(delta))
+    return DpSgdPlan(
+        sigma, float(sample_rate), steps, int_at_least("expected_batch_size", expected_batch_size), float(delta)
+    )
 
 
 def _remembered_noise(target_epsilon: float, delta: float, sample_rate: float, steps: int, cache_dir: Path) -> float:
@@ -250,8 +256,9 @@ def train_dp_sgd(
         seed = secrets.randbits(63)
     with _quiet_opacus(), torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        final_loss, empty = _train(model, tx, ty, plan, lr=lr, momentum=momentum, max_grad_norm=max_grad_norm,
-                                   loss=loss, proximal_mu=mu)
+        final_loss, empty = _train(
+            model, tx, ty, plan, lr=lr, momentum=momentum, max_grad_norm=max_grad_norm, loss=loss, proximal_mu=mu
+        )
     from cuvil_edge.privacy.ledger import dpsgd_epsilon
 
     epsilon = dpsgd_epsilon([(plan.noise_multiplier, plan.sample_rate, plan.steps)], plan.delta)
@@ -292,11 +299,22 @@ def proximal_gradient(model: Any, mu: float):
             for p in params:
                 if p.grad is not None and id(p) in start:
                     p.grad.add_(p.detach() - start[id(p)], alpha=mu)
+
     return add
 
 
-def _train(model: Any, tx: Any, ty: Any, plan: DpSgdPlan, *, lr: float, momentum: float,
-           max_grad_norm: float, loss: str, proximal_mu: float = 0.0) -> tuple[float, int]:
+def _train(
+    model: Any,
+    tx: Any,
+    ty: Any,
+    plan: DpSgdPlan,
+    *,
+    lr: float,
+    momentum: float,
+    max_grad_norm: float,
+    loss: str,
+    proximal_mu: float = 0.0,
+) -> tuple[float, int]:
     import torch
     from opacus import GradSampleModule
     from opacus.data_loader import DPDataLoader
@@ -306,12 +324,17 @@ def _train(model: Any, tx: Any, ty: Any, plan: DpSgdPlan, *, lr: float, momentum
     # Per-sample losses are summed: each sample's gradient is its own, whatever the batch size,
     # and an empty batch gives a zero sum (a mean would be NaN); the optimizer divides the noisy
     # sum by the public expected batch size.
-    criterion = torch.nn.CrossEntropyLoss(reduction="sum") if loss == "cross_entropy" else \
-        torch.nn.MSELoss(reduction="sum")
+    criterion = (
+        torch.nn.CrossEntropyLoss(reduction="sum") if loss == "cross_entropy" else torch.nn.MSELoss(reduction="sum")
+    )
     dp_model = GradSampleModule(model, loss_reduction="sum")
-    dp_optimizer = DPOptimizer(torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum),
-                               noise_multiplier=plan.noise_multiplier, max_grad_norm=max_grad_norm,
-                               expected_batch_size=plan.expected_batch_size, loss_reduction="mean")
+    dp_optimizer = DPOptimizer(
+        torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum),
+        noise_multiplier=plan.noise_multiplier,
+        max_grad_norm=max_grad_norm,
+        expected_batch_size=plan.expected_batch_size,
+        loss_reduction="mean",
+    )
     proximal = proximal_gradient(model, proximal_mu)
     if proximal is not None:  # runs after clip + noise + scaling, before the SGD step
         dp_optimizer.attach_step_hook(lambda optimizer: proximal(optimizer.params))
@@ -335,6 +358,7 @@ def _train(model: Any, tx: Any, ty: Any, plan: DpSgdPlan, *, lr: float, momentum
         trained = dp_model.to_standard_module()  # removes hooks and per-sample grad attrs
     if trained is not model:  # GradSampleModule shares parameters; copy if it ever stops
         model.load_state_dict(trained.state_dict())
-    logger.info("DP-SGD: %d steps (%d empty batches), sigma=%.4g, q=%.4g", taken, empty,
-                plan.noise_multiplier, plan.sample_rate)
+    logger.info(
+        "DP-SGD: %d steps (%d empty batches), sigma=%.4g, q=%.4g", taken, empty, plan.noise_multiplier, plan.sample_rate
+    )
     return last, empty

@@ -52,16 +52,23 @@ from cuvil_edge.errors import BudgetExhaustedError, LedgerError, PrivacyError, R
 from cuvil_edge.privacy._checks import positive_finite
 from cuvil_edge.privacy._ledger_db import _COLUMNS, PARAMETER_COLUMNS, SCHEMA_VERSION, _LedgerFile, _Transaction
 from cuvil_edge.privacy.accounting import (
-    Accountant, DpSgd, Event, cumulative_epsilons, event_from, event_parameters, is_event, is_pure,
+    Accountant,
+    DpSgd,
+    Event,
+    cumulative_epsilons,
+    event_from,
+    event_parameters,
+    is_event,
+    is_pure,
 )
 
-__all__ = ["LEDGER_FILENAME", "SCHEMA_VERSION", "PrivacyLedger", "Reservation", "budget_config_hash",
-           "dpsgd_epsilon"]
+__all__ = ["LEDGER_FILENAME", "SCHEMA_VERSION", "PrivacyLedger", "Reservation", "budget_config_hash", "dpsgd_epsilon"]
 
 logger = logging.getLogger(__name__)
 
 LEDGER_FILENAME = "ledger.sqlite"  # the file's name inside an agent's state directory
 _MAX_KEY_LEN = 200
+
 
 @dataclass(frozen=True)
 class Reservation:
@@ -104,8 +111,9 @@ def _now() -> str:
 
 def budget_config_hash(site: str, epsilon_budget: float, delta: float) -> str:
     """sha256 of the canonical JSON of a site's budget settings (the default config hash)."""
-    doc = json.dumps({"site": site, "epsilon_budget": epsilon_budget, "delta": delta},
-                     sort_keys=True, separators=(",", ":"))
+    doc = json.dumps(
+        {"site": site, "epsilon_budget": epsilon_budget, "delta": delta}, sort_keys=True, separators=(",", ":")
+    )
     return "sha256:" + hashlib.sha256(doc.encode()).hexdigest()
 
 
@@ -122,8 +130,7 @@ def _check_key(key: str | None) -> str:
         return uuid.uuid4().hex
     if not isinstance(key, str) or not key or len(key) > _MAX_KEY_LEN:
         raise PrivacyError(
-            f"idempotency key must be a non-empty string of at most {_MAX_KEY_LEN} "
-            f"characters, got {key!r}"
+            f"idempotency key must be a non-empty string of at most {_MAX_KEY_LEN} characters, got {key!r}"
         )
     return key
 
@@ -149,7 +156,12 @@ class PrivacyLedger(_LedgerFile):
     """
 
     def __init__(
-        self, path: str | os.PathLike[str], *, site: str, epsilon_budget: float | None, delta: float,
+        self,
+        path: str | os.PathLike[str],
+        *,
+        site: str,
+        epsilon_budget: float | None,
+        delta: float,
         config_hash: str | None = None,
     ) -> None:
         """``epsilon_budget`` is the site YAML's budget (None: the one recorded in the ledger).
@@ -185,10 +197,16 @@ class PrivacyLedger(_LedgerFile):
             raise LedgerError(
                 f"site {self.site!r}: the site YAML sets epsilon_budget {configured:g} but the ledger {self.path} "
                 f"records {recorded:g}. Editing the YAML cannot raise a budget; record the change with "
-                f"`cuvil-edge privacy raise-budget --site SITE.yaml --reason TEXT` (it is kept in the ledger).")
+                f"`cuvil-edge privacy raise-budget --site SITE.yaml --reason TEXT` (it is kept in the ledger)."
+            )
         if configured < recorded:
-            logger.warning("site %r: the site YAML lowers the budget to %g (ledger records %g); enforcing %g",
-                           self.site, configured, recorded, configured)
+            logger.warning(
+                "site %r: the site YAML lowers the budget to %g (ledger records %g); enforcing %g",
+                self.site,
+                configured,
+                recorded,
+                configured,
+            )
         return configured
 
     def recorded_budget(self) -> float:
@@ -211,7 +229,9 @@ class PrivacyLedger(_LedgerFile):
         """
         with self._lock:
             try:
-                rows = self._conn.execute("SELECT epsilon_budget, reason, created_at FROM budget ORDER BY id").fetchall()
+                rows = self._conn.execute(
+                    "SELECT epsilon_budget, reason, created_at FROM budget ORDER BY id"
+                ).fetchall()
             except sqlite3.Error as e:
                 raise LedgerError(f"cannot read privacy ledger {self.path}: {e}") from e
         return [{"epsilon_budget": b, "reason": r, "created_at": t} for b, r, t in rows]
@@ -229,10 +249,14 @@ class PrivacyLedger(_LedgerFile):
         with self._lock, self._transaction() as conn:
             spent = float(self._total(self._rows(conn)))
             if budget < spent:
-                raise PrivacyError(f"site {self.site!r} has already spent ε={spent:.4g}; a budget of {budget:g} "
-                                   "would be exceeded already")
-            conn.execute("INSERT INTO budget (epsilon_budget, reason, created_at) VALUES (?, ?, ?)",
-                         (budget, reason.strip(), _now()))
+                raise PrivacyError(
+                    f"site {self.site!r} has already spent ε={spent:.4g}; a budget of {budget:g} "
+                    "would be exceeded already"
+                )
+            conn.execute(
+                "INSERT INTO budget (epsilon_budget, reason, created_at) VALUES (?, ?, ?)",
+                (budget, reason.strip(), _now()),
+            )
         self.epsilon_budget = budget
         self.config_hash = budget_config_hash(self.site, budget, self.delta)
         logger.warning("site %r: privacy budget set to %g (%s)", self.site, budget, reason.strip())
@@ -356,15 +380,19 @@ class PrivacyLedger(_LedgerFile):
         pure = is_pure(event)
         params = event_parameters(event)
         fields = {c: params.get(c) for c in PARAMETER_COLUMNS}
-        fields.update(mechanism=event.mechanism, delta=0.0 if pure else self.delta,
-                      epsilon=params["epsilon"] if pure else Accountant([event]).epsilon(self.delta))
+        fields.update(
+            mechanism=event.mechanism,
+            delta=0.0 if pure else self.delta,
+            epsilon=params["epsilon"] if pure else Accountant([event]).epsilon(self.delta),
+        )
         with self._lock, self._transaction() as conn:
             existing = self._rows(conn, "WHERE idempotency_key = ?", (key,))
             if existing:
                 raise ReplayError(
                     f"site {self.site!r}: key {key!r} was already claimed (round {existing[0].round}, "
                     f"{existing[0].status}); a replayed or duplicated request is never computed or released "
-                    "again. Use the reply already sent.")
+                    "again. Use the reply already sent."
+                )
             rows = self._rows(conn)
             before = self._total(rows)
             after = self._total(rows, extra=event)
@@ -378,8 +406,17 @@ class PrivacyLedger(_LedgerFile):
             conn.execute(
                 f"INSERT INTO events ({_COLUMNS.replace('id, ', '', 1)}) "
                 "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, NULL, 'reserved')",
-                (key, self.site, fields["mechanism"], fields["epsilon"], fields["delta"],
-                 *(fields[p] for p in PARAMETER_COLUMNS), round_, self.config_hash, _now()),
+                (
+                    key,
+                    self.site,
+                    fields["mechanism"],
+                    fields["epsilon"],
+                    fields["delta"],
+                    *(fields[p] for p in PARAMETER_COLUMNS),
+                    round_,
+                    self.config_hash,
+                    _now(),
+                ),
             )
             row = self._rows(conn, "WHERE idempotency_key = ?", (key,))[0]
         logger.info("site %r reserved %s eps=%.6g key=%s", self.site, row.mechanism, row.epsilon, key)
@@ -441,8 +478,10 @@ class PrivacyLedger(_LedgerFile):
                 never un-counted), or the ledger cannot be written.
         """
         with self._lock, self._transaction() as conn:
-            conn.execute("UPDATE events SET status = 'aborted' WHERE idempotency_key = ? AND status = 'reserved'",
-                         (reservation.key,))
+            conn.execute(
+                "UPDATE events SET status = 'aborted' WHERE idempotency_key = ? AND status = 'reserved'",
+                (reservation.key,),
+            )
             rows = self._rows(conn, "WHERE idempotency_key = ?", (reservation.key,))
             if not rows or rows[0].status != "aborted":
                 raise LedgerError(

@@ -38,7 +38,7 @@ def _log_erfc(x: float) -> float:
     if value > 1e-300:  # below, the result is subnormal (few significant bits) or 0
         return math.log(value)
     r = 1.0 / (x * x)  # erfc(x) = e^{-x²}/(x√π) · (1 − r/2 + 3r²/4 − 15r³/8 + 105r⁴/16 − ...), r = 1/x²
-    series = 1 - 0.5 * r + 0.75 * r ** 2 - 1.875 * r ** 3 + 6.5625 * r ** 4
+    series = 1 - 0.5 * r + 0.75 * r**2 - 1.875 * r**3 + 6.5625 * r**4
     return -x * x - math.log(x) - 0.5 * math.log(math.pi) + math.log(series)
 
 
@@ -54,7 +54,7 @@ def sgm_rdp_once(q: float, sigma: float, alpha: float) -> float:
     if q == 0:
         return 0.0
     if q == 1.0:
-        return alpha / (2 * sigma ** 2)
+        return alpha / (2 * sigma**2)
     if math.isinf(alpha):
         return math.inf
     if float(alpha).is_integer():
@@ -62,11 +62,11 @@ def sgm_rdp_once(q: float, sigma: float, alpha: float) -> float:
         log_a = -math.inf
         for k in range(n + 1):
             log_binom = math.lgamma(n + 1) - math.lgamma(k + 1) - math.lgamma(n - k + 1)
-            term = log_binom + k * math.log(q) + (n - k) * math.log1p(-q) + (k * k - k) / (2 * sigma ** 2)
+            term = log_binom + k * math.log(q) + (n - k) * math.log1p(-q) + (k * k - k) / (2 * sigma**2)
             log_a = _log_add(log_a, term)
         return log_a / (alpha - 1)
     log_pos0 = log_pos1 = log_neg0 = log_neg1 = -math.inf
-    z0 = sigma ** 2 * math.log(1 / q - 1) + 0.5
+    z0 = sigma**2 * math.log(1 / q - 1) + 0.5
     i = 0
     while True:
         # generalised binomial coefficient C(α, i) = Γ(α+1) / (Γ(i+1) Γ(α−i+1)), with its sign
@@ -77,8 +77,8 @@ def sgm_rdp_once(q: float, sigma: float, alpha: float) -> float:
         log_t1 = log_coef + j * math.log(q) + i * math.log1p(-q)
         log_e0 = math.log(0.5) + _log_erfc((i - z0) / (math.sqrt(2) * sigma))
         log_e1 = math.log(0.5) + _log_erfc((z0 - j) / (math.sqrt(2) * sigma))
-        log_s0 = log_t0 + (i * i - i) / (2 * sigma ** 2) + log_e0
-        log_s1 = log_t1 + (j * j - j) / (2 * sigma ** 2) + log_e1
+        log_s0 = log_t0 + (i * i - i) / (2 * sigma**2) + log_e0
+        log_s1 = log_t1 + (j * j - j) / (2 * sigma**2) + log_e1
         if positive:
             log_pos0, log_pos1 = _log_add(log_pos0, log_s0), _log_add(log_pos1, log_s1)
         else:
@@ -96,8 +96,7 @@ def laplace_rdp(epsilon: float, orders: Sequence[float]) -> np.ndarray:
     if np.any(a <= 1):
         raise PrivacyError("RDP orders must be > 1")
     eps = float(epsilon)
-    log_terms = np.logaddexp(np.log(a / (2 * a - 1)) + (a - 1) * eps,
-                             np.log((a - 1) / (2 * a - 1)) - a * eps)
+    log_terms = np.logaddexp(np.log(a / (2 * a - 1)) + (a - 1) * eps, np.log((a - 1) / (2 * a - 1)) - a * eps)
     return np.minimum(log_terms / (a - 1), eps)  # never above ε (guards float rounding)
 
 

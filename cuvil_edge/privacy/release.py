@@ -188,12 +188,14 @@ def _clip_int(clip_norm: float | None, sensitivity: float, k: int) -> int | None
     if sensitivity < 2 * c:
         raise PrivacyError(
             f"clip_norm {c} bounds the sensitivity only by 2*clip_norm = {2 * c} "
-            f"(replace-one diameter), but sensitivity {sensitivity} was given; pass >= {2 * c}")
+            f"(replace-one diameter), but sensitivity {sensitivity} was given; pass >= {2 * c}"
+        )
     return math.floor(Fraction(c) * Fraction(2) ** k)
 
 
-def plan_laplace(sensitivity: float, epsilon: float, dimension: int, *, k: int | None = None,
-                 clip_norm: float | None = None) -> LaplacePlan:
+def plan_laplace(
+    sensitivity: float, epsilon: float, dimension: int, *, k: int | None = None, clip_norm: float | None = None
+) -> LaplacePlan:
     """Plan an eps-DP discrete-Laplace grid release of ``dimension`` values.
 
     Raises:
@@ -210,8 +212,9 @@ def plan_laplace(sensitivity: float, epsilon: float, dimension: int, *, k: int |
         s_int = math.ceil(Fraction(sens) * Fraction(2) ** k) + dimension
     s_int = max(s_int, 1)
     if s_int.bit_length() > 42:
-        raise PrivacyError(f"grid 2^-{k} makes the integer sensitivity {s_int} too large; "
-                           "use a smaller grid exponent k")
+        raise PrivacyError(
+            f"grid 2^-{k} makes the integer sensitivity {s_int} too large; use a smaller grid exponent k"
+        )
     # eps rounded down to m fractional bits so scale = s_int / eps has a small numerator.
     m = 62 - s_int.bit_length()
     eff = eps if eps.denominator <= (1 << m) else Fraction(math.floor(eps * (1 << m)), 1 << m)
@@ -235,8 +238,9 @@ def gaussian_sigma_for(epsilon: float, delta: float, sensitivity: float) -> floa
     return sensitivity / math.sqrt(2 * rho)
 
 
-def plan_gaussian(sensitivity: float, sigma: float, dimension: int, *, k: int | None = None,
-                  clip_norm: float | None = None) -> GaussianPlan:
+def plan_gaussian(
+    sensitivity: float, sigma: float, dimension: int, *, k: int | None = None, clip_norm: float | None = None
+) -> GaussianPlan:
     """Plan a discrete-Gaussian grid release (L2 ``sensitivity``, noise ``sigma``).
 
     The ledger must be charged with ``plan.sensitivity`` (widened by the
@@ -344,8 +348,14 @@ class PendingRelease:
     def __init__(self, plan: Union[GridPlan, "CountsPlan"], ledger: PrivacyLedger, reservation: Reservation) -> None:
         self.plan, self.ledger, self.reservation = plan, ledger, reservation
 
-    def publish(self, values: object, *, lower: float | None = None, upper: float | None = None,
-                rng: random.Random | None = None) -> np.ndarray:
+    def publish(
+        self,
+        values: object,
+        *,
+        lower: float | None = None,
+        upper: float | None = None,
+        rng: random.Random | None = None,
+    ) -> np.ndarray:
         """Noise ``values`` (clamped into ``[lower, upper]``) as planned and commit the spend.
 
         Raises:
@@ -372,8 +382,14 @@ class PendingRelease:
         self.ledger.abort(self.reservation)
 
 
-def reserve_release(mechanism: Union[Mechanism, "CountsMechanism"], dimension: int, ledger: PrivacyLedger, *,
-                    key: str | None = None, round: int | None = None) -> PendingRelease:
+def reserve_release(
+    mechanism: Union[Mechanism, "CountsMechanism"],
+    dimension: int,
+    ledger: PrivacyLedger,
+    *,
+    key: str | None = None,
+    round: int | None = None,
+) -> PendingRelease:
     """Plan ``mechanism`` for ``dimension`` values and claim its spend before anything is computed.
 
     Raises:
@@ -459,8 +475,11 @@ class CountsMechanism:
     def plan(self, dimension: int, delta: float) -> CountsPlan:
         """Raises: PrivacyError: bad sensitivity or epsilon."""
         eps = positive_finite("epsilon", self.epsilon)
-        if isinstance(self.sensitivity, bool) or not isinstance(self.sensitivity, (int, np.integer)) \
-                or self.sensitivity < 1:
+        if (
+            isinstance(self.sensitivity, bool)
+            or not isinstance(self.sensitivity, (int, np.integer))
+            or self.sensitivity < 1
+        ):
             raise PrivacyError(f"count sensitivity must be an int >= 1, got {self.sensitivity!r}")
         scale = Fraction(int(self.sensitivity)) / Fraction(eps)
         if scale.numerator >= _MAX_SCALE_NUMERATOR:
@@ -468,9 +487,16 @@ class CountsMechanism:
         return CountsPlan(dimension, int(self.sensitivity), eps, scale)
 
 
-def release_counts(counts: object, sensitivity: int, epsilon: float, ledger: PrivacyLedger, *,
-                   key: str | None = None, round: int | None = None,
-                   rng: random.Random | None = None) -> np.ndarray:
+def release_counts(
+    counts: object,
+    sensitivity: int,
+    epsilon: float,
+    ledger: PrivacyLedger,
+    *,
+    key: str | None = None,
+    round: int | None = None,
+    rng: random.Random | None = None,
+) -> np.ndarray:
     """Release integer counts (already computed) with :class:`CountsMechanism`.
 
     Raises:

@@ -92,7 +92,7 @@ def uniform_below(m: int, n: int, rng: random.Random) -> np.ndarray:
         w = _words(int(need / accept * 1.05) + 8, rng) >> np.uint64(64 - bits)
         w = w[w < np.uint64(m)]
         take = min(w.size, need)
-        out[filled:filled + take] = w[:take].astype(np.int64)
+        out[filled : filled + take] = w[:take].astype(np.int64)
         filled += take
     return out
 
@@ -257,6 +257,6 @@ def discrete_gaussian_pmf(k: np.ndarray, sigma2: float) -> np.ndarray:
     """P(Y = k) for the discrete Gaussian (float; normaliser summed numerically)."""
     reach = int(40 * math.sqrt(sigma2)) + 40
     support = np.arange(-reach, reach + 1, dtype=np.float64)
-    norm = np.exp(-support ** 2 / (2 * sigma2)).sum()
+    norm = np.exp(-(support**2) / (2 * sigma2)).sum()
     kk = np.asarray(k, dtype=np.float64)
-    return np.exp(-kk ** 2 / (2 * sigma2)) / norm
+    return np.exp(-(kk**2) / (2 * sigma2)) / norm

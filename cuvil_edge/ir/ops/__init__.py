@@ -33,6 +33,7 @@ from functools import lru_cache
 from cuvil_edge.errors import UnsupportedOpError
 from cuvil_edge.ir.ops._contract import OpDef
 
+
 @lru_cache(maxsize=1)
 def registry() -> dict[str, OpDef]:
     """All ops of this package, keyed by ONNX op type (the ``OPS`` of every public module).
@@ -72,8 +73,12 @@ SEE_ALSO = "see docs/OPS.md or run `cuvil-edge ops`"
 def op_modules() -> dict[str, str]:
     """The module of this package that defines each op (``"unary"``, ``"window"``...)."""
     registry()  # refuses a broken module first, with registry's message
-    return {op.OP_TYPE: info.name for info in pkgutil.iter_modules(__path__) if not info.name.startswith("_")
-            for op in importlib.import_module(f"{__name__}.{info.name}").OPS}
+    return {
+        op.OP_TYPE: info.name
+        for info in pkgutil.iter_modules(__path__)
+        if not info.name.startswith("_")
+        for op in importlib.import_module(f"{__name__}.{info.name}").OPS
+    }
 
 
 def get(op_type: str, where: str = "", opset: int | None = None, domain: str = "") -> OpDef:
@@ -97,18 +102,24 @@ def unsupported(op_type: str, where: str = "", opset: int | None = None, domain:
     known = registry().get(op_type)
     if domain not in DEFAULT_DOMAINS:
         same = f" (ai.onnx has {op_type!r} from opset {min(known.VERSIONS)}: re-export with it)" if known else ""
-        return (f"op {op_type!r}{loc} is from domain {domain!r}; cuvil-edge supports only the default ONNX domain"
-                f"{same}. Supported ops: {SEE_ALSO}")
+        return (
+            f"op {op_type!r}{loc} is from domain {domain!r}; cuvil-edge supports only the default ONNX domain"
+            f"{same}. Supported ops: {SEE_ALSO}"
+        )
     if known is None:
         close = similar(op_type)
         hint = f" (did you mean {' or '.join(map(repr, close))}?)" if close else ""
         asked = f", ai.onnx opset {opset}" if opset is not None else ""
-        return (f"unsupported op {op_type!r}{loc}{asked}: cuvil-edge has no op of that name{hint}. Supported ops: "
-                f"{SEE_ALSO}; re-export the model without it, or add it under cuvil_edge/ir/ops/")
+        return (
+            f"unsupported op {op_type!r}{loc}{asked}: cuvil-edge has no op of that name{hint}. Supported ops: "
+            f"{SEE_ALSO}; re-export the model without it, or add it under cuvil_edge/ir/ops/"
+        )
     versions = ", ".join(map(str, known.VERSIONS))
-    return (f"op {op_type!r}{loc} needs opset {min(known.VERSIONS)} or later (cuvil-edge has its ONNX versions "
-            f"{versions}), the model has opset {opset}; upgrade it with onnx.version_converter "
-            f"(`cuvil-edge ops {op_type}`, docs/OPS.md)")
+    return (
+        f"op {op_type!r}{loc} needs opset {min(known.VERSIONS)} or later (cuvil-edge has its ONNX versions "
+        f"{versions}), the model has opset {opset}; upgrade it with onnx.version_converter "
+        f"(`cuvil-edge ops {op_type}`, docs/OPS.md)"
+    )
 
 
 def similar(op_type: str, limit: int = 3) -> list[str]:

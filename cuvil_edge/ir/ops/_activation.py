@@ -21,8 +21,15 @@ from cuvil_edge.ir.ops.swish import k_swish
 from cuvil_edge.ir.ops.unary import k_gelu, k_hard_swish, k_sigmoid
 
 #: Activation name -> the registered op it applies; relu6 is Clip(0, 6).
-ACTIVATIONS = {"none": None, "relu": "Relu", "relu6": "Clip", "sigmoid": "Sigmoid", "hardswish": "HardSwish",
-               "gelu": "Gelu", "swish": "Swish"}
+ACTIVATIONS = {
+    "none": None,
+    "relu": "Relu",
+    "relu6": "Clip",
+    "sigmoid": "Sigmoid",
+    "hardswish": "HardSwish",
+    "gelu": "Gelu",
+    "swish": "Swish",
+}
 
 
 def _activate(y, activation):

@@ -39,8 +39,10 @@ def no_attrs(node: Node) -> dict[str, Any]:
 
 def per_element(cost: int) -> Callable:
     """FLOPs = ``cost`` per output element (of the first output)."""
+
     def flops(node: Node, inputs: Sequence[TensorType | None], outputs: Sequence[TensorType]) -> int:
         return cost * outputs[0].numel()
+
     flops.__qualname__ = f"per_element({cost})"
     return flops
 
@@ -112,13 +114,25 @@ def free_names(function: Callable[..., Any]) -> set[str]:
     import ast
 
     tree = ast.parse(source_of(function))
-    bound = {a.arg for n in ast.walk(tree) if isinstance(n, ast.arguments)
-             for a in (*n.posonlyargs, *n.args, *n.kwonlyargs, n.vararg, n.kwarg) if a is not None}
+    bound = {
+        a.arg
+        for n in ast.walk(tree)
+        if isinstance(n, ast.arguments)
+        for a in (*n.posonlyargs, *n.args, *n.kwonlyargs, n.vararg, n.kwarg)
+        if a is not None
+    }
     bound |= {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, (ast.Store, ast.Del))}
     bound |= {n.name for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.Lambda)) and hasattr(n, "name")}
     # a local import (the native-library helper's) binds a local name, not a module global
-    bound |= {(a.asname or a.name).split(".")[0] for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))
-              for a in n.names}
+    bound |= {
+        (a.asname or a.name).split(".")[0]
+        for n in ast.walk(tree)
+        if isinstance(n, (ast.Import, ast.ImportFrom))
+        for a in n.names
+    }
     loaded = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
-    return {n for n in loaded - bound if not hasattr(builtins, n) and n not in ALLOWED_GLOBALS
-            and not n.startswith(("TARGET_", "COMPUTE_"))}
+    return {
+        n
+        for n in loaded - bound
+        if not hasattr(builtins, n) and n not in ALLOWED_GLOBALS and not n.startswith(("TARGET_", "COMPUTE_"))
+    }

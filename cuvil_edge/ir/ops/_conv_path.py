@@ -53,8 +53,9 @@ def gemm_scratch_bytes(c, spatial, kernel, strides, pads, dilations, out, nr):
     offset (int32), and the zero-bordered image when anything is padded (as far as windows reach)."""
     k, cols = c * kernel[0] * kernel[1], out[0] * out[1]
     block = -(-min(k, GEMM_KC) * -(-min(cols, GEMM_NC) // nr) * nr * 4 // 64) * 64
-    reach = [max(pads[i] + spatial[i], (out[i] - 1) * strides[i] + dilations[i] * (kernel[i] - 1) + 1)
-             for i in range(2)]
+    reach = [
+        max(pads[i] + spatial[i], (out[i] - 1) * strides[i] + dilations[i] * (kernel[i] - 1) + 1) for i in range(2)
+    ]
     image = c * reach[0] * reach[1] * 4 if tuple(reach) != tuple(spatial) else 0
     return block + 4 * cols + image
 

@@ -45,6 +45,7 @@ def _i8_ops():
     # the int8 kernels' module where the native library has them, else None (pasted into generated
     # modules, so it imports rather than closes over)
     from cuvil_edge.ir.ops import _int8
+
     return _int8 if _int8.lib() is not None else None
 
 
@@ -85,10 +86,11 @@ def _pack(native, w, zp, m, k, sm, sk):
     if cached is not None and cached[0]() is w and cached[1] == sig:
         return cached[2]
     buf = np.empty(int(native.cuvil_i8_packed_bytes(m, k)) + 64, np.uint8)
-    packed = buf[(-buf.ctypes.data) % 64:][:buf.size - 64]
+    packed = buf[(-buf.ctypes.data) % 64 :][: buf.size - 64]
     src = np.ascontiguousarray(w)
-    native.cuvil_i8_pack_a(src.ctypes.data, int(src.dtype == np.int8), zp.ctypes.data, zp.size, m, k, sm, sk,
-                           packed.ctypes.data)
+    native.cuvil_i8_pack_a(
+        src.ctypes.data, int(src.dtype == np.int8), zp.ctypes.data, zp.size, m, k, sm, sk, packed.ctypes.data
+    )
     if not w.flags.writeable:
         key = id(w)
         _packed[key] = (weakref.ref(w, lambda _, key=key: _packed.pop(key, None)), sig, packed)
@@ -129,10 +131,34 @@ def conv(x, x_zp, w, w_zp, bias, mult, y_zp, out_dtype, strides, pads, dilations
     plane, size = c * h * wd, out[0] * out[1]
     for i in range(n):
         code = native.cuvil_i8_conv2d(
-            packed.ctypes.data, xc.ctypes.data + i * plane * xc.itemsize, int(xc.dtype == np.int8), xz, c, h, wd,
-            w.shape[2], w.shape[3], strides[0], strides[1], pads[0], pads[1], dilations[0], dilations[1], out[0],
-            out[1], None if b is None else b.ctypes.data, None if flat is None else flat.ctypes.data, mult_n, yz,
-            low, high, _OUT[np.dtype(out_dtype)], y.ctypes.data + i * m * size * y.itemsize, size, 1)
+            packed.ctypes.data,
+            xc.ctypes.data + i * plane * xc.itemsize,
+            int(xc.dtype == np.int8),
+            xz,
+            c,
+            h,
+            wd,
+            w.shape[2],
+            w.shape[3],
+            strides[0],
+            strides[1],
+            pads[0],
+            pads[1],
+            dilations[0],
+            dilations[1],
+            out[0],
+            out[1],
+            None if b is None else b.ctypes.data,
+            None if flat is None else flat.ctypes.data,
+            mult_n,
+            yz,
+            low,
+            high,
+            _OUT[np.dtype(out_dtype)],
+            y.ctypes.data + i * m * size * y.itemsize,
+            size,
+            1,
+        )
         if code != 0:
             raise MemoryError("the native int8 convolution could not allocate its packed input")
     return y
@@ -157,9 +183,25 @@ def matmul(a, a_zp, b, b_zp, mult, y_zp, out_dtype):
     y = np.empty((rows, m), dtype=out_dtype)
     az = 0 if a_zp is None else int(np.asarray(a_zp).reshape(()))
     yz = 0 if y_zp is None else int(np.asarray(y_zp).reshape(()))
-    code = native.cuvil_i8_gemm(packed.ctypes.data, ac.ctypes.data, int(ac.dtype == np.int8), az, rows, k, k, None,
-                                None if flat is None else flat.ctypes.data, mult_n, yz, low, high,
-                                _OUT[np.dtype(out_dtype)], y.ctypes.data, 1, m)
+    code = native.cuvil_i8_gemm(
+        packed.ctypes.data,
+        ac.ctypes.data,
+        int(ac.dtype == np.int8),
+        az,
+        rows,
+        k,
+        k,
+        None,
+        None if flat is None else flat.ctypes.data,
+        mult_n,
+        yz,
+        low,
+        high,
+        _OUT[np.dtype(out_dtype)],
+        y.ctypes.data,
+        1,
+        m,
+    )
     if code != 0:
         raise MemoryError("the native int8 matrix product could not allocate its packed input")
     return y.reshape(a.shape[:-1] + (m,))
@@ -175,6 +217,14 @@ def add(a, a_scale, a_zp, b, b_scale, b_zp, y_scale, y_zp):
     ac, bc = np.ascontiguousarray(a), np.ascontiguousarray(b)
     y = np.empty(a.shape, dtype=y_zp.dtype)
     value = [float(np.asarray(v, dtype=np.float32).reshape(())) for v in (a_scale, a_zp, b_scale, b_zp, y_scale, y_zp)]
-    native.cuvil_i8_add(ac.ctypes.data, int(a.dtype == np.int8), bc.ctypes.data, int(b.dtype == np.int8), a.size,
-                        *value, int(y.dtype == np.int8), y.ctypes.data)
+    native.cuvil_i8_add(
+        ac.ctypes.data,
+        int(a.dtype == np.int8),
+        bc.ctypes.data,
+        int(b.dtype == np.int8),
+        a.size,
+        *value,
+        int(y.dtype == np.int8),
+        y.ctypes.data,
+    )
     return y

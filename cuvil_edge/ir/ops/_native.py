@@ -115,19 +115,25 @@ def _verified(path: Path, key: bytes) -> bytes | None:
         tag = None
     if private_dir.mac_matches(key, tag, *_mac_parts(path, data)):
         return data
-    logger.warning("native kernel library %s does not match its MAC (%s): not loaded, compiling it again",
-                   path, "missing" if stored is None else path.name + MAC_SUFFIX)
+    logger.warning(
+        "native kernel library %s does not match its MAC (%s): not loaded, compiling it again",
+        path,
+        "missing" if stored is None else path.name + MAC_SUFFIX,
+    )
     return None
 
 
-def _build(compiler: str, flags: tuple[str, ...], libs: tuple[str, ...], folder: Path,
-           errors: list[str]) -> bytes | None:
+def _build(
+    compiler: str, flags: tuple[str, ...], libs: tuple[str, ...], folder: Path, errors: list[str]
+) -> bytes | None:
     """The library compiled into a private temporary file of ``folder``: its bytes, or None (the
     compiler's complaint appended to ``errors``)."""
     handle, temp = tempfile.mkstemp(prefix=".kernels-", suffix=".so", dir=folder)
     os.close(handle)
     try:
-        done = subprocess.run([compiler, *flags, "-o", temp, *map(str, SOURCES), *libs], capture_output=True, timeout=120)
+        done = subprocess.run(
+            [compiler, *flags, "-o", temp, *map(str, SOURCES), *libs], capture_output=True, timeout=120
+        )
         if done.returncode == 0:
             return Path(temp).read_bytes()
         errors.append(done.stderr.decode(errors="replace")[-500:])
@@ -158,8 +164,9 @@ def _library_bytes(compiler: str, folder: Path) -> tuple[Path, bytes] | None:
     errors: list[str] = []
     for defines, libs in _VARIANTS:
         flags = _BASE_FLAGS + defines
-        digest = hashlib.sha256(b"\0".join([source, version, " ".join(flags + libs).encode(),
-                                            platform.machine().encode()])).hexdigest()[:24]
+        digest = hashlib.sha256(
+            b"\0".join([source, version, " ".join(flags + libs).encode(), platform.machine().encode()])
+        ).hexdigest()[:24]
         target = folder / f"kernels-{digest}.so"
         data = _verified(target, key)
         if data is None:
@@ -206,8 +213,10 @@ def _load() -> ctypes.CDLL | None:
         built = _library_bytes(compiler, folder)
         lib = _open(folder, built[1]) if built is not None else None
     except UnsafePathError as e:
-        raise UnsafePathError(f"{e}; or point CUVIL_EDGE_NATIVE_CACHE at a private directory, or set "
-                              "CUVIL_EDGE_NATIVE=0 for the numpy kernels") from e
+        raise UnsafePathError(
+            f"{e}; or point CUVIL_EDGE_NATIVE_CACHE at a private directory, or set "
+            "CUVIL_EDGE_NATIVE=0 for the numpy kernels"
+        ) from e
     except OSError as e:
         logger.warning("cannot build or load the native kernels in %s (%s); numpy kernels run instead", folder, e)
         return None
@@ -239,6 +248,7 @@ def library() -> ctypes.CDLL | None:
 def _native_lib():
     # the helper kernels call (pasted into generated modules, so it imports rather than closes over)
     from cuvil_edge.ir.ops._native import library
+
     return library()
 
 
@@ -264,7 +274,15 @@ def _native_epilogue(y, bias, planes, m, size, inner, activation):
     if lib is None:
         return False
     b = None if bias is None else np.ascontiguousarray(bias, dtype=np.float32)
-    lib.cuvil_epilogue_f32(y.ctypes.data, None if b is None else b.ctypes.data, planes, m, size, inner, code,
-                           0.0 if activation == "relu" or activation == "relu6" else -np.inf,
-                           6.0 if activation == "relu6" else np.inf)
+    lib.cuvil_epilogue_f32(
+        y.ctypes.data,
+        None if b is None else b.ctypes.data,
+        planes,
+        m,
+        size,
+        inner,
+        code,
+        0.0 if activation == "relu" or activation == "relu6" else -np.inf,
+        6.0 if activation == "relu6" else np.inf,
+    )
     return True

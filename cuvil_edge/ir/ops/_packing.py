@@ -38,6 +38,7 @@ def blocking(lib) -> tuple[int, int, int, int]:
 def gemm_panels() -> tuple[int, int]:
     """(MR, NR) of the native GEMM as this machine's library was built (AVX-512's when it is absent)."""
     from cuvil_edge.ir.ops._native import library  # lazily: the first call may compile it
+
     lib = library()
     return blocking(lib)[:2] if lib is not None else (6, 32)
 
@@ -46,12 +47,25 @@ def packed_conv_bytes(graph, types, large_scratch: bool) -> int:
     """Bytes of the packed copies the native GEMM keeps of ``graph``'s constant convolution
     weights (``types``: each value's runtime TensorType by name), held while the weights are."""
     from cuvil_edge.ir.ops._conv_path import conv_path, packed_weights_bytes
+
     total = 0
     for node in graph.nodes:
         if node.op_type in ("Conv", "CuvilFusedConv") and len(node.inputs) > 1 and node.inputs[1] in graph.initializers:
             x, w = types[node.inputs[0]], graph.initializers[node.inputs[1]]
-            if conv_path(w.ndim - 2, x.shape[1], w.shape[0], int(node.attr("group", 1)), False, False,
-                         x.dtype == "float32", large_scratch, 0) == "native gemm":
+            if (
+                conv_path(
+                    w.ndim - 2,
+                    x.shape[1],
+                    w.shape[0],
+                    int(node.attr("group", 1)),
+                    False,
+                    False,
+                    x.dtype == "float32",
+                    large_scratch,
+                    0,
+                )
+                == "native gemm"
+            ):
                 total += packed_weights_bytes(w.shape[0], w.size // max(w.shape[0], 1), gemm_panels()[0])
     return total
 
@@ -99,6 +113,7 @@ def _native_conv_gemm(lib, x, w, b, st, pd, di, out, lo, hi):
     # straight into the GEMM's panels, the weights packed once, the bias and the clamp to
     # [lo, hi] (Relu, Clip(0, 6), or none with -inf/inf) applied in the store; y (n, m, *out)
     from cuvil_edge.ir.ops._packing import packed_weights, shape_vector
+
     n, c, h, wd = x.shape
     m, _, kh, kw = w.shape
     y = np.empty((n, m) + tuple(out), dtype=np.float32)
@@ -106,7 +121,11 @@ def _native_conv_gemm(lib, x, w, b, st, pd, di, out, lo, hi):
     bc = None if b is None else np.ascontiguousarray(b, dtype=np.float32)
     shape = shape_vector((n, c, h, wd, m, kh, kw, st[0], st[1], di[0], di[1], pd[0], pd[1], out[0], out[1]))
     panels, address = packed_weights(lib, w)  # panels: held for the call
-    if lib.cuvil_conv_gemm_f32(address, xc.ctypes.data, None if bc is None else bc.ctypes.data, None,
-                               y.ctypes.data, shape, lo, hi) != 0:
+    if (
+        lib.cuvil_conv_gemm_f32(
+            address, xc.ctypes.data, None if bc is None else bc.ctypes.data, None, y.ctypes.data, shape, lo, hi
+        )
+        != 0
+    ):
         raise MemoryError("the native convolution could not allocate its packed input block")
     return y

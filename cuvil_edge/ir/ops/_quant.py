@@ -48,13 +48,17 @@ def per_axis(node: Node, t: TensorType | None, x: TensorType, axis: int | None, 
     if t.rank > 1:
         raise UnsupportedAttributeError(
             f"{node.describe()}: {what} has shape {list(t.shape)}; rank > 1 means blocked quantization, "
-            "which is not supported (use per-tensor or per-axis)")
+            "which is not supported (use per-tensor or per-axis)"
+        )
     if axis is None:
-        raise ShapeInferenceError(f"{node.describe()}: {what} must be a scalar at this opset, got shape {list(t.shape)}")
+        raise ShapeInferenceError(
+            f"{node.describe()}: {what} must be a scalar at this opset, got shape {list(t.shape)}"
+        )
     axis = axis_index(node, axis, x.rank)
     if t.shape[0] != x.shape[axis]:
         raise ShapeInferenceError(
-            f"{node.describe()}: {what} has {t.shape[0]} elements but the input has {x.shape[axis]} along axis {axis}")
+            f"{node.describe()}: {what} has {t.shape[0]} elements but the input has {x.shape[axis]} along axis {axis}"
+        )
 
 
 def same_pair(node: Node, a: TensorType | None, b: TensorType | None, what: str) -> None:
@@ -66,7 +70,8 @@ def scale_dtype(node: Node, scales: Sequence[TensorType | None]) -> None:
     for s in scales:
         if s is not None and s.dtype not in ("float32", "float16"):
             raise UnsupportedAttributeError(
-                f"{node.describe()}: scale dtype {s.dtype} is not supported; use float32 (or float16)")
+                f"{node.describe()}: scale dtype {s.dtype} is not supported; use float32 (or float16)"
+            )
 
 
 # --- kernel helpers: real functions the quant kernels list as ``helpers`` (compiled modules paste
@@ -106,4 +111,3 @@ def _q_centered_b(b, zero_point):
     """B as int32 minus its zero point (a 1-D zero point is per column)."""
     wide = b.astype(np.int32)
     return wide if zero_point is None else wide - zero_point.astype(np.int32)
-

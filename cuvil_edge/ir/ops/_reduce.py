@@ -57,7 +57,9 @@ def infer(node, inputs, consts, since: int, allowed=NUMBERS):
     axes = norm_axes(node, axes, x.rank)
     if x.rank == 0:
         raise ShapeInferenceError(f"{node.describe()} needs an input of rank >= 1")
-    shape = [1 if i in axes else d for i, d in enumerate(x.shape)] if keep else \
-        [d for i, d in enumerate(x.shape) if i not in axes]
+    shape = (
+        [1 if i in axes else d for i, d in enumerate(x.shape)]
+        if keep
+        else [d for i, d in enumerate(x.shape) if i not in axes]
+    )
     return [TensorType(x.dtype, tuple(shape))]
-

@@ -15,8 +15,9 @@ from cuvil_edge.errors import ShapeInferenceError
 from cuvil_edge.ir.graph import Dim, Node, TensorType
 
 
-def vector(node: Node, consts, index: int, what: str, *, required: bool = True,
-           symbols: bool = False) -> list[Dim] | None:
+def vector(
+    node: Node, consts, index: int, what: str, *, required: bool = True, symbols: bool = False
+) -> list[Dim] | None:
     """Entries of the 1-D integer constant input ``index`` (None when absent and not required).
 
     Raises:
@@ -30,17 +31,21 @@ def vector(node: Node, consts, index: int, what: str, *, required: bool = True,
             return None
         raise ShapeInferenceError(
             f"{node.describe()}: the {what} input (#{index}) must be a constant (initializer, Constant or "
-            "shape computation of static dims); its value decides the output shape")
+            "shape computation of static dims); its value decides the output shape"
+        )
     value = np.asarray(value)
     if value.ndim != 1 or (value.dtype.kind not in "iuO"):
-        raise ShapeInferenceError(f"{node.describe()}: the {what} input must be a 1-D integer vector, got {value.dtype}{list(value.shape)}")
+        raise ShapeInferenceError(
+            f"{node.describe()}: the {what} input must be a 1-D integer vector, got {value.dtype}{list(value.shape)}"
+        )
     out: list[Dim] = []
     for v in value.reshape(-1).tolist():
         if isinstance(v, str):
             if not symbols:
                 raise ShapeInferenceError(
                     f"{node.describe()}: the {what} input holds the symbolic dim {v!r} where a number is needed; "
-                    "make that dim static")
+                    "make that dim static"
+                )
             out.append(v)
         elif isinstance(v, (int, np.integer)) and not isinstance(v, bool):
             out.append(int(v))
@@ -59,8 +64,9 @@ def floats(node: Node, consts, index: int, what: str) -> list[float] | None:
         raise ShapeInferenceError(f"{node.describe()}: the {what} input (#{index}) must be a constant")
     value = np.asarray(value)
     if value.dtype.kind != "f" or value.ndim != 1:
-        raise ShapeInferenceError(f"{node.describe()}: the {what} input must be a 1-D float vector, "
-                                  f"got {value.dtype}{list(value.shape)}")
+        raise ShapeInferenceError(
+            f"{node.describe()}: the {what} input must be a 1-D float vector, got {value.dtype}{list(value.shape)}"
+        )
     return [float(v) for v in value.reshape(-1)] or None
 
 
@@ -89,5 +95,3 @@ def same_rank(node: Node, types: Sequence[TensorType]) -> int:
     if len(ranks) != 1:
         raise ShapeInferenceError(f"{node.describe()}: inputs have different ranks {[str(t) for t in types]}")
     return ranks.pop()
-
-

@@ -38,7 +38,7 @@ def want_dtype(node: Node, t: TensorType, allowed: frozenset[str] | set[str]) ->
 #: Attribute kinds an op module's ``ATTRS`` table (attribute name -> kind) may name;
 #: :func:`check_attrs` checks them before the op's ``infer`` reads any attribute.
 INT, INTS, FLOAT, FLOATS, STR, TENSOR = "int", "ints", "float", "floats", "str", "tensor"
-INT64_MIN, INT64_MAX = -2**63, 2**63 - 1
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 #: The window attributes of Conv, ConvTranspose and the pooling ops.
 WINDOW_ATTRS = {"auto_pad": STR, "dilations": INTS, "kernel_shape": INTS, "pads": INTS, "strides": INTS}
 
@@ -78,7 +78,8 @@ def check_attrs(node: Node, module: Any) -> None:
             fits, what = _KIND_CHECKS[kind]
             if not fits(node.attrs[key]):
                 raise UnsupportedAttributeError(
-                    f"{node.describe()} attribute {key!r} must be {what}, got {node.attrs[key]!r:.80}")
+                    f"{node.describe()} attribute {key!r} must be {what}, got {node.attrs[key]!r:.80}"
+                )
 
 
 def ints(node: Node, key: str, default: Sequence[int] | None = None) -> list[int]:
@@ -102,8 +103,9 @@ def broadcast(node: Node, a: Sequence[Dim], b: Sequence[Dim]) -> tuple[Dim, ...]
             out.append(x)
         elif dims.same(x, y):  # one size written two ways (see ir.dims.same)
             out.append(dims.simpler(x, y))
-        elif isinstance(x, str) and isinstance(y, str) and not dims.provably_different(dims.Expr.of(x),
-                                                                                      dims.Expr.of(y)):
+        elif (
+            isinstance(x, str) and isinstance(y, str) and not dims.provably_different(dims.Expr.of(x), dims.Expr.of(y))
+        ):
             # sizes that agree only for some inputs (Swin's even and odd halves agree for even sizes,
             # the only ones its export admits); the run checks them, as onnxruntime does
             out.append(dims.simpler(x, y))
@@ -114,8 +116,9 @@ def broadcast(node: Node, a: Sequence[Dim], b: Sequence[Dim]) -> tuple[Dim, ...]
     return tuple(reversed(out))
 
 
-def pool_out(node: Node, size: Dim, kernel: int, stride: int, pad_begin: int, pad_end: int,
-             dilation: int = 1, ceil_mode: int = 0) -> Dim:
+def pool_out(
+    node: Node, size: Dim, kernel: int, stride: int, pad_begin: int, pad_end: int, dilation: int = 1, ceil_mode: int = 0
+) -> Dim:
     """Output length of a conv/pool window along one axis; a symbolic size gives the expression
     (a 16x16 patch convolution with stride 16 over ``H`` is ``(H//16)``)."""
     if kernel < 1:
@@ -147,7 +150,9 @@ def spatial_attrs(node: Node, spatial: Sequence[Dim], kernel: Sequence[int]) -> 
     if isinstance(auto_pad, bytes):
         auto_pad = auto_pad.decode()
     if len(strides) != n or len(dilations) != n or len(pads) != 2 * n:
-        raise ShapeInferenceError(f"{node.describe()} has strides/pads/dilations of the wrong length for {n} spatial dims")
+        raise ShapeInferenceError(
+            f"{node.describe()} has strides/pads/dilations of the wrong length for {n} spatial dims"
+        )
     if any(s <= 0 for s in strides) or any(d <= 0 for d in dilations):  # before auto_pad divides by them
         raise ShapeInferenceError(f"{node.describe()} has non-positive strides/dilations")
     if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
@@ -229,6 +234,7 @@ def choice(node: Node, key: str, default: str, allowed: Sequence[str]) -> str:
     """
     value = text(node, key, default)
     if value not in allowed:
-        raise UnsupportedAttributeError(f"{node.describe()}: {key} must be one of {', '.join(allowed)} at opset "
-                                        f"{node.version}, got {value!r}")
+        raise UnsupportedAttributeError(
+            f"{node.describe()}: {key} must be one of {', '.join(allowed)} at opset {node.version}, got {value!r}"
+        )
     return value

@@ -24,9 +24,26 @@ from cuvil_edge.ir.ops._util import FLOAT, INT, need
 MASKS = FLOATS | {"bool"}
 
 
-def k_attention(q, k, v, attn_mask=None, past_key=None, past_value=None, nonpad_kv_seqlen=None, *,
-                q_num_heads, kv_num_heads, scale, is_causal, softcap, qk_mode, softmax_dtype,
-                left_window, right_window, outputs):
+def k_attention(
+    q,
+    k,
+    v,
+    attn_mask=None,
+    past_key=None,
+    past_value=None,
+    nonpad_kv_seqlen=None,
+    *,
+    q_num_heads,
+    kv_num_heads,
+    scale,
+    is_causal,
+    softcap,
+    qk_mode,
+    softmax_dtype,
+    left_window,
+    right_window,
+    outputs,
+):
     t = np.float32 if q.dtype == np.float16 else q.dtype.type
     if q.ndim == 3:  # (batch, sequence, heads * head size) -> (batch, heads, sequence, head size)
         q4 = q.reshape(q.shape[0], q.shape[1], q_num_heads, -1).transpose(0, 2, 1, 3)
@@ -103,7 +120,7 @@ def k_rotary_embedding(x, cos_cache, sin_cache, position_ids=None, *, interleave
     if interleaved:
         x1, x2 = rotated[..., 0::2], rotated[..., 1::2]
     else:
-        x1, x2 = rotated[..., :width // 2], rotated[..., width // 2:]
+        x1, x2 = rotated[..., : width // 2], rotated[..., width // 2 :]
     real, imag = cos * x1 - sin * x2, sin * x1 + cos * x2
     if interleaved:
         turned = np.stack((real, imag), axis=-1).reshape(rotated.shape)
@@ -140,7 +157,9 @@ def _heads4(node, q, k, v, attrs):
     """(batch, q heads, steps, head size), (kv heads, kv steps, head size), value head size."""
     if q.rank == 3:
         if attrs["q_num_heads"] is None or attrs["kv_num_heads"] is None:
-            raise ShapeInferenceError(f"{node.describe()}: 3-D Q, K, V need the q_num_heads and kv_num_heads attributes")
+            raise ShapeInferenceError(
+                f"{node.describe()}: 3-D Q, K, V need the q_num_heads and kv_num_heads attributes"
+            )
         hq, hk = attrs["q_num_heads"], attrs["kv_num_heads"]
         qd = (q.shape[0], hq, q.shape[1], _div(node, q.shape[2], hq, "Q's hidden size"))
         kd = (k.shape[0], hk, k.shape[1], _div(node, k.shape[2], hk, "K's hidden size"))
@@ -163,12 +182,17 @@ def _infer_attention(node, inputs):
         if t is not None:
             want(node, t, ((23, FLOATS),), name)
             if t.dtype != q.dtype:
-                raise ShapeInferenceError(f"{node.describe()}: {name} is {t.dtype}, Q is {q.dtype}; cast them to one dtype")
+                raise ShapeInferenceError(
+                    f"{node.describe()}: {name} is {t.dtype}, Q is {q.dtype}; cast them to one dtype"
+                )
     if q.rank not in (3, 4) or k.rank != q.rank or v.rank != q.rank:
         raise ShapeInferenceError(f"{node.describe()}: Q, K and V must all be 3-D or all 4-D, got {q}, {k}, {v}")
     attrs = _attention_attrs(node)
-    if q.rank == 4 and (node.attr("q_num_heads") is not None or node.attr("kv_num_heads") is not None) \
-            and node.version >= 25:
+    if (
+        q.rank == 4
+        and (node.attr("q_num_heads") is not None or node.attr("kv_num_heads") is not None)
+        and node.version >= 25
+    ):
         raise ShapeInferenceError(f"{node.describe()}: q_num_heads and kv_num_heads are for 3-D inputs only")
     qd, kd, vd = _heads4(node, q, k, v, attrs)
     past = 0
@@ -176,7 +200,9 @@ def _infer_attention(node, inputs):
         raise ShapeInferenceError(f"{node.describe()}: past_key and past_value must be given together")
     if past_key is not None:
         if nonpad is not None:
-            raise ShapeInferenceError(f"{node.describe()}: nonpad_kv_seqlen cannot be combined with past_key/past_value")
+            raise ShapeInferenceError(
+                f"{node.describe()}: nonpad_kv_seqlen cannot be combined with past_key/past_value"
+            )
         if past_key.rank != 4 or past_value.rank != 4:
             raise ShapeInferenceError(f"{node.describe()}: past_key and past_value must be 4-D")
         _same(node, past_key.shape[3], kd[3], "past_key and K head sizes")
@@ -215,18 +241,28 @@ def _attention_attrs(node):
     left, right = (int(node.attr(key, -1)) if windows else -1 for key in ("left_window_size", "right_window_size"))
     if left < -1 or right < -1:
         raise UnsupportedAttributeError(f"{node.describe()}: window sizes must be -1 or >= 0, got {left}, {right}")
-    return {"q_num_heads": _opt_int(node, "q_num_heads"), "kv_num_heads": _opt_int(node, "kv_num_heads"),
-            "scale": None if scale is None else float(scale), "is_causal": int(node.attr("is_causal", 0)),
-            "softcap": float(node.attr("softcap", 0.0)), "qk_mode": mode,
-            "softmax_dtype": None if precision is None else dtypes.FROM_ONNX_CODE[int(precision)],
-            "left_window": left, "right_window": right, "outputs": len(node.outputs)}
+    return {
+        "q_num_heads": _opt_int(node, "q_num_heads"),
+        "kv_num_heads": _opt_int(node, "kv_num_heads"),
+        "scale": None if scale is None else float(scale),
+        "is_causal": int(node.attr("is_causal", 0)),
+        "softcap": float(node.attr("softcap", 0.0)),
+        "qk_mode": mode,
+        "softmax_dtype": None if precision is None else dtypes.FROM_ONNX_CODE[int(precision)],
+        "left_window": left,
+        "right_window": right,
+        "outputs": len(node.outputs),
+    }
 
 
 def _attention_sizes(outputs):
     y, present_k, present_v, qk = outputs[:4]
     batch_heads_steps_total = qk.numel()
-    return batch_heads_steps_total, present_k.shape[3] if present_k.is_static else 1, \
-        present_v.shape[3] if present_v.is_static else 1
+    return (
+        batch_heads_steps_total,
+        present_k.shape[3] if present_k.is_static else 1,
+        present_v.shape[3] if present_v.is_static else 1,
+    )
 
 
 def _attention_macs(node, inputs, outputs):
@@ -258,8 +294,9 @@ def _infer_rotary(node, inputs):
     width = attrs["rotary_dim"] or head
     if isinstance(width, int) and (width % 2 or (isinstance(head, int) and width > head)):
         raise ShapeInferenceError(f"{node.describe()}: rotary_embedding_dim {width} must be even and at most {head}")
-    if cos.shape != sin.shape or (isinstance(width, int) and isinstance(cos.shape[-1], int)
-                                  and cos.shape[-1] != width // 2):
+    if cos.shape != sin.shape or (
+        isinstance(width, int) and isinstance(cos.shape[-1], int) and cos.shape[-1] != width // 2
+    ):
         raise ShapeInferenceError(f"{node.describe()}: cos_cache {cos} and sin_cache {sin} must end in {width}/2")
     if positions is not None and positions.dtype != "int64":
         raise ShapeInferenceError(f"{node.describe()}: position_ids must be int64, got {positions}")
@@ -267,17 +304,41 @@ def _infer_rotary(node, inputs):
 
 
 def _rotary_attrs(node):
-    return {"interleaved": int(node.attr("interleaved", 0)), "rotary_dim": int(node.attr("rotary_embedding_dim", 0)),
-            "num_heads": int(node.attr("num_heads", 0))}
+    return {
+        "interleaved": int(node.attr("interleaved", 0)),
+        "rotary_dim": int(node.attr("rotary_embedding_dim", 0)),
+        "num_heads": int(node.attr("num_heads", 0)),
+    }
 
 
 OPS = (
-    OpDef("Attention", (23, 24, 25), _infer_attention, k_attention, _attention_flops, _attention_attrs,
-          ATTRS={"is_causal": INT, "kv_num_heads": INT, "q_num_heads": INT, "qk_matmul_output_mode": INT,
-                 "scale": FLOAT, "softcap": FLOAT, "softmax_precision": INT, "left_window_size": INT,
-                 "right_window_size": INT},
-          macs=_attention_macs),
-    OpDef("RotaryEmbedding", (23,), _infer_rotary, k_rotary_embedding,
-          lambda node, inputs, outputs: 3 * outputs[0].numel(), _rotary_attrs,
-          ATTRS={"interleaved": INT, "rotary_embedding_dim": INT, "num_heads": INT}),
+    OpDef(
+        "Attention",
+        (23, 24, 25),
+        _infer_attention,
+        k_attention,
+        _attention_flops,
+        _attention_attrs,
+        ATTRS={
+            "is_causal": INT,
+            "kv_num_heads": INT,
+            "q_num_heads": INT,
+            "qk_matmul_output_mode": INT,
+            "scale": FLOAT,
+            "softcap": FLOAT,
+            "softmax_precision": INT,
+            "left_window_size": INT,
+            "right_window_size": INT,
+        },
+        macs=_attention_macs,
+    ),
+    OpDef(
+        "RotaryEmbedding",
+        (23,),
+        _infer_rotary,
+        k_rotary_embedding,
+        lambda node, inputs, outputs: 3 * outputs[0].numel(),
+        _rotary_attrs,
+        ATTRS={"interleaved": INT, "rotary_embedding_dim": INT, "num_heads": INT},
+    ),
 )

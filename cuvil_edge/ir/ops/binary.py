@@ -14,8 +14,18 @@ import numpy as np
 from cuvil_edge.errors import ShapeInferenceError, UnsupportedAttributeError
 from cuvil_edge.ir.graph import TensorType
 from cuvil_edge.ir.ops._contract import OpDef, per_element
-from cuvil_edge.ir.ops._elementwise import (ALL, ARITH_14, ARITH_OLD, FLOATS, INTS, TRANSCENDENTAL, broadcast_all,
-                                            infer_binary, infer_unary, want)
+from cuvil_edge.ir.ops._elementwise import (
+    ALL,
+    ARITH_14,
+    ARITH_OLD,
+    FLOATS,
+    INTS,
+    TRANSCENDENTAL,
+    broadcast_all,
+    infer_binary,
+    infer_unary,
+    want,
+)
 from cuvil_edge.ir.ops._util import INT, STR, broadcast, choice, need, same_dtype
 
 NUMERIC = FLOATS | INTS
@@ -161,21 +171,26 @@ def k_prelu(x, slope, per_channel):
 # --- inference --------------------------------------------------------------------------------
 def _variadic(table, broadcast_since=None):
     """One or more same-dtype inputs, broadcast (from opset ``broadcast_since``: before it, one shape)."""
+
     def infer(node, inputs):
         if not inputs or any(t is None for t in inputs):
             raise ShapeInferenceError(f"{node.describe()} needs at least one input, none absent")
         dtype = same_dtype(node, inputs)
         want(node, inputs[0], table)
         if broadcast_since and node.version < broadcast_since and len({t.shape for t in inputs}) > 1:
-            raise ShapeInferenceError(f"{node.describe()} at opset {node.version} needs inputs of one shape, "
-                                      f"got {[str(t) for t in inputs]}; broadcasting needs opset {broadcast_since}")
+            raise ShapeInferenceError(
+                f"{node.describe()} at opset {node.version} needs inputs of one shape, "
+                f"got {[str(t) for t in inputs]}; broadcasting needs opset {broadcast_since}"
+            )
         return [TensorType(dtype, broadcast_all(node, [t.shape for t in inputs]))]
+
     return infer
 
 
 def _binary(table, out_dtype=None):
     def infer(node, inputs):
         return infer_binary(node, inputs, table, out_dtype)
+
     return infer
 
 
@@ -246,8 +261,13 @@ OPS = (
     # 6: inputs of one shape, 8: broadcast, 13: bfloat16 only; N inputs: N - 1 additions per element
     OpDef("Sum", (6, 8, 13), _variadic(((6, FLOATS),), broadcast_since=8), k_sum, _sum_flops),
     # Equal: 7 bool/int32/int64, 11 all, 13 bfloat16 and 19 string (not IR dtypes)
-    OpDef("Equal", (7, 11, 13, 19), _compare(((7, frozenset({"bool", "int32", "int64"})), (11, ALL))), k_equal,
-          per_element(1)),
+    OpDef(
+        "Equal",
+        (7, 11, 13, 19),
+        _compare(((7, frozenset({"bool", "int32", "int64"})), (11, ALL))),
+        k_equal,
+        per_element(1),
+    ),
     OpDef("Greater", (7, 9, 13), _compare(_ORDERED), k_greater, per_element(1)),
     OpDef("Less", (7, 9, 13), _compare(_ORDERED), k_less, per_element(1)),
     # GreaterOrEqual/LessOrEqual: from 12 with every numeric type; 16 adds bfloat16
@@ -257,8 +277,15 @@ OPS = (
     OpDef("Min", (6, 8, 12, 13), _variadic(((6, FLOATS), (12, NUMERIC))), k_min, per_element(1)),
     OpDef("Max", (6, 8, 12, 13), _variadic(((6, FLOATS), (12, NUMERIC))), k_max, per_element(1)),
     OpDef("Mean", (6, 8, 13), _variadic(((6, FLOATS),)), k_mean, per_element(1)),
-    OpDef("Mod", (10, 13, 28), _infer_mod, k_mod, per_element(1), lambda node: {"fmod": int(node.attr("fmod", 0))},
-          ATTRS={"fmod": INT}),
+    OpDef(
+        "Mod",
+        (10, 13, 28),
+        _infer_mod,
+        k_mod,
+        per_element(1),
+        lambda node: {"fmod": int(node.attr("fmod", 0))},
+        ATTRS={"fmod": INT},
+    ),
     OpDef("And", (7,), _binary(_BOOL), k_and, per_element(1)),
     OpDef("Or", (7,), _binary(_BOOL), k_or, per_element(1)),
     OpDef("Xor", (7,), _binary(_BOOL), k_xor, per_element(1)),
@@ -266,8 +293,16 @@ OPS = (
     OpDef("BitwiseOr", (18,), _binary(_BITS), k_bitwise_or, per_element(1)),
     OpDef("BitwiseXor", (18,), _binary(_BITS), k_bitwise_xor, per_element(1)),
     OpDef("BitwiseNot", (18,), lambda node, inputs: infer_unary(node, inputs, _BITS), k_bitwise_not, per_element(1)),
-    OpDef("BitShift", (11, 28), _binary(((11, UNSIGNED), (28, INTS))), k_bit_shift, per_element(1), _shift_attrs,
-          ATTRS={"direction": STR}),
-    OpDef("PRelu", (6, 7, 9, 16), _infer_prelu, k_prelu, per_element(2),
-          lambda node: {"per_channel": node.version < 7}),
+    OpDef(
+        "BitShift",
+        (11, 28),
+        _binary(((11, UNSIGNED), (28, INTS))),
+        k_bit_shift,
+        per_element(1),
+        _shift_attrs,
+        ATTRS={"direction": STR},
+    ),
+    OpDef(
+        "PRelu", (6, 7, 9, 16), _infer_prelu, k_prelu, per_element(2), lambda node: {"per_channel": node.version < 7}
+    ),
 )

@@ -53,8 +53,10 @@ def _infer_tensor_scatter(node, inputs):
 
 
 def _tensor_scatter_attrs(node):
-    return {"axis": int(node.attr("axis", -2)),
-            "circular": choice(node, "mode", "linear", ("linear", "circular")) == "circular"}
+    return {
+        "axis": int(node.attr("axis", -2)),
+        "circular": choice(node, "mode", "linear", ("linear", "circular")) == "circular",
+    }
 
 
 def _infer_scatter(node, inputs):
@@ -62,17 +64,36 @@ def _infer_scatter(node, inputs):
     data, indices, updates = inputs
     want(node, data, ((9, ALL),))
     axis_index(node, int(node.attr("axis", 0)), data.rank)
-    if indices.dtype not in ("int32", "int64") or indices.shape != updates.shape or updates.dtype != data.dtype \
-            or indices.rank != data.rank:
-        raise ShapeInferenceError(f"{node.describe()}: indices {indices} and updates {updates} must have one shape and "
-                                  f"the rank of data {data}")
+    if (
+        indices.dtype not in ("int32", "int64")
+        or indices.shape != updates.shape
+        or updates.dtype != data.dtype
+        or indices.rank != data.rank
+    ):
+        raise ShapeInferenceError(
+            f"{node.describe()}: indices {indices} and updates {updates} must have one shape and "
+            f"the rank of data {data}"
+        )
     return [data]
 
 
 OPS = (
-    OpDef("TensorScatter", (24,), _infer_tensor_scatter, k_tensor_scatter,
-          lambda node, inputs, outputs: inputs[1].numel(), _tensor_scatter_attrs, ATTRS={"axis": INT, "mode": STR}),
-    OpDef("Scatter", (9,), _infer_scatter, k_scatter, lambda node, inputs, outputs: inputs[2].numel(),
-          lambda node: {"axis": int(node.attr("axis", 0))},
-          ATTRS={"axis": INT}),
+    OpDef(
+        "TensorScatter",
+        (24,),
+        _infer_tensor_scatter,
+        k_tensor_scatter,
+        lambda node, inputs, outputs: inputs[1].numel(),
+        _tensor_scatter_attrs,
+        ATTRS={"axis": INT, "mode": STR},
+    ),
+    OpDef(
+        "Scatter",
+        (9,),
+        _infer_scatter,
+        k_scatter,
+        lambda node, inputs, outputs: inputs[2].numel(),
+        lambda node: {"axis": int(node.attr("axis", 0))},
+        ATTRS={"axis": INT},
+    ),
 )

@@ -51,7 +51,9 @@ def value_of(node) -> np.ndarray:
     elif key in _SCALARS:
         array = np.asarray(node.attrs[key], dtype=_SCALARS[key])
     else:
-        raise UnsupportedAttributeError(f"{node.describe()} attribute {key!r} is not supported; use a numeric 'value' tensor")
+        raise UnsupportedAttributeError(
+            f"{node.describe()} attribute {key!r} is not supported; use a numeric 'value' tensor"
+        )
     dtypes.from_numpy(array.dtype)
     return array
 
@@ -74,7 +76,9 @@ def fill(node) -> np.ndarray:
         return np.zeros((), np.float32)
     array = np.asarray(value)
     if array.size != 1:
-        raise UnsupportedAttributeError(f"{node.describe()}: 'value' must hold exactly one element, got shape {list(array.shape)}")
+        raise UnsupportedAttributeError(
+            f"{node.describe()}: 'value' must hold exactly one element, got shape {list(array.shape)}"
+        )
     dtypes.from_numpy(array.dtype)
     return array.reshape(())
 
@@ -100,8 +104,23 @@ def _zero(node, inputs, outputs):
 
 
 OPS = (
-    OpDef("Constant", (1, 9, 11, 12, 13, 19, 21), _infer_constant, k_constant, _zero, _constant_attrs,
-          ATTRS={"value": TENSOR, "value_float": FLOAT, "value_floats": FLOATS, "value_int": INT, "value_ints": INTS}),
-    OpDef("ConstantOfShape", (9, 20, 21, 23, 24, 25), _infer_constant_of_shape, k_constant_of_shape, _zero,
-          _constant_of_shape_attrs, ATTRS={"value": TENSOR}, CONST_INPUTS=(0,)),
+    OpDef(
+        "Constant",
+        (1, 9, 11, 12, 13, 19, 21),
+        _infer_constant,
+        k_constant,
+        _zero,
+        _constant_attrs,
+        ATTRS={"value": TENSOR, "value_float": FLOAT, "value_floats": FLOATS, "value_int": INT, "value_ints": INTS},
+    ),
+    OpDef(
+        "ConstantOfShape",
+        (9, 20, 21, 23, 24, 25),
+        _infer_constant_of_shape,
+        k_constant_of_shape,
+        _zero,
+        _constant_of_shape_attrs,
+        ATTRS={"value": TENSOR},
+        CONST_INPUTS=(0,),
+    ),
 )

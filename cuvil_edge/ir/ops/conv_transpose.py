@@ -11,7 +11,17 @@ from cuvil_edge.ir.graph import MAX_DIM, MAX_ELEMENTS, TensorType
 import numpy as np
 
 from cuvil_edge.ir.ops._contract import OpDef
-from cuvil_edge.ir.ops._util import DEFAULT_CAPABILITIES, INT, INTS, WINDOW_ATTRS, ints, need, same_dtype, text, want_dtype
+from cuvil_edge.ir.ops._util import (
+    DEFAULT_CAPABILITIES,
+    INT,
+    INTS,
+    WINDOW_ATTRS,
+    ints,
+    need,
+    same_dtype,
+    text,
+    want_dtype,
+)
 
 #: The interpreter's capability (targets substitute their own in compiled modules).
 TARGET_LARGE_SCRATCH = DEFAULT_CAPABILITIES["TARGET_LARGE_SCRATCH"]
@@ -28,9 +38,13 @@ def static_attrs(node, k: int):
     if auto_pad not in ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID"):
         raise UnsupportedAttributeError(f"{node.describe()} auto_pad={auto_pad!r} is not supported")
     if len(strides) != k or len(dilations) != k or len(pads) != 2 * k or len(out_pad) != k:
-        raise ShapeInferenceError(f"{node.describe()}: strides/pads/dilations/output_padding do not fit {k} spatial dims")
+        raise ShapeInferenceError(
+            f"{node.describe()}: strides/pads/dilations/output_padding do not fit {k} spatial dims"
+        )
     if out_shape and len(out_shape) != k:
-        raise ShapeInferenceError(f"{node.describe()}: output_shape {ints(node, 'output_shape')} needs {k} spatial dims")
+        raise ShapeInferenceError(
+            f"{node.describe()}: output_shape {ints(node, 'output_shape')} needs {k} spatial dims"
+        )
     if min(strides + dilations) <= 0 or min(pads + out_pad) < 0 or group < 1:
         raise ShapeInferenceError(f"{node.describe()}: non-positive strides/dilations/group or negative pads")
     return strides, pads, dilations, out_pad, out_shape, auto_pad, group
@@ -61,8 +75,16 @@ def k_conv_transpose(x, w, b=None, *, strides, pads, dilations, output_padding, 
     k, mg, cg = len(kernel), w.shape[1], x.shape[1] // group
     st = strides or (1,) * k
     di = dilations or (1,) * k
-    begin, out = _convt_geometry(x.shape[2:], kernel, st, pads or (0,) * (2 * k), di,
-                                 output_padding or (0,) * k, output_shape[-k:] if output_shape else (), auto_pad)
+    begin, out = _convt_geometry(
+        x.shape[2:],
+        kernel,
+        st,
+        pads or (0,) * (2 * k),
+        di,
+        output_padding or (0,) * k,
+        output_shape[-k:] if output_shape else (),
+        auto_pad,
+    )
     spatial, p = x.shape[2:], 1
     for size in spatial:
         p *= size
@@ -95,7 +117,9 @@ def infer(node, inputs):
     want_dtype(node, inputs[0], dtypes.FLOATS)
     x, w = inputs[0].shape, inputs[1].shape
     if len(x) < 3 or len(w) != len(x) or not all(isinstance(d, int) for d in (x[1], *w)):
-        raise ShapeInferenceError(f"{node.describe()} needs X (N, C, *spatial) and a static W of the same rank, got {x}, {w}")
+        raise ShapeInferenceError(
+            f"{node.describe()} needs X (N, C, *spatial) and a static W of the same rank, got {x}, {w}"
+        )
     k = len(x) - 2
     strides, pads, dilations, out_pad, out_shape, auto_pad, group = static_attrs(node, k)
     if x[1] != w[0] or w[0] % group:
@@ -124,14 +148,18 @@ def _check_scratch(node, x, w, strides, dilations, group, begin, out) -> None:
     Raises:
         ShapeInferenceError: the buffer holds more than MAX_DIM on an axis or MAX_ELEMENTS in all.
     """
-    full = [max(b + o, s * (size - 1) + d * (k - 1) + 1)
-            for b, o, s, size, d, k in zip(begin, out, strides, x[2:], dilations, w[2:])]
+    full = [
+        max(b + o, s * (size - 1) + d * (k - 1) + 1)
+        for b, o, s, size, d, k in zip(begin, out, strides, x[2:], dilations, w[2:])
+    ]
     total = (x[0] if isinstance(x[0], int) else 1) * w[1] * group
     for f in full:
         total *= f
     if max(full) > MAX_DIM or total > MAX_ELEMENTS:
-        raise ShapeInferenceError(f"{node.describe()}: strides {strides} on {x} need a {full} accumulator per "
-                                  f"channel, over the IR's limits ({MAX_DIM} per axis, {MAX_ELEMENTS} elements)")
+        raise ShapeInferenceError(
+            f"{node.describe()}: strides {strides} on {x} need a {full} accumulator per "
+            f"channel, over the IR's limits ({MAX_DIM} per axis, {MAX_ELEMENTS} elements)"
+        )
 
 
 def flops(node, inputs, outputs):
@@ -145,8 +173,16 @@ def flops(node, inputs, outputs):
 
 def _attrs(node):
     """The attributes as given (empty tuples when absent; the kernel fills defaults)."""
-    raw = {key: tuple(ints(node, name)) for key, name in (("strides", "strides"), ("pads", "pads"),
-           ("dilations", "dilations"), ("output_padding", "output_padding"), ("output_shape", "output_shape"))}
+    raw = {
+        key: tuple(ints(node, name))
+        for key, name in (
+            ("strides", "strides"),
+            ("pads", "pads"),
+            ("dilations", "dilations"),
+            ("output_padding", "output_padding"),
+            ("output_shape", "output_shape"),
+        )
+    }
     return {**raw, "auto_pad": text(node, "auto_pad", "NOTSET"), "group": int(node.attr("group", 1))}
 
 
@@ -156,5 +192,16 @@ def _macs(node, inputs, outputs):
     return inputs[0].numel() * (w.numel() // w.shape[0]) if w.shape and w.shape[0] else 0
 
 
-OPS = (OpDef("ConvTranspose", (1, 11, 22), infer, k_conv_transpose, flops, _attrs, (_convt_geometry,),
-             {**WINDOW_ATTRS, "group": INT, "output_padding": INTS, "output_shape": INTS}, macs=_macs),)
+OPS = (
+    OpDef(
+        "ConvTranspose",
+        (1, 11, 22),
+        infer,
+        k_conv_transpose,
+        flops,
+        _attrs,
+        (_convt_geometry,),
+        {**WINDOW_ATTRS, "group": INT, "output_padding": INTS, "output_shape": INTS},
+        macs=_macs,
+    ),
+)

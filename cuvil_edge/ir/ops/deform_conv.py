@@ -23,10 +23,17 @@ def k_deform_conv(x, w, offset, b=None, mask=None, *, strides, pads, dilations, 
     oh, ow = offset.shape[2], offset.shape[3]
     per_offset = c // offset_group
     moves = offset.astype(t).reshape(n, offset_group, kh, kw, 2, oh, ow)
-    scales = np.ones((n, offset_group, kh, kw, oh, ow), t) if mask is None else \
-        mask.astype(t).reshape(n, offset_group, kh, kw, oh, ow)
-    rows = (np.arange(kh) * dilations[0]).reshape(-1, 1, 1, 1) + (np.arange(oh) * strides[0] - pads[0]).reshape(1, 1, -1, 1)
-    cols = (np.arange(kw) * dilations[1]).reshape(1, -1, 1, 1) + (np.arange(ow) * strides[1] - pads[1]).reshape(1, 1, 1, -1)
+    scales = (
+        np.ones((n, offset_group, kh, kw, oh, ow), t)
+        if mask is None
+        else mask.astype(t).reshape(n, offset_group, kh, kw, oh, ow)
+    )
+    rows = (np.arange(kh) * dilations[0]).reshape(-1, 1, 1, 1) + (np.arange(oh) * strides[0] - pads[0]).reshape(
+        1, 1, -1, 1
+    )
+    cols = (np.arange(kw) * dilations[1]).reshape(1, -1, 1, 1) + (np.arange(ow) * strides[1] - pads[1]).reshape(
+        1, 1, 1, -1
+    )
     batch = np.arange(n).reshape(-1, 1, 1, 1, 1)
     wide = x.astype(t)
     sampled = np.zeros((n, c, kh, kw, oh, ow), t)
@@ -35,7 +42,7 @@ def k_deform_conv(x, w, offset, b=None, mask=None, *, strides, pads, dilations, 
         pw = moves[:, g, :, :, 1] + cols
         h0, w0 = np.floor(ph), np.floor(pw)
         fh, fw = ph - h0, pw - w0
-        part = wide[:, g * per_offset:(g + 1) * per_offset]
+        part = wide[:, g * per_offset : (g + 1) * per_offset]
         value = np.zeros(ph.shape + (per_offset,), t)
         for dh, wh in ((0, 1 - fh), (1, fh)):
             for dw, ww in ((0, 1 - fw), (1, fw)):
@@ -43,7 +50,7 @@ def k_deform_conv(x, w, offset, b=None, mask=None, *, strides, pads, dilations, 
                 inside = (hi >= 0) & (hi < height) & (wi >= 0) & (wi < width)
                 pixels = part[batch, :, np.clip(hi, 0, height - 1), np.clip(wi, 0, width - 1)]
                 value = value + np.where(inside, wh * ww, t(0))[..., None] * pixels
-        sampled[:, g * per_offset:(g + 1) * per_offset] = np.moveaxis(value * scales[:, g][..., None], -1, 1)
+        sampled[:, g * per_offset : (g + 1) * per_offset] = np.moveaxis(value * scales[:, g][..., None], -1, 1)
     columns = sampled.reshape(n, group, (c // group) * kh * kw, oh * ow)
     weights = w.astype(t).reshape(group, w.shape[0] // group, -1)
     out = np.einsum("gok,ngkl->ngol", weights, columns).reshape(n, w.shape[0], oh, ow)
@@ -53,9 +60,13 @@ def k_deform_conv(x, w, offset, b=None, mask=None, *, strides, pads, dilations, 
 
 
 def _deform_attrs(node):
-    return {"strides": tuple(ints(node, "strides")) or (1, 1),
-            "pads": tuple(ints(node, "pads")) or (0, 0, 0, 0), "dilations": tuple(ints(node, "dilations")) or (1, 1),
-            "group": int(node.attr("group", 1)), "offset_group": int(node.attr("offset_group", 1))}
+    return {
+        "strides": tuple(ints(node, "strides")) or (1, 1),
+        "pads": tuple(ints(node, "pads")) or (0, 0, 0, 0),
+        "dilations": tuple(ints(node, "dilations")) or (1, 1),
+        "group": int(node.attr("group", 1)),
+        "offset_group": int(node.attr("offset_group", 1)),
+    }
 
 
 def _infer_deform_conv(node, inputs):
@@ -67,22 +78,38 @@ def _infer_deform_conv(node, inputs):
         raise ShapeInferenceError(f"{node.describe()}: only 2-D deformable convolution is supported; got X {x}, W {w}")
     attrs = _deform_attrs(node)
     if len(attrs["strides"]) != 2 or len(attrs["pads"]) != 4 or len(attrs["dilations"]) != 2:
-        raise ShapeInferenceError(f"{node.describe()}: strides and dilations need 2 entries and pads 4 for 2-D "
-                                  f"deformable convolution, got {attrs['strides']}, {attrs['pads']}, {attrs['dilations']}")
+        raise ShapeInferenceError(
+            f"{node.describe()}: strides and dilations need 2 entries and pads 4 for 2-D "
+            f"deformable convolution, got {attrs['strides']}, {attrs['pads']}, {attrs['dilations']}"
+        )
     if min(attrs["strides"] + attrs["dilations"]) < 1 or min(attrs["pads"]) < 0:
         raise ShapeInferenceError(f"{node.describe()}: strides and dilations must be positive and pads >= 0")
     kernel = tuple(ints(node, "kernel_shape")) or tuple(w.shape[2:])
     if kernel != tuple(w.shape[2:]) or not all(isinstance(d, int) for d in (*x.shape[1:], *w.shape)):
-        raise ShapeInferenceError(f"{node.describe()}: channels, spatial sizes and the kernel must be static, and "
-                                  f"kernel_shape {list(kernel)} must be W's {list(w.shape[2:])}")
+        raise ShapeInferenceError(
+            f"{node.describe()}: channels, spatial sizes and the kernel must be static, and "
+            f"kernel_shape {list(kernel)} must be W's {list(w.shape[2:])}"
+        )
     group, og = attrs["group"], attrs["offset_group"]
     if group < 1 or og < 1 or x.shape[1] != w.shape[1] * group or w.shape[0] % group or x.shape[1] % og:
         raise ShapeInferenceError(f"{node.describe()}: X {x}, W {w}, group {group} and offset_group {og} do not fit")
-    out = [pool_out(node, x.shape[2 + i], kernel[i], attrs["strides"][i], attrs["pads"][i], attrs["pads"][i + 2],
-                    attrs["dilations"][i]) for i in range(2)]
+    out = [
+        pool_out(
+            node,
+            x.shape[2 + i],
+            kernel[i],
+            attrs["strides"][i],
+            attrs["pads"][i],
+            attrs["pads"][i + 2],
+            attrs["dilations"][i],
+        )
+        for i in range(2)
+    ]
     taps = og * kernel[0] * kernel[1]
     if offset.shape[1] != 2 * taps or tuple(offset.shape[2:]) != tuple(out):  # offset.rank == 4: checked above
-        raise ShapeInferenceError(f"{node.describe()}: offset must be [N, {2 * taps}, {out[0]}, {out[1]}], got {offset}")
+        raise ShapeInferenceError(
+            f"{node.describe()}: offset must be [N, {2 * taps}, {out[0]}, {out[1]}], got {offset}"
+        )
     if mask is not None and (mask.rank != 4 or mask.shape[1] != taps or tuple(mask.shape[2:]) != tuple(out)):
         raise ShapeInferenceError(f"{node.describe()}: mask must be [N, {taps}, {out[0]}, {out[1]}], got {mask}")
     if bias is not None and (bias.rank != 1 or bias.shape[0] != w.shape[0]):
@@ -100,7 +127,21 @@ def _deform_flops(node, inputs, outputs):
 
 
 OPS = (
-    OpDef("DeformConv", (19, 22), _infer_deform_conv, k_deform_conv, _deform_flops, _deform_attrs,
-          ATTRS={"kernel_shape": INTS, "strides": INTS, "pads": INTS, "dilations": INTS, "group": INT,
-                 "offset_group": INT}, macs=_deform_macs),
+    OpDef(
+        "DeformConv",
+        (19, 22),
+        _infer_deform_conv,
+        k_deform_conv,
+        _deform_flops,
+        _deform_attrs,
+        ATTRS={
+            "kernel_shape": INTS,
+            "strides": INTS,
+            "pads": INTS,
+            "dilations": INTS,
+            "group": INT,
+            "offset_group": INT,
+        },
+        macs=_deform_macs,
+    ),
 )

@@ -32,8 +32,9 @@ def _nms_overlaps(boxes, center_point_box, iou_threshold):
     return valid & (inter / np.where(valid, union, 1) > iou_threshold)
 
 
-def k_non_max_suppression(boxes, scores, max_output_boxes_per_class=None, iou_threshold=None, score_threshold=None,
-                          *, center_point_box):
+def k_non_max_suppression(
+    boxes, scores, max_output_boxes_per_class=None, iou_threshold=None, score_threshold=None, *, center_point_box
+):
     given = max_output_boxes_per_class is not None and max_output_boxes_per_class.size > 0
     limit = max(int(max_output_boxes_per_class.reshape(-1)[0]), 0) if given else 0
     iou = float(iou_threshold.reshape(-1)[0]) if iou_threshold is not None and iou_threshold.size else 0.0
@@ -60,12 +61,20 @@ def _infer_nms(node, inputs):
     boxes, scores = inputs[:2]
     if boxes.dtype != "float32" or scores.dtype != "float32":
         raise ShapeInferenceError(f"{node.describe()}: boxes and scores must be float32, got {boxes}, {scores}")
-    if boxes.rank != 3 or boxes.shape[2] != 4 or scores.rank != 3 or \
-            (isinstance(boxes.shape[1], int) and isinstance(scores.shape[2], int) and boxes.shape[1] != scores.shape[2]):
-        raise ShapeInferenceError(f"{node.describe()}: boxes must be [batch, boxes, 4] and scores [batch, classes, boxes], "
-                                  f"got {boxes}, {scores}")
-    for t, (what, dtype) in zip(inputs[2:], (("max_output_boxes_per_class", "int64"), ("iou_threshold", "float32"),
-                                            ("score_threshold", "float32"))):
+    if (
+        boxes.rank != 3
+        or boxes.shape[2] != 4
+        or scores.rank != 3
+        or (isinstance(boxes.shape[1], int) and isinstance(scores.shape[2], int) and boxes.shape[1] != scores.shape[2])
+    ):
+        raise ShapeInferenceError(
+            f"{node.describe()}: boxes must be [batch, boxes, 4] and scores [batch, classes, boxes], "
+            f"got {boxes}, {scores}"
+        )
+    for t, (what, dtype) in zip(
+        inputs[2:],
+        (("max_output_boxes_per_class", "int64"), ("iou_threshold", "float32"), ("score_threshold", "float32")),
+    ):
         if t is not None and (t.dtype != dtype or t.rank > 1):
             raise ShapeInferenceError(f"{node.describe()}: {what} must be a {dtype} scalar, got {t}")
     return [TensorType("int64", (data_dependent_dim(node), 3))]
@@ -77,7 +86,14 @@ def _nms_flops(node, inputs, outputs):
 
 
 OPS = (
-    OpDef("NonMaxSuppression", (10, 11), _infer_nms, k_non_max_suppression, _nms_flops,
-          lambda node: {"center_point_box": int(node.attr("center_point_box", 0))}, helpers=(_nms_overlaps,),
-          ATTRS={"center_point_box": INT}),
+    OpDef(
+        "NonMaxSuppression",
+        (10, 11),
+        _infer_nms,
+        k_non_max_suppression,
+        _nms_flops,
+        lambda node: {"center_point_box": int(node.attr("center_point_box", 0))},
+        helpers=(_nms_overlaps,),
+        ATTRS={"center_point_box": INT},
+    ),
 )

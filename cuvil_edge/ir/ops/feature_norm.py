@@ -57,8 +57,10 @@ def _infer_rms(node, inputs):
 def _rms_attrs(node):
     stash = int(node.attr("stash_type", 1))
     if stash != 1:
-        raise UnsupportedAttributeError(f"{node.describe()}: stash_type={stash} is not supported (only 1, float32); "
-                                        "re-export with the default stash_type")
+        raise UnsupportedAttributeError(
+            f"{node.describe()}: stash_type={stash} is not supported (only 1, float32); "
+            "re-export with the default stash_type"
+        )
     return {"axis": int(node.attr("axis", -1)), "epsilon": float(node.attr("epsilon", 1e-5))}
 
 
@@ -90,10 +92,31 @@ def _mvn_attrs(node):
 
 
 OPS = (
-    OpDef("RMSNormalization", (23,), _infer_rms, k_rms_normalization, per_element(4 + TRANSCENDENTAL // 4), _rms_attrs,
-          ATTRS={"axis": INT, "epsilon": FLOAT, "stash_type": INT}),
-    OpDef("LpNormalization", (1, 22), _infer_lp, k_lp_normalization, per_element(4), _lp_attrs,
-          ATTRS={"axis": INT, "p": INT}),
-    OpDef("MeanVarianceNormalization", (9, 13), _infer_mvn, k_mean_variance_normalization, per_element(7),
-          _mvn_attrs, ATTRS={"axes": INTS}),
+    OpDef(
+        "RMSNormalization",
+        (23,),
+        _infer_rms,
+        k_rms_normalization,
+        per_element(4 + TRANSCENDENTAL // 4),
+        _rms_attrs,
+        ATTRS={"axis": INT, "epsilon": FLOAT, "stash_type": INT},
+    ),
+    OpDef(
+        "LpNormalization",
+        (1, 22),
+        _infer_lp,
+        k_lp_normalization,
+        per_element(4),
+        _lp_attrs,
+        ATTRS={"axis": INT, "p": INT},
+    ),
+    OpDef(
+        "MeanVarianceNormalization",
+        (9, 13),
+        _infer_mvn,
+        k_mean_variance_normalization,
+        per_element(7),
+        _mvn_attrs,
+        ATTRS={"axes": INTS},
+    ),
 )

@@ -70,6 +70,7 @@ def _dwpw_native(lib, x, w_dw, b_dw, w_pw, b_pw, residual, strides, pads, dilati
     # the fused block in one C call (native_fused.c); y (n, m, oh, ow) float32
     from cuvil_edge.ir.ops._packing import shape_vector
     from cuvil_edge.ir.ops.fused_block import CLAMPS, packed_pointwise
+
     n, c, h, wd = x.shape
     kh, kw = w_dw.shape[2], w_dw.shape[3]
     oh = (h + pads[0] + pads[2] - dilations[0] * (kh - 1) - 1) // strides[0] + 1
@@ -81,13 +82,28 @@ def _dwpw_native(lib, x, w_dw, b_dw, w_pw, b_pw, residual, strides, pads, dilati
     bp = None if b_pw is None else np.ascontiguousarray(b_pw, dtype=np.float32)
     rc = None if residual is None else np.ascontiguousarray(residual, dtype=np.float32)
     _panels, address = packed_pointwise(lib, w_pw)  # _panels: held for the call
-    shape = shape_vector((n, c, h, wd, m, kh, kw, dilations[0], dilations[1], pads[0], pads[1], oh, ow, strides[0],
-                          strides[1]))
+    shape = shape_vector(
+        (n, c, h, wd, m, kh, kw, dilations[0], dilations[1], pads[0], pads[1], oh, ow, strides[0], strides[1])
+    )
     lo1, hi1 = CLAMPS[dw_activation]
     lo2, hi2 = CLAMPS[pw_activation]
-    if lib.cuvil_dwpw_f32(xc.ctypes.data, wdc.ctypes.data, None if bd is None else bd.ctypes.data, address,
-                          None if bp is None else bp.ctypes.data, None if rc is None else rc.ctypes.data,
-                          y.ctypes.data, shape, lo1, hi1, lo2, hi2) != 0:
+    if (
+        lib.cuvil_dwpw_f32(
+            xc.ctypes.data,
+            wdc.ctypes.data,
+            None if bd is None else bd.ctypes.data,
+            address,
+            None if bp is None else bp.ctypes.data,
+            None if rc is None else rc.ctypes.data,
+            y.ctypes.data,
+            shape,
+            lo1,
+            hi1,
+            lo2,
+            hi2,
+        )
+        != 0
+    ):
         raise MemoryError("the native fused block could not allocate its scratch tile")
     return y
 
@@ -96,22 +112,44 @@ def k_dw_pw(x, w_dw, b_dw, w_pw, b_pw=None, residual=None, *, strides, pads, dil
     if TARGET_NATIVE:
         lib = _native_lib() if x.dtype == np.float32 else None
         if lib is not None:
-            return _dwpw_native(lib, x, w_dw, b_dw, w_pw, b_pw, residual, strides, pads, dilations, dw_activation,
-                                pw_activation)
-    y = k_conv(x, w_dw, b_dw, strides=strides, pads=pads, dilations=dilations, auto_pad="NOTSET", group=x.shape[1],
-               activation=dw_activation)
-    z = k_conv(y, w_pw, b_pw, strides=(1, 1), pads=(0, 0, 0, 0), dilations=(1, 1), auto_pad="NOTSET", group=1,
-               activation=pw_activation)
+            return _dwpw_native(
+                lib, x, w_dw, b_dw, w_pw, b_pw, residual, strides, pads, dilations, dw_activation, pw_activation
+            )
+    y = k_conv(
+        x,
+        w_dw,
+        b_dw,
+        strides=strides,
+        pads=pads,
+        dilations=dilations,
+        auto_pad="NOTSET",
+        group=x.shape[1],
+        activation=dw_activation,
+    )
+    z = k_conv(
+        y,
+        w_pw,
+        b_pw,
+        strides=(1, 1),
+        pads=(0, 0, 0, 0),
+        dilations=(1, 1),
+        auto_pad="NOTSET",
+        group=1,
+        activation=pw_activation,
+    )
     if residual is not None:
         z += residual  # z is this call's own array
     return z
 
 
 def _attrs(node) -> dict:
-    return {"strides": tuple(ints(node, "strides")), "pads": tuple(ints(node, "pads")),
-            "dilations": tuple(ints(node, "dilations")),
-            "dw_activation": str(node.attr("dw_activation", "none")),
-            "pw_activation": str(node.attr("pw_activation", "none"))}
+    return {
+        "strides": tuple(ints(node, "strides")),
+        "pads": tuple(ints(node, "pads")),
+        "dilations": tuple(ints(node, "dilations")),
+        "dw_activation": str(node.attr("dw_activation", "none")),
+        "pw_activation": str(node.attr("pw_activation", "none")),
+    }
 
 
 def _infer(node, inputs):
@@ -123,9 +161,18 @@ def _infer(node, inputs):
     b_pw, res = (inputs[i] if len(inputs) > i else None for i in (4, 5))
     dtype = same_dtype(node, [t for t in inputs if t is not None])
     st, pads, dil = attrs["strides"], attrs["pads"], attrs["dilations"]
-    if len(x.shape) != 4 or len(pads) != 4 or len(dil) != 2 or len(st) != 2 or min(st) < 1 or not all(isinstance(d, int) for d in x.shape[1:]):
-        raise ShapeInferenceError(f"{node.describe()} needs a static (N, C, H, W) input, 2 strides, 4 pads, "
-                                  f"2 dilations; got {x}, strides {st}, pads {pads}, dilations {dil}")
+    if (
+        len(x.shape) != 4
+        or len(pads) != 4
+        or len(dil) != 2
+        or len(st) != 2
+        or min(st) < 1
+        or not all(isinstance(d, int) for d in x.shape[1:])
+    ):
+        raise ShapeInferenceError(
+            f"{node.describe()} needs a static (N, C, H, W) input, 2 strides, 4 pads, "
+            f"2 dilations; got {x}, strides {st}, pads {pads}, dilations {dil}"
+        )
     n, c, h, wd = x.shape
     m = w_pw.shape[0]
     if w_dw.shape[:2] != (c, 1) or len(w_dw.shape) != 4 or w_pw.shape[1:] != (c, 1, 1):
@@ -133,8 +180,12 @@ def _infer(node, inputs):
     for act in (attrs["dw_activation"], attrs["pw_activation"]):
         if act not in CLAMPS:
             raise ShapeInferenceError(f"{node.describe()}: activation {act!r} is not one of {sorted(CLAMPS)}")
-    out = (n, m, (h + pads[0] + pads[2] - dil[0] * (w_dw.shape[2] - 1) - 1) // st[0] + 1,
-           (wd + pads[1] + pads[3] - dil[1] * (w_dw.shape[3] - 1) - 1) // st[1] + 1)
+    out = (
+        n,
+        m,
+        (h + pads[0] + pads[2] - dil[0] * (w_dw.shape[2] - 1) - 1) // st[0] + 1,
+        (wd + pads[1] + pads[3] - dil[1] * (w_dw.shape[3] - 1) - 1) // st[1] + 1,
+    )
     if out[2] < 1 or out[3] < 1:
         raise ShapeInferenceError(f"{node.describe()}: empty output {out}")
     for bias, size in ((b_dw, c), (b_pw, m)):
@@ -158,6 +209,15 @@ def _flops(node, inputs, outputs):
 
 OPS = (
     # internal (never in an imported model): made by passes/fuse_dw_pw.py
-    OpDef("CuvilDwPw", (1,), _infer, k_dw_pw, _flops, _attrs, _CONV_HELPERS + (k_conv, _dwpw_native),
-          {"strides": INTS, "pads": INTS, "dilations": INTS, "dw_activation": STR, "pw_activation": STR}, macs=_macs),
+    OpDef(
+        "CuvilDwPw",
+        (1,),
+        _infer,
+        k_dw_pw,
+        _flops,
+        _attrs,
+        _CONV_HELPERS + (k_conv, _dwpw_native),
+        {"strides": INTS, "pads": INTS, "dilations": INTS, "dw_activation": STR, "pw_activation": STR},
+        macs=_macs,
+    ),
 )

@@ -22,14 +22,15 @@ def k_gather_elements(data, indices, axis):
 
 def k_gather_nd(data, indices, batch_dims):
     depth = indices.shape[-1]
-    sizes = np.array(data.shape[batch_dims:batch_dims + depth], dtype=np.int64)
+    sizes = np.array(data.shape[batch_dims : batch_dims + depth], dtype=np.int64)
     idx = np.where(indices < 0, indices + sizes, indices).astype(np.int64)
     flat_data = data.reshape((-1,) + data.shape[batch_dims:])
     flat_idx = idx.reshape((-1,) + idx.shape[batch_dims:])
     parts = [d[tuple(np.moveaxis(i, -1, 0))] for d, i in zip(flat_data, flat_idx)]
-    tail = data.shape[batch_dims + depth:]
-    return np.stack(parts).reshape(indices.shape[:-1] + tail) if parts else np.zeros(indices.shape[:-1] + tail,
-                                                                                       data.dtype)
+    tail = data.shape[batch_dims + depth :]
+    return (
+        np.stack(parts).reshape(indices.shape[:-1] + tail) if parts else np.zeros(indices.shape[:-1] + tail, data.dtype)
+    )
 
 
 def _scatter_into(out, where, updates, reduction):
@@ -54,7 +55,7 @@ def k_scatter_elements(data, indices, updates, axis, reduction):
 
 
 def k_scatter_nd(data, indices, updates, reduction):
-    sizes = np.array(data.shape[:indices.shape[-1]], dtype=np.int64)
+    sizes = np.array(data.shape[: indices.shape[-1]], dtype=np.int64)
     idx = np.where(indices < 0, indices + sizes, indices).astype(np.int64)
     return _scatter_into(data.copy(), tuple(np.moveaxis(idx, -1, 0)), updates, reduction)
 
@@ -70,8 +71,13 @@ def k_one_hot(indices, depth, values, axis):
 
 # --- inference and attributes -------------------------------------------------------------------
 def _reduction(node):
-    allowed = ("none",) if node.version < 16 else ("none", "add", "mul") if node.version < 18 else \
-        ("none", "add", "mul", "max", "min")
+    allowed = (
+        ("none",)
+        if node.version < 16
+        else ("none", "add", "mul")
+        if node.version < 18
+        else ("none", "add", "mul", "max", "min")
+    )
     return choice(node, "reduction", "none", allowed)
 
 
@@ -96,10 +102,15 @@ def _infer_gather_nd(node, inputs):
     _index_type(node, indices)
     b = int(node.attr("batch_dims", 0))
     depth = indices.shape[-1] if indices.rank else None
-    if not isinstance(depth, int) or indices.rank < 1 or b < 0 or b >= min(data.rank, indices.rank) \
-            or depth > data.rank - b:
+    if (
+        not isinstance(depth, int)
+        or indices.rank < 1
+        or b < 0
+        or b >= min(data.rank, indices.rank)
+        or depth > data.rank - b
+    ):
         raise ShapeInferenceError(f"{node.describe()}: data {data}, indices {indices}, batch_dims {b} do not fit")
-    return [TensorType(data.dtype, tuple(indices.shape[:-1]) + tuple(data.shape[b + depth:]))]
+    return [TensorType(data.dtype, tuple(indices.shape[:-1]) + tuple(data.shape[b + depth :]))]
 
 
 def _infer_scatter_elements(node, inputs):
@@ -144,16 +155,52 @@ def _zero(node, inputs, outputs):
 
 
 OPS = (
-    OpDef("GatherElements", (11, 13), _infer_gather_elements, k_gather_elements, _zero,
-          lambda node: {"axis": int(node.attr("axis", 0))}, ATTRS={"axis": INT}),
-    OpDef("GatherND", (11, 12, 13), _infer_gather_nd, k_gather_nd, _zero,
-          lambda node: {"batch_dims": int(node.attr("batch_dims", 0))}, ATTRS={"batch_dims": INT}),
-    OpDef("ScatterElements", (11, 13, 16, 18), _infer_scatter_elements, k_scatter_elements, per_element(1),
-          lambda node: {"axis": int(node.attr("axis", 0)), "reduction": _reduction(node)},
-          helpers=(_scatter_into,), ATTRS={"axis": INT, "reduction": STR}),
-    OpDef("ScatterND", (11, 13, 16, 18), _infer_scatter_nd, k_scatter_nd, per_element(1),
-          lambda node: {"reduction": _reduction(node)}, helpers=(_scatter_into,), ATTRS={"reduction": STR}),
-    OpDef("OneHot", (9, 11), _infer_one_hot, k_one_hot, per_element(1), lambda node: {"axis": int(node.attr("axis", -1))},
-          ATTRS={"axis": INT}, CONST_INPUTS=(1,)),
+    OpDef(
+        "GatherElements",
+        (11, 13),
+        _infer_gather_elements,
+        k_gather_elements,
+        _zero,
+        lambda node: {"axis": int(node.attr("axis", 0))},
+        ATTRS={"axis": INT},
+    ),
+    OpDef(
+        "GatherND",
+        (11, 12, 13),
+        _infer_gather_nd,
+        k_gather_nd,
+        _zero,
+        lambda node: {"batch_dims": int(node.attr("batch_dims", 0))},
+        ATTRS={"batch_dims": INT},
+    ),
+    OpDef(
+        "ScatterElements",
+        (11, 13, 16, 18),
+        _infer_scatter_elements,
+        k_scatter_elements,
+        per_element(1),
+        lambda node: {"axis": int(node.attr("axis", 0)), "reduction": _reduction(node)},
+        helpers=(_scatter_into,),
+        ATTRS={"axis": INT, "reduction": STR},
+    ),
+    OpDef(
+        "ScatterND",
+        (11, 13, 16, 18),
+        _infer_scatter_nd,
+        k_scatter_nd,
+        per_element(1),
+        lambda node: {"reduction": _reduction(node)},
+        helpers=(_scatter_into,),
+        ATTRS={"reduction": STR},
+    ),
+    OpDef(
+        "OneHot",
+        (9, 11),
+        _infer_one_hot,
+        k_one_hot,
+        per_element(1),
+        lambda node: {"axis": int(node.attr("axis", -1))},
+        ATTRS={"axis": INT},
+        CONST_INPUTS=(1,),
+    ),
 )
-

@@ -26,9 +26,13 @@ def k_gemm(a, b, c=None, *, alpha, beta, trans_a, trans_b, activation="none"):
 
 
 def _attrs(node):
-    return {"alpha": float(node.attr("alpha", 1.0)), "beta": float(node.attr("beta", 1.0)),
-            "trans_a": int(node.attr("transA", 0)), "trans_b": int(node.attr("transB", 0)),
-            "activation": _activation.activation(node)}
+    return {
+        "alpha": float(node.attr("alpha", 1.0)),
+        "beta": float(node.attr("beta", 1.0)),
+        "trans_a": int(node.attr("transA", 0)),
+        "trans_b": int(node.attr("transB", 0)),
+        "activation": _activation.activation(node),
+    }
 
 
 def _mkn(node, a, b):
@@ -69,6 +73,15 @@ _ATTRS = {"alpha": FLOAT, "beta": FLOAT, "transA": INT, "transB": INT}
 
 OPS = (
     OpDef("Gemm", (7, 9, 11, 13), _infer, k_gemm, _flops, _attrs, _activation.HELPERS, _ATTRS, macs=_macs),
-    OpDef("CuvilFusedGemm", (1,), _infer, k_gemm, _flops, _attrs, _activation.HELPERS,
-          {**_ATTRS, "activation": STR}, macs=_macs),
+    OpDef(
+        "CuvilFusedGemm",
+        (1,),
+        _infer,
+        k_gemm,
+        _flops,
+        _attrs,
+        _activation.HELPERS,
+        {**_ATTRS, "activation": STR},
+        macs=_macs,
+    ),
 )

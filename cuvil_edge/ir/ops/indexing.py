@@ -72,8 +72,11 @@ def k_space_to_depth(x, blocksize, crd):
 
 # --- inference and attributes -------------------------------------------------------------------
 def _arg_attrs(node):
-    return {"axis": int(node.attr("axis", 0)), "keepdims": int(node.attr("keepdims", 1)),
-            "last": int(node.attr("select_last_index", 0)) if node.version >= 12 else 0}
+    return {
+        "axis": int(node.attr("axis", 0)),
+        "keepdims": int(node.attr("keepdims", 1)),
+        "last": int(node.attr("select_last_index", 0)) if node.version >= 12 else 0,
+    }
 
 
 def _infer_arg(node, inputs):
@@ -85,8 +88,11 @@ def _infer_arg(node, inputs):
     a = {**_arg_attrs(node), "axis": axis_index(node, int(node.attr("axis", 0)), x.rank)}
     if x.shape[a["axis"]] == 0:
         raise ShapeInferenceError(f"{node.describe()}: axis {a['axis']} of {x} is empty")
-    shape = [1 if i == a["axis"] else d for i, d in enumerate(x.shape)] if a["keepdims"] else \
-        [d for i, d in enumerate(x.shape) if i != a["axis"]]
+    shape = (
+        [1 if i == a["axis"] else d for i, d in enumerate(x.shape)]
+        if a["keepdims"]
+        else [d for i, d in enumerate(x.shape) if i != a["axis"]]
+    )
     return [TensorType("int64", tuple(shape))]
 
 
@@ -162,27 +168,58 @@ def _infer_space_to_depth(node, inputs):
 
 def _arg_row(op_type, fn):
     # the axis may stay negative: numpy's argmax, flip and expand_dims count it from the end
-    return OpDef(op_type, (1, 11, 12, 13), _infer_arg, fn, per_element(1), _arg_attrs,
-                 ATTRS={"axis": INT, "keepdims": INT, "select_last_index": INT})
+    return OpDef(
+        op_type,
+        (1, 11, 12, 13),
+        _infer_arg,
+        fn,
+        per_element(1),
+        _arg_attrs,
+        ATTRS={"axis": INT, "keepdims": INT, "select_last_index": INT},
+    )
 
 
 OPS = (
     _arg_row("ArgMax", k_argmax),
     _arg_row("ArgMin", k_argmin),
-    OpDef("CumSum", (11, 14), _infer_cumsum, k_cumsum, per_element(1),
-          lambda node: {"exclusive": int(node.attr("exclusive", 0)), "reverse": int(node.attr("reverse", 0))},
-          ATTRS={"exclusive": INT, "reverse": INT}),
-    OpDef("Trilu", (14,), _infer_trilu, k_trilu, per_element(1), lambda node: {"upper": int(node.attr("upper", 1))},
-          ATTRS={"upper": INT}),
+    OpDef(
+        "CumSum",
+        (11, 14),
+        _infer_cumsum,
+        k_cumsum,
+        per_element(1),
+        lambda node: {"exclusive": int(node.attr("exclusive", 0)), "reverse": int(node.attr("reverse", 0))},
+        ATTRS={"exclusive": INT, "reverse": INT},
+    ),
+    OpDef(
+        "Trilu",
+        (14,),
+        _infer_trilu,
+        k_trilu,
+        per_element(1),
+        lambda node: {"upper": int(node.attr("upper", 1))},
+        ATTRS={"upper": INT},
+    ),
     OpDef("Size", (1, 13, 19, 21, 23, 24, 25), _infer_size, k_size, lambda node, inputs, outputs: 0),
-    OpDef("CastLike", (15, 19, 21, 23, 24, 25), _infer_cast_like, k_cast_like, per_element(1),
-          ATTRS={"saturate": INT}),
-    OpDef("DepthToSpace", (1, 11, 13, 28), _infer_depth_to_space, k_depth_to_space, lambda node, inputs, outputs: 0,
-          lambda node: {"blocksize": _blocksize(node), "crd": _crd(node) if node.version >= 11 else False},
-          ATTRS={"blocksize": INT, "mode": STR}),
-    OpDef("SpaceToDepth", (1, 13, 28), _infer_space_to_depth, k_space_to_depth, lambda node, inputs, outputs: 0,
-          lambda node: {"blocksize": _blocksize(node), "crd": _crd(node) if node.version >= 28 else False},
-          ATTRS={"blocksize": INT, "mode": STR}),
+    OpDef("CastLike", (15, 19, 21, 23, 24, 25), _infer_cast_like, k_cast_like, per_element(1), ATTRS={"saturate": INT}),
+    OpDef(
+        "DepthToSpace",
+        (1, 11, 13, 28),
+        _infer_depth_to_space,
+        k_depth_to_space,
+        lambda node, inputs, outputs: 0,
+        lambda node: {"blocksize": _blocksize(node), "crd": _crd(node) if node.version >= 11 else False},
+        ATTRS={"blocksize": INT, "mode": STR},
+    ),
+    OpDef(
+        "SpaceToDepth",
+        (1, 13, 28),
+        _infer_space_to_depth,
+        k_space_to_depth,
+        lambda node, inputs, outputs: 0,
+        lambda node: {"blocksize": _blocksize(node), "crd": _crd(node) if node.version >= 28 else False},
+        ATTRS={"blocksize": INT, "mode": STR},
+    ),
 )
 
 
@@ -198,8 +235,9 @@ def _einsum_shape(node, equation, inputs):
     lhs, arrow, rhs = equation.replace(" ", "").partition("->")
     terms = lhs.split(",")
     if len(terms) != len(inputs):
-        raise ShapeInferenceError(f"{node.describe()}: equation {equation!r} names {len(terms)} operands, "
-                                  f"the node has {len(inputs)}")
+        raise ShapeInferenceError(
+            f"{node.describe()}: equation {equation!r} names {len(terms)} operands, the node has {len(inputs)}"
+        )
     dims: dict = {}
     ellipses = []
     for term, t in zip(terms, inputs):
@@ -209,7 +247,7 @@ def _einsum_shape(node, equation, inputs):
             raise ShapeInferenceError(f"{node.describe()}: term {term!r} does not fit operand {t}")
         letters = list(head) + [None] * spread + list(tail)
         if dots:
-            ellipses.append(tuple(t.shape[len(head):len(head) + spread]))
+            ellipses.append(tuple(t.shape[len(head) : len(head) + spread]))
         for letter, d in zip(letters, t.shape):
             if letter is None:
                 continue
@@ -244,16 +282,25 @@ def _einsum_flops(node, inputs, outputs):
         head, _, tail = term.partition("...")
         sizes.update(zip(head, t.shape))
         sizes.update(zip(reversed(tail), reversed(t.shape)))
+
     def product(dims):
         total = 1
         for d in dims:
             total *= d if isinstance(d, int) else 1
         return total
+
     lettered = product(sizes[c] for c in rhs.replace("...", "") if c in sizes)
     return 2 * product(sizes.values()) * max(1, outputs[0].numel() // max(1, lettered))
 
 
 OPS = OPS + (
-    OpDef("Einsum", (12,), _infer_einsum, k_einsum, _einsum_flops,
-          lambda node: {"equation": text(node, "equation", "")}, ATTRS={"equation": STR}),
+    OpDef(
+        "Einsum",
+        (12,),
+        _infer_einsum,
+        k_einsum,
+        _einsum_flops,
+        lambda node: {"equation": text(node, "equation", "")},
+        ATTRS={"equation": STR},
+    ),
 )

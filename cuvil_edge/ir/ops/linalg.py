@@ -25,7 +25,7 @@ def k_cum_prod(x, axis, exclusive, reverse):
     a = int(np.asarray(axis).reshape(())) % x.ndim
     w = np.flip(x, a) if reverse else x
     if exclusive:  # shift right by one along the axis, 1 first
-        ones = np.ones(w.shape[:a] + (1,) + w.shape[a + 1:], dtype=x.dtype)
+        ones = np.ones(w.shape[:a] + (1,) + w.shape[a + 1 :], dtype=x.dtype)
         w = np.concatenate((ones, np.take(w, np.arange(w.shape[a] - 1), axis=a)), axis=a)
     out = np.cumprod(w, axis=a, dtype=x.dtype)
     return np.flip(out, a) if reverse else out
@@ -42,7 +42,7 @@ def _infer_det(node, inputs):
 
 def _det_flops(node, inputs, outputs):
     m = inputs[0].shape[-1] if isinstance(inputs[0].shape[-1], int) else 1
-    return outputs[0].numel() * (2 * m ** 3) // 3
+    return outputs[0].numel() * (2 * m**3) // 3
 
 
 def _infer_cum_prod(node, inputs):
@@ -58,7 +58,13 @@ def _infer_cum_prod(node, inputs):
 
 OPS = (
     OpDef("Det", (11, 22), _infer_det, k_det, _det_flops),
-    OpDef("CumProd", (26,), _infer_cum_prod, k_cum_prod, per_element(1),
-          lambda node: {"exclusive": int(node.attr("exclusive", 0)), "reverse": int(node.attr("reverse", 0))},
-          ATTRS={"exclusive": INT, "reverse": INT}),
+    OpDef(
+        "CumProd",
+        (26,),
+        _infer_cum_prod,
+        k_cum_prod,
+        per_element(1),
+        lambda node: {"exclusive": int(node.attr("exclusive", 0)), "reverse": int(node.attr("reverse", 0))},
+        ATTRS={"exclusive": INT, "reverse": INT},
+    ),
 )

@@ -57,19 +57,27 @@ def _infer_loss(node, inputs):
     want(node, x, ((12, FLOATS),))
     if target.dtype not in TARGETS:
         raise ShapeInferenceError(f"{node.describe()}: the target must be int32 or int64, got {target}")
-    if x.rank < 2 or target.rank != x.rank - 1 or target.shape[0] != x.shape[0] \
-            or tuple(target.shape[1:]) != tuple(x.shape[2:]):
+    if (
+        x.rank < 2
+        or target.rank != x.rank - 1
+        or target.shape[0] != x.shape[0]
+        or tuple(target.shape[1:]) != tuple(x.shape[2:])
+    ):
         raise ShapeInferenceError(f"{node.describe()}: the target {target} must be the input {x} without axis 1")
     if weight is not None and (weight.dtype != x.dtype or weight.rank != 1 or weight.shape[0] != x.shape[1]):
-        raise ShapeInferenceError(f"{node.describe()}: the weight must be a {x.dtype} vector of {x.shape[1]}, got {weight}")
+        raise ShapeInferenceError(
+            f"{node.describe()}: the weight must be a {x.dtype} vector of {x.shape[1]}, got {weight}"
+        )
     reduced = TensorType(x.dtype, tuple(target.shape) if _loss_attrs(node)["reduction"] == "none" else ())
     return [reduced, x]
 
 
 def _loss_attrs(node):
     ignore = node.attr("ignore_index")
-    return {"ignore_index": None if ignore is None else int(ignore),
-            "reduction": choice(node, "reduction", "mean", ("none", "sum", "mean"))}
+    return {
+        "ignore_index": None if ignore is None else int(ignore),
+        "reduction": choice(node, "reduction", "mean", ("none", "sum", "mean")),
+    }
 
 
 def _loss_flops(node, inputs, outputs):
@@ -79,9 +87,24 @@ def _loss_flops(node, inputs, outputs):
 ATTRS = {"ignore_index": INT, "reduction": STR}
 
 OPS = (
-    OpDef("NegativeLogLikelihoodLoss", (12, 13, 22), lambda node, inputs: _infer_loss(node, inputs)[:1],
-          k_negative_log_likelihood_loss, lambda node, inputs, outputs: 3 * inputs[1].numel(),
-          _loss_attrs, helpers=(_picked_loss,), ATTRS=ATTRS),
-    OpDef("SoftmaxCrossEntropyLoss", (12, 13), _infer_loss, k_softmax_cross_entropy_loss, _loss_flops,
-          lambda node: {**_loss_attrs(node), "outputs": len(node.outputs)}, helpers=(_picked_loss,), ATTRS=ATTRS),
+    OpDef(
+        "NegativeLogLikelihoodLoss",
+        (12, 13, 22),
+        lambda node, inputs: _infer_loss(node, inputs)[:1],
+        k_negative_log_likelihood_loss,
+        lambda node, inputs, outputs: 3 * inputs[1].numel(),
+        _loss_attrs,
+        helpers=(_picked_loss,),
+        ATTRS=ATTRS,
+    ),
+    OpDef(
+        "SoftmaxCrossEntropyLoss",
+        (12, 13),
+        _infer_loss,
+        k_softmax_cross_entropy_loss,
+        _loss_flops,
+        lambda node: {**_loss_attrs(node), "outputs": len(node.outputs)},
+        helpers=(_picked_loss,),
+        ATTRS=ATTRS,
+    ),
 )

@@ -26,8 +26,15 @@ from cuvil_edge.ir.ops._activation import _activate
 from cuvil_edge.ir.ops._contract import OpDef
 from cuvil_edge.ir.ops._int8 import _i8_ops
 from cuvil_edge.ir.ops._native import _native_epilogue
-from cuvil_edge.ir.ops._quant import (_q_centered_a, _q_centered_b, _q_requantize, _q_saturate, quant_dtype,
-                                      same_pair, scale_dtype)
+from cuvil_edge.ir.ops._quant import (
+    _q_centered_a,
+    _q_centered_b,
+    _q_requantize,
+    _q_saturate,
+    quant_dtype,
+    same_pair,
+    scale_dtype,
+)
 from cuvil_edge.ir.ops._util import DEFAULT_CAPABILITIES, STR, broadcast, need, same_dtype, want_dtype
 
 TARGET_NATIVE = DEFAULT_CAPABILITIES["TARGET_NATIVE"]
@@ -99,7 +106,9 @@ def split_dims(node, a, b):
     a_shape = (1, *a.shape) if a.rank == 1 else a.shape
     b_shape = (*b.shape, 1) if b.rank == 1 else b.shape
     if a_shape[-1] != b_shape[-2]:
-        raise ShapeInferenceError(f"{node.describe()}: inner dims differ ({a_shape[-1]} vs {b_shape[-2]}) for {a} @ {b}")
+        raise ShapeInferenceError(
+            f"{node.describe()}: inner dims differ ({a_shape[-1]} vs {b_shape[-2]}) for {a} @ {b}"
+        )
     batch = broadcast(node, a_shape[:-2], b_shape[:-2])
     return batch, None if a.rank == 1 else a_shape[-2], a_shape[-1], None if b.rank == 1 else b_shape[-1]
 
@@ -165,14 +174,17 @@ def _macs_of(node, a, b):
 
 def _operands(first, second):
     """flops/macs over the operands at input positions ``first`` and ``second``."""
+
     def macs(node, inputs, outputs):
         return _macs_of(node, inputs[first], inputs[second])
+
     return macs
 
 
 def _twice(macs, extra_per_output=0):
     def flops(node, inputs, outputs):
         return 2 * macs(node, inputs, outputs) + extra_per_output * outputs[0].numel()
+
     return flops
 
 
@@ -180,12 +192,33 @@ _AB, _QAB = _operands(0, 1), _operands(0, 3)
 
 OPS = (
     OpDef("MatMul", (1, 9, 13), _infer_mat_mul, k_mat_mul, _twice(_AB), macs=_AB),
-    OpDef("CuvilFusedMatMul", (1,), _infer_fused_mat_mul, k_fused_mat_mul, _fused_flops,
-          lambda node: {"activation": _activation.activation(node)}, _activation.HELPERS + (_native_epilogue,),
-          {"activation": STR},
-          macs=_AB),
-    OpDef("MatMulInteger", (10,), _infer_mat_mul_integer, k_mat_mul_integer, _twice(_AB),
-          helpers=(_q_centered_a, _q_centered_b, _i8_ops), macs=_AB),
-    OpDef("QLinearMatMul", (10, 21), _infer_q_linear_mat_mul, k_q_linear_mat_mul, _twice(_QAB, 3),
-          helpers=(_q_centered_a, _q_centered_b, _q_saturate, _q_requantize, _i8_ops), macs=_QAB),
+    OpDef(
+        "CuvilFusedMatMul",
+        (1,),
+        _infer_fused_mat_mul,
+        k_fused_mat_mul,
+        _fused_flops,
+        lambda node: {"activation": _activation.activation(node)},
+        _activation.HELPERS + (_native_epilogue,),
+        {"activation": STR},
+        macs=_AB,
+    ),
+    OpDef(
+        "MatMulInteger",
+        (10,),
+        _infer_mat_mul_integer,
+        k_mat_mul_integer,
+        _twice(_AB),
+        helpers=(_q_centered_a, _q_centered_b, _i8_ops),
+        macs=_AB,
+    ),
+    OpDef(
+        "QLinearMatMul",
+        (10, 21),
+        _infer_q_linear_mat_mul,
+        k_q_linear_mat_mul,
+        _twice(_QAB, 3),
+        helpers=(_q_centered_a, _q_centered_b, _q_saturate, _q_requantize, _i8_ops),
+        macs=_QAB,
+    ),
 )

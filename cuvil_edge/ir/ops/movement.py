@@ -80,7 +80,9 @@ def _target(node, x, shape):
                 raise ShapeInferenceError(f"{node.describe()}: shape entry {i} is 0 but the input {x} has no axis {i}")
             out.append(x.shape[i])
         elif s < -1 or (s == -1 and None in out):
-            raise ShapeInferenceError(f"{node.describe()}: bad target shape {shape} (one -1 at most, no other negatives)")
+            raise ShapeInferenceError(
+                f"{node.describe()}: bad target shape {shape} (one -1 at most, no other negatives)"
+            )
         else:
             out.append(None if s == -1 else s)
     return out
@@ -101,8 +103,9 @@ def _infer_reshape(node, inputs, consts=None):
         out[out.index(None)] = _rest(node, x, shape, [d for d in out if d is not None])
     else:
         total, wanted = Expr.of(dims.product(x.shape)), Expr.of(dims.product(out))
-        if not dims.same(total.to_dim(), wanted.to_dim()) and (x.is_static and TensorType(x.dtype, tuple(out)).is_static
-                                or dims.provably_different(total, wanted)):
+        if not dims.same(total.to_dim(), wanted.to_dim()) and (
+            x.is_static and TensorType(x.dtype, tuple(out)).is_static or dims.provably_different(total, wanted)
+        ):
             raise ShapeInferenceError(f"{node.describe()}: cannot reshape {x} to {out}; the element counts differ")
     return [TensorType(x.dtype, tuple(out))]
 
@@ -121,8 +124,9 @@ def _rest(node, x, shape, given):
             rest.append(d)
     total, part = Expr.of(dims.product(left)), Expr.of(dims.product(rest))
     if part == Expr.const(0) or (total.is_const() and part.is_const() and total.constant() % part.constant()):
-        raise ShapeInferenceError(f"{node.describe()}: cannot resolve -1 reshaping {x} to {shape}; "
-                                  "the element counts do not divide")
+        raise ShapeInferenceError(
+            f"{node.describe()}: cannot resolve -1 reshaping {x} to {shape}; the element counts do not divide"
+        )
     quotient = dims.divide_exactly(total, part)
     if quotient is not None:
         return quotient.to_dim()
@@ -203,14 +207,16 @@ def _infer_squeeze(node, inputs, consts=None):
         if x.symbols():
             raise ShapeInferenceError(
                 f"{node.describe()}: without axes it squeezes every size-1 axis, but {x} has symbolic dims "
-                "that may or may not be 1; give axes explicitly")
+                "that may or may not be 1; give axes explicitly"
+            )
         return [TensorType(x.dtype, tuple(d for d in x.shape if d != 1))]
     axes = norm_axes(node, axes, x.rank)
     for a in axes:
         if x.shape[a] != 1:
             raise ShapeInferenceError(
                 f"{node.describe()}: axis {a} of {x} is {x.shape[a]!r}, not 1, so it cannot be squeezed"
-                + ("; fix that dim to 1" if isinstance(x.shape[a], str) else ""))
+                + ("; fix that dim to 1" if isinstance(x.shape[a], str) else "")
+            )
     return [TensorType(x.dtype, tuple(d for i, d in enumerate(x.shape) if i not in axes))]
 
 
@@ -236,17 +242,62 @@ def _zero(node, inputs, outputs):
 
 
 OPS = (
-    OpDef("Reshape", (5, 13, 14, 19, 21), _infer_reshape, k_reshape, _zero,
-          lambda node: {"allowzero": _allowzero(node)}, ATTRS={"allowzero": INT}, CONST_INPUTS=(1,)),
-    OpDef("Flatten", (1, 9, 11, 13, 21), _infer_flatten, k_flatten, _zero,
-          lambda node: {"axis": int(node.attr("axis", 1))}, ATTRS={"axis": INT}),
-    OpDef("Squeeze", (1, 11, 13, 21, 23, 24, 25), _infer_squeeze, k_squeeze, _zero, _static_axes,
-          ATTRS={"axes": INTS}, CONST_INPUTS=(1,)),
-    OpDef("Unsqueeze", (1, 11, 13, 21, 23, 24, 25), _infer_unsqueeze, k_unsqueeze, _zero, _unsqueeze_attrs,
-          ATTRS={"axes": INTS}, CONST_INPUTS=(1,)),
-    OpDef("Transpose", (1, 13, 21, 23, 24, 25), _infer_transpose, k_transpose, _zero,
-          lambda node: {"perm": tuple(ints(node, "perm"))}, ATTRS={"perm": INTS}),
+    OpDef(
+        "Reshape",
+        (5, 13, 14, 19, 21),
+        _infer_reshape,
+        k_reshape,
+        _zero,
+        lambda node: {"allowzero": _allowzero(node)},
+        ATTRS={"allowzero": INT},
+        CONST_INPUTS=(1,),
+    ),
+    OpDef(
+        "Flatten",
+        (1, 9, 11, 13, 21),
+        _infer_flatten,
+        k_flatten,
+        _zero,
+        lambda node: {"axis": int(node.attr("axis", 1))},
+        ATTRS={"axis": INT},
+    ),
+    OpDef(
+        "Squeeze",
+        (1, 11, 13, 21, 23, 24, 25),
+        _infer_squeeze,
+        k_squeeze,
+        _zero,
+        _static_axes,
+        ATTRS={"axes": INTS},
+        CONST_INPUTS=(1,),
+    ),
+    OpDef(
+        "Unsqueeze",
+        (1, 11, 13, 21, 23, 24, 25),
+        _infer_unsqueeze,
+        k_unsqueeze,
+        _zero,
+        _unsqueeze_attrs,
+        ATTRS={"axes": INTS},
+        CONST_INPUTS=(1,),
+    ),
+    OpDef(
+        "Transpose",
+        (1, 13, 21, 23, 24, 25),
+        _infer_transpose,
+        k_transpose,
+        _zero,
+        lambda node: {"perm": tuple(ints(node, "perm"))},
+        ATTRS={"perm": INTS},
+    ),
     OpDef("Expand", (8, 13), _infer_expand, k_expand, _zero, CONST_INPUTS=(1,)),
-    OpDef("Shape", (1, 13, 15, 19, 21, 23, 24, 25), _infer_shape, k_shape, _zero, _shape_attrs,
-          ATTRS={"start": INT, "end": INT}),
+    OpDef(
+        "Shape",
+        (1, 13, 15, 19, 21, 23, 24, 25),
+        _infer_shape,
+        k_shape,
+        _zero,
+        _shape_attrs,
+        ATTRS={"start": INT, "end": INT},
+    ),
 )

@@ -25,8 +25,16 @@ from cuvil_edge.ir.graph import TensorType
 from cuvil_edge.ir.ops._contract import OpDef
 from cuvil_edge.ir.ops._native import _native_lib
 from cuvil_edge.ir.ops._elementwise import FLOATS, TRANSCENDENTAL, want
-from cuvil_edge.ir.ops._util import (DEFAULT_CAPABILITIES, FLOAT, INT, axis_index, broadcast, need, same_dtype,
-                                    want_dtype)
+from cuvil_edge.ir.ops._util import (
+    DEFAULT_CAPABILITIES,
+    FLOAT,
+    INT,
+    axis_index,
+    broadcast,
+    need,
+    same_dtype,
+    want_dtype,
+)
 
 TARGET_NATIVE = DEFAULT_CAPABILITIES["TARGET_NATIVE"]
 
@@ -64,8 +72,15 @@ def k_layer_normalization(x, scale, bias=None, axis=-1, epsilon=1e-5, stash=None
             xc, sc = np.ascontiguousarray(x), np.ascontiguousarray(scale, dtype=np.float32)
             bc = None if bias is None else np.ascontiguousarray(bias, dtype=np.float32)
             y = np.empty_like(xc)
-            lib.cuvil_layer_norm_f32(xc.ctypes.data, sc.ctypes.data, None if bc is None else bc.ctypes.data,
-                                     y.ctypes.data, x.size // max(size, 1), size, epsilon)
+            lib.cuvil_layer_norm_f32(
+                xc.ctypes.data,
+                sc.ctypes.data,
+                None if bc is None else bc.ctypes.data,
+                y.ctypes.data,
+                x.size // max(size, 1),
+                size,
+                epsilon,
+            )
             return y
     work = x.astype(stash, copy=False) if stash is not None else x
     axes = tuple(range(first, x.ndim))
@@ -105,7 +120,7 @@ def k_lrn(x, size, alpha, beta, bias):
     before = (size - 1) // 2  # channels c - floor((size-1)/2) .. c + ceil((size-1)/2)
     padded = np.pad(np.square(w), [(0, 0), (before, size - 1 - before)] + [(0, 0)] * (x.ndim - 2))
     channels = x.shape[1]
-    window = sum(padded[:, i:i + channels] for i in range(size))
+    window = sum(padded[:, i : i + channels] for i in range(size))
     t = w.dtype.type
     return (w / (t(bias) + t(alpha / size) * window) ** t(beta)).astype(x.dtype)
 
@@ -122,7 +137,8 @@ def _infer_batch_normalization(node, inputs):
     if len([o for o in node.outputs if o]) > 1 and not training:
         raise UnsupportedAttributeError(
             f"{node.describe()} asks for the training outputs (running/saved mean and var), which are not supported; "
-            "export the model in eval mode")
+            "export the model in eval mode"
+        )
     if x.rank < 2:
         raise ShapeInferenceError(f"{node.describe()} needs X of shape (N, C, ...), got {x}")
     per_channel = (x.shape[1],) if node.version >= 9 or int(node.attr("spatial", 1)) else x.shape[1:]
@@ -138,16 +154,24 @@ def _infer_batch_normalization(node, inputs):
 
 
 def _bn_attrs(node):
-    return {"epsilon": float(node.attr("epsilon", 1e-5)), "momentum": float(node.attr("momentum", 0.9)),
-            "training": _bn_training(node), "outputs": max(1, len(node.outputs)) if _bn_training(node) else 1}
+    return {
+        "epsilon": float(node.attr("epsilon", 1e-5)),
+        "momentum": float(node.attr("momentum", 0.9)),
+        "training": _bn_training(node),
+        "outputs": max(1, len(node.outputs)) if _bn_training(node) else 1,
+    }
 
 
 def _ln_attrs(node):
     stash = int(node.attr("stash_type", 1))
     if stash not in (1, 0) and stash != dtypes.ONNX_CODE.get("float64"):
         raise UnsupportedAttributeError(f"{node.describe()}: stash_type {stash} is not supported (1 = float32)")
-    return {"axis": int(node.attr("axis", -1)), "epsilon": float(node.attr("epsilon", 1e-5)),
-            "stash": dtypes.FROM_ONNX_CODE[stash] if stash else None, "outputs": max(1, len(node.outputs))}
+    return {
+        "axis": int(node.attr("axis", -1)),
+        "epsilon": float(node.attr("epsilon", 1e-5)),
+        "stash": dtypes.FROM_ONNX_CODE[stash] if stash else None,
+        "outputs": max(1, len(node.outputs)),
+    }
 
 
 def _infer_layer_normalization(node, inputs):
@@ -160,7 +184,7 @@ def _infer_layer_normalization(node, inputs):
         if t is not None and (t.dtype != x.dtype or broadcast(node, x.shape, t.shape) != x.shape):
             raise ShapeInferenceError(f"{node.describe()}: {what} {t} must be {x.dtype} and broadcast to X {x}")
     stats = TensorType(a["stash"] or x.dtype, x.shape[:axis] + (1,) * (x.rank - axis))
-    return [x, stats, stats][:a["outputs"]]
+    return [x, stats, stats][: a["outputs"]]
 
 
 def _check_nc(node, x):
@@ -170,6 +194,7 @@ def _check_nc(node, x):
 
 def _infer_affine(count_of):
     """X, scale, bias; scale and bias are vectors of ``count_of(node, x)`` entries."""
+
     def infer(node, inputs):
         need(node, inputs, 3)
         x, scale, bias = inputs
@@ -181,6 +206,7 @@ def _infer_affine(count_of):
             if t.rank != 1 or (isinstance(t.shape[0], int) and isinstance(n, int) and t.shape[0] != n):
                 raise ShapeInferenceError(f"{node.describe()}: {name} must be a vector of {n}, got {t}")
         return [x]
+
     return infer
 
 
@@ -211,6 +237,7 @@ def _infer_lrn(node, inputs):
 def _per_element(cost):
     def flops(node, inputs, outputs):
         return cost * outputs[0].numel()
+
     return flops
 
 
@@ -219,19 +246,59 @@ def _lrn_flops(node, inputs, outputs):
 
 
 OPS = (
-    OpDef("BatchNormalization", (7, 9, 14, 15), _infer_batch_normalization, k_batch_normalization,
-          _per_element(2), _bn_attrs, ATTRS={"epsilon": FLOAT, "momentum": FLOAT, "spatial": INT, "training_mode": INT}),
-    OpDef("LayerNormalization", (17,), _infer_layer_normalization, k_layer_normalization,
-          lambda node, inputs, outputs: 8 * inputs[0].numel(),  # mean, centre, square, mean, scale, shift
-          _ln_attrs, (_native_lib,), ATTRS={"axis": INT, "epsilon": FLOAT, "stash_type": INT}),
-    OpDef("InstanceNormalization", (1, 6, 22), _infer_affine(lambda node, x: x.shape[1]), k_instance_normalization,
-          _per_element(8), lambda node: {"epsilon": float(node.attr("epsilon", 1e-5))}, ATTRS={"epsilon": FLOAT}),
-    OpDef("GroupNormalization", (18, 21), _infer_affine(_group_count), k_group_normalization, _per_element(8),
-          lambda node: {"epsilon": float(node.attr("epsilon", 1e-5)), "num_groups": _groups(node),
-                        "per_channel_affine": node.version >= 21},
-          ATTRS={"epsilon": FLOAT, "num_groups": INT, "stash_type": INT}),
-    OpDef("LRN", (1, 13), _infer_lrn, k_lrn, _lrn_flops,
-          lambda node: {"size": int(node.attr("size")), "alpha": float(node.attr("alpha", 1e-4)),
-                        "beta": float(node.attr("beta", 0.75)), "bias": float(node.attr("bias", 1.0))},
-          ATTRS={"size": INT, "alpha": FLOAT, "beta": FLOAT, "bias": FLOAT}),
+    OpDef(
+        "BatchNormalization",
+        (7, 9, 14, 15),
+        _infer_batch_normalization,
+        k_batch_normalization,
+        _per_element(2),
+        _bn_attrs,
+        ATTRS={"epsilon": FLOAT, "momentum": FLOAT, "spatial": INT, "training_mode": INT},
+    ),
+    OpDef(
+        "LayerNormalization",
+        (17,),
+        _infer_layer_normalization,
+        k_layer_normalization,
+        lambda node, inputs, outputs: 8 * inputs[0].numel(),  # mean, centre, square, mean, scale, shift
+        _ln_attrs,
+        (_native_lib,),
+        ATTRS={"axis": INT, "epsilon": FLOAT, "stash_type": INT},
+    ),
+    OpDef(
+        "InstanceNormalization",
+        (1, 6, 22),
+        _infer_affine(lambda node, x: x.shape[1]),
+        k_instance_normalization,
+        _per_element(8),
+        lambda node: {"epsilon": float(node.attr("epsilon", 1e-5))},
+        ATTRS={"epsilon": FLOAT},
+    ),
+    OpDef(
+        "GroupNormalization",
+        (18, 21),
+        _infer_affine(_group_count),
+        k_group_normalization,
+        _per_element(8),
+        lambda node: {
+            "epsilon": float(node.attr("epsilon", 1e-5)),
+            "num_groups": _groups(node),
+            "per_channel_affine": node.version >= 21,
+        },
+        ATTRS={"epsilon": FLOAT, "num_groups": INT, "stash_type": INT},
+    ),
+    OpDef(
+        "LRN",
+        (1, 13),
+        _infer_lrn,
+        k_lrn,
+        _lrn_flops,
+        lambda node: {
+            "size": int(node.attr("size")),
+            "alpha": float(node.attr("alpha", 1e-4)),
+            "beta": float(node.attr("beta", 0.75)),
+            "bias": float(node.attr("bias", 1.0)),
+        },
+        ATTRS={"size": INT, "alpha": FLOAT, "beta": FLOAT, "bias": FLOAT},
+    ),
 )

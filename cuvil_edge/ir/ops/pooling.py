@@ -15,9 +15,17 @@ from cuvil_edge.ir import dtypes
 from cuvil_edge.ir.graph import TensorType
 from cuvil_edge.ir.ops._contract import OpDef
 from cuvil_edge.ir.ops._native import _native_lib
-from cuvil_edge.ir.ops._util import (DEFAULT_CAPABILITIES, INT, WINDOW_ATTRS, ints, need, pool_out, spatial_attrs,
-                                     want_dtype)
-from cuvil_edge.ir.ops.window import (_WINDOW, _win_out, _win_same_pads, _win_taps, _window_attrs)
+from cuvil_edge.ir.ops._util import (
+    DEFAULT_CAPABILITIES,
+    INT,
+    WINDOW_ATTRS,
+    ints,
+    need,
+    pool_out,
+    spatial_attrs,
+    want_dtype,
+)
+from cuvil_edge.ir.ops.window import _WINDOW, _win_out, _win_same_pads, _win_taps, _window_attrs
 
 TARGET_NATIVE = DEFAULT_CAPABILITIES["TARGET_NATIVE"]
 
@@ -38,11 +46,28 @@ def k_max_pool(x, *, kernel_shape, strides, pads, dilations, auto_pad, ceil_mode
         if lib is not None:
             xc = np.ascontiguousarray(x)
             y = np.empty(x.shape[:2] + out, dtype=np.float32)
-            if lib.cuvil_max_pool2d_f32(
-                    xc.ctypes.data, y.ctypes.data, x.shape[0] * x.shape[1], x.shape[2], x.shape[3], kernel_shape[0],
-                    kernel_shape[1], strides[0], strides[1], dilations[0], dilations[1], pd[0], pd[1], out[0], out[1],
+            if (
+                lib.cuvil_max_pool2d_f32(
+                    xc.ctypes.data,
+                    y.ctypes.data,
+                    x.shape[0] * x.shape[1],
+                    x.shape[2],
+                    x.shape[3],
+                    kernel_shape[0],
+                    kernel_shape[1],
+                    strides[0],
+                    strides[1],
+                    dilations[0],
+                    dilations[1],
+                    pd[0],
+                    pd[1],
+                    out[0],
+                    out[1],
                     (out[0] - 1) * strides[0] + dilations[0] * (kernel_shape[0] - 1) + 1,
-                    (out[1] - 1) * strides[1] + dilations[1] * (kernel_shape[1] - 1) + 1) != 0:
+                    (out[1] - 1) * strides[1] + dilations[1] * (kernel_shape[1] - 1) + 1,
+                )
+                != 0
+            ):
                 raise MemoryError("the native max pooling could not allocate its padded plane")
             return y
     if not indices:
@@ -55,7 +80,7 @@ def k_max_pool(x, *, kernel_shape, strides, pads, dilations, auto_pad, ceil_mode
     if storage_order:
         steps = [int(np.prod(spatial[:i], dtype=np.int64)) for i in range(n)]
     else:
-        steps = [int(np.prod(spatial[i + 1:], dtype=np.int64)) for i in range(n)]
+        steps = [int(np.prod(spatial[i + 1 :], dtype=np.int64)) for i in range(n)]
     base = np.arange(x.shape[0] * x.shape[1], dtype=np.int64) * int(np.prod(spatial, dtype=np.int64))
     base = base.reshape(x.shape[:2] + (1,) * n)
     y = np.zeros(x.shape[:2] + out, dtype=x.dtype)
@@ -116,8 +141,11 @@ def _pool_attrs(node) -> dict:
 
 
 def _max_pool_attrs(node) -> dict:
-    return {**_pool_attrs(node), "indices": int(_wants_indices(node)),
-            "storage_order": int(node.attr("storage_order", 0))}
+    return {
+        **_pool_attrs(node),
+        "indices": int(_wants_indices(node)),
+        "storage_order": int(node.attr("storage_order", 0)),
+    }
 
 
 def _average_pool_attrs(node) -> dict:
@@ -136,8 +164,10 @@ def pool_type(node, x: TensorType) -> TensorType:
         raise ShapeInferenceError(f"{node.describe()} needs kernel_shape with one entry per spatial dim of {x}")
     strides, pads, dilations = spatial_attrs(node, x.shape[2:], kernel)
     n, ceil_mode = len(kernel), int(node.attr("ceil_mode", 0))
-    out = [pool_out(node, x.shape[2 + i], kernel[i], strides[i], pads[i], pads[i + n], dilations[i], ceil_mode)
-           for i in range(n)]
+    out = [
+        pool_out(node, x.shape[2 + i], kernel[i], strides[i], pads[i], pads[i + n], dilations[i], ceil_mode)
+        for i in range(n)
+    ]
     return TensorType(x.dtype, (*x.shape[:2], *out))
 
 
@@ -148,9 +178,13 @@ def _infer_max_pool(node, inputs):
     if not _wants_indices(node):
         return [y]
     if node.version < 8:
-        raise UnsupportedAttributeError(f"{node.describe()} asks for the Indices output, which MaxPool has from opset 8")
+        raise UnsupportedAttributeError(
+            f"{node.describe()} asks for the Indices output, which MaxPool has from opset 8"
+        )
     if int(node.attr("storage_order", 0)) not in (0, 1):
-        raise UnsupportedAttributeError(f"{node.describe()}: storage_order={node.attr('storage_order')} (supported: 0, 1)")
+        raise UnsupportedAttributeError(
+            f"{node.describe()}: storage_order={node.attr('storage_order')} (supported: 0, 1)"
+        )
     return [y, TensorType("int64", y.shape)]
 
 
@@ -199,10 +233,26 @@ def _global_max_flops(node, inputs, outputs):
 _POOL_ATTRS = {**WINDOW_ATTRS, "ceil_mode": INT}
 
 OPS = (
-    OpDef("MaxPool", (1, 8, 10, 11, 12), _infer_max_pool, k_max_pool, _max_pool_flops, _max_pool_attrs, _WINDOW + (_native_lib,),
-          {**_POOL_ATTRS, "storage_order": INT}),
-    OpDef("AveragePool", (1, 7, 10, 11, 19), _infer_average_pool, k_average_pool, _average_pool_flops,
-          _average_pool_attrs, _WINDOW, {**_POOL_ATTRS, "count_include_pad": INT}),
+    OpDef(
+        "MaxPool",
+        (1, 8, 10, 11, 12),
+        _infer_max_pool,
+        k_max_pool,
+        _max_pool_flops,
+        _max_pool_attrs,
+        _WINDOW + (_native_lib,),
+        {**_POOL_ATTRS, "storage_order": INT},
+    ),
+    OpDef(
+        "AveragePool",
+        (1, 7, 10, 11, 19),
+        _infer_average_pool,
+        k_average_pool,
+        _average_pool_flops,
+        _average_pool_attrs,
+        _WINDOW,
+        {**_POOL_ATTRS, "count_include_pad": INT},
+    ),
     OpDef("GlobalAveragePool", (1, 22), _infer_global, k_global_average_pool, _global_average_flops),
     OpDef("GlobalMaxPool", (1, 22), _infer_global, k_global_max_pool, _global_max_flops),
 )

@@ -17,8 +17,18 @@ import numpy as np
 from cuvil_edge.errors import ShapeInferenceError, UnsupportedAttributeError
 from cuvil_edge.ir.graph import TensorType
 from cuvil_edge.ir.ops._contract import OpDef, per_element
-from cuvil_edge.ir.ops._quant import (ONNX_FLOAT_CODES, ONNX_QUANT_CODES, QUANT, _q_along, _q_saturate, no_blocks,
-                                      per_axis, quant_dtype, same_pair, scale_dtype)
+from cuvil_edge.ir.ops._quant import (
+    ONNX_FLOAT_CODES,
+    ONNX_QUANT_CODES,
+    QUANT,
+    _q_along,
+    _q_saturate,
+    no_blocks,
+    per_axis,
+    quant_dtype,
+    same_pair,
+    scale_dtype,
+)
 from cuvil_edge.ir.ops._util import INT, need, want_dtype
 
 VERSIONS = (10, 13, 19, 21, 23, 24, 25, 28)
@@ -50,12 +60,14 @@ def _quantized_dtype(node, zero_point):
     code = _quant_code(node)
     if code and code not in ONNX_QUANT_CODES:
         raise UnsupportedAttributeError(
-            f"{node.describe()}: output_dtype {code} is not supported; only uint8 (2) and int8 (3) quantization is")
+            f"{node.describe()}: output_dtype {code} is not supported; only uint8 (2) and int8 (3) quantization is"
+        )
     if zero_point is not None:
         quant_dtype(node, zero_point, "y_zero_point")
         if code and ONNX_QUANT_CODES[code] != zero_point.dtype:
             raise ShapeInferenceError(
-                f"{node.describe()}: output_dtype {ONNX_QUANT_CODES[code]} differs from y_zero_point {zero_point.dtype}")
+                f"{node.describe()}: output_dtype {ONNX_QUANT_CODES[code]} differs from y_zero_point {zero_point.dtype}"
+            )
         return zero_point.dtype
     return ONNX_QUANT_CODES.get(code, "uint8")
 
@@ -63,7 +75,9 @@ def _quantized_dtype(node, zero_point):
 def _precision(node):
     code = node.attr("precision", 0) if node.version >= 23 else 0
     if code and code not in ONNX_FLOAT_CODES:
-        raise UnsupportedAttributeError(f"{node.describe()}: precision {code} is not supported; use float32 (1) or float16 (10)")
+        raise UnsupportedAttributeError(
+            f"{node.describe()}: precision {code} is not supported; use float32 (1) or float16 (10)"
+        )
     return ONNX_FLOAT_CODES.get(code, "")
 
 
@@ -88,14 +102,19 @@ def _infer_quantize(node, inputs):
 
 def _quantize_attrs(node):
     # dtype: the output's when there is no zero point (the kernel takes the zero point's otherwise)
-    return {"axis": int(node.attr("axis", 1)), "dtype": ONNX_QUANT_CODES.get(_quant_code(node), "uint8"),
-            "precision": _precision(node)}
+    return {
+        "axis": int(node.attr("axis", 1)),
+        "dtype": ONNX_QUANT_CODES.get(_quant_code(node), "uint8"),
+        "precision": _precision(node),
+    }
 
 
 def _float_dtype(node, scale_type):
     code = node.attr("output_dtype", 0) if node.version >= 23 else 0
     if code and code not in ONNX_FLOAT_CODES:
-        raise UnsupportedAttributeError(f"{node.describe()}: output_dtype {code} is not supported; use float32 (1) or float16 (10)")
+        raise UnsupportedAttributeError(
+            f"{node.describe()}: output_dtype {code} is not supported; use float32 (1) or float16 (10)"
+        )
     return ONNX_FLOAT_CODES.get(code, scale_type)
 
 
@@ -115,10 +134,24 @@ def _infer_dequantize(node, inputs):
 
 
 OPS = (
-    OpDef("QuantizeLinear", VERSIONS, _infer_quantize, k_quantize_linear, per_element(3), _quantize_attrs,
-          helpers=(_q_along, _q_saturate),
-          ATTRS={"axis": INT, "block_size": INT, "output_dtype": INT, "precision": INT, "saturate": INT}),
-    OpDef("DequantizeLinear", VERSIONS, _infer_dequantize, k_dequantize_linear, per_element(2),
-          lambda node: {"axis": int(node.attr("axis", 1)), "dtype": _float_dtype(node, "")},
-          helpers=(_q_along,), ATTRS={"axis": INT, "block_size": INT, "output_dtype": INT}),
+    OpDef(
+        "QuantizeLinear",
+        VERSIONS,
+        _infer_quantize,
+        k_quantize_linear,
+        per_element(3),
+        _quantize_attrs,
+        helpers=(_q_along, _q_saturate),
+        ATTRS={"axis": INT, "block_size": INT, "output_dtype": INT, "precision": INT, "saturate": INT},
+    ),
+    OpDef(
+        "DequantizeLinear",
+        VERSIONS,
+        _infer_dequantize,
+        k_dequantize_linear,
+        per_element(2),
+        lambda node: {"axis": int(node.attr("axis", 1)), "dtype": _float_dtype(node, "")},
+        helpers=(_q_along,),
+        ATTRS={"axis": INT, "block_size": INT, "output_dtype": INT},
+    ),
 )

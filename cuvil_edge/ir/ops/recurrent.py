@@ -19,11 +19,19 @@ from cuvil_edge.ir.ops._elementwise import FLOATS, TRANSCENDENTAL, want
 from cuvil_edge.ir.ops._util import FLOAT, FLOATS as FLOAT_LIST, INT, STR, choice, need
 
 #: activation -> (uses alpha, default alpha, uses beta, default beta)
-ACTIVATIONS = {"relu": (False, 0.0, False, 0.0), "tanh": (False, 0.0, False, 0.0), "sigmoid": (False, 0.0, False, 0.0),
-               "affine": (True, 1.0, True, 0.0), "leakyrelu": (True, 0.01, False, 0.0),
-               "thresholdedrelu": (True, 1.0, False, 0.0), "scaledtanh": (True, 1.0, True, 1.0),
-               "hardsigmoid": (True, 0.2, True, 0.5), "elu": (True, 1.0, False, 0.0), "softsign": (False, 0.0, False, 0.0),
-               "softplus": (False, 0.0, False, 0.0)}
+ACTIVATIONS = {
+    "relu": (False, 0.0, False, 0.0),
+    "tanh": (False, 0.0, False, 0.0),
+    "sigmoid": (False, 0.0, False, 0.0),
+    "affine": (True, 1.0, True, 0.0),
+    "leakyrelu": (True, 0.01, False, 0.0),
+    "thresholdedrelu": (True, 1.0, False, 0.0),
+    "scaledtanh": (True, 1.0, True, 1.0),
+    "hardsigmoid": (True, 0.2, True, 0.5),
+    "elu": (True, 1.0, False, 0.0),
+    "softsign": (False, 0.0, False, 0.0),
+    "softplus": (False, 0.0, False, 0.0),
+}
 GATES = {"RNN": 1, "GRU": 3, "LSTM": 4}
 DEFAULTS = {"RNN": ("tanh",), "GRU": ("sigmoid", "tanh"), "LSTM": ("sigmoid", "tanh", "tanh")}
 
@@ -67,8 +75,11 @@ def _rnn_steps(x, sequence_lens, layout):
 def _rnn_order(lens, steps, reverse):
     """Time index per (step, row): forward, or each row's first ``lens`` steps reversed."""
     t = np.arange(steps).reshape(-1, 1)
-    return np.where(t < lens.reshape(1, -1), lens.reshape(1, -1) - 1 - t, t) if reverse else np.broadcast_to(
-        t, (steps, lens.shape[0]))
+    return (
+        np.where(t < lens.reshape(1, -1), lens.reshape(1, -1) - 1 - t, t)
+        if reverse
+        else np.broadcast_to(t, (steps, lens.shape[0]))
+    )
 
 
 def _rnn_state(state, direction, layout, batch, hidden, dtype):
@@ -87,8 +98,23 @@ def _rnn_outputs(ys, states, layout, dtype, outputs):
     return results[0] if outputs == 1 else results[:outputs]
 
 
-def k_rnn(x, w, r, b=None, sequence_lens=None, initial_h=None, *, hidden, directions, layout, activations,
-          alphas, betas, clip, outputs):
+def k_rnn(
+    x,
+    w,
+    r,
+    b=None,
+    sequence_lens=None,
+    initial_h=None,
+    *,
+    hidden,
+    directions,
+    layout,
+    activations,
+    alphas,
+    betas,
+    clip,
+    outputs,
+):
     xs, lens, steps, batch, t, rows = _rnn_steps(x, sequence_lens, layout)
     ys, hs = [], []
     for d, direction in enumerate(directions):
@@ -110,31 +136,47 @@ def k_rnn(x, w, r, b=None, sequence_lens=None, initial_h=None, *, hidden, direct
     return _rnn_outputs(ys, [hs], layout, x.dtype, outputs)
 
 
-def k_gru(x, w, r, b=None, sequence_lens=None, initial_h=None, *, hidden, directions, layout, activations,
-          alphas, betas, clip, linear_before_reset, outputs):
+def k_gru(
+    x,
+    w,
+    r,
+    b=None,
+    sequence_lens=None,
+    initial_h=None,
+    *,
+    hidden,
+    directions,
+    layout,
+    activations,
+    alphas,
+    betas,
+    clip,
+    linear_before_reset,
+    outputs,
+):
     xs, lens, steps, batch, t, rows = _rnn_steps(x, sequence_lens, layout)
     ys, hs = [], []
     for d, direction in enumerate(directions):
         f, g = activations[2 * d], activations[2 * d + 1]
         order = _rnn_order(lens, steps, direction == "reverse")
-        wb = np.zeros(3 * hidden, t) if b is None else b[d, :3 * hidden].astype(t)
-        rb = np.zeros(3 * hidden, t) if b is None else b[d, 3 * hidden:].astype(t)
+        wb = np.zeros(3 * hidden, t) if b is None else b[d, : 3 * hidden].astype(t)
+        rb = np.zeros(3 * hidden, t) if b is None else b[d, 3 * hidden :].astype(t)
         projected = np.matmul(xs[order, rows], w[d].astype(t).T) + wb  # gates z, r, h
-        rz, rr, rh = (r[d, k * hidden:(k + 1) * hidden].astype(t) for k in range(3))
+        rz, rr, rh = (r[d, k * hidden : (k + 1) * hidden].astype(t) for k in range(3))
         h = _rnn_state(initial_h, d, layout, batch, hidden, t)
         y = np.zeros((steps, batch, hidden), t)
         for s in range(steps):
             p = projected[s]
             z_pre = p[:, :hidden] + np.matmul(h, rz.T) + rb[:hidden]
-            r_pre = p[:, hidden:2 * hidden] + np.matmul(h, rr.T) + rb[hidden:2 * hidden]
+            r_pre = p[:, hidden : 2 * hidden] + np.matmul(h, rr.T) + rb[hidden : 2 * hidden]
             if clip is not None:
                 z_pre, r_pre = np.clip(z_pre, -clip, clip), np.clip(r_pre, -clip, clip)
             z = _rnn_act(f, z_pre, alphas[2 * d], betas[2 * d])
             reset = _rnn_act(f, r_pre, alphas[2 * d], betas[2 * d])
             if linear_before_reset:
-                h_pre = p[:, 2 * hidden:] + reset * (np.matmul(h, rh.T) + rb[2 * hidden:])
+                h_pre = p[:, 2 * hidden :] + reset * (np.matmul(h, rh.T) + rb[2 * hidden :])
             else:
-                h_pre = p[:, 2 * hidden:] + np.matmul(reset * h, rh.T) + rb[2 * hidden:]
+                h_pre = p[:, 2 * hidden :] + np.matmul(reset * h, rh.T) + rb[2 * hidden :]
             if clip is not None:
                 h_pre = np.clip(h_pre, -clip, clip)
             candidate = _rnn_act(g, h_pre, alphas[2 * d + 1], betas[2 * d + 1])
@@ -147,16 +189,34 @@ def k_gru(x, w, r, b=None, sequence_lens=None, initial_h=None, *, hidden, direct
     return _rnn_outputs(ys, [hs], layout, x.dtype, outputs)
 
 
-def k_lstm(x, w, r, b=None, sequence_lens=None, initial_h=None, initial_c=None, p=None, *, hidden, directions,
-           layout, activations, alphas, betas, clip, input_forget, outputs):
+def k_lstm(
+    x,
+    w,
+    r,
+    b=None,
+    sequence_lens=None,
+    initial_h=None,
+    initial_c=None,
+    p=None,
+    *,
+    hidden,
+    directions,
+    layout,
+    activations,
+    alphas,
+    betas,
+    clip,
+    input_forget,
+    outputs,
+):
     xs, lens, steps, batch, t, rows = _rnn_steps(x, sequence_lens, layout)
     ys, hs, cs = [], [], []
     for d, direction in enumerate(directions):
         f, g, act_h = activations[3 * d], activations[3 * d + 1], activations[3 * d + 2]
-        af, ag, ah = alphas[3 * d:3 * d + 3]
-        bf, bg, bh = betas[3 * d:3 * d + 3]
+        af, ag, ah = alphas[3 * d : 3 * d + 3]
+        bf, bg, bh = betas[3 * d : 3 * d + 3]
         order = _rnn_order(lens, steps, direction == "reverse")
-        bias = 0 if b is None else (b[d, :4 * hidden] + b[d, 4 * hidden:]).astype(t)
+        bias = 0 if b is None else (b[d, : 4 * hidden] + b[d, 4 * hidden :]).astype(t)
         projected = np.matmul(xs[order, rows], w[d].astype(t).T) + bias  # gates i, o, f, c
         peep = np.zeros(3 * hidden, t) if p is None else p[d].astype(t)  # i, o, f
         h = _rnn_state(initial_h, d, layout, batch, hidden, t)
@@ -167,13 +227,13 @@ def k_lstm(x, w, r, b=None, sequence_lens=None, initial_h=None, initial_c=None, 
             if clip is not None:
                 gates = np.clip(gates, -clip, clip)
             i_pre = gates[:, :hidden] + peep[:hidden] * c
-            f_pre = gates[:, 2 * hidden:3 * hidden] + peep[2 * hidden:] * c
+            f_pre = gates[:, 2 * hidden : 3 * hidden] + peep[2 * hidden :] * c
             if clip is not None:
                 i_pre, f_pre = np.clip(i_pre, -clip, clip), np.clip(f_pre, -clip, clip)
             i_gate = _rnn_act(f, i_pre, af, bf)
             f_gate = 1 - i_gate if input_forget else _rnn_act(f, f_pre, af, bf)
-            cell = f_gate * c + i_gate * _rnn_act(g, gates[:, 3 * hidden:], ag, bg)
-            o_pre = gates[:, hidden:2 * hidden] + peep[hidden:2 * hidden] * cell
+            cell = f_gate * c + i_gate * _rnn_act(g, gates[:, 3 * hidden :], ag, bg)
+            o_pre = gates[:, hidden : 2 * hidden] + peep[hidden : 2 * hidden] * cell
             if clip is not None:
                 o_pre = np.clip(o_pre, -clip, clip)
             new = _rnn_act(f, o_pre, af, bf) * _rnn_act(act_h, cell, ah, bh)
@@ -195,12 +255,17 @@ def _recurrent_attrs(node):
     direction = choice(node, "direction", "forward", ("forward", "reverse", "bidirectional"))
     directions = ("forward", "reverse") if direction == "bidirectional" else (direction,)
     names = node.attr("activations")
-    names = [n.decode() if isinstance(n, bytes) else str(n) for n in names] if names else \
-        list(DEFAULTS[op]) * len(directions)
+    names = (
+        [n.decode() if isinstance(n, bytes) else str(n) for n in names]
+        if names
+        else list(DEFAULTS[op]) * len(directions)
+    )
     names = [n.lower() for n in names]
     if len(names) != len(DEFAULTS[op]) * len(directions) or any(n not in ACTIVATIONS for n in names):
-        raise UnsupportedAttributeError(f"{node.describe()}: activations {names} must name {len(DEFAULTS[op])} per "
-                                        f"direction from {', '.join(sorted(ACTIVATIONS))}")
+        raise UnsupportedAttributeError(
+            f"{node.describe()}: activations {names} must name {len(DEFAULTS[op])} per "
+            f"direction from {', '.join(sorted(ACTIVATIONS))}"
+        )
     given_alpha, given_beta = list(node.attr("activation_alpha") or []), list(node.attr("activation_beta") or [])
     alphas, betas = [], []
     for n in names:
@@ -208,9 +273,15 @@ def _recurrent_attrs(node):
         alphas.append(float(given_alpha.pop(0)) if uses_alpha and given_alpha else alpha)
         betas.append(float(given_beta.pop(0)) if uses_beta and given_beta else beta)
     clip = node.attr("clip")
-    attrs = {"hidden": hidden, "directions": directions, "layout": int(node.attr("layout", 0)) if node.version >= 14
-             else 0, "activations": tuple(names), "alphas": tuple(alphas), "betas": tuple(betas),
-             "clip": None if clip is None else float(clip)}
+    attrs = {
+        "hidden": hidden,
+        "directions": directions,
+        "layout": int(node.attr("layout", 0)) if node.version >= 14 else 0,
+        "activations": tuple(names),
+        "alphas": tuple(alphas),
+        "betas": tuple(betas),
+        "clip": None if clip is None else float(clip),
+    }
     if op == "GRU":
         attrs["linear_before_reset"] = int(node.attr("linear_before_reset", 0))
     if op == "LSTM":
@@ -241,8 +312,11 @@ def _infer_recurrent(node, inputs):
     if op == "LSTM" and extra[4] is not None:
         expected["P"] = (extra[4], (dirs, 3 * hidden))
     for name, (t, shape) in expected.items():
-        if t.dtype != x.dtype or t.rank != len(shape) or any(
-                isinstance(a, int) and isinstance(e, int) and a != e for a, e in zip(t.shape, shape)):
+        if (
+            t.dtype != x.dtype
+            or t.rank != len(shape)
+            or any(isinstance(a, int) and isinstance(e, int) and a != e for a, e in zip(t.shape, shape))
+        ):
             raise ShapeInferenceError(f"{node.describe()}: {name} must be {x.dtype}{list(shape)}, got {t}")
     if extra[1] is not None and (extra[1].dtype != "int32" or extra[1].rank != 1):
         raise ShapeInferenceError(f"{node.describe()}: sequence_lens must be an int32 vector, got {extra[1]}")
@@ -264,19 +338,60 @@ def _recurrent_macs(node, inputs, outputs):
     x = inputs[0]
     attrs = _recurrent_attrs(node)
     features = x.shape[2] if isinstance(x.shape[2], int) else 1
-    return x.numel() // max(features, 1) * len(attrs["directions"]) * GATES[node.op_type] * attrs["hidden"] * (
-        features + attrs["hidden"])
+    return (
+        x.numel()
+        // max(features, 1)
+        * len(attrs["directions"])
+        * GATES[node.op_type]
+        * attrs["hidden"]
+        * (features + attrs["hidden"])
+    )
 
 
-ATTRS = {"activation_alpha": FLOAT_LIST, "activation_beta": FLOAT_LIST, "clip": FLOAT, "direction": STR,
-         "hidden_size": INT, "layout": INT, "linear_before_reset": INT, "input_forget": INT}
+ATTRS = {
+    "activation_alpha": FLOAT_LIST,
+    "activation_beta": FLOAT_LIST,
+    "clip": FLOAT,
+    "direction": STR,
+    "hidden_size": INT,
+    "layout": INT,
+    "linear_before_reset": INT,
+    "input_forget": INT,
+}
 HELPERS = (_rnn_act, _rnn_steps, _rnn_order, _rnn_state, _rnn_outputs)
 
 OPS = (
-    OpDef("RNN", (7, 14, 22), _infer_recurrent, k_rnn, _recurrent_flops, _recurrent_attrs, helpers=HELPERS,
-          ATTRS=ATTRS, macs=_recurrent_macs),
-    OpDef("GRU", (7, 14, 22), _infer_recurrent, k_gru, _recurrent_flops, _recurrent_attrs, helpers=HELPERS,
-          ATTRS=ATTRS, macs=_recurrent_macs),
-    OpDef("LSTM", (7, 14, 22), _infer_recurrent, k_lstm, _recurrent_flops, _recurrent_attrs, helpers=HELPERS,
-          ATTRS=ATTRS, macs=_recurrent_macs),
+    OpDef(
+        "RNN",
+        (7, 14, 22),
+        _infer_recurrent,
+        k_rnn,
+        _recurrent_flops,
+        _recurrent_attrs,
+        helpers=HELPERS,
+        ATTRS=ATTRS,
+        macs=_recurrent_macs,
+    ),
+    OpDef(
+        "GRU",
+        (7, 14, 22),
+        _infer_recurrent,
+        k_gru,
+        _recurrent_flops,
+        _recurrent_attrs,
+        helpers=HELPERS,
+        ATTRS=ATTRS,
+        macs=_recurrent_macs,
+    ),
+    OpDef(
+        "LSTM",
+        (7, 14, 22),
+        _infer_recurrent,
+        k_lstm,
+        _recurrent_flops,
+        _recurrent_attrs,
+        helpers=HELPERS,
+        ATTRS=ATTRS,
+        macs=_recurrent_macs,
+    ),
 )

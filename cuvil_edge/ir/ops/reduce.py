@@ -117,8 +117,17 @@ def _row(op_type, fn, versions, allowed, cost=1, since=_SINCE) -> OpDef:
     def flops(node, inputs, outputs):
         return cost * inputs[0].numel()
 
-    return OpDef(op_type, versions, infer, fn, flops, lambda node: _reduce.attrs(node, since),
-                 helpers=(_reduce_axes,), ATTRS=_reduce.ATTRS, CONST_INPUTS=(1,))
+    return OpDef(
+        op_type,
+        versions,
+        infer,
+        fn,
+        flops,
+        lambda node: _reduce.attrs(node, since),
+        helpers=(_reduce_axes,),
+        ATTRS=_reduce.ATTRS,
+        CONST_INPUTS=(1,),
+    )
 
 
 _NUMBERS = _reduce.NUMBERS

@@ -42,7 +42,9 @@ def _infer_bit_cast(node, inputs):
     want(node, x, ((26, ALL),))
     to = _to(node)
     if np.dtype(to).itemsize != np.dtype(x.dtype).itemsize:
-        raise ShapeInferenceError(f"{node.describe()}: {x.dtype} and {to} have different widths; BitCast keeps the bits")
+        raise ShapeInferenceError(
+            f"{node.describe()}: {x.dtype} and {to} have different widths; BitCast keeps the bits"
+        )
     return [TensorType(to, x.shape)]
 
 
@@ -53,7 +55,8 @@ def _infer_dynamic_quantize(node, inputs):
 
 
 OPS = (
-    OpDef("BitCast", (26,), _infer_bit_cast, k_bit_cast, per_element(0), lambda node: {"to": _to(node)},
-          ATTRS={"to": INT}),
+    OpDef(
+        "BitCast", (26,), _infer_bit_cast, k_bit_cast, per_element(0), lambda node: {"to": _to(node)}, ATTRS={"to": INT}
+    ),
     OpDef("DynamicQuantizeLinear", (11,), _infer_dynamic_quantize, k_dynamic_quantize_linear, per_element(6)),
 )

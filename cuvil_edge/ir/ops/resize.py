@@ -26,8 +26,14 @@ from cuvil_edge.ir.ops._contract import OpDef
 from cuvil_edge.ir.ops._shape import axes as norm_axes, floats, vector
 from cuvil_edge.ir.ops._util import FLOAT, INT, INTS, STR, ints, need, text, want_dtype
 
-_COORDS = ("half_pixel", "pytorch_half_pixel", "align_corners", "asymmetric", "tf_half_pixel_for_nn",
-           "tf_crop_and_resize")
+_COORDS = (
+    "half_pixel",
+    "pytorch_half_pixel",
+    "align_corners",
+    "asymmetric",
+    "tf_half_pixel_for_nn",
+    "tf_crop_and_resize",
+)
 
 
 # --- kernel and helpers: plain numpy; the same source runs in compiled modules -----------------
@@ -114,8 +120,9 @@ def _resize_weights(coords, size_in, mode, scale, a, exclude, antialias):
     index = np.floor(coords).astype(np.int64)[:, None] + np.arange(start, 2 - start)[None, :]
     t = np.abs((index - coords[:, None]) * s)
     if mode == "cubic":
-        w = np.where(t <= 1, ((a + 2) * t - (a + 3)) * t * t + 1,
-                     np.where(t < 2, ((a * t - 5 * a) * t + 8 * a) * t - 4 * a, 0.0))
+        w = np.where(
+            t <= 1, ((a + 2) * t - (a + 3)) * t * t + 1, np.where(t < 2, ((a * t - 5 * a) * t + 8 * a) * t - 4 * a, 0.0)
+        )
     else:
         w = np.maximum(1 - t, 0.0)
     if antialias:
@@ -127,11 +134,27 @@ def _resize_weights(coords, size_in, mode, scale, a, exclude, antialias):
     return np.clip(index, 0, size_in - 1), w
 
 
-def k_resize(x, roi=None, scales=None, sizes=None, mode="nearest", coord="half_pixel", nearest="round_prefer_floor",
-             axes=(), policy="stretch", a=-0.75, exclude=0, extrapolation=0.0, antialias=0, legacy=False):
+def k_resize(
+    x,
+    roi=None,
+    scales=None,
+    sizes=None,
+    mode="nearest",
+    coord="half_pixel",
+    nearest="round_prefer_floor",
+    axes=(),
+    policy="stretch",
+    a=-0.75,
+    exclude=0,
+    extrapolation=0.0,
+    antialias=0,
+    legacy=False,
+):
     # opset 10 takes (X, scales): its second input arrives as ``roi``
     box, factors, wanted = (None, roi, None) if legacy else (roi, scales, sizes)
-    out, scale = _resize_plan(x.shape, None if factors is None or not np.size(factors) else factors, wanted, axes, policy)
+    out, scale = _resize_plan(
+        x.shape, None if factors is None or not np.size(factors) else factors, wanted, axes, policy
+    )
     crop = coord == "tf_crop_and_resize"
     pairs = _resize_roi(box, x.ndim, axes) if crop else None
     weighted = mode == "cubic" or antialias or crop
@@ -200,8 +223,12 @@ def extras(node) -> tuple:
     """(cubic_coeff_a, exclude_outside, extrapolation_value, antialias); ONNX's defaults before opset 11."""
     if node.version < 11:
         return -0.75, 0, 0.0, 0
-    return (float(node.attr("cubic_coeff_a", -0.75)), int(node.attr("exclude_outside", 0)),
-            float(node.attr("extrapolation_value", 0.0)), int(node.attr("antialias", 0)) if node.version >= 18 else 0)
+    return (
+        float(node.attr("cubic_coeff_a", -0.75)),
+        int(node.attr("exclude_outside", 0)),
+        float(node.attr("extrapolation_value", 0.0)),
+        int(node.attr("antialias", 0)) if node.version >= 18 else 0,
+    )
 
 
 def _inputs(node, consts):
@@ -220,7 +247,9 @@ def _inputs(node, consts):
 def _infer(node, inputs, consts=None):
     need(node, inputs, 2 if node.version < 11 else 1, optional=0 if node.version < 11 else 3)
     x = inputs[0]
-    want_dtype(node, x, dtypes.FLOATS | ({"int8", "uint8", "int32", "int64"} if options(node)[0] == "nearest" else set()))
+    want_dtype(
+        node, x, dtypes.FLOATS | ({"int8", "uint8", "int32", "int64"} if options(node)[0] == "nearest" else set())
+    )
     _, coord, _, axes, policy, _ = options(node)
     scales, sizes = _inputs(node, consts)
     axes = norm_axes(node, list(axes), x.rank) if axes else list(range(x.rank))
@@ -232,8 +261,10 @@ def _infer(node, inputs, consts=None):
     symbolic = {a: v for a, v in zip(axes, given) if isinstance(x.shape[a], str) or isinstance(v, str)}
     for a, v in symbolic.items():
         if not (v == x.shape[a] or (sizes is None and v == 1.0)) or policy != "stretch":
-            raise ShapeInferenceError(f"{node.describe()}: axis {a} ({x.shape[a]!r}) is resized to {v!r}, "
-                                      "which depends on a symbol; make that dim static")
+            raise ShapeInferenceError(
+                f"{node.describe()}: axis {a} ({x.shape[a]!r}) is resized to {v!r}, "
+                "which depends on a symbol; make that dim static"
+            )
     static = [d if isinstance(d, int) else 1 for d in x.shape]
     plain = [1 if isinstance(v, str) else v for v in given] if sizes is not None else None
     _check_request(node, static, scales, plain, axes, policy)
@@ -251,8 +282,10 @@ def _check_roi(node, roi, count: int) -> None:
         ShapeInferenceError: another dtype or shape.
     """
     if roi is not None and (roi.dtype not in dtypes.FLOATS or roi.shape not in ((0,), (2 * count,))):
-        raise ShapeInferenceError(f"{node.describe()}: roi {roi} must be a float vector of {2 * count} entries "
-                                  "(starts and ends of the resized axes)")
+        raise ShapeInferenceError(
+            f"{node.describe()}: roi {roi} must be a float vector of {2 * count} entries "
+            "(starts and ends of the resized axes)"
+        )
 
 
 def _check_request(node, static, scales, sizes, axes, policy) -> None:
@@ -265,8 +298,10 @@ def _check_request(node, static, scales, sizes, axes, policy) -> None:
     if sizes is None:
         for a, s in zip(axes, scales):
             if not (math.isfinite(s) and s > 0) or s * static[a] > MAX_DIM:
-                raise ShapeInferenceError(f"{node.describe()}: scale {s!r} for axis {a} (size {static[a]}) must be "
-                                          f"positive, finite and give at most {MAX_DIM} elements")
+                raise ShapeInferenceError(
+                    f"{node.describe()}: scale {s!r} for axis {a} (size {static[a]}) must be "
+                    f"positive, finite and give at most {MAX_DIM} elements"
+                )
         return
     if any(s < 0 for s in sizes):
         raise ShapeInferenceError(f"{node.describe()}: sizes {sizes} must not be negative")
@@ -289,15 +324,40 @@ def _attrs(node):
     a, exclude, extrapolation, antialias = extras(node)
     if not math.isfinite(extrapolation):
         extrapolation = str(extrapolation)  # "nan", "inf": a literal the generated module can hold; numpy parses it
-    return {"mode": mode, "coord": coord, "nearest": nearest, "axes": axes, "policy": policy, "a": a,
-            "exclude": exclude, "extrapolation": extrapolation, "antialias": antialias, "legacy": bool(legacy)}
+    return {
+        "mode": mode,
+        "coord": coord,
+        "nearest": nearest,
+        "axes": axes,
+        "policy": policy,
+        "a": a,
+        "exclude": exclude,
+        "extrapolation": extrapolation,
+        "antialias": antialias,
+        "legacy": bool(legacy),
+    }
 
 
 OPS = (
-    OpDef("Resize", (10, 11, 13, 18, 19), _infer, k_resize, _flops, _attrs,
-          helpers=(_resize_plan, _resize_coords, _resize_nearest, _resize_roi, _resize_crop_coords, _resize_weights),
-          ATTRS={"antialias": INT, "axes": INTS, "coordinate_transformation_mode": STR, "cubic_coeff_a": FLOAT,
-                 "exclude_outside": INT, "extrapolation_value": FLOAT, "keep_aspect_ratio_policy": STR, "mode": STR,
-                 "nearest_mode": STR},
-          CONST_INPUTS=(1, 2, 3)),
+    OpDef(
+        "Resize",
+        (10, 11, 13, 18, 19),
+        _infer,
+        k_resize,
+        _flops,
+        _attrs,
+        helpers=(_resize_plan, _resize_coords, _resize_nearest, _resize_roi, _resize_crop_coords, _resize_weights),
+        ATTRS={
+            "antialias": INT,
+            "axes": INTS,
+            "coordinate_transformation_mode": STR,
+            "cubic_coeff_a": FLOAT,
+            "exclude_outside": INT,
+            "extrapolation_value": FLOAT,
+            "keep_aspect_ratio_policy": STR,
+            "mode": STR,
+            "nearest_mode": STR,
+        },
+        CONST_INPUTS=(1, 2, 3),
+    ),
 )

@@ -57,11 +57,19 @@ def k_roi_align(x, rois, batch_indices, *, height, width, ratio, scale, half_pix
 
 
 def _roi_attrs(node):
-    half = node.version >= 16 and choice(node, "coordinate_transformation_mode", "half_pixel",
-                                         ("half_pixel", "output_half_pixel")) == "half_pixel"
-    return {"height": int(node.attr("output_height", 1)), "width": int(node.attr("output_width", 1)),
-            "ratio": int(node.attr("sampling_ratio", 0)), "scale": float(node.attr("spatial_scale", 1.0)),
-            "half_pixel": half, "average": choice(node, "mode", "avg", ("avg", "max")) == "avg"}
+    half = (
+        node.version >= 16
+        and choice(node, "coordinate_transformation_mode", "half_pixel", ("half_pixel", "output_half_pixel"))
+        == "half_pixel"
+    )
+    return {
+        "height": int(node.attr("output_height", 1)),
+        "width": int(node.attr("output_width", 1)),
+        "ratio": int(node.attr("sampling_ratio", 0)),
+        "scale": float(node.attr("spatial_scale", 1.0)),
+        "half_pixel": half,
+        "average": choice(node, "mode", "avg", ("avg", "max")) == "avg",
+    }
 
 
 def _infer_roi_align(node, inputs):
@@ -70,7 +78,9 @@ def _infer_roi_align(node, inputs):
     want(node, x, ((10, FLOATS),))
     attrs = _roi_attrs(node)
     if x.rank != 4 or rois.rank != 2 or rois.shape[1] != 4 or rois.dtype != x.dtype:
-        raise ShapeInferenceError(f"{node.describe()}: X must be [N, C, H, W] and rois [R, 4] of its dtype, got {x}, {rois}")
+        raise ShapeInferenceError(
+            f"{node.describe()}: X must be [N, C, H, W] and rois [R, 4] of its dtype, got {x}, {rois}"
+        )
     if not all(isinstance(d, int) for d in x.shape[2:]):
         raise ShapeInferenceError(f"{node.describe()}: the spatial axes of X must be static, got {x}")
     if indices.dtype != "int64" or indices.rank != 1:
@@ -86,7 +96,21 @@ def _roi_flops(node, inputs, outputs):
 
 
 OPS = (
-    OpDef("RoiAlign", (10, 16, 22), _infer_roi_align, k_roi_align, _roi_flops, _roi_attrs, helpers=(_roi_axis,),
-          ATTRS={"coordinate_transformation_mode": STR, "mode": STR, "output_height": INT, "output_width": INT,
-                 "sampling_ratio": INT, "spatial_scale": FLOAT}),
+    OpDef(
+        "RoiAlign",
+        (10, 16, 22),
+        _infer_roi_align,
+        k_roi_align,
+        _roi_flops,
+        _roi_attrs,
+        helpers=(_roi_axis,),
+        ATTRS={
+            "coordinate_transformation_mode": STR,
+            "mode": STR,
+            "output_height": INT,
+            "output_width": INT,
+            "sampling_ratio": INT,
+            "spatial_scale": FLOAT,
+        },
+    ),
 )

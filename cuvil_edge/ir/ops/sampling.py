@@ -46,10 +46,12 @@ def _grid_tap(i, size, lo, hi, padding):
 def _grid_cubic(t):
     """Keys' cubic convolution weights (a = -0.75) of the taps at -1, 0, 1, 2 from floor(x)."""
     a = -0.75
-    return (((a * (t + 1) - 5 * a) * (t + 1) + 8 * a) * (t + 1) - 4 * a,
-            ((a + 2) * t - (a + 3)) * t * t + 1,
-            ((a + 2) * (1 - t) - (a + 3)) * (1 - t) * (1 - t) + 1,
-            ((a * (2 - t) - 5 * a) * (2 - t) + 8 * a) * (2 - t) - 4 * a)
+    return (
+        ((a * (t + 1) - 5 * a) * (t + 1) + 8 * a) * (t + 1) - 4 * a,
+        ((a + 2) * t - (a + 3)) * t * t + 1,
+        ((a + 2) * (1 - t) - (a + 3)) * (1 - t) * (1 - t) + 1,
+        ((a * (2 - t) - 5 * a) * (2 - t) + 8 * a) * (2 - t) - 4 * a,
+    )
 
 
 def k_grid_sample(x, grid, mode, padding, align_corners):
@@ -119,8 +121,11 @@ def k_affine_grid(theta, size, align_corners):
 def _grid_attrs(node):
     names = ("bilinear", "nearest", "bicubic") if node.version < 20 else ("linear", "nearest", "cubic")
     padding = choice(node, "padding_mode", "zeros", ("zeros", "border", "reflection"))
-    return {"mode": MODES[choice(node, "mode", names[0], names)], "padding": padding,
-            "align_corners": int(node.attr("align_corners", 0))}
+    return {
+        "mode": MODES[choice(node, "mode", names[0], names)],
+        "padding": padding,
+        "align_corners": int(node.attr("align_corners", 0)),
+    }
 
 
 def _infer_grid_sample(node, inputs):
@@ -131,10 +136,15 @@ def _infer_grid_sample(node, inputs):
     _grid_attrs(node)
     nd = x.rank - 2
     if nd < 1 or (node.version < 20 and nd != 2):
-        raise ShapeInferenceError(f"{node.describe()}: X must be [N, C, H, W]{' or N-D' if node.version >= 20 else ''}, "
-                                  f"got {x}")
-    if grid.rank != x.rank or grid.shape[-1] != nd or grid.shape[0] != x.shape[0] and \
-            not (isinstance(grid.shape[0], str) or isinstance(x.shape[0], str)):
+        raise ShapeInferenceError(
+            f"{node.describe()}: X must be [N, C, H, W]{' or N-D' if node.version >= 20 else ''}, got {x}"
+        )
+    if (
+        grid.rank != x.rank
+        or grid.shape[-1] != nd
+        or grid.shape[0] != x.shape[0]
+        and not (isinstance(grid.shape[0], str) or isinstance(x.shape[0], str))
+    ):
         raise ShapeInferenceError(f"{node.describe()}: grid must be [N, *output, {nd}] for X {x}, got {grid}")
     return [TensorType(x.dtype, (x.shape[0], x.shape[1], *grid.shape[1:-1]))]
 
@@ -159,11 +169,24 @@ def _infer_affine_grid(node, inputs, consts=None):
 
 
 OPS = (
-    OpDef("GridSample", (16, 20, 22), _infer_grid_sample, k_grid_sample, _grid_flops, _grid_attrs,
-          helpers=(_grid_reflect, _grid_tap, _grid_cubic),
-          ATTRS={"mode": STR, "padding_mode": STR, "align_corners": INT}),
-    OpDef("AffineGrid", (20,), _infer_affine_grid, k_affine_grid,
-          lambda node, inputs, outputs: 2 * outputs[0].numel() * (outputs[0].shape[-1] + 1),
-          lambda node: {"align_corners": int(node.attr("align_corners", 0))}, ATTRS={"align_corners": INT},
-          CONST_INPUTS=(1,)),
+    OpDef(
+        "GridSample",
+        (16, 20, 22),
+        _infer_grid_sample,
+        k_grid_sample,
+        _grid_flops,
+        _grid_attrs,
+        helpers=(_grid_reflect, _grid_tap, _grid_cubic),
+        ATTRS={"mode": STR, "padding_mode": STR, "align_corners": INT},
+    ),
+    OpDef(
+        "AffineGrid",
+        (20,),
+        _infer_affine_grid,
+        k_affine_grid,
+        lambda node, inputs, outputs: 2 * outputs[0].numel() * (outputs[0].shape[-1] + 1),
+        lambda node: {"align_corners": int(node.attr("align_corners", 0))},
+        ATTRS={"align_corners": INT},
+        CONST_INPUTS=(1,),
+    ),
 )

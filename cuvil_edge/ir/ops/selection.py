@@ -32,18 +32,20 @@ def k_compress(x, condition, axis):
     keep = condition.reshape(-1).astype(bool)
     if axis is None:
         flat = x.reshape(-1)
-        return flat[:keep.shape[0]][keep[:flat.shape[0]]]
+        return flat[: keep.shape[0]][keep[: flat.shape[0]]]
     n = x.shape[axis]
     return np.compress(keep[:n], x, axis=axis)
 
 
 def k_unique(x, axis, sorted_, outputs):
     if axis is None:
-        values, first, inverse, counts = np.unique(x.reshape(-1), return_index=True, return_inverse=True,
-                                                   return_counts=True)
+        values, first, inverse, counts = np.unique(
+            x.reshape(-1), return_index=True, return_inverse=True, return_counts=True
+        )
     else:
-        values, first, inverse, counts = np.unique(x, return_index=True, return_inverse=True, return_counts=True,
-                                                   axis=axis)
+        values, first, inverse, counts = np.unique(
+            x, return_index=True, return_inverse=True, return_counts=True, axis=axis
+        )
     inverse = inverse.reshape(-1)
     if not sorted_:  # order of first occurrence
         order = np.argsort(first, kind="stable")
@@ -201,7 +203,9 @@ def _infer_center_crop_pad(node, inputs, consts=None):
     out = list(x.shape)
     for a, s in zip(chosen, sizes):
         if isinstance(out[a], str) and s != out[a]:
-            raise ShapeInferenceError(f"{node.describe()}: cropping or padding the symbolic dim {out[a]!r} needs it static")
+            raise ShapeInferenceError(
+                f"{node.describe()}: cropping or padding the symbolic dim {out[a]!r} needs it static"
+            )
         out[a] = s
     return [TensorType(x.dtype, tuple(out))]
 
@@ -213,14 +217,51 @@ def _crop_attrs(node):
 
 OPS = (
     OpDef("NonZero", (9, 13), _infer_non_zero, k_non_zero, lambda node, inputs, outputs: inputs[0].numel()),
-    OpDef("Compress", (9, 11, 28), _infer_compress, k_compress, lambda node, inputs, outputs: inputs[0].numel(),
-          lambda node: {"axis": _opt_axis(node)}, ATTRS={"axis": INT}, CONST_INPUTS=(1,)),
-    OpDef("Unique", (11, 28), _infer_unique, k_unique, lambda node, inputs, outputs: 8 * inputs[0].numel(),
-          _unique_attrs, ATTRS={"axis": INT, "sorted": INT}),
-    OpDef("ReverseSequence", (10, 28), _infer_reverse_sequence, k_reverse_sequence, per_element(0), _reverse_attrs,
-          ATTRS={"batch_axis": INT, "time_axis": INT}),
-    OpDef("EyeLike", (9, 22), _infer_eye_like, k_eye_like, per_element(0),
-          lambda node: {"k": int(node.attr("k", 0)), "dtype": _eye_dtype(node)}, ATTRS={"k": INT, "dtype": INT}),
-    OpDef("CenterCropPad", (18,), _infer_center_crop_pad, k_center_crop_pad, per_element(0), _crop_attrs,
-          ATTRS={"axes": INTS}, CONST_INPUTS=(1,)),
+    OpDef(
+        "Compress",
+        (9, 11, 28),
+        _infer_compress,
+        k_compress,
+        lambda node, inputs, outputs: inputs[0].numel(),
+        lambda node: {"axis": _opt_axis(node)},
+        ATTRS={"axis": INT},
+        CONST_INPUTS=(1,),
+    ),
+    OpDef(
+        "Unique",
+        (11, 28),
+        _infer_unique,
+        k_unique,
+        lambda node, inputs, outputs: 8 * inputs[0].numel(),
+        _unique_attrs,
+        ATTRS={"axis": INT, "sorted": INT},
+    ),
+    OpDef(
+        "ReverseSequence",
+        (10, 28),
+        _infer_reverse_sequence,
+        k_reverse_sequence,
+        per_element(0),
+        _reverse_attrs,
+        ATTRS={"batch_axis": INT, "time_axis": INT},
+    ),
+    OpDef(
+        "EyeLike",
+        (9, 22),
+        _infer_eye_like,
+        k_eye_like,
+        per_element(0),
+        lambda node: {"k": int(node.attr("k", 0)), "dtype": _eye_dtype(node)},
+        ATTRS={"k": INT, "dtype": INT},
+    ),
+    OpDef(
+        "CenterCropPad",
+        (18,),
+        _infer_center_crop_pad,
+        k_center_crop_pad,
+        per_element(0),
+        _crop_attrs,
+        ATTRS={"axes": INTS},
+        CONST_INPUTS=(1,),
+    ),
 )

@@ -86,8 +86,10 @@ def _symbolic_count(node, dtype: str, start, limit, delta):
     """How many values ``range(start, limit, delta)`` has when a bound is a symbolic dim
     (``torch.arange(batch)``: ``batch``); the step must be a nonzero integer."""
     if dtype not in ("int16", "int32", "int64") or isinstance(delta, str) or not delta:
-        raise ShapeInferenceError(f"{node.describe()}: a Range over the symbolic dim {start!r}..{limit!r} needs an "
-                                  f"integer type and a constant nonzero integer step, got {dtype} step {delta!r}")
+        raise ShapeInferenceError(
+            f"{node.describe()}: a Range over the symbolic dim {start!r}..{limit!r} needs an "
+            f"integer type and a constant nonzero integer step, got {dtype} step {delta!r}"
+        )
     step = int(delta)
     span = (Expr.of(limit) - Expr.of(start)) if step > 0 else (Expr.of(start) - Expr.of(limit))
     count = dims.floordiv(span + (abs(step) - 1), Expr.const(abs(step)))
@@ -110,8 +112,11 @@ def _infer_range(node, inputs, consts=None):
 
 
 def _topk_attrs(node):
-    return {"axis": int(node.attr("axis", -1)), "largest": int(node.attr("largest", 1)) if node.version >= 11 else 1,
-            "sorted_": int(node.attr("sorted", 1)) if node.version >= 11 else 1}
+    return {
+        "axis": int(node.attr("axis", -1)),
+        "largest": int(node.attr("largest", 1)) if node.version >= 11 else 1,
+        "sorted_": int(node.attr("sorted", 1)) if node.version >= 11 else 1,
+    }
 
 
 def _infer_topk(node, inputs, consts=None):
@@ -198,11 +203,25 @@ def _zero(node, inputs, outputs):
 OPS = (
     OpDef("Tile", (6, 13), _infer_tile, k_tile, _zero, CONST_INPUTS=(1,)),
     OpDef("Range", (11,), _infer_range, k_range, per_element(2), CONST_INPUTS=(0, 1, 2)),
-    OpDef("TopK", (1, 10, 11), _infer_topk, k_topk, lambda node, inputs, outputs: 2 * inputs[0].numel(),
-          _topk_kernel_attrs, ATTRS={"axis": INT, "k": INT, "largest": INT, "sorted": INT}, CONST_INPUTS=(1,)),
-    OpDef("Hardmax", (1, 11, 13), _infer_hardmax, k_hardmax, per_element(2), _hardmax_attrs,
-          ATTRS={"axis": INT}),
-    OpDef("Upsample", (7, 9), _infer_upsample, k_upsample, per_element(4), _upsample_attrs,
-          ATTRS={"mode": STR, "scales": FLOAT_LIST}, CONST_INPUTS=(1,)),
+    OpDef(
+        "TopK",
+        (1, 10, 11),
+        _infer_topk,
+        k_topk,
+        lambda node, inputs, outputs: 2 * inputs[0].numel(),
+        _topk_kernel_attrs,
+        ATTRS={"axis": INT, "k": INT, "largest": INT, "sorted": INT},
+        CONST_INPUTS=(1,),
+    ),
+    OpDef("Hardmax", (1, 11, 13), _infer_hardmax, k_hardmax, per_element(2), _hardmax_attrs, ATTRS={"axis": INT}),
+    OpDef(
+        "Upsample",
+        (7, 9),
+        _infer_upsample,
+        k_upsample,
+        per_element(4),
+        _upsample_attrs,
+        ATTRS={"mode": STR, "scales": FLOAT_LIST},
+        CONST_INPUTS=(1,),
+    ),
 )
-

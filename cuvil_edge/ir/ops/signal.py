@@ -92,7 +92,7 @@ def k_stft(signal, frame_step, window=None, frame_length=None, *, onesided):
         values = values * window.astype(values.real.dtype)
     spectrum = np.fft.fft(values, n=size, axis=-1)
     if onesided:
-        spectrum = spectrum[..., :size // 2 + 1]
+        spectrum = spectrum[..., : size // 2 + 1]
     return np.stack((spectrum.real, spectrum.imag), axis=-1).astype(signal.dtype)
 
 
@@ -100,8 +100,9 @@ def k_stft(signal, frame_step, window=None, frame_length=None, *, onesided):
 def _scalar_int(node, consts, index, what):
     value = (consts or {}).get(index)
     if value is None or np.asarray(value).size != 1 or np.asarray(value).dtype.kind not in "iu":
-        raise ShapeInferenceError(f"{node.describe()}: {what} must be a constant integer scalar; it decides the "
-                                  "output shape")
+        raise ShapeInferenceError(
+            f"{node.describe()}: {what} must be a constant integer scalar; it decides the output shape"
+        )
     return int(np.asarray(value).reshape(()))
 
 
@@ -127,8 +128,16 @@ def _window_attrs(node):
 
 
 def _window(op_type, kernel):
-    return OpDef(op_type, (17,), _infer_window, kernel, per_element(TRANSCENDENTAL), _window_attrs,
-                 ATTRS={"output_datatype": INT, "periodic": INT}, CONST_INPUTS=(0,))
+    return OpDef(
+        op_type,
+        (17,),
+        _infer_window,
+        kernel,
+        per_element(TRANSCENDENTAL),
+        _window_attrs,
+        ATTRS={"output_datatype": INT, "periodic": INT},
+        CONST_INPUTS=(0,),
+    )
 
 
 def _infer_mel(node, inputs, consts=None):
@@ -148,7 +157,9 @@ def _infer_dft(node, inputs, consts=None):
     x = inputs[0]
     want(node, x, ((17, FLOATS),))
     if x.rank < 2 or x.shape[-1] not in (1, 2):
-        raise ShapeInferenceError(f"{node.describe()}: the input must end in an axis of 1 (real) or 2 (complex), got {x}")
+        raise ShapeInferenceError(
+            f"{node.describe()}: the input must end in an axis of 1 (real) or 2 (complex), got {x}"
+        )
     attrs = _dft_attrs(node)
     axis = attrs["axis"]
     if node.version >= 20 and len(inputs) > 2 and inputs[2] is not None:
@@ -202,18 +213,41 @@ def _infer_stft(node, inputs, consts=None):
     if not isinstance(size, int) or not isinstance(x.shape[1], int) or step < 1 or not 1 <= size <= x.shape[1]:
         raise ShapeInferenceError(f"{node.describe()}: frame length {size} and step {step} do not fit signal {x}")
     onesided = int(node.attr("onesided", 1))
-    return [TensorType(x.dtype, (x.shape[0], 1 + (x.shape[1] - size) // step,
-                                 size // 2 + 1 if onesided else size, 2))]
+    return [TensorType(x.dtype, (x.shape[0], 1 + (x.shape[1] - size) // step, size // 2 + 1 if onesided else size, 2))]
 
 
 OPS = (
     _window("HannWindow", k_hann_window),
     _window("HammingWindow", k_hamming_window),
     _window("BlackmanWindow", k_blackman_window),
-    OpDef("MelWeightMatrix", (17,), _infer_mel, k_mel_weight_matrix, per_element(4),
-          lambda node: {"dtype": _out_dtype(node)}, ATTRS={"output_datatype": INT}, CONST_INPUTS=(0, 1)),
-    OpDef("DFT", (17, 20), _infer_dft, k_dft, _dft_flops, _dft_attrs,
-          ATTRS={"axis": INT, "inverse": INT, "onesided": INT}, CONST_INPUTS=(1, 2)),
-    OpDef("STFT", (17,), _infer_stft, k_stft, _dft_flops, lambda node: {"onesided": int(node.attr("onesided", 1))},
-          ATTRS={"onesided": INT}, CONST_INPUTS=(1, 3)),
+    OpDef(
+        "MelWeightMatrix",
+        (17,),
+        _infer_mel,
+        k_mel_weight_matrix,
+        per_element(4),
+        lambda node: {"dtype": _out_dtype(node)},
+        ATTRS={"output_datatype": INT},
+        CONST_INPUTS=(0, 1),
+    ),
+    OpDef(
+        "DFT",
+        (17, 20),
+        _infer_dft,
+        k_dft,
+        _dft_flops,
+        _dft_attrs,
+        ATTRS={"axis": INT, "inverse": INT, "onesided": INT},
+        CONST_INPUTS=(1, 2),
+    ),
+    OpDef(
+        "STFT",
+        (17,),
+        _infer_stft,
+        k_stft,
+        _dft_flops,
+        lambda node: {"onesided": int(node.attr("onesided", 1))},
+        ATTRS={"onesided": INT},
+        CONST_INPUTS=(1, 3),
+    ),
 )

@@ -64,7 +64,9 @@ def k_gather(data, indices, axis):
 
 def k_pad(x, pads, value=None, axes=None, mode="constant"):
     widths = [int(p) for p in pads]
-    along = range(x.ndim) if axes is None or len(axes) == 0 else [int(a) + x.ndim if int(a) < 0 else int(a) for a in axes]
+    along = (
+        range(x.ndim) if axes is None or len(axes) == 0 else [int(a) + x.ndim if int(a) < 0 else int(a) for a in axes]
+    )
     grow, crop, k = [(0, 0)] * x.ndim, [slice(None)] * x.ndim, len(widths) // 2
     for i, axis in enumerate(along):
         begin, end = widths[i], widths[i + k]
@@ -105,7 +107,8 @@ def _infer_concat(node, inputs):
                     out[i] = d
                 elif not isinstance(d, str):
                     raise ShapeInferenceError(
-                        f"{node.describe()}: inputs differ on axis {i} ({out[i]} vs {d}); only axis {axis} may differ")
+                        f"{node.describe()}: inputs differ on axis {i} ({out[i]} vs {d}); only axis {axis} may differ"
+                    )
     out[axis] = total.to_dim() if isinstance(total, Expr) else total
     return [TensorType(dtype, tuple(out))]
 
@@ -142,8 +145,9 @@ def _symbolic_sizes(node, dim: str, split, count: int) -> list:
             raise ShapeInferenceError(f"{node.describe()}: split {list(split)} does not cut {dim} into {count} parts")
         return [int(s) for s in split]
     if count < 1 or (node.version >= 18 and node.attr("num_outputs") is not None):
-        raise ShapeInferenceError(f"{node.describe()}: num_outputs parts of the symbolic axis {dim!r} have no "
-                                  "static sizes; give split sizes")
+        raise ShapeInferenceError(
+            f"{node.describe()}: num_outputs parts of the symbolic axis {dim!r} have no static sizes; give split sizes"
+        )
     return [dims.floordiv(Expr.of(dim), Expr.const(count)).to_dim()] * count
 
 
@@ -157,12 +161,15 @@ def _infer_split(node, inputs, consts=None):
         parts = _symbolic_sizes(node, dim, split, len(node.outputs))
     else:
         parts = sizes(node, dim, split, len(node.outputs))
-    return [TensorType(x.dtype, x.shape[:axis] + (p,) + x.shape[axis + 1:]) for p in parts]
+    return [TensorType(x.dtype, x.shape[:axis] + (p,) + x.shape[axis + 1 :]) for p in parts]
 
 
 def _split_attrs(node):
-    out = {"axis": int(node.attr("axis", 0)), "count": len(node.outputs),
-           "num_outputs": int(node.version >= 18 and node.attr("num_outputs") is not None)}
+    out = {
+        "axis": int(node.attr("axis", 0)),
+        "count": len(node.outputs),
+        "num_outputs": int(node.version >= 18 and node.attr("num_outputs") is not None),
+    }
     split = node.attr("split") if node.version < 13 else None
     return out if split is None else {"split": tuple(int(s) for s in split), **out}
 
@@ -230,7 +237,8 @@ def _infer_slice(node, inputs, consts=None):
             if step < 0:
                 raise ShapeInferenceError(
                     f"{node.describe()}: slicing axis {axis} ({dim!r}) from {start!r} to {end!r} step {step} "
-                    "backwards gives a size that depends on a symbol; make that dim static")
+                    "backwards gives a size that depends on a symbol; make that dim static"
+                )
             out[axis] = symbolic_length(dim, start, end, step)
             continue
         out[axis] = length(dim, start, end, step)
@@ -241,8 +249,11 @@ def _slice_attrs(node):
     if node.version >= 10:
         return {}
     axes = node.attr("axes")
-    return {"starts": tuple(int(s) for s in node.attr("starts", ())), "ends": tuple(int(e) for e in node.attr("ends", ())),
-            **({} if axes is None else {"axes": tuple(int(a) for a in axes)})}
+    return {
+        "starts": tuple(int(s) for s in node.attr("starts", ())),
+        "ends": tuple(int(e) for e in node.attr("ends", ())),
+        **({} if axes is None else {"axes": tuple(int(a) for a in axes)}),
+    }
 
 
 # --- Gather -------------------------------------------------------------------------------------
@@ -255,7 +266,7 @@ def _infer_gather(node, inputs):
     if data.rank == 0:
         raise ShapeInferenceError(f"{node.describe()}: data must have rank >= 1")
     axis = axis_index(node, int(node.attr("axis", 0)), data.rank)
-    return [TensorType(data.dtype, data.shape[:axis] + indices.shape + data.shape[axis + 1:])]
+    return [TensorType(data.dtype, data.shape[:axis] + indices.shape + data.shape[axis + 1 :])]
 
 
 # --- Pad ----------------------------------------------------------------------------------------
@@ -263,8 +274,10 @@ def _mode(node):
     mode = text(node, "mode", "constant")
     allowed = ("constant", "reflect", "edge") + (("wrap",) if node.version >= 19 else ())
     if mode not in allowed:
-        raise UnsupportedAttributeError(f"{node.describe()}: mode {mode!r} is not supported at opset {node.version}; "
-                                        f"supported: {', '.join(allowed)}")
+        raise UnsupportedAttributeError(
+            f"{node.describe()}: mode {mode!r} is not supported at opset {node.version}; "
+            f"supported: {', '.join(allowed)}"
+        )
     return mode
 
 
@@ -276,8 +289,11 @@ def _infer_pad(node, inputs, consts=None):
     value = inputs[2] if len(inputs) > 2 else None
     if value is not None and (value.dtype != x.dtype or not (value.is_static and value.numel() <= 1)):
         raise ShapeInferenceError(f"{node.describe()}: constant_value {value} must be a {x.dtype} scalar like the data")
-    pads = (attr_or_input(node, consts, "pads", 1, 11, required=True) if node.version < 11
-            else vector(node, consts, 1, "pads", symbols=True))
+    pads = (
+        attr_or_input(node, consts, "pads", 1, 11, required=True)
+        if node.version < 11
+        else vector(node, consts, 1, "pads", symbols=True)
+    )
     axes = vector(node, consts, 3, "axes", required=False) if node.version >= 18 else None
     axes = list(range(x.rank)) if axes is None else norm_axes(node, axes, x.rank)
     if pads is None or len(pads) != 2 * len(axes):
@@ -289,12 +305,20 @@ def _infer_pad(node, inputs, consts=None):
             continue
         if isinstance(dim, str) or isinstance(begin, str) or isinstance(end, str):
             if mode != "constant":
-                raise ShapeInferenceError(f"{node.describe()}: {mode} padding of axis {axis} ({dim!r}) by {begin!r}, "
-                                          f"{end!r} needs static sizes to check the pads fit")
+                raise ShapeInferenceError(
+                    f"{node.describe()}: {mode} padding of axis {axis} ({dim!r}) by {begin!r}, "
+                    f"{end!r} needs static sizes to check the pads fit"
+                )
             out[axis] = dims.maximum(Expr.of(dim) + Expr.of(begin) + Expr.of(end), Expr.const(0)).to_dim()
             continue
-        if dim + min(begin, 0) + min(end, 0) < 0 or (mode == "reflect" and max(begin, end) >= dim) or (mode != "constant" and dim == 0):
-            raise ShapeInferenceError(f"{node.describe()}: pads {begin}, {end} do not fit axis {axis} of size {dim} in mode {mode}")
+        if (
+            dim + min(begin, 0) + min(end, 0) < 0
+            or (mode == "reflect" and max(begin, end) >= dim)
+            or (mode != "constant" and dim == 0)
+        ):
+            raise ShapeInferenceError(
+                f"{node.describe()}: pads {begin}, {end} do not fit axis {axis} of size {dim} in mode {mode}"
+            )
         out[axis] = dim + begin + end
     return [TensorType(x.dtype, tuple(out))]
 
@@ -303,9 +327,11 @@ def _pad_attrs(node):
     if node.version >= 11:
         return {"mode": _mode(node)}
     value = float(node.attr("value", 0.0))
-    return {"pads": tuple(int(p) for p in node.attr("pads", ())),
-            "value": value if math.isfinite(value) else str(value),  # "nan", "inf": numpy parses the text
-            "mode": _mode(node)}
+    return {
+        "pads": tuple(int(p) for p in node.attr("pads", ())),
+        "value": value if math.isfinite(value) else str(value),  # "nan", "inf": numpy parses the text
+        "mode": _mode(node),
+    }
 
 
 def _zero(node, inputs, outputs):
@@ -313,14 +339,52 @@ def _zero(node, inputs, outputs):
 
 
 OPS = (
-    OpDef("Concat", (4, 11, 13), _infer_concat, k_concat, _zero, lambda node: {"axis": _concat_axis(node)},
-          ATTRS={"axis": INT}),
-    OpDef("Split", (2, 11, 13, 18), _infer_split, k_split, _zero, _split_attrs,
-          ATTRS={"axis": INT, "num_outputs": INT, "split": INTS}, CONST_INPUTS=(1,)),
-    OpDef("Slice", (1, 10, 11, 13), _infer_slice, k_slice, _zero, _slice_attrs,
-          ATTRS={"starts": INTS, "ends": INTS, "axes": INTS}, CONST_INPUTS=(1, 2, 3, 4)),
-    OpDef("Gather", (1, 11, 13), _infer_gather, k_gather, _zero, lambda node: {"axis": int(node.attr("axis", 0))},
-          ATTRS={"axis": INT}),
-    OpDef("Pad", (2, 11, 13, 18, 19, 21, 23, 24, 25), _infer_pad, k_pad, _zero, _pad_attrs,
-          ATTRS={"mode": STR, "pads": INTS, "value": FLOAT}, CONST_INPUTS=(1, 3)),
+    OpDef(
+        "Concat",
+        (4, 11, 13),
+        _infer_concat,
+        k_concat,
+        _zero,
+        lambda node: {"axis": _concat_axis(node)},
+        ATTRS={"axis": INT},
+    ),
+    OpDef(
+        "Split",
+        (2, 11, 13, 18),
+        _infer_split,
+        k_split,
+        _zero,
+        _split_attrs,
+        ATTRS={"axis": INT, "num_outputs": INT, "split": INTS},
+        CONST_INPUTS=(1,),
+    ),
+    OpDef(
+        "Slice",
+        (1, 10, 11, 13),
+        _infer_slice,
+        k_slice,
+        _zero,
+        _slice_attrs,
+        ATTRS={"starts": INTS, "ends": INTS, "axes": INTS},
+        CONST_INPUTS=(1, 2, 3, 4),
+    ),
+    OpDef(
+        "Gather",
+        (1, 11, 13),
+        _infer_gather,
+        k_gather,
+        _zero,
+        lambda node: {"axis": int(node.attr("axis", 0))},
+        ATTRS={"axis": INT},
+    ),
+    OpDef(
+        "Pad",
+        (2, 11, 13, 18, 19, 21, 23, 24, 25),
+        _infer_pad,
+        k_pad,
+        _zero,
+        _pad_attrs,
+        ATTRS={"mode": STR, "pads": INTS, "value": FLOAT},
+        CONST_INPUTS=(1, 3),
+    ),
 )

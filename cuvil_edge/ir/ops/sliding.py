@@ -53,9 +53,16 @@ def k_lp_pool(x, kernel, strides, pads, dilations, auto_pad, ceil_mode, p):
     padded = np.pad(powered, [(0, 0), (0, 0)] + list(zip(begin, end)))
     total = np.zeros(x.shape[:2] + tuple(out), dtype=w.dtype)
     for tap in np.ndindex(*kernel):
-        total = total + padded[(slice(None), slice(None)) + tuple(
-            slice(tap[i] * dilations[i], tap[i] * dilations[i] + (out[i] - 1) * strides[i] + 1, strides[i])
-            for i in range(n))]
+        total = (
+            total
+            + padded[
+                (slice(None), slice(None))
+                + tuple(
+                    slice(tap[i] * dilations[i], tap[i] * dilations[i] + (out[i] - 1) * strides[i] + 1, strides[i])
+                    for i in range(n)
+                )
+            ]
+        )
     result = total if p == 1 else total ** w.dtype.type(1.0 / p)
     return np.asarray(result.astype(x.dtype))
 
@@ -74,7 +81,8 @@ def k_col2im(x, image_shape, block_shape, strides, pads, dilations):
     for tap in np.ndindex(*block):
         where = (slice(None), slice(None)) + tuple(
             slice(tap[i] * dilation[i], tap[i] * dilation[i] + (counts[i] - 1) * stride[i] + 1, stride[i])
-            for i in range(n))
+            for i in range(n)
+        )
         padded[where] += columns[(slice(None), slice(None)) + tap]
     return padded[(slice(None), slice(None)) + tuple(slice(pad[i], pad[i] + image[i]) for i in range(n))]
 
@@ -86,8 +94,9 @@ def k_max_unpool(x, indices, output_shape=None, *, kernel, strides, pads):
     else:
         stride = strides or (1,) * n
         pad = pads or (0,) * (2 * n)
-        shape = x.shape[:2] + tuple((x.shape[2 + i] - 1) * stride[i] - pad[i] - pad[i + n] + kernel[i]
-                                    for i in range(n))
+        shape = x.shape[:2] + tuple(
+            (x.shape[2 + i] - 1) * stride[i] - pad[i] - pad[i + n] + kernel[i] for i in range(n)
+        )
     out = np.zeros(int(np.prod(shape)), dtype=x.dtype)
     out[indices.reshape(-1)] = x.reshape(-1)
     return out.reshape(shape)
@@ -97,8 +106,9 @@ def k_max_unpool(x, indices, output_shape=None, *, kernel, strides, pads):
 def _kernel(node, spatial):
     kernel = ints(node, "kernel_shape")
     if len(kernel) != spatial or any(k < 1 for k in kernel):
-        raise ShapeInferenceError(f"{node.describe()}: kernel_shape {kernel} must give one size >= 1 per spatial axis "
-                                  f"({spatial})")
+        raise ShapeInferenceError(
+            f"{node.describe()}: kernel_shape {kernel} must give one size >= 1 per spatial axis ({spatial})"
+        )
     return kernel
 
 
@@ -109,11 +119,16 @@ def _infer_lp_pool(node, inputs):
     if x.rank < 3:
         raise ShapeInferenceError(f"{node.describe()} needs an input [N, C, spatial...], got {x}")
     kernel = _kernel(node, x.rank - 2)
-    strides, pads, dilations = spatial_attrs(node, x.shape[2:], kernel) if node.version >= 18 else \
-        spatial_attrs(_without(node, "dilations"), x.shape[2:], kernel)
+    strides, pads, dilations = (
+        spatial_attrs(node, x.shape[2:], kernel)
+        if node.version >= 18
+        else spatial_attrs(_without(node, "dilations"), x.shape[2:], kernel)
+    )
     ceil_mode = int(node.attr("ceil_mode", 0)) if node.version >= 18 else 0
-    out = [pool_out(node, x.shape[2 + i], kernel[i], strides[i], pads[i], pads[i + len(kernel)], dilations[i],
-                    ceil_mode) for i in range(len(kernel))]
+    out = [
+        pool_out(node, x.shape[2 + i], kernel[i], strides[i], pads[i], pads[i + len(kernel)], dilations[i], ceil_mode)
+        for i in range(len(kernel))
+    ]
     return [TensorType(x.dtype, (x.shape[0], x.shape[1], *out))]
 
 
@@ -127,11 +142,15 @@ def _lp_attrs(node):
     kernel = tuple(ints(node, "kernel_shape"))
     n = len(kernel)
     modern = node.version >= 18
-    return {"kernel": kernel, "strides": tuple(ints(node, "strides")) or (1,) * n,
-            "pads": tuple(ints(node, "pads")) or (0,) * (2 * n),
-            "dilations": (tuple(ints(node, "dilations")) if modern else ()) or (1,) * n,
-            "auto_pad": text(node, "auto_pad", "NOTSET"), "ceil_mode": int(node.attr("ceil_mode", 0)) if modern else 0,
-            "p": int(node.attr("p", 2))}
+    return {
+        "kernel": kernel,
+        "strides": tuple(ints(node, "strides")) or (1,) * n,
+        "pads": tuple(ints(node, "pads")) or (0,) * (2 * n),
+        "dilations": (tuple(ints(node, "dilations")) if modern else ()) or (1,) * n,
+        "auto_pad": text(node, "auto_pad", "NOTSET"),
+        "ceil_mode": int(node.attr("ceil_mode", 0)) if modern else 0,
+        "p": int(node.attr("p", 2)),
+    }
 
 
 def _lp_flops(node, inputs, outputs):
@@ -146,15 +165,23 @@ def _infer_col2im(node, inputs, consts=None):
     image, block = vector(node, consts, 1, "image_shape"), vector(node, consts, 2, "block_shape")
     n = len(image)
     attrs = _col2im_attrs(node)
-    stride, pad, dilation = attrs["strides"] or (1,) * n, attrs["pads"] or (0,) * (2 * n), \
-        attrs["dilations"] or (1,) * n
+    stride, pad, dilation = (
+        attrs["strides"] or (1,) * n,
+        attrs["pads"] or (0,) * (2 * n),
+        attrs["dilations"] or (1,) * n,
+    )
     if len(block) != n or len(stride) != n or len(dilation) != n or len(pad) != 2 * n or x.rank != 3:
-        raise ShapeInferenceError(f"{node.describe()}: input [N, C*prod(block), L], image_shape, block_shape and the "
-                                  "strides/pads/dilations must agree in length")
+        raise ShapeInferenceError(
+            f"{node.describe()}: input [N, C*prod(block), L], image_shape, block_shape and the "
+            "strides/pads/dilations must agree in length"
+        )
     counts = [(image[i] + pad[i] + pad[i + n] - dilation[i] * (block[i] - 1) - 1) // stride[i] + 1 for i in range(n)]
     per_block = int(np.prod(block))
-    if any(c < 1 for c in counts) or (isinstance(x.shape[2], int) and x.shape[2] != int(np.prod(counts))) or \
-            (isinstance(x.shape[1], int) and x.shape[1] % per_block):
+    if (
+        any(c < 1 for c in counts)
+        or (isinstance(x.shape[2], int) and x.shape[2] != int(np.prod(counts)))
+        or (isinstance(x.shape[1], int) and x.shape[1] % per_block)
+    ):
         raise ShapeInferenceError(f"{node.describe()}: input {x} does not hold {counts} blocks of {block}")
     channels = x.shape[1] // per_block if isinstance(x.shape[1], int) else x.shape[1]
     if isinstance(channels, str) and per_block != 1:
@@ -171,7 +198,9 @@ def _infer_max_unpool(node, inputs, consts=None):
     x, indices = inputs[:2]
     want(node, x, ((9, FLOATS),))
     if indices.dtype != "int64" or x.rank < 3:
-        raise ShapeInferenceError(f"{node.describe()}: X must be [N, C, spatial...] and I int64 indices, got {x}, {indices}")
+        raise ShapeInferenceError(
+            f"{node.describe()}: X must be [N, C, spatial...] and I int64 indices, got {x}, {indices}"
+        )
     attrs = _unpool_attrs(node)
     kernel, n = attrs["kernel"], x.rank - 2
     _kernel(node, n)
@@ -179,8 +208,10 @@ def _infer_max_unpool(node, inputs, consts=None):
         return [TensorType(x.dtype, tuple(vector(node, consts, 2, "output_shape")))]
     stride, pad = attrs["strides"] or (1,) * n, attrs["pads"] or (0,) * (2 * n)
     if len(stride) != n or len(pad) != 2 * n or min(stride) < 1 or min(pad) < 0:
-        raise ShapeInferenceError(f"{node.describe()}: strides {list(stride)} and pads {list(pad)} must give {n} "
-                                  f"positive strides and {2 * n} pads >= 0")
+        raise ShapeInferenceError(
+            f"{node.describe()}: strides {list(stride)} and pads {list(pad)} must give {n} "
+            f"positive strides and {2 * n} pads >= 0"
+        )
     spatial = []
     for i in range(n):
         if not isinstance(x.shape[2 + i], int):
@@ -190,15 +221,42 @@ def _infer_max_unpool(node, inputs, consts=None):
 
 
 def _unpool_attrs(node):
-    return {"kernel": tuple(ints(node, "kernel_shape")), "strides": tuple(ints(node, "strides")),
-            "pads": tuple(ints(node, "pads"))}
+    return {
+        "kernel": tuple(ints(node, "kernel_shape")),
+        "strides": tuple(ints(node, "strides")),
+        "pads": tuple(ints(node, "pads")),
+    }
 
 
 OPS = (
-    OpDef("LpPool", (2, 11, 18, 22), _infer_lp_pool, k_lp_pool, _lp_flops, _lp_attrs, helpers=(_lp_geometry,),
-          ATTRS={**WINDOW_ATTRS, "ceil_mode": INT, "p": INT}),
-    OpDef("Col2Im", (18,), _infer_col2im, k_col2im, lambda node, inputs, outputs: inputs[0].numel(), _col2im_attrs,
-          ATTRS={"strides": INTS, "pads": INTS, "dilations": INTS}, CONST_INPUTS=(1, 2)),
-    OpDef("MaxUnpool", (9, 11, 22), _infer_max_unpool, k_max_unpool, lambda node, inputs, outputs: inputs[0].numel(),
-          _unpool_attrs, ATTRS={"kernel_shape": INTS, "strides": INTS, "pads": INTS}, CONST_INPUTS=(2,)),
+    OpDef(
+        "LpPool",
+        (2, 11, 18, 22),
+        _infer_lp_pool,
+        k_lp_pool,
+        _lp_flops,
+        _lp_attrs,
+        helpers=(_lp_geometry,),
+        ATTRS={**WINDOW_ATTRS, "ceil_mode": INT, "p": INT},
+    ),
+    OpDef(
+        "Col2Im",
+        (18,),
+        _infer_col2im,
+        k_col2im,
+        lambda node, inputs, outputs: inputs[0].numel(),
+        _col2im_attrs,
+        ATTRS={"strides": INTS, "pads": INTS, "dilations": INTS},
+        CONST_INPUTS=(1, 2),
+    ),
+    OpDef(
+        "MaxUnpool",
+        (9, 11, 22),
+        _infer_max_unpool,
+        k_max_unpool,
+        lambda node, inputs, outputs: inputs[0].numel(),
+        _unpool_attrs,
+        ATTRS={"kernel_shape": INTS, "strides": INTS, "pads": INTS},
+        CONST_INPUTS=(2,),
+    ),
 )

@@ -20,8 +20,21 @@ from cuvil_edge.ir.ops._util import FLOAT, INT, STR, choice, need
 HALF_OR_SINGLE = frozenset({"float16", "float32"})
 
 
-def k_linear_attention(query, key, value, past_state=None, decay=None, beta=None, *, q_num_heads, kv_num_heads,
-                       scale, gating, delta, outputs):
+def k_linear_attention(
+    query,
+    key,
+    value,
+    past_state=None,
+    decay=None,
+    beta=None,
+    *,
+    q_num_heads,
+    kv_num_heads,
+    scale,
+    gating,
+    delta,
+    outputs,
+):
     b, steps = query.shape[0], query.shape[1]
     q = query.reshape(b, steps, q_num_heads, -1).transpose(0, 2, 1, 3).astype(np.float32)
     k = key.reshape(b, steps, kv_num_heads, -1).transpose(0, 2, 1, 3).astype(np.float32)
@@ -61,7 +74,7 @@ def k_causal_conv_with_state(x, weight, bias=None, past_state=None, *, silu, out
     wide = padded.astype(t)
     conv = np.zeros(x.shape, t)
     for j in range(k):  # depthwise: one filter per channel
-        conv = conv + weight[:, 0, j].astype(t).reshape(1, -1, 1) * wide[:, :, j:j + x.shape[2]]
+        conv = conv + weight[:, 0, j].astype(t).reshape(1, -1, 1) * wide[:, :, j : j + x.shape[2]]
     if bias is not None:
         conv = conv + bias.astype(t).reshape(1, -1, 1)
     y = conv.astype(x.dtype)
@@ -71,7 +84,7 @@ def k_causal_conv_with_state(x, weight, bias=None, past_state=None, *, silu, out
         y = (z * np.where(z >= 0, 1 / (1 + e), e / (1 + e))).astype(x.dtype)
     if outputs == 1:
         return y
-    return y, padded[:, :, padded.shape[2] - (k - 1):]
+    return y, padded[:, :, padded.shape[2] - (k - 1) :]
 
 
 # --- inference and attributes -----------------------------------------------------------------
@@ -79,11 +92,17 @@ def _linear_attrs(node):
     rule = choice(node, "update_rule", "gated_delta", ("linear", "gated", "delta", "gated_delta"))
     heads = [node.attr(key) for key in ("q_num_heads", "kv_num_heads")]
     if not all(isinstance(h, int) and h > 0 for h in heads) or heads[0] % heads[1]:
-        raise ShapeInferenceError(f"{node.describe()}: q_num_heads {heads[0]} must be a positive multiple of "
-                                  f"kv_num_heads {heads[1]}")
-    return {"q_num_heads": heads[0], "kv_num_heads": heads[1], "scale": float(node.attr("scale", 0.0)),
-            "gating": rule in ("gated", "gated_delta"), "delta": rule in ("delta", "gated_delta"),
-            "outputs": len(node.outputs)}
+        raise ShapeInferenceError(
+            f"{node.describe()}: q_num_heads {heads[0]} must be a positive multiple of kv_num_heads {heads[1]}"
+        )
+    return {
+        "q_num_heads": heads[0],
+        "kv_num_heads": heads[1],
+        "scale": float(node.attr("scale", 0.0)),
+        "gating": rule in ("gated", "gated_delta"),
+        "delta": rule in ("delta", "gated_delta"),
+        "outputs": len(node.outputs),
+    }
 
 
 def _split(node, dim, heads, what):
@@ -114,8 +133,10 @@ def _infer_linear_attention(node, inputs):
     state = (q.shape[0], hk, d_k, d_v)
     if past is not None and (past.rank != 4 or any(isinstance(a, int) and a != e for a, e in zip(past.shape, state))):
         raise ShapeInferenceError(f"{node.describe()}: past_state must be {list(state)}, got {past}")
-    return [TensorType(q.dtype, (q.shape[0], q.shape[1], hq * d_v)),
-            TensorType(past.dtype if past is not None else q.dtype, state)]
+    return [
+        TensorType(q.dtype, (q.shape[0], q.shape[1], hq * d_v)),
+        TensorType(past.dtype if past is not None else q.dtype, state),
+    ]
 
 
 def _linear_flops(node, inputs, outputs):
@@ -130,8 +151,13 @@ def _infer_causal_conv(node, inputs):
     x, w = inputs[:2]
     bias, past = (list(inputs[2:]) + [None] * 2)[:2]
     want(node, x, ((27, HALF_OR_SINGLE),))
-    if x.rank != 3 or w.rank != 3 or w.dtype != x.dtype or w.shape[1] != 1 or (
-            isinstance(w.shape[0], int) and isinstance(x.shape[1], int) and w.shape[0] != x.shape[1]):
+    if (
+        x.rank != 3
+        or w.rank != 3
+        or w.dtype != x.dtype
+        or w.shape[1] != 1
+        or (isinstance(w.shape[0], int) and isinstance(x.shape[1], int) and w.shape[0] != x.shape[1])
+    ):
         raise ShapeInferenceError(f"{node.describe()}: input must be [B, C, L] and weight [C, 1, k], got {x}, {w}")
     k = w.shape[2]
     if not isinstance(k, int) or k < 1:
@@ -156,8 +182,22 @@ def _causal_flops(node, inputs, outputs):
 
 
 OPS = (
-    OpDef("LinearAttention", (27,), _infer_linear_attention, k_linear_attention, _linear_flops, _linear_attrs,
-          ATTRS={"chunk_size": INT, "kv_num_heads": INT, "q_num_heads": INT, "scale": FLOAT, "update_rule": STR}),
-    OpDef("CausalConvWithState", (27,), _infer_causal_conv, k_causal_conv_with_state, _causal_flops, _causal_attrs,
-          ATTRS={"activation": STR}),
+    OpDef(
+        "LinearAttention",
+        (27,),
+        _infer_linear_attention,
+        k_linear_attention,
+        _linear_flops,
+        _linear_attrs,
+        ATTRS={"chunk_size": INT, "kv_num_heads": INT, "q_num_heads": INT, "scale": FLOAT, "update_rule": STR},
+    ),
+    OpDef(
+        "CausalConvWithState",
+        (27,),
+        _infer_causal_conv,
+        k_causal_conv_with_state,
+        _causal_flops,
+        _causal_attrs,
+        ATTRS={"activation": STR},
+    ),
 )

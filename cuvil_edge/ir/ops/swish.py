@@ -37,14 +37,30 @@ def _infer_swiglu(node, inputs):
     need(node, inputs, 2)
     a, b = inputs
     if b.dtype != a.dtype or tuple(b.shape) != tuple(a.shape):
-        raise ShapeInferenceError(f"{node.describe()}: A {a} and B {b} must have one dtype and one shape (no broadcast)")
+        raise ShapeInferenceError(
+            f"{node.describe()}: A {a} and B {b} must have one dtype and one shape (no broadcast)"
+        )
     return infer_unary(node, [a], ((28, FLOATS),))
 
 
 OPS = (
-    OpDef("Swish", (24,), lambda node, inputs: infer_unary(node, inputs, ((24, FLOATS),)), k_swish,
-          per_element(TRANSCENDENTAL + 4), lambda node: {"alpha": float(node.attr("alpha", 1.0))}, (_native_lib, _native_map),
-          ATTRS={"alpha": FLOAT}),
-    OpDef("SwiGLU", (28,), _infer_swiglu, k_swiglu, per_element(TRANSCENDENTAL + 5),
-          lambda node: {"alpha": float(node.attr("alpha", 1.0))}, ATTRS={"alpha": FLOAT}),
+    OpDef(
+        "Swish",
+        (24,),
+        lambda node, inputs: infer_unary(node, inputs, ((24, FLOATS),)),
+        k_swish,
+        per_element(TRANSCENDENTAL + 4),
+        lambda node: {"alpha": float(node.attr("alpha", 1.0))},
+        (_native_lib, _native_map),
+        ATTRS={"alpha": FLOAT},
+    ),
+    OpDef(
+        "SwiGLU",
+        (28,),
+        _infer_swiglu,
+        k_swiglu,
+        per_element(TRANSCENDENTAL + 5),
+        lambda node: {"alpha": float(node.attr("alpha", 1.0))},
+        ATTRS={"alpha": FLOAT},
+    ),
 )

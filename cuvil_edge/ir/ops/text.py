@@ -24,7 +24,7 @@ def k_tf_idf_vectorizer(x, grams, min_n, max_n, max_skip, mode, weights, size):
         for distance in range(1, max_skip + 2):
             for n in range(max(min_n, 2) if distance > 1 else min_n, max_n + 1):
                 for i in range(len(tokens) - (n - 1) * distance):
-                    k = table.get(tuple(tokens[i:i + (n - 1) * distance + 1:distance]))
+                    k = table.get(tuple(tokens[i : i + (n - 1) * distance + 1 : distance]))
                     if k is not None:
                         counts[r, k] += 1
     w = np.ones(size, np.float32) if weights is None else np.array(weights, np.float32)
@@ -39,19 +39,26 @@ def k_tf_idf_vectorizer(x, grams, min_n, max_n, max_skip, mode, weights, size):
 
 def _tfidf_attrs(node):
     if node.attr("pool_strings"):
-        raise UnsupportedAttributeError(f"{node.describe()}: string pools are unsupported (the IR has no strings); "
-                                        "map tokens to integer ids and use pool_int64s")
+        raise UnsupportedAttributeError(
+            f"{node.describe()}: string pools are unsupported (the IR has no strings); "
+            "map tokens to integer ids and use pool_int64s"
+        )
     pool, starts, indexes = ints(node, "pool_int64s"), ints(node, "ngram_counts"), ints(node, "ngram_indexes")
-    missing = [key for key in ("min_gram_length", "max_gram_length", "max_skip_count", "mode") if node.attr(key) is None]
+    missing = [
+        key for key in ("min_gram_length", "max_gram_length", "max_skip_count", "mode") if node.attr(key) is None
+    ]
     if missing:
         raise UnsupportedAttributeError(f"{node.describe()}: the required attributes {missing} are missing")
     min_n, max_n = int(node.attr("min_gram_length")), int(node.attr("max_gram_length"))
     if not indexes or not 1 <= min_n <= max_n or len(starts) < 1:
-        raise UnsupportedAttributeError(f"{node.describe()}: needs ngram_indexes and 1 <= min_gram_length <= "
-                                        f"max_gram_length, got {min_n}, {max_n}")
+        raise UnsupportedAttributeError(
+            f"{node.describe()}: needs ngram_indexes and 1 <= min_gram_length <= max_gram_length, got {min_n}, {max_n}"
+        )
     if starts[0] != 0 or any(b < a for a, b in zip(starts, starts[1:])) or starts[-1] > len(pool):
-        raise UnsupportedAttributeError(f"{node.describe()}: ngram_counts {starts} must start at 0 and rise to at most "
-                                        f"the pool's {len(pool)} entries")
+        raise UnsupportedAttributeError(
+            f"{node.describe()}: ngram_counts {starts} must start at 0 and rise to at most "
+            f"the pool's {len(pool)} entries"
+        )
     grams, ngram_id = [], 0
     for i, start in enumerate(starts):  # section i holds the n-grams of length i + 1
         end = starts[i + 1] if i + 1 < len(starts) else len(pool)
@@ -60,7 +67,7 @@ def _tfidf_attrs(node):
             if min_n <= n <= max_n:
                 if ngram_id >= len(indexes):
                     raise UnsupportedAttributeError(f"{node.describe()}: ngram_indexes has fewer entries than the pool")
-                grams.append((tuple(pool[j:j + n]), indexes[ngram_id]))
+                grams.append((tuple(pool[j : j + n]), indexes[ngram_id]))
             ngram_id += 1
     given = node.attr("weights")
     weights = None
@@ -71,8 +78,15 @@ def _tfidf_attrs(node):
         for ngram, column in enumerate(indexes):
             by_column[column] = float(given[ngram])
         weights = tuple(by_column)
-    return {"grams": tuple(grams), "min_n": min_n, "max_n": max_n, "max_skip": int(node.attr("max_skip_count")),
-            "mode": choice(node, "mode", "TF", ("TF", "IDF", "TFIDF")), "weights": weights, "size": max(indexes) + 1}
+    return {
+        "grams": tuple(grams),
+        "min_n": min_n,
+        "max_n": max_n,
+        "max_skip": int(node.attr("max_skip_count")),
+        "mode": choice(node, "mode", "TF", ("TF", "IDF", "TFIDF")),
+        "weights": weights,
+        "size": max(indexes) + 1,
+    }
 
 
 def _infer_tfidf(node, inputs):
@@ -91,7 +105,22 @@ def _tfidf_flops(node, inputs, outputs):
 
 
 OPS = (
-    OpDef("TfIdfVectorizer", (9,), _infer_tfidf, k_tf_idf_vectorizer, _tfidf_flops, _tfidf_attrs,
-          ATTRS={"max_gram_length": INT, "max_skip_count": INT, "min_gram_length": INT, "mode": STR,
-                 "ngram_counts": INTS, "ngram_indexes": INTS, "pool_int64s": INTS, "weights": FLOATS}),
+    OpDef(
+        "TfIdfVectorizer",
+        (9,),
+        _infer_tfidf,
+        k_tf_idf_vectorizer,
+        _tfidf_flops,
+        _tfidf_attrs,
+        ATTRS={
+            "max_gram_length": INT,
+            "max_skip_count": INT,
+            "min_gram_length": INT,
+            "mode": STR,
+            "ngram_counts": INTS,
+            "ngram_indexes": INTS,
+            "pool_int64s": INTS,
+            "weights": FLOATS,
+        },
+    ),
 )

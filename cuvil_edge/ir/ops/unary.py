@@ -18,8 +18,18 @@ from cuvil_edge.errors import ShapeInferenceError, UnsupportedAttributeError
 from cuvil_edge.ir import dtypes
 from cuvil_edge.ir.graph import TensorType
 from cuvil_edge.ir.ops._contract import OpDef, no_attrs, per_element
-from cuvil_edge.ir.ops._elementwise import (ALL, ERF, FLOATS, INTS, SIGNED, TRANSCENDENTAL, _erf64, _wide, infer_unary,
-                                            want)
+from cuvil_edge.ir.ops._elementwise import (
+    ALL,
+    ERF,
+    FLOATS,
+    INTS,
+    SIGNED,
+    TRANSCENDENTAL,
+    _erf64,
+    _wide,
+    infer_unary,
+    want,
+)
 from cuvil_edge.ir.ops._native import _native_lib, _native_map
 from cuvil_edge.ir.ops._util import DEFAULT_CAPABILITIES, FLOAT, INT, STR, choice, need, same_dtype
 
@@ -273,8 +283,10 @@ def _unary(op_type, fn, versions, types, cost=1, attrs=no_attrs, kinds=None, out
 
 def _floats(**defaults):
     """attrs() reading float attributes with their ONNX defaults."""
+
     def attrs(node):
         return {k: float(node.attr(k, v)) for k, v in defaults.items()}
+
     return attrs
 
 
@@ -288,8 +300,10 @@ def _gelu_flops(node, inputs, outputs):
 
 
 def _isinf_attrs(node):
-    return {"detect_negative": int(node.attr("detect_negative", 1)),
-            "detect_positive": int(node.attr("detect_positive", 1))}
+    return {
+        "detect_negative": int(node.attr("detect_negative", 1)),
+        "detect_positive": int(node.attr("detect_positive", 1)),
+    }
 
 
 # --- Cast: ``to`` is an ONNX TensorProto code; 9 string, 13 bfloat16, 19 float8 + saturate, 21 int4/uint4,
@@ -300,7 +314,8 @@ def _cast_attrs(node):
     if name is None:
         raise UnsupportedAttributeError(
             f"{node.describe()} casts to ONNX type {code!r}, which the IR does not support; supported: "
-            + ", ".join(f"{c} ({n})" for c, n in sorted(dtypes.FROM_ONNX_CODE.items())))
+            + ", ".join(f"{c} ({n})" for c, n in sorted(dtypes.FROM_ONNX_CODE.items()))
+        )
     return {"to": name}
 
 
@@ -358,18 +373,21 @@ def _refuse_training(node, training, known, ratio, ratio_known):
     if not known:
         raise TrainingModeNotConstantError(
             f"{node.describe()} may run in training mode (training_mode is not a constant); "
-            "only inference is supported: export the model in eval mode")
+            "only inference is supported: export the model in eval mode"
+        )
     if training is None or not bool(_scalar(training)):
         return
     if not ratio_known:
         raise TrainingModeNotConstantError(
             f"{node.describe()} runs in training mode with a ratio that is not a constant; "
-            "only inference (or training with ratio 0) is supported: export the model in eval mode")
+            "only inference (or training with ratio 0) is supported: export the model in eval mode"
+        )
     value = 0.5 if ratio is None else float(_scalar(ratio))
     if value != 0.0:
         raise UnsupportedAttributeError(
             f"{node.describe()} runs in training mode (training_mode True, ratio {value}): random dropout is not "
-            "supported, only inference or training with ratio 0: export the model in eval mode")
+            "supported, only inference or training with ratio 0: export the model in eval mode"
+        )
 
 
 def _infer_dropout(node, inputs, consts=None):
@@ -410,22 +428,57 @@ OPS = (
     _unary("Erf", k_erf, (9, 13), ((9, FLOATS | INTS), (13, FLOATS)), ERF, helpers=(_erf64, _native_lib, _native_map)),
     # 16 / 22 add bfloat16 only
     _unary("LeakyRelu", k_leaky_relu, (6, 16), _F, 1, _floats(alpha=0.01), {"alpha": FLOAT}, helpers=(_wide,)),
-    _unary("HardSigmoid", k_hard_sigmoid, (6, 22), _F, 3, _floats(alpha=0.2, beta=0.5),  # multiply-add (2), clamp (1)
-           {"alpha": FLOAT, "beta": FLOAT}, helpers=(_wide,)),
+    _unary(
+        "HardSigmoid",
+        k_hard_sigmoid,
+        (6, 22),
+        _F,
+        3,
+        _floats(alpha=0.2, beta=0.5),  # multiply-add (2), clamp (1)
+        {"alpha": FLOAT, "beta": FLOAT},
+        helpers=(_wide,),
+    ),
     _unary("Not", k_not, (1,), ((1, frozenset({"bool"})),)),
     OpDef("Identity", (1, 13, 14, 16, 19, 21), _infer_identity, k_identity, per_element(0)),
-    OpDef("Cast", (6, 9, 13, 19, 21, 23, 24, 25, 28), _infer_cast, k_cast, per_element(1), _cast_attrs,
-          ATTRS={"to": INT, "saturate": INT}),  # saturate only affects float8, which the IR lacks
-    OpDef("Clip", (6, 11, 12, 13), _infer_clip, k_clip, per_element(1), _clip_attrs,
-          ATTRS={"min": FLOAT, "max": FLOAT}),
+    OpDef(
+        "Cast",
+        (6, 9, 13, 19, 21, 23, 24, 25, 28),
+        _infer_cast,
+        k_cast,
+        per_element(1),
+        _cast_attrs,
+        ATTRS={"to": INT, "saturate": INT},
+    ),  # saturate only affects float8, which the IR lacks
+    OpDef(
+        "Clip", (6, 11, 12, 13), _infer_clip, k_clip, per_element(1), _clip_attrs, ATTRS={"min": FLOAT, "max": FLOAT}
+    ),
     # 13, 22: bfloat16 / float8 only
-    OpDef("Dropout", (7, 10, 12, 13, 22), _infer_dropout, k_dropout, per_element(0), _dropout_attrs,
-          ATTRS={"ratio": FLOAT, "seed": INT}, CONST_INPUTS=(1, 2)),
+    OpDef(
+        "Dropout",
+        (7, 10, 12, 13, 22),
+        _infer_dropout,
+        k_dropout,
+        per_element(0),
+        _dropout_attrs,
+        ATTRS={"ratio": FLOAT, "seed": INT},
+        CONST_INPUTS=(1, 2),
+    ),
     # 13 adds bfloat16 (not an IR dtype); 14 adds int8/16/32/64
     _unary("Relu", k_relu, (6, 13, 14), ((6, FLOATS), (14, FLOATS | SIGNED))),
-    _unary("Sigmoid", k_sigmoid, (6, 13), _F, _T + 3, helpers=(_wide, _native_lib, _native_map)),  # exp, abs, add, divide
+    _unary(
+        "Sigmoid", k_sigmoid, (6, 13), _F, _T + 3, helpers=(_wide, _native_lib, _native_map)
+    ),  # exp, abs, add, divide
     _unary("HardSwish", k_hard_swish, (14, 22), ((14, FLOATS),), 4, helpers=(_wide,)),  # mul-add, clamp, multiply
-    _unary("Gelu", k_gelu, (20,), ((20, FLOATS),), _gelu_flops, _gelu_attrs, {"approximate": STR}, helpers=(_erf64, _native_lib, _native_map)),
+    _unary(
+        "Gelu",
+        k_gelu,
+        (20,),
+        ((20, FLOATS),),
+        _gelu_flops,
+        _gelu_attrs,
+        {"approximate": STR},
+        helpers=(_erf64, _native_lib, _native_map),
+    ),
     _unary("Abs", k_abs, (6, 13), ((6, NUMERIC),)),
     _unary("Neg", k_neg, (6, 13), ((6, FLOATS | SIGNED),)),
     _unary("Reciprocal", k_reciprocal, (6, 13), _F),
@@ -447,15 +500,28 @@ OPS = (
     _unary("Softplus", k_softplus, (1, 22), ((1, FLOATS),), 2 * _T + 1),
     _unary("Softsign", k_softsign, (1, 22), ((1, FLOATS),), 3),
     _unary("Elu", k_elu, (6, 22), _F, _T + 2, _floats(alpha=1.0), {"alpha": FLOAT}),
-    _unary("Selu", k_selu, (6, 22), _F, _T + 3, _floats(alpha=SELU_ALPHA, gamma=SELU_GAMMA),
-           {"alpha": FLOAT, "gamma": FLOAT}),
+    _unary(
+        "Selu",
+        k_selu,
+        (6, 22),
+        _F,
+        _T + 3,
+        _floats(alpha=SELU_ALPHA, gamma=SELU_GAMMA),
+        {"alpha": FLOAT, "gamma": FLOAT},
+    ),
     _unary("Celu", k_celu, (12,), ((12, FLOATS),), _T + 4, _floats(alpha=1.0), {"alpha": FLOAT}),
     _unary("ThresholdedRelu", k_thresholded_relu, (10, 22), ((10, FLOATS),), 1, _floats(alpha=1.0), {"alpha": FLOAT}),
-    _unary("Shrink", k_shrink, (9,), ((9, NUMERIC),), 3, _floats(bias=0.0, lambd=0.5),
-           {"bias": FLOAT, "lambd": FLOAT}),
+    _unary("Shrink", k_shrink, (9,), ((9, NUMERIC),), 3, _floats(bias=0.0, lambd=0.5), {"bias": FLOAT, "lambd": FLOAT}),
     _unary("Mish", k_mish, (18, 22), ((18, FLOATS),), 3 * _T + 2),
     _unary("IsNaN", k_isnan, (9, 13, 20), ((9, FLOATS),), out_dtype="bool"),
-    _unary("IsInf", k_isinf, (10, 20), ((10, FLOATS),), 2, _isinf_attrs,
-           {"detect_negative": INT, "detect_positive": INT}, out_dtype="bool"),
+    _unary(
+        "IsInf",
+        k_isinf,
+        (10, 20),
+        ((10, FLOATS),),
+        2,
+        _isinf_attrs,
+        {"detect_negative": INT, "detect_positive": INT},
+        out_dtype="bool",
+    ),
 )
-

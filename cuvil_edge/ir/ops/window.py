@@ -26,8 +26,19 @@ from cuvil_edge.ir.ops._conv_path import conv_path, im2col_block_rows
 from cuvil_edge.ir.ops._native import _native_epilogue, _native_lib
 from cuvil_edge.ir.ops._packing import _native_conv_gemm
 from cuvil_edge.ir.ops._quant import _q_along, _q_requantize, _q_saturate, quant_dtype, same_pair, scale_dtype
-from cuvil_edge.ir.ops._util import (DEFAULT_CAPABILITIES, INT, STR, WINDOW_ATTRS, choice, ints, need, pool_out,
-                                     same_dtype, spatial_attrs, want_dtype)
+from cuvil_edge.ir.ops._util import (
+    DEFAULT_CAPABILITIES,
+    INT,
+    STR,
+    WINDOW_ATTRS,
+    choice,
+    ints,
+    need,
+    pool_out,
+    same_dtype,
+    spatial_attrs,
+    want_dtype,
+)
 
 #: The interpreter's capability (targets substitute their own in compiled modules).
 TARGET_LARGE_SCRATCH = DEFAULT_CAPABILITIES["TARGET_LARGE_SCRATCH"]
@@ -86,8 +97,13 @@ def _win_taps(x, kernel, strides, pads, dilations, out, fill):
     padded = _win_padded(x, kernel, strides, pads, dilations, out, fill)
     lead = (slice(None),) * (x.ndim - len(kernel))
     for tap in np.ndindex(*kernel):
-        yield tap, padded[lead + tuple(
-            slice(t * d, t * d + (o - 1) * s + 1, s) for t, d, o, s in zip(tap, dilations, out, strides))]
+        yield (
+            tap,
+            padded[
+                lead
+                + tuple(slice(t * d, t * d + (o - 1) * s + 1, s) for t, d, o, s in zip(tap, dilations, out, strides))
+            ],
+        )
 
 
 def _win_view(x, kernel, strides, pads, dilations, out, fill):
@@ -96,9 +112,15 @@ def _win_view(x, kernel, strides, pads, dilations, out, fill):
     padded = _win_padded(x, kernel, strides, pads, dilations, out, fill)
     n, st = len(kernel), padded.strides
     lead = x.ndim - n
-    view = np.ndarray(x.shape[:lead] + tuple(out) + tuple(kernel), padded.dtype, padded, 0,
-                      st[:lead] + tuple(st[lead + i] * strides[i] for i in range(n))
-                      + tuple(st[lead + i] * dilations[i] for i in range(n)))
+    view = np.ndarray(
+        x.shape[:lead] + tuple(out) + tuple(kernel),
+        padded.dtype,
+        padded,
+        0,
+        st[:lead]
+        + tuple(st[lead + i] * strides[i] for i in range(n))
+        + tuple(st[lead + i] * dilations[i] for i in range(n)),
+    )
     view.flags.writeable = False
     return view
 
@@ -126,8 +148,17 @@ def k_conv(x, w, b=None, *, strides, pads, dilations, auto_pad, group, activatio
     if TARGET_NATIVE:
         lib = _native_lib() if x.dtype == np.float32 and k == 2 else None
         native = lib is not None
-    path = conv_path(k, c, m, group, max(kernel, default=1) == 1, any(pd), native, TARGET_LARGE_SCRATCH,
-                     w.size // max(m, 1) * p * xt.itemsize)
+    path = conv_path(
+        k,
+        c,
+        m,
+        group,
+        max(kernel, default=1) == 1,
+        any(pd),
+        native,
+        TARGET_LARGE_SCRATCH,
+        w.size // max(m, 1) * p * xt.itemsize,
+    )
     if TARGET_NATIVE:
         clamp = activation == "relu" or activation == "relu6"
         lo, hi = 0.0 if clamp else -np.inf, 6.0 if activation == "relu6" else np.inf
@@ -136,11 +167,33 @@ def k_conv(x, w, b=None, *, strides, pads, dilations, auto_pad, group, activatio
             y = np.empty((n, m) + out, dtype=np.float32)
             xc, wc = np.ascontiguousarray(x), np.ascontiguousarray(w)
             bc = None if b is None else np.ascontiguousarray(b, dtype=np.float32)
-            if lib.cuvil_depthwise_conv2d_f32(
-                    xc.ctypes.data, wc.ctypes.data, None if bc is None else bc.ctypes.data, y.ctypes.data, n, c,
-                    x.shape[2], x.shape[3], kernel[0], kernel[1], st[0], st[1], di[0], di[1], pd[0], pd[1], out[0],
-                    out[1], (out[0] - 1) * st[0] + di[0] * (kernel[0] - 1) + 1,
-                    (out[1] - 1) * st[1] + di[1] * (kernel[1] - 1) + 1, lo, hi) != 0:
+            if (
+                lib.cuvil_depthwise_conv2d_f32(
+                    xc.ctypes.data,
+                    wc.ctypes.data,
+                    None if bc is None else bc.ctypes.data,
+                    y.ctypes.data,
+                    n,
+                    c,
+                    x.shape[2],
+                    x.shape[3],
+                    kernel[0],
+                    kernel[1],
+                    st[0],
+                    st[1],
+                    di[0],
+                    di[1],
+                    pd[0],
+                    pd[1],
+                    out[0],
+                    out[1],
+                    (out[0] - 1) * st[0] + di[0] * (kernel[0] - 1) + 1,
+                    (out[1] - 1) * st[1] + di[1] * (kernel[1] - 1) + 1,
+                    lo,
+                    hi,
+                )
+                != 0
+            ):
                 raise MemoryError("the native depthwise convolution could not allocate its padded plane")
         if path == "native gemm":
             # dense 2-D in C: a register-tiled GEMM over the im2col'd input, bias and Relu/Clip(0, 6) in its store
@@ -172,9 +225,11 @@ def k_conv(x, w, b=None, *, strides, pads, dilations, auto_pad, group, activatio
             y = np.empty((n, m, p), dtype=t)
             for i in range(n):
                 for top in range(0, out[0], rows):
-                    used = block[:, :, :, :min(rows, out[0] - top)]
-                    np.copyto(used, win[i, :, top:top + rows].transpose(0, 3, 4, 1, 2))
-                    np.matmul(wm, used.reshape(w.size // m, -1), out=y[i, :, top * out[1]:top * out[1] + used[0, 0, 0].size])
+                    used = block[:, :, :, : min(rows, out[0] - top)]
+                    np.copyto(used, win[i, :, top : top + rows].transpose(0, 3, 4, 1, 2))
+                    np.matmul(
+                        wm, used.reshape(w.size // m, -1), out=y[i, :, top * out[1] : top * out[1] + used[0, 0, 0].size]
+                    )
         else:
             # im2col: the windows copied once, as (n, group, C/G * taps, out), then one batched matmul
             order = (0, 1) + tuple(range(2 + k, 2 + 2 * k)) + tuple(range(2, 2 + k))
@@ -228,8 +283,9 @@ def k_conv_integer(x, w, x_zp=None, w_zp=None, *, strides, pads, dilations, auto
     return k_conv(xi, wi, None, strides=strides, pads=pads, dilations=dilations, auto_pad=auto_pad, group=group)
 
 
-def k_q_linear_conv(x, x_scale, x_zp, w, w_scale, w_zp, y_scale, y_zp, bias=None, *, strides, pads, dilations,
-                    auto_pad, group):
+def k_q_linear_conv(
+    x, x_scale, x_zp, w, w_scale, w_zp, y_scale, y_zp, bias=None, *, strides, pads, dilations, auto_pad, group
+):
     """ConvInteger (+ int32 bias), requantized with the per-output-channel multiplier
     x_scale * w_scale / y_scale (float32), rint, plus y's zero point, saturated."""
     w_scale_c = w_scale.astype(np.float32)
@@ -242,8 +298,9 @@ def k_q_linear_conv(x, x_scale, x_zp, w, w_scale, w_zp, y_scale, y_zp, bias=None
             y = i8.conv(x, x_zp, w, w_zp, bias, multiplier, y_zp, y_zp.dtype, st, pd, di, out, group)
             if y is not None:
                 return y
-    acc = k_conv_integer(x, w, x_zp, w_zp, strides=strides, pads=pads, dilations=dilations, auto_pad=auto_pad,
-                         group=group)
+    acc = k_conv_integer(
+        x, w, x_zp, w_zp, strides=strides, pads=pads, dilations=dilations, auto_pad=auto_pad, group=group
+    )
     if bias is not None:
         acc = acc + bias.reshape((1, -1) + (1,) * (acc.ndim - 2))
     return _q_requantize(acc, _q_along(multiplier, acc.ndim, 1), y_zp.reshape(()), y_zp.dtype)
@@ -271,8 +328,11 @@ def _window_attrs(node, rank: int | None) -> dict:
 
 def _conv_attrs(node) -> dict:
     rank = len(ints(node, "kernel_shape")) or None
-    return {**_window_attrs(node, rank), "group": int(node.attr("group", 1)),
-            "activation": _activation.activation(node)}
+    return {
+        **_window_attrs(node, rank),
+        "group": int(node.attr("group", 1)),
+        "activation": _activation.activation(node),
+    }
 
 
 def _quant_conv_attrs(node) -> dict:
@@ -286,13 +346,17 @@ def _conv_geometry(node, x_shape, w_shape):
     group = node.attr("group", 1)
     kernel = list(w_shape[2:])
     if len(x_shape) < 3 or len(w_shape) != len(x_shape):
-        raise ShapeInferenceError(f"{node.describe()} needs X (N, C, *spatial) and W of the same rank, got {x_shape} and {w_shape}")
+        raise ShapeInferenceError(
+            f"{node.describe()} needs X (N, C, *spatial) and W of the same rank, got {x_shape} and {w_shape}"
+        )
     if not all(isinstance(d, int) for d in [x_shape[1], *w_shape]):
         raise ShapeInferenceError(f"{node.describe()} needs static channels and weights, got X {x_shape}, W {w_shape}")
     if group < 1 or x_shape[1] != w_shape[1] * group or w_shape[0] % group:
         raise ShapeInferenceError(f"{node.describe()}: X channels {x_shape[1]}, W {w_shape} do not fit group={group}")
     if ints(node, "kernel_shape") not in ([], kernel):
-        raise ShapeInferenceError(f"{node.describe()}: kernel_shape {ints(node, 'kernel_shape')} differs from W {w_shape}")
+        raise ShapeInferenceError(
+            f"{node.describe()}: kernel_shape {ints(node, 'kernel_shape')} differs from W {w_shape}"
+        )
     strides, pads, dilations = spatial_attrs(node, x_shape[2:], kernel)
     k = len(kernel)
     return [pool_out(node, x_shape[2 + i], kernel[i], strides[i], pads[i], pads[i + k], dilations[i]) for i in range(k)]
@@ -346,8 +410,9 @@ def _infer_q_linear_conv(node, inputs):
     m = w.shape[0]
     _check_zero_points(node, x_zp, w_zp, m)
     if x_scale.numel() != 1 or y_scale.numel() != 1 or y_zp.numel() != 1 or w_scale.numel() not in (1, m):
-        raise ShapeInferenceError(f"{node.describe()}: x/y scales and y_zero_point must be scalars and w_scale "
-                                  f"a scalar or have {m} elements")
+        raise ShapeInferenceError(
+            f"{node.describe()}: x/y scales and y_zero_point must be scalars and w_scale a scalar or have {m} elements"
+        )
     if bias is not None and (bias.dtype != "int32" or bias.shape != (m,)):
         raise ShapeInferenceError(f"{node.describe()}: B must be int32 of shape ({m},), got {bias}")
     return [TensorType(y_zp.dtype, (x.shape[0], m, *out))]
@@ -378,13 +443,47 @@ _CONV_HELPERS = _WINDOW + _activation.HELPERS + (_native_epilogue, conv_path, im
 _QUANT_CONV_HELPERS = _CONV_HELPERS + (k_conv, _q_along, _q_saturate, _q_requantize, _i8_ops, _i8_geometry)
 
 OPS = (
-    OpDef("Conv", (1, 11, 22), _infer_conv, k_conv, _conv_flops, _conv_attrs, _CONV_HELPERS,
-          {**WINDOW_ATTRS, "group": INT}, macs=_conv_macs),
+    OpDef(
+        "Conv",
+        (1, 11, 22),
+        _infer_conv,
+        k_conv,
+        _conv_flops,
+        _conv_attrs,
+        _CONV_HELPERS,
+        {**WINDOW_ATTRS, "group": INT},
+        macs=_conv_macs,
+    ),
     # internal (never in an imported model): Conv + activation, made by passes/fuse_activation.py
-    OpDef("CuvilFusedConv", (1,), _infer_conv, k_conv, _conv_flops, _conv_attrs, _CONV_HELPERS,
-          {**WINDOW_ATTRS, "group": INT, "activation": STR}, macs=_conv_macs),
-    OpDef("ConvInteger", (10,), _infer_conv_integer, k_conv_integer, _conv_integer_flops, _quant_conv_attrs,
-          _QUANT_CONV_HELPERS, {**WINDOW_ATTRS, "group": INT}),
-    OpDef("QLinearConv", (10,), _infer_q_linear_conv, k_q_linear_conv, _q_linear_conv_flops, _quant_conv_attrs,
-          _QUANT_CONV_HELPERS + (k_conv_integer,), {**WINDOW_ATTRS, "group": INT}),
+    OpDef(
+        "CuvilFusedConv",
+        (1,),
+        _infer_conv,
+        k_conv,
+        _conv_flops,
+        _conv_attrs,
+        _CONV_HELPERS,
+        {**WINDOW_ATTRS, "group": INT, "activation": STR},
+        macs=_conv_macs,
+    ),
+    OpDef(
+        "ConvInteger",
+        (10,),
+        _infer_conv_integer,
+        k_conv_integer,
+        _conv_integer_flops,
+        _quant_conv_attrs,
+        _QUANT_CONV_HELPERS,
+        {**WINDOW_ATTRS, "group": INT},
+    ),
+    OpDef(
+        "QLinearConv",
+        (10,),
+        _infer_q_linear_conv,
+        k_q_linear_conv,
+        _q_linear_conv_flops,
+        _quant_conv_attrs,
+        _QUANT_CONV_HELPERS + (k_conv_integer,),
+        {**WINDOW_ATTRS, "group": INT},
+    ),
 )
