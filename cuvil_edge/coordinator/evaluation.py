@@ -85,12 +85,6 @@ class PooledAccuracy:
         }
 
 
-def discrete_laplace_variance(scale: float) -> float:
-    """Variance of the discrete Laplace with P(k) ∝ exp(-|k| / scale)."""
-    r = math.exp(-1.0 / scale)
-    return 2.0 * r / (1.0 - r) ** 2
-
-
 def clip01(value: float) -> float:
     return min(1.0, max(0.0, value))
 

@@ -177,8 +177,3 @@ def plan_federation(
         else p
         for p in plans
     ]
-
-
-def format_plans(plans: Sequence[SitePlan]) -> list[str]:
-    """One line per site: the choice and why (the table is the CLI's)."""
-    return [f"{p.site} ({p.target}): {p.chosen.precision if p.chosen else 'NOT PUSHED'} — {p.reason}" for p in plans]

@@ -37,10 +37,6 @@ class SiteDirectory:
         """The site ``node_id`` is, or None for a node that is no enrolled site (it gets nothing)."""
         return self._sites.get(node_id)
 
-    def node_of(self, site: str) -> int | None:
-        """The node bound to ``site`` now, if any."""
-        return next((nid for nid, s in self._sites.items() if s == site), None)
-
     def bindings(self) -> dict[int, str]:
         """A copy of node id -> site (what the run knows so far)."""
         return dict(self._sites)

@@ -99,16 +99,6 @@ def topological_order(nodes: Sequence[Node], available: set[str]) -> list[Node]:
     return order
 
 
-def const_inputs(
-    module, node: Node, values: Mapping[str, np.ndarray], in_types: Sequence[TensorType | None] = ()
-) -> dict[str, dict[int, np.ndarray]]:
-    """Keyword arguments for ``module.infer``: ``{"consts": {index: value}}`` for the
-    input indices the op lists in ``CONST_INPUTS`` whose values are known (initializers,
-    folded constants, symbolic shape vectors as object arrays); ``{}`` when the op lists
-    none (its ``infer`` then takes no ``consts`` keyword)."""
-    return shape_values.consts_for(module, node, values, in_types)
-
-
 #: Exceptions that an op's inference raises only by mistake, on input it failed to validate.
 #: :func:`_infer_nodes` turns them into a ShapeInferenceError naming the node: a last-resort
 #: net, so that a caller always gets a ModelError; each one caught is a bug to fix in the op.

@@ -161,14 +161,3 @@ def load_seal_private(path: Path) -> X25519PrivateKey:
     if not isinstance(key, X25519PrivateKey):
         raise KeyFileError(f"{path} holds a {type(key).__name__}, not an X25519 private key")
     return key
-
-
-def load_seal_public(path: Path) -> X25519PublicKey:
-    """Raises: KeyFileError: missing, unreadable or not 64 hex digits."""
-    try:
-        text = Path(path).read_bytes()[:1024].decode("ascii", errors="replace").strip()
-    except OSError as e:
-        raise KeyFileError(f"cannot read {path}: {e}") from e
-    if len(text) != 64 or any(c not in "0123456789abcdefABCDEF" for c in text):
-        raise KeyFileError(f"{path} must hold one line of 64 hex digits (a raw X25519 public key)")
-    return X25519PublicKey.from_public_bytes(bytes.fromhex(text))

@@ -1,4 +1,5 @@
-"""Ed25519 signing of manifests over DSSE PAE (PACKAGE_SPEC §4) and key files (§10)."""
+"""Ed25519 keys: DSSE PAE, the bytes every signature covers (PACKAGE_SPEC §4; signing and checking are
+:mod:`cuvil_edge.ir_serialize.dsse`), key ids and key files (§10)."""
 
 from __future__ import annotations
 
@@ -8,17 +9,15 @@ import os
 from pathlib import Path
 from typing import Union
 
-from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from cuvil_edge.errors import KeyFileError, SignatureError
 from cuvil_edge.atomic import atomic_write
+from cuvil_edge.errors import KeyFileError
 
 log = logging.getLogger(__name__)
 
 PathLike = Union[str, os.PathLike]
-MANIFEST_PAYLOAD_TYPE = "application/vnd.cuvil.manifest+json"
 SIGNATURE_BYTES = 64
 MAX_KEY_FILE_BYTES = 16 * 1024
 
@@ -27,29 +26,6 @@ def pae(payload_type: str, body: bytes) -> bytes:
     """DSSE v1 pre-authentication encoding: ``"DSSEv1" SP len(type) SP type SP len(body) SP body``."""
     t = payload_type.encode("utf-8")
     return b"DSSEv1 %d %s %d %s" % (len(t), t, len(body), bytes(body))
-
-
-def sign_manifest(manifest_bytes: bytes, key: Ed25519PrivateKey) -> bytes:
-    """The 64-byte Ed25519 signature over PAE(MANIFEST_PAYLOAD_TYPE, manifest_bytes)."""
-    return key.sign(pae(MANIFEST_PAYLOAD_TYPE, manifest_bytes))
-
-
-def verify_manifest_signature(manifest_bytes: bytes, signature: bytes, public_key: Ed25519PublicKey) -> None:
-    """Check ``signature`` over the exact manifest bytes.
-
-    Raises:
-        SignatureError: the signature does not verify against ``public_key``.
-        TypeError: ``public_key`` is not an Ed25519 public key (a caller bug).
-    """
-    if not isinstance(public_key, Ed25519PublicKey):
-        raise TypeError(f"public_key must be an Ed25519PublicKey, got {type(public_key).__name__}")
-    try:
-        public_key.verify(bytes(signature), pae(MANIFEST_PAYLOAD_TYPE, manifest_bytes))
-    except InvalidSignature as e:
-        raise SignatureError(
-            f"the manifest signature does not verify against the pinned coordinator key {key_id(public_key)[:16]}...; "
-            "the package was tampered with or signed by another key"
-        ) from e
 
 
 def key_id(public_key: Ed25519PublicKey) -> str:

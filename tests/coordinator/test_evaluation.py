@@ -4,6 +4,7 @@ is comparable to the totals."""
 
 from __future__ import annotations
 
+import math
 import random
 from fractions import Fraction
 
@@ -11,8 +12,7 @@ import numpy as np
 import pytest
 from scipy.stats import beta
 
-from cuvil_edge.coordinator.evaluation import (MAX_INFORMATIVE_WIDTH, SiteCounts, discrete_laplace_variance,
-                                               noise_cdf, pool)
+from cuvil_edge.coordinator.evaluation import MAX_INFORMATIVE_WIDTH, SiteCounts, noise_cdf, pool
 from cuvil_edge.coordinator.report import format_round
 from cuvil_edge.privacy import samplers
 
@@ -36,6 +36,12 @@ def test_estimate_and_interval_stay_in_unit_interval(counts):
 def test_no_estimate_without_a_positive_noisy_total():
     assert pool([SiteCounts(3, -5, 2.0), SiteCounts(0, 2, 2.0)]) is None
     assert pool([]) is None
+
+
+def discrete_laplace_variance(scale: float) -> float:
+    """Closed form: the variance of the discrete Laplace with P(k) ∝ exp(-|k| / scale)."""
+    r = math.exp(-1.0 / scale)
+    return 2.0 * r / (1.0 - r) ** 2
 
 
 def test_discrete_laplace_variance_matches_the_sampler():

@@ -75,7 +75,7 @@ def test_known_nodes_never_touch_the_grid():
     directory = SiteDirectory(ENROLLED)
     assert directory.bind(7, "fleet-c")
     directory.resolve(None, [7])  # would fail on any grid call
-    assert directory.site_of(7) == "fleet-c" and directory.node_of("fleet-c") == 7
+    assert directory.site_of(7) == "fleet-c" and directory.bindings() == {7: "fleet-c"}
 
 
 def test_two_live_nodes_claiming_one_site_get_one_binding(caplog):

@@ -8,6 +8,7 @@ import os
 import stat
 
 import pytest
+from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
@@ -26,12 +27,9 @@ from cuvil_edge.ir_serialize import (
     save_private_key,
     save_public_key,
 )
-from cuvil_edge.ir_serialize.manifest import Region, ReleaseStatement, Sealed
-from cuvil_edge.ir_serialize.signing import (
-    pae,
-    sign_manifest,
-    verify_manifest_signature,
-)
+from cuvil_edge.ir_serialize.dsse import sign_envelope
+from cuvil_edge.ir_serialize.manifest import MANIFEST_TYPE, Region, ReleaseStatement, Sealed
+from cuvil_edge.ir_serialize.signing import pae
 
 DIGEST = hashlib.sha256(b"payload").hexdigest()
 
@@ -92,9 +90,10 @@ def test_pae_matches_dsse_spec_example():
 def test_signature_covers_payload_type_and_exact_bytes():
     private, public = generate_keypair()
     body = _manifest().to_bytes()
-    sig = sign_manifest(body, private)
-    verify_manifest_signature(body, sig, public)
-    assert public.verify(sig, pae("application/vnd.cuvil.manifest+json", body)) is None
+    [(_, sig)] = sign_envelope(MANIFEST_TYPE, body, [private]).signatures
+    assert public.verify(sig, pae(MANIFEST_TYPE, body)) is None
+    with pytest.raises(InvalidSignature):  # the same bytes under another payload type
+        public.verify(sig, pae(MANIFEST_TYPE + "x", body))
 
 
 # --- key files -----------------------------------------------------------------------

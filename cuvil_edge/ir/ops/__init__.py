@@ -16,7 +16,7 @@ against the spec). The oldest is the floor: a model below it is refused (:func:`
 :func:`cuvil_edge.ir.infer.build_graph` checks the kinds (``_util.check_attrs``) before ``infer``,
 so ``int(node.attr(...))`` never meets a list or a string. ``CONST_INPUTS`` lists inputs whose
 *values* ``infer`` needs (Reshape's shape): ``infer(node, inputs, consts={index: array})``, see
-:func:`cuvil_edge.ir.infer.const_inputs`.
+:func:`cuvil_edge.ir.shape_values.consts_for`.
 
 docs/OPS.md is this registry rendered (:mod:`cuvil_edge.ir.op_catalog`): a new op, or a change to
 an op's ``VERSIONS``, ``ATTRS`` or ``CONST_INPUTS``, means running ``cuvil-edge ops --write
