@@ -17,10 +17,9 @@ from flwr.clientapp import ClientApp
 from flwr.clientapp.mod import fixedclipping_mod
 
 from cuvil_edge.agent.runtime import AgentRuntime
-from cuvil_edge.config import load_federation, load_site
+from cuvil_edge.config import load_federation, load_site, round_protocol as rp
 from cuvil_edge.config.federation import DatasetSection
 from cuvil_edge.config.home import site_state_dir
-from cuvil_edge.config import round_protocol as rp
 from cuvil_edge.config.round_protocol import Failure, Failures
 from cuvil_edge.config.run_spec import RUN_CONFIG_KEY, RunSpec
 from cuvil_edge.config.site import SiteConfig
@@ -28,7 +27,6 @@ from cuvil_edge.datasets import digits
 from cuvil_edge.datasets.records import Records
 from cuvil_edge.datasets.site_files import load_site_data, model_io
 from cuvil_edge.datasets.split import load_split_key, split_records
-from cuvil_edge.ir.graph import Graph
 from cuvil_edge.errors import (
     BudgetExhaustedError,
     ConfigError,
@@ -42,6 +40,7 @@ from cuvil_edge.errors import (
     ReplayError,
     WrongSiteError,
 )
+from cuvil_edge.ir.graph import Graph
 
 log = logging.getLogger(__name__)
 

@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import Callable
 
 from cuvil_edge.agent.enroll import CA_FILE, NODE_KEY
+from cuvil_edge.config.flower_env import flower_tool, flwr_env
 from cuvil_edge.config.home import site_state_dir
 from cuvil_edge.config.site import SiteConfig
-from cuvil_edge.config.flower_env import flower_tool, flwr_env
 from cuvil_edge.errors import ConfigError
 
 log = logging.getLogger(__name__)

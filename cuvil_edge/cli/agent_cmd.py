@@ -175,7 +175,6 @@ def run_cmd(
     """Run this site's SuperNode (restarted with back-off while the coordinator is away)."""
     import signal
     import sys
-
     from functools import partial
 
     from cuvil_edge.agent.daemon import gate_command, run_forever, supernode_command

@@ -393,10 +393,10 @@ def _mount_subcommands() -> None:
     from cuvil_edge.cli.agent_cmd import agent_app
     from cuvil_edge.cli.agent_keys_cmd import agent_keys_app
     from cuvil_edge.cli.calibrate_cmd import calibrate_cmd
-    from cuvil_edge.cli.plan_cmd import plan_cmd
-    from cuvil_edge.cli.ops_cmd import ops_cmd
     from cuvil_edge.cli.coordinator_cmd import coordinator_app
     from cuvil_edge.cli.keys_cmd import keys_app
+    from cuvil_edge.cli.ops_cmd import ops_cmd
+    from cuvil_edge.cli.plan_cmd import plan_cmd
     from cuvil_edge.cli.privacy_cmd import privacy_app
     from cuvil_edge.cli.runs_cmd import runs_cmd, stop_cmd
 

@@ -44,7 +44,6 @@ import numpy as np
 from cuvil_edge.atomic import atomic_write
 from cuvil_edge.config.federation import load_federation
 from cuvil_edge.config.run_spec import RunSpec
-from cuvil_edge.private_dir import KEY_BYTES, load_or_create_key
 from cuvil_edge.errors import (
     CheckpointAuthenticationError,
     CheckpointError,
@@ -52,6 +51,7 @@ from cuvil_edge.errors import (
     NonFiniteCheckpointError,
     StateError,
 )
+from cuvil_edge.private_dir import KEY_BYTES, load_or_create_key
 
 _NAME = re.compile(r"^round-(\d{5})\.npz$")
 #: The array holding the central-DP accountant's state (UTF-8 JSON); no weight may use this name.

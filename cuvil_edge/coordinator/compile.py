@@ -8,7 +8,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
+from cuvil_edge.atomic import atomic_write
 from cuvil_edge.config import load_site
+from cuvil_edge.coordinator.keys import load_signing_keys
 from cuvil_edge.coordinator.packaging import VersionCounter
 from cuvil_edge.coordinator.precision import load_calibration, with_precision
 from cuvil_edge.device_targets import list_targets, load_target
@@ -18,8 +20,6 @@ from cuvil_edge.frontend import load_model
 from cuvil_edge.ir.cost import node_flops, total_flops, total_macs
 from cuvil_edge.ir.graph import Graph
 from cuvil_edge.ir.infer import with_sizes
-from cuvil_edge.passes import OptimizeReport, optimize
-from cuvil_edge.coordinator.keys import load_signing_keys
 from cuvil_edge.ir_serialize import (
     describe_package,
     encode_payload,
@@ -28,7 +28,7 @@ from cuvil_edge.ir_serialize import (
     sign_release,
     write_package,
 )
-from cuvil_edge.atomic import atomic_write
+from cuvil_edge.passes import OptimizeReport, optimize
 
 #: `inspect` reads files up to this size (the agent applies its own, configured limit).
 INSPECT_MAX_BYTES = 4 * 1024**3

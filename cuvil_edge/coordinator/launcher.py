@@ -17,13 +17,13 @@ from pathlib import Path
 from typing import Iterator
 
 from cuvil_edge.config import load_federation
-from cuvil_edge.config.run_spec import RUN_CONFIG_KEY, RunSpec
+from cuvil_edge.config.flower_env import flower_tool, flwr_env
 from cuvil_edge.config.home import DEFAULT_HOME, keys_dir
+from cuvil_edge.config.run_spec import RUN_CONFIG_KEY, RunSpec
 from cuvil_edge.coordinator.checkpoints import resumed
 from cuvil_edge.coordinator.keys import current_root, init_keys
 from cuvil_edge.coordinator.report import STOPPED_CENTRAL_BUDGET
-from cuvil_edge.config.flower_env import flower_tool, flwr_env
-from cuvil_edge.coordinator.superlink import free_port, flwr_run, wait_healthy
+from cuvil_edge.coordinator.superlink import flwr_run, free_port, wait_healthy
 from cuvil_edge.errors import CuvilError
 
 #: Ray settings for quiet runs without accelerators (a caller's own values win).

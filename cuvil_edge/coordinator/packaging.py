@@ -20,12 +20,12 @@ import numpy as np
 from cuvil_edge.atomic import atomic_write
 from cuvil_edge.config.site import SiteConfig
 from cuvil_edge.coordinator.keys import SigningKeys
-from cuvil_edge.errors import KeyFileError, PlanError, StateError
 from cuvil_edge.coordinator.precision import PRECISIONS, with_precision
-from cuvil_edge.passes.quantize import dequantize_at_load
+from cuvil_edge.errors import KeyFileError, PlanError, StateError
 from cuvil_edge.ir.graph import Graph
 from cuvil_edge.ir.infer import with_initializers
 from cuvil_edge.ir_serialize import SignedRelease, encode_payload, sign_release, write_package
+from cuvil_edge.passes.quantize import dequantize_at_load
 
 
 @dataclass(frozen=True)

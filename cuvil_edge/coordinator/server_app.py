@@ -11,25 +11,24 @@ from flwr.serverapp import Grid, ServerApp
 from threadpoolctl import threadpool_limits
 
 from cuvil_edge.config import load_federation
-from cuvil_edge.config.run_spec import RUN_CONFIG_KEY, RunSpec
-from cuvil_edge.coordinator.model import load_federation_model
+from cuvil_edge.config.federation import FederationConfig
 from cuvil_edge.config.home import versions_file
-from cuvil_edge.errors import CuvilError, StateError
+from cuvil_edge.config.run_spec import RUN_CONFIG_KEY, RunSpec
 from cuvil_edge.coordinator.checkpoints import latest_checkpoint, resumed
+from cuvil_edge.coordinator.keys import load_signing_keys
+from cuvil_edge.coordinator.model import load_federation_model
 from cuvil_edge.coordinator.packaging import PackageFactory, VersionCounter
-from cuvil_edge.coordinator.precision import federation_calibration
 from cuvil_edge.coordinator.plan import default_latency, plan_federation, precision_variants
+from cuvil_edge.coordinator.precision import federation_calibration
 from cuvil_edge.coordinator.registry import SiteRegistry
+from cuvil_edge.coordinator.report import STOPPED_CENTRAL_BUDGET, RunReport, log as log_report, show_round_table
 from cuvil_edge.coordinator.round_recorder import Checkpointing
 from cuvil_edge.coordinator.server_optimiser import restore_optimiser
-from cuvil_edge.coordinator.report import STOPPED_CENTRAL_BUDGET, RunReport, show_round_table
-from cuvil_edge.coordinator.report import log as log_report
-from cuvil_edge.config.federation import FederationConfig
 from cuvil_edge.coordinator.strategy import CentralDpFixedClipping, SitePackages, arrays_to_numpy, flower_strategy
 from cuvil_edge.datasets import digits
 from cuvil_edge.datasets.site_files import load_records
+from cuvil_edge.errors import CuvilError, StateError
 from cuvil_edge.ir import interpreter
-from cuvil_edge.coordinator.keys import load_signing_keys
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,6 @@ from pathlib import Path
 
 from cuvil_edge.coordinator.registry import SiteRegistry
 
-
 #: `cuvil-edge status`'s exit code when the home's SuperLink does not answer (the report is still
 #: printed); a home where none was ever started exits 0.
 SUPERLINK_DOWN_EXIT = 1

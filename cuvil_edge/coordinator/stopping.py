@@ -5,7 +5,6 @@ from __future__ import annotations
 import subprocess
 import time
 
-
 #: Seconds each of the coordinator's processes gets to stop before it is killed: `serve` stops
 #: within about twice this.
 STOP_GRACE = 3.0

@@ -18,8 +18,8 @@ from pathlib import Path
 import numpy as np
 
 from cuvil_edge.atomic import atomic_write
-from cuvil_edge.errors import ConfigError
 from cuvil_edge.datasets.records import Records
+from cuvil_edge.errors import ConfigError
 from cuvil_edge.extras import require
 
 

@@ -52,12 +52,12 @@ import numpy as np
 
 from cuvil_edge import private_dir
 from cuvil_edge.atomic import atomic_write
-from cuvil_edge.errors import BuildError, CuvilError, ExecutionError
-from cuvil_edge.ir.graph import Graph
-from cuvil_edge.ir.interpreter import bind_inputs
 from cuvil_edge.device_targets import codegen
 from cuvil_edge.device_targets.prune import prune
 from cuvil_edge.device_targets.spec import TargetSpec, resolve
+from cuvil_edge.errors import BuildError, CuvilError, ExecutionError
+from cuvil_edge.ir.graph import Graph
+from cuvil_edge.ir.interpreter import bind_inputs
 
 logger = logging.getLogger(__name__)
 

@@ -28,8 +28,8 @@ from cuvil_edge.errors import (
     DeclaredLengthError,
     KeyFileError,
     SealingError,
-    TruncatedPackageError,
     TrailingDataError,
+    TruncatedPackageError,
     UnsupportedFormatError,
     WrongSealKeyError,
 )

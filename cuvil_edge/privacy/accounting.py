@@ -236,8 +236,7 @@ def event_pld(event: Event, interval: float = PLD_VALUE_INTERVAL) -> Any:
     * ``PureDp``: the worst case of every ε-DP mechanism (randomized response's pair: loss ±ε,
       ``from_privacy_parameters(ε, 0)``), so it holds for a discrete Laplace at any sensitivity.
     """
-    from dp_accounting.pld import common
-    from dp_accounting.pld import privacy_loss_distribution as pld
+    from dp_accounting.pld import common, privacy_loss_distribution as pld
 
     if isinstance(event, DpSgd):
         one = pld.from_gaussian_mechanism(

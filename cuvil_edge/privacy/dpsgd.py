@@ -19,11 +19,11 @@ import json
 import logging
 import math
 import secrets
-from functools import lru_cache
-from pathlib import Path
 import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator
 
 import numpy as np

@@ -23,8 +23,8 @@ from __future__ import annotations
 import builtins
 import inspect
 import textwrap
-from functools import lru_cache
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any, Callable, Mapping, Sequence
 
 from cuvil_edge.ir.graph import Node, TensorType

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from cuvil_edge.errors import ShapeInferenceError
-from cuvil_edge.ir.ops._contract import OpDef, per_element
+from cuvil_edge.ir.ops._contract import OpDef
 from cuvil_edge.ir.ops._elementwise import ALL, want
 from cuvil_edge.ir.ops._util import INT, STR, axis_index, choice, need
 

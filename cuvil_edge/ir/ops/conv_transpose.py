@@ -5,11 +5,11 @@ pads more at the end, otherwise at the start)."""
 
 from __future__ import annotations
 
+import numpy as np
+
 from cuvil_edge.errors import ShapeInferenceError, UnsupportedAttributeError
 from cuvil_edge.ir import dtypes
 from cuvil_edge.ir.graph import MAX_DIM, MAX_ELEMENTS, TensorType
-import numpy as np
-
 from cuvil_edge.ir.ops._contract import OpDef
 from cuvil_edge.ir.ops._util import (
     DEFAULT_CAPABILITIES,

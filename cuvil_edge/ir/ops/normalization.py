@@ -23,8 +23,8 @@ from cuvil_edge.errors import ShapeInferenceError, UnsupportedAttributeError
 from cuvil_edge.ir import dtypes
 from cuvil_edge.ir.graph import TensorType
 from cuvil_edge.ir.ops._contract import OpDef
-from cuvil_edge.ir.ops._native import _native_lib
 from cuvil_edge.ir.ops._elementwise import FLOATS, TRANSCENDENTAL, want
+from cuvil_edge.ir.ops._native import _native_lib
 from cuvil_edge.ir.ops._util import (
     DEFAULT_CAPABILITIES,
     FLOAT,

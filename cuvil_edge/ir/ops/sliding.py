@@ -15,7 +15,7 @@ from cuvil_edge.ir.graph import TensorType
 from cuvil_edge.ir.ops._contract import OpDef
 from cuvil_edge.ir.ops._elementwise import ALL, FLOATS, TRANSCENDENTAL, want
 from cuvil_edge.ir.ops._shape import vector
-from cuvil_edge.ir.ops._util import INT, INTS, STR, WINDOW_ATTRS, ints, need, pool_out, spatial_attrs, text
+from cuvil_edge.ir.ops._util import INT, INTS, WINDOW_ATTRS, ints, need, pool_out, spatial_attrs, text
 
 
 def _lp_geometry(spatial, kernel, strides, pads, dilations, auto_pad, ceil_mode):
