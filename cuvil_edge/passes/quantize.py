@@ -28,8 +28,8 @@ fp32 - int8 output per channel on the samples; neither was better on ResNet-18.
 ``keep_float`` leaves named ops in fp32 (a first conv on raw pixels: tiny, and no rounding helps it).
 Measured (bench/results/quantization.md): on a random-weight ResNet-18, min-max RTN agrees with fp32 on
 94.1 % of top-1s, MSE ranges + GPTQ with the stem conv in fp32 on 98.05 % of 256 inputs and 97.75 % of
-1,024 (the issue asks 99 %; per-tensor int8 activations alone, fp32 weights, leave an output error that
-is about 85 % of the total, so no weight rounding reaches it on this network's near-tied top-2s).
+1,024, short of 99 %: per-tensor int8 activations alone, fp32 weights, leave an output error that is
+about 85 % of the total, so no weight rounding reaches 99 % on this network's near-tied top-2s.
 """
 
 from __future__ import annotations
