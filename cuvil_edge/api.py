@@ -20,10 +20,11 @@ import hashlib
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator, Mapping, Optional, Union
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -39,14 +40,14 @@ if TYPE_CHECKING:
 
 #: What :func:`compile` and :func:`plan` accept as a model: a path, serialized ONNX, or an
 #: ``onnx.ModelProto`` (typed loosely so that this module never imports onnx at import time).
-ModelSource = Union[str, os.PathLike, bytes, bytearray, memoryview, Any]
+ModelSource = str | os.PathLike | bytes | bytearray | memoryview | Any
 #: Calibration samples for int8: an ``.npz`` path, one array (a single-input model) or one array per
 #: input name, samples along the first axis.
-Calibration = Union[str, os.PathLike, np.ndarray, Mapping[str, Any]]
+Calibration = str | os.PathLike | np.ndarray | Mapping[str, Any]
 
 PRECISIONS = ("fp32", "fp16", "int8")
 
-_build_cache: Optional[Path] = None
+_build_cache: Path | None = None
 
 
 class Model:
@@ -58,7 +59,7 @@ class Model:
     that says to cast it, as onnxruntime refuses it too.
     """
 
-    def __init__(self, compiled: "CompiledModel", precision: str, note: str) -> None:
+    def __init__(self, compiled: CompiledModel, precision: str, note: str) -> None:
         self._compiled = compiled
         #: the precision the weights were stored at: fp32, fp16 or int8
         self.precision = precision
@@ -66,7 +67,7 @@ class Model:
         self.note = note
 
     @property
-    def graph(self) -> "Graph":
+    def graph(self) -> Graph:
         """The IR graph the module runs (optimized, weights as the device holds them after loading)."""
         return self._compiled.graph
 
@@ -76,7 +77,7 @@ class Model:
         return self._compiled.target.name
 
     @property
-    def spec(self) -> "TargetSpec":
+    def spec(self) -> TargetSpec:
         """The device target's spec (capabilities, memory, cost-model rates)."""
         return self._compiled.target
 
@@ -112,7 +113,7 @@ class Model:
             )
         return self._compiled.run(feeds)
 
-    def __call__(self, *args: Any, **feeds: np.ndarray) -> Union[np.ndarray, dict[str, np.ndarray]]:
+    def __call__(self, *args: Any, **feeds: np.ndarray) -> np.ndarray | dict[str, np.ndarray]:
         """``m(x)``, ``m(name=x)`` or ``m({"name": x})``: one output array, or a dict of them.
 
         Raises:
@@ -136,7 +137,7 @@ class Model:
         outputs = self.run(feeds)
         return next(iter(outputs.values())) if len(outputs) == 1 else outputs
 
-    def memory_plan(self, batch: int = 1) -> "MemoryPlan":
+    def memory_plan(self, batch: int = 1) -> MemoryPlan:
         """The planned peak memory of one run on ``batch`` samples (weights, live activations, the
         kernels' scratch), as `cuvil-edge compile --report` prints it.
 
@@ -155,7 +156,7 @@ class _Payload:
     """What device_targets.build needs: the graph as loaded and the digest of its encoded payload
     (the agent builds a verified package the same way)."""
 
-    graph: "Graph"
+    graph: Graph
     payload_digest: str
 
 
@@ -163,9 +164,9 @@ def compile(
     model: ModelSource,
     target: str = "x86-64",
     precision: str = "fp32",
-    calibration: Optional[Calibration] = None,
+    calibration: Calibration | None = None,
     *,
-    cache_dir: Union[str, os.PathLike, None] = None,
+    cache_dir: str | os.PathLike | None = None,
 ) -> Model:
     """Import and optimize ``model``, store its weights at ``precision``, and build it for ``target``
     here, as a device of that target would build the package: the same module, run on this host.
@@ -206,9 +207,7 @@ def compile(
     return Model(compiled, precision, note)
 
 
-def plan(
-    federation: Union[str, os.PathLike, "FederationConfig"], model: Optional[ModelSource] = None
-) -> list["SitePlan"]:
+def plan(federation: str | os.PathLike | FederationConfig, model: ModelSource | None = None) -> list[SitePlan]:
     """Each site's compile plan, as `cuvil-edge plan` prints it: per precision the package bytes,
     planned peak memory, predicted latency and round time against the site's ``limits``, and the
     precision chosen and why (``chosen`` is None when nothing fits: such a site is sent nothing).
@@ -245,7 +244,7 @@ def _path(value: Any, what: str) -> Path:
     return Path(value)
 
 
-def _import(model: ModelSource) -> "Graph":
+def _import(model: ModelSource) -> Graph:
     """The model as an IR graph.
 
     Raises:
@@ -264,7 +263,7 @@ def _import(model: ModelSource) -> "Graph":
     return load_model(model if not isinstance(model, os.PathLike) else Path(model))
 
 
-def _calibration_batches(calibration: Calibration, graph: "Graph") -> list[dict[str, np.ndarray]]:
+def _calibration_batches(calibration: Calibration, graph: Graph) -> list[dict[str, np.ndarray]]:
     """Calibration samples as feed-dict batches, checked as an ``.npz`` file is (precision.py).
 
     Raises:
@@ -303,17 +302,17 @@ class SiteRound:
 
     site: str
     target: str
-    status: Optional[str]  # "ok", "budget exhausted", "failed", "not pushed"; None in round 0
-    precision: Optional[str]
-    eps_spent: Optional[float]
-    eps_remaining: Optional[float]
+    status: str | None  # "ok", "budget exhausted", "failed", "not pushed"; None in round 0
+    precision: str | None
+    eps_spent: float | None
+    eps_remaining: float | None
     #: the site's noisy correct / noisy total on its evaluation records (discrete Laplace), in [0, 1]
-    local_accuracy: Optional[float]
-    package_bytes: Optional[int]
+    local_accuracy: float | None
+    package_bytes: int | None
     stats: Mapping[str, Any]
 
     @classmethod
-    def from_dict(cls, site: str, stats: Mapping[str, Any]) -> "SiteRound":
+    def from_dict(cls, site: str, stats: Mapping[str, Any]) -> SiteRound:
         """One entry of a round's ``sites`` in metrics.json."""
         return cls(
             site,
@@ -337,13 +336,13 @@ class RoundMetrics:
     global_accuracy: float
     sites: Mapping[str, SiteRound]
     #: the sites' pooled accuracy from their noisy counts with its 95 % interval (None: no estimate)
-    pooled_accuracy: Optional[Mapping[str, Any]]
+    pooled_accuracy: Mapping[str, Any] | None
     #: central DP's accounting (None without central DP)
-    central_dp: Optional[Mapping[str, Any]]
+    central_dp: Mapping[str, Any] | None
     seconds: float
 
     @classmethod
-    def from_dict(cls, entry: Mapping[str, Any]) -> "RoundMetrics":
+    def from_dict(cls, entry: Mapping[str, Any]) -> RoundMetrics:
         """One entry of metrics.json's ``rounds``."""
         return cls(
             entry["round"],
@@ -363,7 +362,7 @@ class Simulation:
     home: Path  # the federation home: keys, counters, every site's state and privacy ledger
     rounds: tuple[RoundMetrics, ...]
     #: why the run ended before its rounds (central DP's max_epsilon), or None
-    stopped_early: Optional[Mapping[str, Any]]
+    stopped_early: Mapping[str, Any] | None
 
     @property
     def final(self) -> RoundMetrics:
@@ -372,11 +371,11 @@ class Simulation:
 
 
 def simulate(
-    federation: Union[str, os.PathLike],
-    rounds: Optional[int] = None,
+    federation: str | os.PathLike,
+    rounds: int | None = None,
     *,
-    home: Union[str, os.PathLike, None] = None,
-    run_dir: Union[str, os.PathLike, None] = None,
+    home: str | os.PathLike | None = None,
+    run_dir: str | os.PathLike | None = None,
     resume: bool = False,
     verbose: bool = False,
 ) -> Simulation:

@@ -15,8 +15,8 @@ import logging
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from cuvil_edge.agent.enroll import CA_FILE, NODE_KEY
 from cuvil_edge.config.flower_env import flower_tool, flwr_env

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 import typer
 from rich.console import Console
@@ -20,12 +19,12 @@ def infer_cmd(
     site: Path = typer.Option(..., "--site", help="this site's YAML"),
     input: Path = typer.Option(..., "--input", help=".npy batch, one record per row"),
     epsilon: float = typer.Option(..., "--epsilon", help="ε this release spends from the site's ledger"),
-    output: Optional[Path] = typer.Option(None, "--output", help=".npy file for the noisy outputs"),
-    state_dir: Optional[Path] = typer.Option(
+    output: Path | None = typer.Option(None, "--output", help=".npy file for the noisy outputs"),
+    state_dir: Path | None = typer.Option(
         None, "--state-dir", help="agent state directory (default: the site's agent.state_dir, else HOME/agents/<site>)"
     ),
     home: Path = typer.Option(DEFAULT_HOME, "--home", help="federation home (config/home.py)"),
-    trust_root: Optional[Path] = typer.Option(
+    trust_root: Path | None = typer.Option(
         None,
         "--trust-root",
         help="the federation's root.json, "
@@ -33,14 +32,14 @@ def infer_cmd(
         "else HOME/keys/root.json)",
     ),
     clip_l1: float = typer.Option(1.0, "--clip-l1", help="L1 bound of each output row (sensitivity 2·C per release)"),
-    request_id: Optional[str] = typer.Option(
+    request_id: str | None = typer.Option(
         None,
         "--request-id",
         help="ledger key of this release (default: a digest of "
         "the package, input and parameters, so an identical "
         "request is refused instead of released twice)",
     ),
-    feature: Optional[str] = typer.Option(
+    feature: str | None = typer.Option(
         None,
         "--feature",
         metavar="VALUE_NAME",
@@ -98,14 +97,14 @@ def new_site_cmd(
         "--epsilon-budget",
         help="total ε this site may ever spend (a replacement device: what its predecessor left)",
     ),
-    epsilon_per_round: Optional[float] = typer.Option(
+    epsilon_per_round: float | None = typer.Option(
         None, "--epsilon-per-round", help="DP-SGD ε of one round (default 2.18, or the budget when less)"
     ),
-    label_column: Optional[str] = typer.Option(None, "--label-column", help="CSV: the class column"),
-    input_shape: Optional[str] = typer.Option(
+    label_column: str | None = typer.Option(None, "--label-column", help="CSV: the class column"),
+    input_shape: str | None = typer.Option(
         None, "--input-shape", help="one record's shape, e.g. 3,32,32 (needed for image folders)"
     ),
-    num_classes: Optional[int] = typer.Option(
+    num_classes: int | None = typer.Option(
         None, "--num-classes", help="the model's classes (default: from the labels)"
     ),
     force: bool = typer.Option(False, help="overwrite an existing file"),
@@ -147,7 +146,7 @@ def new_site_cmd(
 def init_cmd(
     site: Path = typer.Option(..., "--site", help="this site's YAML"),
     trust_root: Path = typer.Option(..., "--trust-root", help="the federation's root.json, to pin"),
-    ca: Optional[Path] = typer.Option(None, "--ca", help="the federation's CA certificate, to pin"),
+    ca: Path | None = typer.Option(None, "--ca", help="the federation's CA certificate, to pin"),
     home: Path = typer.Option(DEFAULT_HOME, "--home", help="federation home (config/home.py)"),
     force: bool = typer.Option(False, help="make new keys (re-enroll with --replace afterwards)"),
 ) -> None:

@@ -6,7 +6,6 @@ Mounted by the agent command group: ``agent_app.add_typer(agent_keys_app, name="
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 import typer
 from rich.console import Console
@@ -24,10 +23,10 @@ def _group() -> None:
 
 @agent_keys_app.command("init")
 def agent_keys_init(
-    site: Optional[Path] = typer.Option(
+    site: Path | None = typer.Option(
         None, "--site", help="this site's YAML: the keys go to its state directory's keys/ (where the agent reads them)"
     ),
-    directory: Optional[Path] = typer.Option(None, "--dir", help="write the keys here instead"),
+    directory: Path | None = typer.Option(None, "--dir", help="write the keys here instead"),
     home: Path = typer.Option(DEFAULT_HOME, "--home", help="federation home (config/home.py)"),
     force: bool = typer.Option(False, help="replace an existing key pair"),
 ) -> None:

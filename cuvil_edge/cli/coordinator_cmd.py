@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import List, Optional
 
 import typer
 from rich.console import Console
@@ -32,7 +31,7 @@ def init(
 
 @coordinator_app.command("certs")
 def certs(
-    host: List[str] = typer.Option(
+    host: list[str] = typer.Option(
         ..., "--host", help="address or name agents reach the SuperLink at (repeat for several)"
     ),
     home: Path = _HOME,
@@ -113,13 +112,11 @@ def federation(
     ),
     name: str = typer.Option("federation", "--name", help="the federation's name (its checkpoints' folder)"),
     rounds: int = typer.Option(20, "--rounds", min=1, help="rounds the run plans"),
-    min_sites: Optional[int] = typer.Option(
-        None, "--min-sites", min=1, help="fewest sites a round needs (default: all)"
-    ),
-    test: Optional[Path] = typer.Option(
+    min_sites: int | None = typer.Option(None, "--min-sites", min=1, help="fewest sites a round needs (default: all)"),
+    test: Path | None = typer.Option(
         None, "--test", help="the coordinator's own test records (.npz or .csv; default: the digits test set)"
     ),
-    label_column: Optional[str] = typer.Option(None, "--label-column", help="--test CSV: the class column"),
+    label_column: str | None = typer.Option(None, "--label-column", help="--test CSV: the class column"),
     force: bool = typer.Option(False, help="overwrite existing files"),
 ) -> None:
     """Write the coordinator's federation YAML over the sites enrolled in the home, and a site
@@ -157,7 +154,7 @@ def federation(
 
 @coordinator_app.command("demo-data")
 def demo_data(
-    sites: List[str] = typer.Argument(..., help="the sites to write a share for, in order"),
+    sites: list[str] = typer.Argument(..., help="the sites to write a share for, in order"),
     out: Path = typer.Option(Path("data"), "--out", "-o", help="folder for SITE.npz files"),
     force: bool = typer.Option(False, help="overwrite existing files"),
 ) -> None:

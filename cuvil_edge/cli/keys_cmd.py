@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import typer
@@ -63,7 +63,7 @@ def keys_show(directory: Path = _DIR) -> None:
     from cuvil_edge.coordinator.keys import current_root
 
     root = current_root(directory)
-    expires = datetime.fromtimestamp(root.expires, timezone.utc)
+    expires = datetime.fromtimestamp(root.expires, UTC)
     console.print(f"root.json version {root.version}, expires {expires:%Y-%m-%d %H:%M:%S} UTC")
     table = Table("role", "threshold", "key ids")
     for name, role in sorted(root.roles.items()):

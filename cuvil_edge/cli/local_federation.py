@@ -12,11 +12,11 @@ from __future__ import annotations
 import json
 import subprocess
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Iterator
 
 from cuvil_edge.agent.daemon import gate_command, start_agent, supernode_command
 from cuvil_edge.agent.enroll import init_site

@@ -5,9 +5,8 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Optional
 
 import click
 import typer
@@ -47,21 +46,21 @@ def _root(
 
 @app.command("compile")
 def compile_cmd(
-    model_arg: Optional[Path] = typer.Argument(None, metavar="MODEL", help="ONNX model file"),
-    model: Optional[Path] = typer.Option(None, "--model", help="ONNX model file (instead of MODEL)"),
-    site: Optional[Path] = typer.Option(None, "--site", help="site YAML: write a package signed for that site"),
-    target: Optional[str] = typer.Option(
+    model_arg: Path | None = typer.Argument(None, metavar="MODEL", help="ONNX model file"),
+    model: Path | None = typer.Option(None, "--model", help="ONNX model file (instead of MODEL)"),
+    site: Path | None = typer.Option(None, "--site", help="site YAML: write a package signed for that site"),
+    target: str | None = typer.Option(
         None,
         "--target",
         help="device target: with --output, check it builds the model "
         "and write the unsigned payload; with --report, show the "
         "predicted cost of every node there",
     ),
-    output: Optional[Path] = typer.Option(None, "-o", "--output", help="package file to write"),
+    output: Path | None = typer.Option(None, "-o", "--output", help="package file to write"),
     quantization: str = typer.Option(
         "fp32", "--enable-quantization", help="weights and activations: fp32, fp16 (weight storage) or int8"
     ),
-    calibration: Optional[Path] = typer.Option(
+    calibration: Path | None = typer.Option(
         None, "--calibration", help="int8: sample inputs (.npz, one array per input)"
     ),
     key: Path = typer.Option(DEFAULT_STATE / "keys" / "coordinator.key", help="coordinator private key"),
@@ -189,7 +188,7 @@ def _print_compile_report(info, full: bool) -> None:
 @app.command("inspect")
 def inspect_cmd(
     package: Path = typer.Argument(..., help="package file"),
-    key: Optional[Path] = typer.Option(None, help="also verify the signature with this public key"),
+    key: Path | None = typer.Option(None, help="also verify the signature with this public key"),
 ) -> None:
     """Show a package's manifest, ops, tensors and FLOPs."""
     from cuvil_edge.coordinator.compile import inspect_package
@@ -198,7 +197,7 @@ def inspect_cmd(
     console.print(f"[bold]{package}[/bold]  signature: {info.signature}")
     for k, v in info.manifest.items():
         if k in ("issued_at", "expires"):
-            v = f"{v} ({datetime.fromtimestamp(v, timezone.utc):%Y-%m-%d %H:%M:%S} UTC)"
+            v = f"{v} ({datetime.fromtimestamp(v, UTC):%Y-%m-%d %H:%M:%S} UTC)"
         console.print(f"  {k:<16} {v}")
     ops = Table("op", "count", "FLOPs (batch 1)", title="ops")
     for op, (count, flops) in sorted(info.ops.items()):
@@ -214,8 +213,8 @@ def inspect_cmd(
 @app.command("demo")
 def demo(
     federation: Path = typer.Option(Path("configs/federation.yaml"), help="federation YAML"),
-    rounds: Optional[int] = typer.Option(None, help="override the number of rounds"),
-    run_dir: Optional[Path] = typer.Option(None, help="run directory (default runs/<name>-<time>)"),
+    rounds: int | None = typer.Option(None, help="override the number of rounds"),
+    run_dir: Path | None = typer.Option(None, help="run directory (default runs/<name>-<time>)"),
     home: Path = typer.Option(
         DEFAULT_STATE,
         "--home",
@@ -278,7 +277,7 @@ def demo(
         )
 
 
-def _demo_on_deployment(federation: Path, run_dir: Optional[Path], rounds: Optional[int], verbose: bool) -> None:
+def _demo_on_deployment(federation: Path, run_dir: Path | None, rounds: int | None, verbose: bool) -> None:
     import time
 
     from cuvil_edge.cli.local_federation import APP_DIR, local_federation
@@ -297,7 +296,7 @@ def _demo_on_deployment(federation: Path, run_dir: Optional[Path], rounds: Optio
 def run_federation_cmd(
     federation: Path = typer.Option(Path("configs/federation.yaml"), help="federation YAML"),
     home: Path = typer.Option(DEFAULT_STATE, "--home", help="the coordinator home"),
-    rounds: Optional[int] = typer.Option(
+    rounds: int | None = typer.Option(
         None, help="override the number of rounds (with --resume: the total, rounds done included)"
     ),
     resume: bool = typer.Option(

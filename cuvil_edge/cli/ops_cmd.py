@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 import typer
 from rich.console import Console
@@ -14,9 +13,9 @@ console = Console()
 
 
 def ops_cmd(
-    op: Optional[str] = typer.Argument(None, metavar="[OP]", help="one op to show (e.g. Conv)"),
+    op: str | None = typer.Argument(None, metavar="[OP]", help="one op to show (e.g. Conv)"),
     markdown: bool = typer.Option(False, "--markdown", help="print docs/OPS.md's markdown"),
-    write: Optional[Path] = typer.Option(
+    write: Path | None = typer.Option(
         None, "--write", help="write the markdown to this file (docs/OPS.md; a test checks it matches the registry)"
     ),
 ) -> None:

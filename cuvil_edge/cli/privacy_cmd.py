@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import typer
 from rich.console import Console
@@ -15,7 +15,7 @@ privacy_app = typer.Typer(no_args_is_help=True, help="Privacy budgets and ledger
 console = Console()
 
 
-def _ledger_path(site: Path, state_dir: Optional[Path], home: Path):
+def _ledger_path(site: Path, state_dir: Path | None, home: Path):
     from cuvil_edge.config.home import site_state_dir
     from cuvil_edge.config.site import load_site
     from cuvil_edge.privacy.ledger import LEDGER_FILENAME
@@ -30,7 +30,7 @@ _STATE_HELP = "the agent's state directory (default: the site's agent.state_dir,
 @privacy_app.command("status")
 def status(
     site: Path = typer.Option(..., "--site", help="site YAML"),
-    state_dir: Optional[Path] = typer.Option(None, "--state-dir", help=_STATE_HELP),
+    state_dir: Path | None = typer.Option(None, "--state-dir", help=_STATE_HELP),
     home: Path = typer.Option(DEFAULT_HOME, "--home", help="federation home"),
 ) -> None:
     """Show the site's ε spent and remaining, and its ledger per round."""
@@ -88,8 +88,8 @@ def _parameters(row: dict[str, Any]) -> str:
 def raise_budget(
     site: Path = typer.Option(..., "--site", help="site YAML (its privacy.epsilon_budget is recorded)"),
     reason: str = typer.Option(..., "--reason", help="who approved the change and why (kept in the ledger)"),
-    to: Optional[float] = typer.Option(None, "--to", help="new total budget (default: the site YAML's)"),
-    state_dir: Optional[Path] = typer.Option(None, "--state-dir", help=_STATE_HELP),
+    to: float | None = typer.Option(None, "--to", help="new total budget (default: the site YAML's)"),
+    state_dir: Path | None = typer.Option(None, "--state-dir", help=_STATE_HELP),
     home: Path = typer.Option(DEFAULT_HOME, "--home", help="federation home"),
 ) -> None:
     """Record a new total ε budget for a site in its ledger (editing the YAML alone is refused)."""

@@ -61,7 +61,7 @@ class Enrollment:
         return json.dumps({"format": ENROLLMENT_FORMAT, **asdict(self)}, indent=2, sort_keys=True) + "\n"
 
     @staticmethod
-    def from_json(text: str, where: str) -> "Enrollment":
+    def from_json(text: str, where: str) -> Enrollment:
         """Strict parse; every field is checked.
 
         Raises:
@@ -84,7 +84,7 @@ class Enrollment:
             raise type(e)(f"{where}: {e}") from e
 
     @staticmethod
-    def read(path: Path) -> "Enrollment":
+    def read(path: Path) -> Enrollment:
         """Raises: ConfigError: unreadable, too large or malformed."""
         try:
             data = Path(path).read_bytes()[: MAX_BYTES + 1]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Literal, Optional, Union
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
@@ -27,11 +27,11 @@ class DatasetSection(_Strict):
     test_fraction: float = Field(gt=0, lt=1, default=0.2)
     dirichlet_alpha: float = Field(gt=0, default=0.5)
     seed: int = 7
-    test: Optional[DataSection] = None
+    test: DataSection | None = None
 
     @field_validator("test")
     @classmethod
-    def _test_files(cls, value: Optional[DataSection]) -> Optional[DataSection]:
+    def _test_files(cls, value: DataSection | None) -> DataSection | None:
         if value is not None and value.kind == "digits-partition":
             raise ValueError("test names the coordinator's own test records: kind npz, csv or image-folder")
         return value
@@ -63,7 +63,7 @@ class CentralDpSection(_Strict):
     #: Optional site-level ε cap (at ``delta``): Flower's accountant refuses, before any
     #: site is asked to train, a round whose release would take the central ε above it;
     #: the run then stops cleanly after the last affordable round. None: reported only.
-    max_epsilon: Optional[float] = Field(gt=0, allow_inf_nan=False, default=None)
+    max_epsilon: float | None = Field(gt=0, allow_inf_nan=False, default=None)
 
 
 class FedAvgStrategy(_Strict):
@@ -113,7 +113,7 @@ class FedAvgMStrategy(FedAvgStrategy):
 #: The strategy section: ``name`` picks one of Flower's strategies, the other keys are its own
 #: parameters (unknown keys are errors).
 StrategySection = Annotated[
-    Union[FedAvgStrategy, FedProxStrategy, FedAdamStrategy, FedYogiStrategy, FedAvgMStrategy],
+    FedAvgStrategy | FedProxStrategy | FedAdamStrategy | FedYogiStrategy | FedAvgMStrategy,
     Field(discriminator="name"),
 ]
 #: Strategies whose aggregate is FedAvg's mean, the only one Flower's central-DP accountant admits.
@@ -128,7 +128,7 @@ class QuantizationSection(_Strict):
     along axis 0. Without it, int8 is not offered, and a site only int8 would fit is not pushed.
     """
 
-    calibration: Optional[Path] = None
+    calibration: Path | None = None
     method: Literal["mse", "minmax", "percentile"] = "mse"
 
     @field_validator("calibration", mode="before")
@@ -159,7 +159,7 @@ class FederationConfig(_Strict):
     round_timeout: float = Field(gt=0, default=600.0)
     #: Fewest sites a round needs (default: all of them). With fewer, a site that is down does
     #: not stall the run: the round goes on with the others and the report names the failed one.
-    min_sites: Optional[int] = Field(ge=1, default=None)
+    min_sites: int | None = Field(ge=1, default=None)
     #: Seconds `cuvil-edge run` waits, before it submits, for enrolled sites that are offline.
     #: When they are still offline then, the run starts without them if at least ``min_sites``
     #: (default: all) are online, and is refused otherwise.
@@ -200,7 +200,7 @@ class FederationConfig(_Strict):
         return value
 
     @model_validator(mode="after")
-    def _min_sites_fit(self) -> "FederationConfig":
+    def _min_sites_fit(self) -> FederationConfig:
         if self.min_sites is not None and self.min_sites > len(self.sites):
             raise ValueError(f"min_sites {self.min_sites} is more than the {len(self.sites)} sites listed")
         if self.min_sites is not None and self.central_dp.enabled and self.min_sites != len(self.sites):

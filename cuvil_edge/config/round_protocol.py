@@ -14,12 +14,12 @@ What went wrong goes to the device's own log.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
-from typing import Mapping
 
 
-class Sensitivity(str, Enum):
+class Sensitivity(str, Enum):  # noqa: UP042 - StrEnum would change str() and format() to the bare value
     """What a value that leaves a site may depend on."""
 
     #: A function of public configuration (site YAML, federation file, the package) only.

@@ -31,7 +31,7 @@ class RunSpec:
         path.write_text(json.dumps(asdict(self), indent=2, sort_keys=True), encoding="utf-8")
 
     @staticmethod
-    def from_run_config(config: dict) -> "RunSpec":
+    def from_run_config(config: dict) -> RunSpec:
         """The spec of a run submitted to the deployment engine (`cuvil-edge run`): the coordinator's
         federation file and home come in Flower's ``run_config``; keys and counters are the home's.
 
@@ -61,7 +61,7 @@ class RunSpec:
         )
 
     @staticmethod
-    def load(path: str | Path) -> "RunSpec":
+    def load(path: str | Path) -> RunSpec:
         """Read a run spec file written by :meth:`save`.
 
         Raises:
@@ -76,7 +76,7 @@ class RunSpec:
             ) from e
 
     @staticmethod
-    def of_simulation(run_config: dict) -> "RunSpec":
+    def of_simulation(run_config: dict) -> RunSpec:
         """The spec of a simulated run, named by its run config.
 
         Raises:

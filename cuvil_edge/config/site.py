@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Literal, Optional
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
@@ -35,7 +35,7 @@ class PrivacySection(_Strict):
     local_dp: bool = Field(default=True, description="train with DP-SGD (deployment engine; the site decides)")
 
     @model_validator(mode="after")
-    def _fits(self) -> "PrivacySection":
+    def _fits(self) -> PrivacySection:
         for name in ("epsilon_budget", "epsilon_per_round", "eval_epsilon"):
             if not math.isfinite(getattr(self, name)):
                 raise ValueError(f"{name} must be finite")
@@ -86,16 +86,16 @@ class DataSection(_Strict):
     """
 
     kind: Literal["digits-partition", "npz", "csv", "image-folder"] = "digits-partition"
-    path: Optional[Path] = None
-    label_column: Optional[str] = None
-    feature_columns: Optional[list[str]] = None
-    classes: Optional[list[str]] = None
-    input_shape: Optional[list[int]] = Field(
+    path: Path | None = None
+    label_column: str | None = None
+    feature_columns: list[str] | None = None
+    classes: list[str] | None = None
+    input_shape: list[int] | None = Field(
         default=None,
         description="one record's shape: the model input "
         "without the batch axis (public; checked before any record is read)",
     )
-    num_classes: Optional[int] = Field(
+    num_classes: int | None = Field(
         default=None, ge=1, le=1_000_000, description="the model's number of classes (public; default len(classes))"
     )
     eval_fraction: float = Field(gt=0, lt=1, default=0.2)
@@ -108,7 +108,7 @@ class DataSection(_Strict):
     def _relative_to_file(cls, value: object, info: ValidationInfo) -> object:
         return relative_to_file(value, info)
 
-    def model_metadata(self) -> tuple[Optional[tuple[int, ...]], Optional[int]]:
+    def model_metadata(self) -> tuple[tuple[int, ...] | None, int | None]:
         """(record shape, number of classes) every package's model must have; None where the site
         YAML does not say (the agent then refuses every package: see the class docstring)."""
         if self.kind == "digits-partition":
@@ -122,7 +122,7 @@ class DataSection(_Strict):
         return shape, classes
 
     @model_validator(mode="after")
-    def _complete(self) -> "DataSection":
+    def _complete(self) -> DataSection:
         if self.input_shape is not None and (not self.input_shape or any(d < 1 for d in self.input_shape)):
             raise ValueError(
                 "input_shape must list one or more positive dimensions (the model input without the batch axis)"
@@ -160,8 +160,8 @@ class DataSection(_Strict):
 class AgentSection(_Strict):
     """Agent-side settings; the paths default to what the launcher provisions."""
 
-    state_dir: Optional[Path] = None
-    trust_root: Optional[Path] = None
+    state_dir: Path | None = None
+    trust_root: Path | None = None
     keep_packages: int = Field(ge=1, le=1000, default=3, description="verified packages kept on disk, newest first")
     max_package_bytes: int = Field(
         ge=4096, le=2**40, default=512 * 2**20, description="largest package accepted; checked before anything else"
@@ -177,9 +177,9 @@ class LimitsSection(_Strict):
     """What the site's device can afford (all optional): `cuvil-edge plan` checks every precision
     against them, and the coordinator does not push a package whose plan breaks one."""
 
-    latency_ms: Optional[float] = Field(default=None, gt=0, description="slowest acceptable inference, batch 1")
-    memory_mb: Optional[float] = Field(default=None, gt=0, description="most memory one inference may take at its peak")
-    download_mb: Optional[float] = Field(default=None, gt=0, description="largest package the site's link should carry")
+    latency_ms: float | None = Field(default=None, gt=0, description="slowest acceptable inference, batch 1")
+    memory_mb: float | None = Field(default=None, gt=0, description="most memory one inference may take at its peak")
+    download_mb: float | None = Field(default=None, gt=0, description="largest package the site's link should carry")
     dims: dict[str, int] = Field(
         default_factory=dict,
         description=(
@@ -224,7 +224,7 @@ class SiteConfig(_Strict):
         return spec.name
 
     @model_validator(mode="after")
-    def _precision_supported(self) -> "SiteConfig":
+    def _precision_supported(self) -> SiteConfig:
         from cuvil_edge.device_targets import load_target
 
         if self.precision == "fp16" and not load_target(self.target).fp16:

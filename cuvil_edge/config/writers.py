@@ -9,9 +9,9 @@ file is written (atomically): a written file always loads.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional, Sequence
 
 import yaml
 
@@ -28,11 +28,11 @@ class DataFacts:
     """What a site YAML's ``data`` section says about the records (see config/site.DataSection)."""
 
     kind: str
-    path: Optional[Path] = None
-    input_shape: Optional[tuple[int, ...]] = None
-    num_classes: Optional[int] = None
-    classes: Optional[tuple[str, ...]] = None
-    label_column: Optional[str] = None
+    path: Path | None = None
+    input_shape: tuple[int, ...] | None = None
+    num_classes: int | None = None
+    classes: tuple[str, ...] | None = None
+    label_column: str | None = None
 
     def section(self, relative_to: Path) -> dict:
         """The ``data`` mapping, its path written relative to the folder of the file naming it."""
@@ -78,12 +78,12 @@ def _dump(mapping: dict) -> str:
 def site_yaml(
     site: str,
     target: str,
-    data: Optional[DataFacts],
+    data: DataFacts | None,
     *,
     folder: Path,
     description: str = "",
     epsilon_budget: float = DEFAULT_BUDGET,
-    epsilon_per_round: Optional[float] = None,
+    epsilon_per_round: float | None = None,
     eval_epsilon: float = DEFAULT_EVAL_EPSILON,
     precision: str = "fp32",
 ) -> str:
@@ -130,8 +130,8 @@ def federation_yaml(
     *,
     folder: Path,
     rounds: int,
-    min_sites: Optional[int] = None,
-    test: Optional[DataFacts] = None,
+    min_sites: int | None = None,
+    test: DataFacts | None = None,
 ) -> str:
     """A federation YAML (living in ``folder``) over ``site_files``, with the demo's strategy and DP."""
     body: dict = {

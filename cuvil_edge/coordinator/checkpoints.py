@@ -35,9 +35,9 @@ import json
 import os
 import re
 import zipfile
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Mapping, Optional
 
 import numpy as np
 
@@ -84,9 +84,9 @@ class Checkpoint:
     round: int
     weights: dict[str, np.ndarray]
     path: Path
-    accountant: Optional[dict] = None  # Flower's RdpAccountant.state_dict() under central DP
+    accountant: dict | None = None  # Flower's RdpAccountant.state_dict() under central DP
     optimiser: dict[str, np.ndarray] = field(default_factory=dict)  # server_optimiser.optimiser_state()
-    planned_rounds: Optional[int] = None  # the run's total rounds; None in checkpoints that predate it
+    planned_rounds: int | None = None  # the run's total rounds; None in checkpoints that predate it
 
 
 def checkpoint_dir(home: Path, federation: str) -> Path:
@@ -103,9 +103,9 @@ def save_checkpoint(
     federation: str,
     server_round: int,
     weights: Mapping[str, np.ndarray],
-    accountant: Optional[dict] = None,
-    optimiser: Optional[Mapping[str, np.ndarray]] = None,
-    planned_rounds: Optional[int] = None,
+    accountant: dict | None = None,
+    optimiser: Mapping[str, np.ndarray] | None = None,
+    planned_rounds: int | None = None,
 ) -> Path:
     """Write the weights (and the central-DP ``accountant`` state, the server ``optimiser``'s, and
     the run's ``planned_rounds`` in all) after ``server_round``, with their MAC (atomic: a crash
@@ -174,7 +174,7 @@ def latest_checkpoint(home: Path, federation: str) -> Checkpoint | None:
     return Checkpoint(server_round, arrays, path, accountant, optimiser, planned)
 
 
-def _planned(value: Optional[np.ndarray], server_round: int, path: Path) -> Optional[int]:
+def _planned(value: np.ndarray | None, server_round: int, path: Path) -> int | None:
     """The planned total rounds a checkpoint records (an integer scalar, at least its round)."""
     if value is None:
         return None
@@ -271,7 +271,7 @@ def _checkpoint_key(home: Path, checkpoint: Path, *, create: bool) -> bytes:
     return key
 
 
-def _accountant(state: Optional[np.ndarray], path: Path) -> Optional[dict]:
+def _accountant(state: np.ndarray | None, path: Path) -> dict | None:
     """The accountant state's JSON object (no NaN, no infinity, no duplicate key)."""
     if state is None:
         return None
@@ -309,7 +309,7 @@ def _refuse_non_finite(path: Path, arrays: Mapping[str, np.ndarray], what: str) 
             )
 
 
-def resume_plan(home: Path, federation_path: Path | str, planned: Optional[int] = None) -> tuple[int, int]:
+def resume_plan(home: Path, federation_path: Path | str, planned: int | None = None) -> tuple[int, int]:
     """(rounds done, rounds planned in all) of resuming the federation from its newest checkpoint in
     ``home``. The plan is ``planned`` (`--rounds`, the total) where given, else the one the
     checkpoint records (the interrupted run's), else (an older checkpoint) the federation's ``rounds``.
@@ -333,7 +333,7 @@ def resume_plan(home: Path, federation_path: Path | str, planned: Optional[int] 
     return last.round, total
 
 
-def resumed(spec: RunSpec, planned: Optional[int] = None) -> RunSpec:
+def resumed(spec: RunSpec, planned: int | None = None) -> RunSpec:
     """``spec`` continued from its federation's newest checkpoint: the rounds left of the plan
     (:func:`resume_plan`; ``planned`` is `--rounds`, None where not given), numbered on.
 

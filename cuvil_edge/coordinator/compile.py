@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import hashlib
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from cuvil_edge.atomic import atomic_write
 from cuvil_edge.config import load_site

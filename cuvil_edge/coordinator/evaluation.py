@@ -35,9 +35,9 @@ interval; ``low``/``high`` still hold the (valid, uninformative) set, [0, 1] whe
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Iterable
 
 import numpy as np
 

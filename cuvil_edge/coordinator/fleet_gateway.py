@@ -1,7 +1,8 @@
 """The device-facing port: a TLS reverse proxy that forwards Flower's Fleet API and nothing else.
 
 Flower 1.42 serves its Fleet (devices), Control (`flwr run`, `ls`, `stop`) and Runtime (ServerApp)
-APIs on one port, and the open-source Control API authenticates nobody (notes/flower-1.42.md §6).
+APIs on one port, and the open-source Control API authenticates nobody (without Flower's enterprise
+plugins it falls back to ``NoOpControlAuthnPlugin``; ``--enable-supernode-auth`` covers the Fleet API only).
 So `coordinator serve` binds the SuperLink to 127.0.0.1 (the operator's side) and puts this
 gateway on the address devices reach: uvicorn (the server Flower itself runs on) with the
 federation's server certificate, forwarding ``POST /v1/fleet/...`` and ``GET /health`` to the
@@ -18,7 +19,8 @@ from __future__ import annotations
 import argparse
 import logging
 import ssl
-from typing import Any, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -27,7 +29,7 @@ FLEET_PREFIX = "/v1/fleet/"
 HEALTH_PATH = "/health"
 #: Headers that describe one hop, not the request (RFC 9110 §7.6.1); never forwarded.
 #: The largest request body forwarded. Fleet calls are small: a message travels as content-addressed
-#: objects, arrays in 5 MiB chunks (notes/flower-1.42.md §1); anyone can send to this port before
+#: objects, arrays in 5 MiB chunks; anyone can send to this port before
 #: node authentication, so nothing larger is buffered.
 MAX_BODY_BYTES = 64 * 1024 * 1024
 #: Connections served at once; more get 503 (uvicorn's limit_concurrency).

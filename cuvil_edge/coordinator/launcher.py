@@ -12,9 +12,9 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 from cuvil_edge.config import load_federation
 from cuvil_edge.config.flower_env import flower_tool, flwr_env

@@ -12,8 +12,8 @@ did not. A site nothing fits is flagged with the reasons.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Callable, Mapping, Optional, Sequence
 
 import numpy as np
 
@@ -43,10 +43,10 @@ class Option:
 
     precision: str
     package_bytes: int
-    peak_bytes: Optional[int]  # None: the memory plan failed (see problems)
-    latency_ms: Optional[float]  # batch 1; None without a cost model
-    train_batch_ms: Optional[float]  # one forward at the site's training batch
-    round_seconds: Optional[float]  # forward + backward (~3x forward) over a local round's steps
+    peak_bytes: int | None  # None: the memory plan failed (see problems)
+    latency_ms: float | None  # batch 1; None without a cost model
+    train_batch_ms: float | None  # one forward at the site's training batch
+    round_seconds: float | None  # forward + backward (~3x forward) over a local round's steps
     problems: tuple[str, ...]  # the limits it breaks, or why the target cannot run it
 
     @property
@@ -59,15 +59,15 @@ class SitePlan:
     site: str
     target: str
     options: tuple[Option, ...]
-    chosen: Optional[Option]
+    chosen: Option | None
     reason: str
 
 
 def plan_site(
     site: SiteConfig,
     variants: Mapping[str, Graph],
-    latency: Optional[Latency] = None,
-    steps_per_round: Optional[int] = None,
+    latency: Latency | None = None,
+    steps_per_round: int | None = None,
 ) -> SitePlan:
     """Plan ``site`` over the model's precision ``variants`` (precision -> the graph that is packaged).
 
@@ -90,7 +90,7 @@ def plan_site(
 
 
 def _option(
-    site: SiteConfig, spec: TargetSpec, precision: str, graph: Graph, latency: Optional[Latency], steps: Optional[int]
+    site: SiteConfig, spec: TargetSpec, precision: str, graph: Graph, latency: Latency | None, steps: int | None
 ) -> Option:
     problems = []
     package = len(encode_payload(graph))
@@ -132,7 +132,7 @@ def _loaded(graph: Graph, int8: bool = False) -> Graph:
 
 
 def precision_variants(
-    graph: Graph, calibration: Optional[Sequence[Mapping[str, np.ndarray]]] = None, method: str = "mse"
+    graph: Graph, calibration: Sequence[Mapping[str, np.ndarray]] | None = None, method: str = "mse"
 ) -> dict[str, Graph]:
     """The model as each precision's package would carry it: fp32 as given, fp16 (weights stored in
     half precision) and, with ``calibration`` samples (feed dicts), int8. int8 needs the samples for
@@ -155,8 +155,8 @@ def default_latency() -> Latency:
 def plan_federation(
     graph: Graph,
     sites: Sequence[SiteConfig],
-    variants: Optional[Mapping[str, Graph]] = None,
-    latency: Optional[Latency] = None,
+    variants: Mapping[str, Graph] | None = None,
+    latency: Latency | None = None,
 ) -> list[SitePlan]:
     """:func:`plan_site` for every site over ``variants`` (default: :func:`precision_variants`)."""
     variants = precision_variants(graph) if variants is None else variants

@@ -11,9 +11,9 @@ at least ``min_sites`` (default: all) are online, and is refused otherwise. The 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Mapping
 
 from cuvil_edge.errors import ConfigError
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from cuvil_edge.config.site import SiteConfig
 

@@ -12,9 +12,10 @@ then the report row, so a report never names a round a resumed run could not sta
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 import numpy as np
 from flwr.app import Error, Message

@@ -15,7 +15,7 @@ numbers its rounds on from the checkpoint (``round_offset``) when it calls the s
 from __future__ import annotations
 
 import logging
-from typing import Iterable, Mapping
+from collections.abc import Iterable, Mapping
 
 import numpy as np
 from flwr.serverapp.strategy import FedAvgM

@@ -12,7 +12,7 @@ id takes its site over from the old id.
 from __future__ import annotations
 
 import logging
-from typing import Collection, Iterable
+from collections.abc import Collection, Iterable
 
 from flwr.app import ConfigRecord, Message, MessageType, RecordDict
 from flwr.serverapp import Grid

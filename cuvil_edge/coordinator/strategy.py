@@ -17,7 +17,7 @@ the strategy inside, whose ``aggregate_train`` must be FedAvg's (fedavg or fedpr
 from __future__ import annotations
 
 import logging
-from typing import Iterable
+from collections.abc import Iterable
 
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp import Grid

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import datetime
 import ipaddress
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
@@ -109,7 +109,7 @@ def make_certs(
     Path(directory).mkdir(mode=0o700, parents=True, exist_ok=True)
     if files.server_cert.exists() and not force:
         raise KeyFileError(f"{files.server_cert} exists; use --force to issue a new server certificate")
-    now = now or datetime.datetime.now(datetime.timezone.utc)
+    now = now or datetime.datetime.now(datetime.UTC)
     if files.ca_cert.exists() and files.ca_key.exists():
         try:
             ca_key = serialization.load_pem_private_key(files.ca_key.read_bytes(), password=None)

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import csv
 import zipfile
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Optional, Sequence
 
 import numpy as np
 
@@ -21,9 +21,9 @@ IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
 def describe_records(
     path: Path,
     *,
-    label_column: Optional[str] = None,
-    input_shape: Optional[Sequence[int]] = None,
-    num_classes: Optional[int] = None,
+    label_column: str | None = None,
+    input_shape: Sequence[int] | None = None,
+    num_classes: int | None = None,
 ) -> DataFacts:
     """The ``data`` facts of the records at ``path``: an ``.npz`` (arrays ``x`` and ``y``), a
     ``.csv`` (needs ``label_column``) or a folder of per-class image folders (needs
@@ -90,7 +90,7 @@ def _csv_facts(path: Path, label_column: str) -> tuple[list[str], np.ndarray]:
     return header, labels
 
 
-def _with_labels(facts: DataFacts, labels: np.ndarray, num_classes: Optional[int], path: Path) -> DataFacts:
+def _with_labels(facts: DataFacts, labels: np.ndarray, num_classes: int | None, path: Path) -> DataFacts:
     """Integer labels give ``num_classes`` (the largest + 1 unless given); names give ``classes``
     (sorted, so the indices are the same on every device that holds the same names)."""
     if len(labels) == 0:

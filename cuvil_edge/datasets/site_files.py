@@ -38,8 +38,8 @@ import math
 import os
 import stat
 import zipfile
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Optional, Sequence
 
 import numpy as np
 
@@ -83,7 +83,7 @@ def model_io(graph: Graph) -> tuple[tuple[int, ...], int]:
 
 
 def load_site_data(
-    data: DataSection, graph: Graph, cache_dir: Optional[Path] = None, *, split_key: Optional[bytes] = None
+    data: DataSection, graph: Graph, cache_dir: Path | None = None, *, split_key: bytes | None = None
 ) -> tuple[Records, Records]:
     """(train, eval) records of a site from its own files, checked against ``graph``, split by the
     per-record rule of :mod:`cuvil_edge.datasets.split` under ``split_key`` (the agent passes its
@@ -99,7 +99,7 @@ def load_site_data(
     return split_records(records, data.eval_fraction, key=PUBLIC_SPLIT_KEY if split_key is None else split_key)
 
 
-def load_records(data: DataSection, graph: Graph, cache_dir: Optional[Path] = None) -> Records:
+def load_records(data: DataSection, graph: Graph, cache_dir: Path | None = None) -> Records:
     """Every record of ``data`` (a site's, or the coordinator's test set), checked against ``graph``.
 
     Raises:
@@ -179,7 +179,7 @@ def _is_float(text: str) -> bool:
     return True
 
 
-def _labels(y: np.ndarray, classes: Optional[Sequence[str]], path: Path, key: str) -> np.ndarray:
+def _labels(y: np.ndarray, classes: Sequence[str] | None, path: Path, key: str) -> np.ndarray:
     """Integer class indices: names looked up in ``classes`` when given, else integers as they are."""
     flat = np.asarray(y).reshape(-1) if np.asarray(y).ndim <= 1 else None
     if flat is None:
@@ -237,7 +237,7 @@ def _checked(
 
 # --- image folders ---------------------------------------------------------------------------
 def _image_folder(
-    root: Path, record: tuple[int, ...], classes: Optional[Sequence[str]], cache_dir: Optional[Path]
+    root: Path, record: tuple[int, ...], classes: Sequence[str] | None, cache_dir: Path | None
 ) -> tuple[np.ndarray, np.ndarray]:
     if not root.is_dir():
         raise DataError(f"data.path: {root} is not a folder; kind image-folder needs one sub-folder per class")

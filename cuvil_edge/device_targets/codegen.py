@@ -22,9 +22,10 @@ from __future__ import annotations
 import ast
 import hashlib
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
-from functools import lru_cache
-from typing import Any, Callable
+from functools import cache, lru_cache
+from typing import Any
 
 from cuvil_edge.device_targets import shape_code
 from cuvil_edge.device_targets.prune import _MISSING, literal, segmenter, specialise_function
@@ -82,7 +83,7 @@ def batch_plan(graph: Graph) -> BatchPlan:
     return BatchPlan(symbol, tuple(v.name for v in graph.inputs if v.type.shape and v.type.shape[0] == symbol))
 
 
-@lru_cache(maxsize=None)
+@cache
 def _op_template(op_type: str) -> tuple[tuple[str, tuple[str, ...], str], ...]:
     """The top-level definitions of one op's template, parsed once per process: (key, names
     defined, source text) each. A key is the first defined name (``op:index`` for a statement

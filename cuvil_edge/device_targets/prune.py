@@ -32,7 +32,8 @@ import ast
 import io
 import operator
 import threading
-from typing import Any, Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
 from cuvil_edge.errors import BuildError
 

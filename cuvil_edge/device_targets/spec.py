@@ -101,7 +101,7 @@ class TargetSpec(BaseModel):
         return tuple(value) if isinstance(value, list) else value
 
     @model_validator(mode="after")
-    def _consistent(self) -> "TargetSpec":
+    def _consistent(self) -> TargetSpec:
         unknown = [d for d in self.dtypes if d not in ir_dtypes.SUPPORTED]
         if unknown:
             raise ValueError(f"dtypes {unknown} are not IR dtypes ({', '.join(sorted(ir_dtypes.SUPPORTED))})")
@@ -212,10 +212,10 @@ def load_target(name: str, *, specs_dir: Path | str | None = None) -> TargetSpec
 
 
 #: (spec file, its mtime and size) -> the validated, immutable spec; an edited file is read again.
-_LOADED: dict[tuple[str, int, int], "TargetSpec"] = {}
+_LOADED: dict[tuple[str, int, int], TargetSpec] = {}
 
 
-def resolve(target: "TargetSpec | str") -> TargetSpec:
+def resolve(target: TargetSpec | str) -> TargetSpec:
     """A spec from a spec or a target name.
 
     Raises:

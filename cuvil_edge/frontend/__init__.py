@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 __all__ = ["load_model"]
 
 
-def load_model(source: Any) -> "Graph":
+def load_model(source: Any) -> Graph:
     """Import an ONNX model (a path, serialized bytes or a ModelProto) as a checked, typed Graph:
     :func:`cuvil_edge.frontend.onnx_import.load_model`, whose errors it raises.
 

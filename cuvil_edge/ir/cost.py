@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Mapping
 
 from cuvil_edge.ir import ops
 from cuvil_edge.ir.graph import Graph

@@ -18,9 +18,9 @@ from __future__ import annotations
 import hashlib
 import math
 import re
-from typing import Callable, Mapping, Union
+from collections.abc import Callable, Mapping
 
-Dim = Union[int, str]
+Dim = int | str
 
 #: Longest dim text accepted (a package carries graph input and output dims as text).
 MAX_TEXT = 2048
@@ -55,15 +55,15 @@ class Expr:
 
     # construction
     @staticmethod
-    def const(value: int) -> "Expr":
+    def const(value: int) -> Expr:
         return Expr({(): int(value)})
 
     @staticmethod
-    def symbol(name: str) -> "Expr":
+    def symbol(name: str) -> Expr:
         return Expr({(name,): 1})
 
     @staticmethod
-    def of(dim: "Dim | Expr") -> "Expr":
+    def of(dim: Dim | Expr) -> Expr:
         if isinstance(dim, Expr):
             return dim
         if isinstance(dim, bool):
@@ -104,7 +104,7 @@ class Expr:
             total += value
         return total
 
-    def substitute(self, bindings: Mapping[str, int]) -> "Expr":
+    def substitute(self, bindings: Mapping[str, int]) -> Expr:
         """Bound symbols replaced by their values; the others stay."""
         if not self.symbols() & set(bindings):
             return self
@@ -139,20 +139,20 @@ class Expr:
         return bound
 
     # arithmetic
-    def __add__(self, other: "Expr | int") -> "Expr":
+    def __add__(self, other: Expr | int) -> Expr:
         other = Expr.of(other)
         terms = dict(self.terms)
         for m, c in other.terms.items():
             terms[m] = terms.get(m, 0) + c
         return Expr(terms)
 
-    def __neg__(self) -> "Expr":
+    def __neg__(self) -> Expr:
         return Expr({m: -c for m, c in self.terms.items()})
 
-    def __sub__(self, other: "Expr | int") -> "Expr":
+    def __sub__(self, other: Expr | int) -> Expr:
         return self + (-Expr.of(other))
 
-    def __mul__(self, other: "Expr | int") -> "Expr":
+    def __mul__(self, other: Expr | int) -> Expr:
         other = Expr.of(other)
         terms: dict[tuple, int] = {}
         for m1, c1 in self.terms.items():
@@ -161,19 +161,19 @@ class Expr:
                 terms[m] = terms.get(m, 0) + c1 * c2
         return Expr(terms)
 
-    def __radd__(self, other: int) -> "Expr":
+    def __radd__(self, other: int) -> Expr:
         return self + other
 
-    def __rsub__(self, other: int) -> "Expr":
+    def __rsub__(self, other: int) -> Expr:
         return Expr.of(other) - self
 
-    def __rmul__(self, other: int) -> "Expr":
+    def __rmul__(self, other: int) -> Expr:
         return self * other
 
-    def __floordiv__(self, other: "Expr | int") -> "Expr":
+    def __floordiv__(self, other: Expr | int) -> Expr:
         return floordiv(self, Expr.of(other))
 
-    def __mod__(self, other: "Expr | int") -> "Expr":
+    def __mod__(self, other: Expr | int) -> Expr:
         return mod(self, Expr.of(other))
 
     def __eq__(self, other: object) -> bool:

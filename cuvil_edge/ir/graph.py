@@ -9,8 +9,9 @@ structure and infers every value's type from the op registry.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Union
+from typing import Any
 
 import numpy as np
 
@@ -26,7 +27,7 @@ MAX_ELEMENTS = 2**32
 MAX_RANK = 64
 #: Attribute values the IR allows: JSON scalars and flat lists, plus numpy
 #: arrays (only for Constant, and folded into initializers by the frontend).
-AttrValue = Union[int, float, str, list, tuple, np.ndarray]
+AttrValue = int | float | str | list | tuple | np.ndarray
 
 
 @dataclass(frozen=True)
@@ -48,7 +49,7 @@ class TensorType:
         """The symbol names the dims use (``"4*batch"`` and ``"(seq//16)"`` use one each)."""
         return {name for d in self.shape if isinstance(d, str) for name in dims.symbols_of(d)}
 
-    def bind(self, bindings: Mapping[str, int]) -> "TensorType":
+    def bind(self, bindings: Mapping[str, int]) -> TensorType:
         """Replace symbols by sizes (symbols missing from ``bindings`` stay)."""
         return TensorType(self.dtype, tuple(dims.bind(d, bindings) for d in self.shape))
 
@@ -66,7 +67,7 @@ class TensorType:
         return {"dtype": self.dtype, "shape": list(self.shape)}
 
     @staticmethod
-    def of(array: np.ndarray) -> "TensorType":
+    def of(array: np.ndarray) -> TensorType:
         return TensorType(dtypes.from_numpy(array.dtype), tuple(int(d) for d in array.shape))
 
     def __str__(self) -> str:

@@ -22,9 +22,9 @@ with a dynamic batch).  A known value is:
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Callable, Mapping, Optional, Sequence
 
 import numpy as np
 
@@ -47,7 +47,7 @@ _INT_CODES = {6: "int32", 7: "int64"}
 _FLOAT_CODES = {1: "float32", 10: "float16", 11: "float64"}
 
 
-def is_symbolic(value: Optional[np.ndarray]) -> bool:
+def is_symbolic(value: np.ndarray | None) -> bool:
     return value is not None and value.dtype == object
 
 
@@ -80,7 +80,7 @@ def _obj(value: np.ndarray) -> np.ndarray:
     return np.asarray(value, dtype=object)
 
 
-def _axes(node: Node, values: Sequence[Optional[np.ndarray]], index: int) -> Optional[list[int]]:
+def _axes(node: Node, values: Sequence[np.ndarray | None], index: int) -> list[int] | None:
     """Axes from input ``index`` (newer opsets) or the ``axes`` attribute (older)."""
     if len(values) > index and values[index] is not None:
         return [int(a) for a in np.asarray(values[index]).reshape(-1)]
@@ -313,27 +313,27 @@ SYMBOLIC: dict[str, Callable] = {
 }
 
 
-def _small(value: Optional[np.ndarray]) -> bool:
+def _small(value: np.ndarray | None) -> bool:
     return value is not None and value.size <= SMALL and all(d <= SMALL for d in value.shape)
 
 
-def _small_type(t: Optional[TensorType]) -> bool:
+def _small_type(t: TensorType | None) -> bool:
     return t is not None and t.is_static and t.numel() <= SMALL and all(d <= SMALL for d in t.shape)
 
 
 def evaluate(
     node: Node,
     module,
-    values: Sequence[Optional[np.ndarray]],
-    in_types: Sequence[Optional[TensorType]],
+    values: Sequence[np.ndarray | None],
+    in_types: Sequence[TensorType | None],
     out_types: Sequence[TensorType],
-) -> list[Optional[np.ndarray]]:
+) -> list[np.ndarray | None]:
     """Known values of ``node``'s outputs (``None`` where unknown); never raises.
 
     ``values`` are the known values of its inputs (``None``: unknown or absent); ``out_types``
     are all the types the op infers (the kernel computes every one, declared or not).
     """
-    unknown: list[Optional[np.ndarray]] = [None] * len(node.outputs)
+    unknown: list[np.ndarray | None] = [None] * len(node.outputs)
     if node.op_type == "Size" and in_types and in_types[0] is not None and not in_types[0].is_static:
         return [_size(node, values, in_types)] + unknown[1:]
     if node.op_type == "Shape" and in_types and in_types[0] is not None:
@@ -368,7 +368,7 @@ def evaluate(
     return [np.asarray(r) if r is not None else None for r in results][: len(node.outputs)] + unknown[len(results) :]
 
 
-def reshape_target(node: Node, value: np.ndarray, data_type: TensorType) -> Optional[np.ndarray]:
+def reshape_target(node: Node, value: np.ndarray, data_type: TensorType) -> np.ndarray | None:
     """An int64 Reshape target equivalent to the symbolic ``value``, or None.
 
     A symbol at axis ``i`` that equals the data's dim ``i`` becomes 0 (copy that
@@ -394,8 +394,8 @@ CONCRETE: dict[str, tuple[int, Callable]] = {"Reshape": (1, reshape_target)}
 
 
 def concrete_input(
-    node: Node, index: int, value: np.ndarray, in_types: Sequence[Optional[TensorType]]
-) -> Optional[np.ndarray]:
+    node: Node, index: int, value: np.ndarray, in_types: Sequence[TensorType | None]
+) -> np.ndarray | None:
     """The int64 equivalent of a symbolic value at input ``index``, where the op has one."""
     rule = CONCRETE.get(node.op_type)
     if rule is None or rule[0] != index or in_types[0] is None:
@@ -404,7 +404,7 @@ def concrete_input(
 
 
 def consts_for(
-    module, node: Node, values: Mapping[str, np.ndarray], in_types: Sequence[Optional[TensorType]]
+    module, node: Node, values: Mapping[str, np.ndarray], in_types: Sequence[TensorType | None]
 ) -> dict[str, dict[int, np.ndarray]]:
     """Keyword arguments for ``module.infer``: ``{"consts": {index: value}}`` with every known
     value among the inputs listed in ``CONST_INPUTS`` (symbolic ones as object arrays, or

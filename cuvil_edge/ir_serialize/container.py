@@ -13,7 +13,7 @@ import math
 import mmap
 import struct
 from dataclasses import dataclass
-from typing import Any, Union
+from typing import Any
 
 import numpy as np
 
@@ -42,7 +42,7 @@ from cuvil_edge.ir_serialize._canonical import (
 )
 from cuvil_edge.ir_serialize.graph_codec import MAX_RANK, graph_from_dict, graph_to_dict
 
-Buffer = Union[bytes, bytearray, memoryview, mmap.mmap]
+Buffer = bytes | bytearray | memoryview | mmap.mmap
 
 MAGIC = b"CUVLIRC\0"  # PACKAGE_SPEC §5.1
 FORMAT_VERSION = 1
@@ -76,7 +76,7 @@ class TensorEntry:
         }
 
     @staticmethod
-    def from_dict(obj: Any, index: int) -> "TensorEntry":
+    def from_dict(obj: Any, index: int) -> TensorEntry:
         """Parse and check one table row, including shape x itemsize == length.
 
         Raises:

@@ -7,7 +7,6 @@ state are not consulted.  Agents accept packages only through ``verify_and_accep
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
@@ -26,7 +25,7 @@ class PackageDescription:
 
     manifest: Manifest
     release: ReleaseStatement
-    graph: Optional[Graph]
+    graph: Graph | None
     signature: str
 
 
@@ -34,8 +33,8 @@ def describe_package(
     data: Buffer,
     *,
     max_bytes: int,
-    trust_root: Optional[TrustRoot] = None,
-    coordinator_key: Optional[Ed25519PublicKey] = None,
+    trust_root: TrustRoot | None = None,
+    coordinator_key: Ed25519PublicKey | None = None,
 ) -> PackageDescription:
     """Parse ``data``; check both signatures against ``trust_root`` or the manifest's against
     ``coordinator_key`` when given (signatures first, then the bodies are parsed).

@@ -4,7 +4,7 @@ per-site manifest (coordinator role), and the region lists they both carry."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 from cuvil_edge.errors import BadNameError, PackageFormatError, UnsupportedFormatError
 from cuvil_edge.ir_serialize._canonical import (
@@ -61,7 +61,7 @@ class Region:
         return {**d, "offset": self.offset} if with_offset else d
 
     @staticmethod
-    def from_dict(obj: Any, where: str, with_offset: bool = True) -> "Region":
+    def from_dict(obj: Any, where: str, with_offset: bool = True) -> Region:
         keys = ("kind", "name", "length", "sha256") + (("offset",) if with_offset else ())
         r = fields(obj, keys, where)
         kind = check_str(r["kind"], f"{where} kind")
@@ -112,7 +112,7 @@ class ReleaseStatement:
         )
 
     @classmethod
-    def from_bytes(cls, data: bytes) -> "ReleaseStatement":
+    def from_bytes(cls, data: bytes) -> ReleaseStatement:
         """Strict parse (§1.2, §3.1).
 
         Raises:
@@ -150,10 +150,10 @@ class Manifest:
     version: int
     issued_at: int
     expires: int
-    nonce: Optional[str]
+    nonce: str | None
     release_sha256: str
     payload_length: int
-    sealed: Optional[Sealed]
+    sealed: Sealed | None
     regions: tuple[Region, ...]
     format: int = MANIFEST_FORMAT
 
@@ -179,7 +179,7 @@ class Manifest:
         return canonical_json(self.to_dict(), "manifest")
 
     @classmethod
-    def from_bytes(cls, data: bytes) -> "Manifest":
+    def from_bytes(cls, data: bytes) -> Manifest:
         """Strict parse (§1.2, §3.2).
 
         Raises:

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import hashlib
 import struct
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Iterable, Optional, Sequence, Union
+from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PublicKey
@@ -48,7 +49,7 @@ PRELUDE = struct.Struct("<8sIII")
 MAX_ENVELOPE_BYTES = 64 * 1024  # PACKAGE_SPEC §8
 MAX_MANIFEST_BYTES = MAX_ENVELOPE_BYTES
 ENVELOPE_KEYS = ("manifest", "release", "roots")
-Keys = Union[Ed25519PrivateKey, Sequence[Ed25519PrivateKey]]
+Keys = Ed25519PrivateKey | Sequence[Ed25519PrivateKey]
 
 
 @dataclass(frozen=True)
@@ -115,13 +116,13 @@ def write_package(
     *,
     issued_at: int,
     expires: int,
-    release: Optional[SignedRelease] = None,
-    release_key: Optional[Keys] = None,
-    payload: Optional[bytes] = None,
+    release: SignedRelease | None = None,
+    release_key: Keys | None = None,
+    payload: bytes | None = None,
     package: str = "model",
     release_counter: int = 1,
-    nonce: Optional[str] = None,
-    seal_to: Optional[X25519PublicKey] = None,
+    nonce: str | None = None,
+    seal_to: X25519PublicKey | None = None,
     roots: Sequence[Any] = (),
 ) -> bytes:
     """Encode ``graph`` (or take ``payload``), bind it in a manifest for ``site``/``target``, sign it.

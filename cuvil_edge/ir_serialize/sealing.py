@@ -50,7 +50,7 @@ def seal_key_id(public: X25519PublicKey) -> str:
 
 
 def hpke_info(site: str, package: str, version: int) -> bytes:
-    return f"cuvil-seal/1|{site}|{package}|{version}".encode("utf-8")
+    return f"cuvil-seal/1|{site}|{package}|{version}".encode()
 
 
 def _nonce(index: int, last: bool) -> bytes:

@@ -7,7 +7,6 @@ import hashlib
 import logging
 import os
 from pathlib import Path
-from typing import Union
 
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
@@ -17,7 +16,7 @@ from cuvil_edge.errors import KeyFileError
 
 log = logging.getLogger(__name__)
 
-PathLike = Union[str, os.PathLike]
+PathLike = str | os.PathLike
 SIGNATURE_BYTES = 64
 MAX_KEY_FILE_BYTES = 16 * 1024
 

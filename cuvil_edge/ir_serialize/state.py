@@ -12,10 +12,11 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Optional
+from typing import Any
 
 from cuvil_edge.atomic import atomic_write
 from cuvil_edge.errors import PackageError, PackageFormatError, StateError, UnsupportedFormatError
@@ -62,7 +63,7 @@ class TrustState:
     """The whole state document, decoded and checked: the trusted root (with the key ids revoked
     by every rotation applied so far) and the floors packages are compared against."""
 
-    root: Optional[TrustRoot]
+    root: TrustRoot | None
     root_envelope: Any  # exactly the envelope object of ``root``; None before initialisation
     snapshot: RollbackSnapshot
 
@@ -140,7 +141,7 @@ class AntiRollbackState:
         return self._read().snapshot.sites.get(site)
 
     @contextmanager
-    def transaction(self) -> Iterator["_Transaction"]:
+    def transaction(self) -> Iterator[_Transaction]:
         """Exclusive read-modify-write: ``txn.current`` is the state as read under the lock;
         ``txn.commit(new)`` writes ``new`` durably (§11.3) before the lock is released.
 

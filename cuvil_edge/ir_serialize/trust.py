@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
@@ -53,7 +54,7 @@ class Role:
     keyids: tuple[str, ...]
     threshold: int
 
-    def same_as(self, other: "Role") -> bool:
+    def same_as(self, other: Role) -> bool:
         """Same key ids (in any order) and threshold."""
         return set(self.keyids) == set(other.keyids) and self.threshold == other.threshold
 
@@ -89,7 +90,7 @@ class TrustRoot:
         return canonical_json(self.to_dict(), "trust root")
 
     @staticmethod
-    def from_bytes(body: bytes) -> "TrustRoot":
+    def from_bytes(body: bytes) -> TrustRoot:
         """Strict parse of a root payload (§10.1).
 
         Raises:

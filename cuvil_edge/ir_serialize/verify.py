@@ -15,7 +15,7 @@ import mmap
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
@@ -79,8 +79,8 @@ def verify_and_accept(
     target: str,
     now: int,
     max_package_bytes: int,
-    seal_key: Optional[X25519PrivateKey] = None,
-    expected_nonce: Optional[str] = None,
+    seal_key: X25519PrivateKey | None = None,
+    expected_nonce: str | None = None,
     clock_skew_s: int = DEFAULT_CLOCK_SKEW_S,
 ) -> VerifiedPackage:
     """Verify ``data`` against ``state`` (PACKAGE_SPEC §7) and durably record its acceptance (§11)
@@ -150,8 +150,8 @@ def _check_package(
     target: str,
     now: int,
     max_package_bytes: int,
-    seal_key: Optional[X25519PrivateKey] = None,
-    expected_nonce: Optional[str] = None,
+    seal_key: X25519PrivateKey | None = None,
+    expected_nonce: str | None = None,
     clock_skew_s: int = DEFAULT_CLOCK_SKEW_S,
     where: Any = "the state",
 ) -> tuple[_Checked, TrustState]:
@@ -220,7 +220,7 @@ def _check_agreement(m: Manifest, r: ReleaseStatement, release_body: bytes) -> N
         )
 
 
-def _check_addressing(m: Manifest, site: str, target: str, expected_nonce: Optional[str]) -> None:
+def _check_addressing(m: Manifest, site: str, target: str, expected_nonce: str | None) -> None:
     if m.site != site:
         raise WrongSiteError(f"the package is addressed to site {m.site!r}, this agent is site {site!r}")
     if m.target != target:
@@ -259,7 +259,7 @@ def _check_versions(m: Manifest, r: ReleaseStatement, digest: str, sites: dict, 
 
 
 def _open_payload(
-    payload: memoryview, m: Manifest, manifest_body: bytes, seal_key: Optional[X25519PrivateKey], max_bytes: int
+    payload: memoryview, m: Manifest, manifest_body: bytes, seal_key: X25519PrivateKey | None, max_bytes: int
 ) -> memoryview:
     if m.payload_length > max_bytes:
         raise DeclaredLengthError(f"the manifest declares a {m.payload_length}-byte payload, over {max_bytes}")

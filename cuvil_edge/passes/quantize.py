@@ -34,7 +34,7 @@ about 85 % of the total, so no weight rounding reaches 99 % on this network's ne
 
 from __future__ import annotations
 
-from typing import Iterable, Mapping
+from collections.abc import Iterable, Mapping
 
 import numpy as np
 

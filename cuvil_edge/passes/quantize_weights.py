@@ -24,8 +24,8 @@ kernel reads them) and Gemm/MatMul with a 2-D weight (no transA). Anything else 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 import numpy as np
 

@@ -13,7 +13,7 @@ is impossible (the input is a graph input, initializer or another output) the no
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 

@@ -9,7 +9,7 @@ import logging
 import os
 import sqlite3
 import uuid
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from cuvil_edge.errors import LedgerError
@@ -71,7 +71,7 @@ _V1_COLUMNS = (  # schema 1 had no gaussian, noise_std, sensitivity or config_ha
 
 
 def _now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="microseconds")
+    return datetime.now(UTC).isoformat(timespec="microseconds")
 
 
 class _LedgerFile:

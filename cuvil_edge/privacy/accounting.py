@@ -66,10 +66,11 @@ import json
 import math
 import threading
 from collections import OrderedDict
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from functools import lru_cache
-from typing import Any, ClassVar, Iterable, Sequence, Union
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -169,7 +170,7 @@ class Gaussian:
         return np.asarray(orders, dtype=np.float64) * self.sensitivity**2 / (2.0 * self.noise_std**2)
 
 
-Event = Union[DpSgd, Laplace, PureDp, Gaussian]
+Event = DpSgd | Laplace | PureDp | Gaussian
 _PURE = (Laplace, PureDp)  # (ε, 0)-DP events: basic composition sums their ε
 _KINDS: dict[str, type] = {cls.mechanism: cls for cls in (DpSgd, Laplace, PureDp, Gaussian)}
 _NAMES = {cls: name for name, cls in _KINDS.items()}

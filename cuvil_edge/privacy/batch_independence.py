@@ -23,7 +23,7 @@ The unit of privacy is one record: one row of every batched input (docs/PRIVACY.
 from __future__ import annotations
 
 import logging
-from typing import Iterable, Mapping, Optional
+from collections.abc import Iterable, Mapping
 
 import numpy as np
 
@@ -43,7 +43,7 @@ _ALLOW_LIST = "ROWS in cuvil_edge/privacy/_batch_rules.py"
 
 
 def check_batch_independent(
-    graph: Graph, *, batch_axis_inputs: Optional[Iterable[str]] = None, probe_rows: int = 4, seed: int = 0
+    graph: Graph, *, batch_axis_inputs: Iterable[str] | None = None, probe_rows: int = 4, seed: int = 0
 ) -> None:
     """Refuse ``graph`` for DP-SGD training if any sample's outputs depend on another sample.
 
@@ -76,7 +76,7 @@ def check_batch_independent(
     )
 
 
-def batched_inputs(graph: Graph, names: Optional[Iterable[str]] = None) -> dict[str, Dim]:
+def batched_inputs(graph: Graph, names: Iterable[str] | None = None) -> dict[str, Dim]:
     """The batched inputs and their batch dims: ``names``, or by default every input whose
     dim 0 is a symbol or larger than 1.
 
@@ -105,7 +105,7 @@ def batched_inputs(graph: Graph, names: Optional[Iterable[str]] = None) -> dict[
     return dims
 
 
-def batch_axes(graph: Graph, *, batch_axis_inputs: Optional[Iterable[str]] = None) -> dict[str, State]:
+def batch_axes(graph: Graph, *, batch_axis_inputs: Iterable[str] | None = None) -> dict[str, State]:
     """Every value's batch axis (an int), or ``"constant"`` / ``"batch size"`` for values that
     hold no sample (see :mod:`cuvil_edge.privacy._batch_rules`).
 
@@ -192,7 +192,7 @@ def _step(v: View) -> list[State]:
     return [result] * count if isinstance(result, (int, str)) else list(result)
 
 
-def _settle(state: State, value: Optional[np.ndarray], symbols: frozenset[str]) -> State:
+def _settle(state: State, value: np.ndarray | None, symbols: frozenset[str]) -> State:
     """A batch-size value whose known value names no batch symbol is a constant (``Shape(x)[1:]``)."""
     if (
         state == SIZE
@@ -206,8 +206,8 @@ def _settle(state: State, value: Optional[np.ndarray], symbols: frozenset[str]) 
 def probe_batch_independence(
     graph: Graph,
     *,
-    batch_axis_inputs: Optional[Iterable[str]] = None,
-    output_axes: Optional[Mapping[str, State]] = None,
+    batch_axis_inputs: Iterable[str] | None = None,
+    output_axes: Mapping[str, State] | None = None,
     probe_rows: int = 4,
     seed: int = 0,
 ) -> None:

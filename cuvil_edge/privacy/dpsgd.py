@@ -20,11 +20,12 @@ import logging
 import math
 import secrets
 import warnings
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -40,7 +41,7 @@ _LOSSES = ("cross_entropy", "mse")
 
 # Opacus/torch warnings that are known and harmless for how we call them.
 _HARMLESS_WARNINGS = (
-    r"Secure RNG turned off",  # secure_mode needs torchcsprng, not installable (notes §1)
+    r"Secure RNG turned off",  # secure_mode needs torchcsprng, which has no release for torch 2.x
     r"Full backward hook is firing when gradients are computed with respect to module outputs",
     r"Using a non-full backward hook when the forward contains multiple autograd Nodes",
     r"Optimal order is the (largest|smallest) alpha",

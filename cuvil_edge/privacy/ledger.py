@@ -41,12 +41,13 @@ import os
 import sqlite3
 import threading
 import uuid
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from fractions import Fraction
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from cuvil_edge.errors import BudgetExhaustedError, LedgerError, PrivacyError, ReplayError
 from cuvil_edge.privacy._checks import positive_finite
@@ -106,7 +107,7 @@ class Reservation:
 
 
 def _now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="microseconds")
+    return datetime.now(UTC).isoformat(timespec="microseconds")
 
 
 def budget_config_hash(site: str, epsilon_budget: float, delta: float) -> str:

@@ -8,8 +8,8 @@ with Opacus' ``RDPAccountant``.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from functools import lru_cache
-from typing import Sequence
 
 import numpy as np
 

@@ -36,7 +36,7 @@ import math
 import random
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import TYPE_CHECKING, Union
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -123,7 +123,7 @@ class GaussianPlan:
         return math.isqrt(sq) + (0 if math.isqrt(sq) ** 2 == sq else 1)  # >= the L2 norm
 
 
-GridPlan = Union[LaplacePlan, GaussianPlan]
+GridPlan = LaplacePlan | GaussianPlan
 
 
 @dataclass(frozen=True)
@@ -163,7 +163,7 @@ class GaussianMechanism:
         return plan_gaussian(self.sensitivity, sigma, dimension, k=self.k, clip_norm=self.clip_norm)
 
 
-Mechanism = Union[LaplaceMechanism, GaussianMechanism]
+Mechanism = LaplaceMechanism | GaussianMechanism
 
 
 def _default_k(sensitivity: float, dimension: int) -> int:
@@ -335,7 +335,7 @@ def _prepare(plan: GridPlan, values: object, lower: float | None, upper: float |
     return clipped
 
 
-def _draw(plan: Union[GridPlan, "CountsPlan"], values: np.ndarray, rng: random.Random | None) -> np.ndarray:
+def _draw(plan: GridPlan | CountsPlan, values: np.ndarray, rng: random.Random | None) -> np.ndarray:
     """The noise step (a seam for tests: they check it runs after the reservation)."""
     return plan.apply(values, rng)
 
@@ -345,7 +345,7 @@ class PendingRelease:
     computed: :meth:`publish` draws the noise and commits; :meth:`abort` gives the spend back
     when nothing computed under it left the process."""
 
-    def __init__(self, plan: Union[GridPlan, "CountsPlan"], ledger: PrivacyLedger, reservation: Reservation) -> None:
+    def __init__(self, plan: GridPlan | CountsPlan, ledger: PrivacyLedger, reservation: Reservation) -> None:
         self.plan, self.ledger, self.reservation = plan, ledger, reservation
 
     def publish(
@@ -383,7 +383,7 @@ class PendingRelease:
 
 
 def reserve_release(
-    mechanism: Union[Mechanism, "CountsMechanism"],
+    mechanism: Mechanism | CountsMechanism,
     dimension: int,
     ledger: PrivacyLedger,
     *,

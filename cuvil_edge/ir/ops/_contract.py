@@ -23,9 +23,10 @@ from __future__ import annotations
 import builtins
 import inspect
 import textwrap
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from functools import lru_cache
-from typing import Any, Callable, Mapping, Sequence
+from functools import cache
+from typing import Any
 
 from cuvil_edge.ir.graph import Node, TensorType
 
@@ -101,7 +102,7 @@ def source_literal(value: Any) -> str:
     return repr(value)
 
 
-@lru_cache(maxsize=None)
+@cache
 def source_of(function: Callable[..., Any]) -> str:
     """A function's source, dedented, decorators kept (there are none in kernels). Cached: a
     build asks for each kernel's source once per call site."""

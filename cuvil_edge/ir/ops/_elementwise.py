@@ -8,7 +8,7 @@ the IR has); a node uses the newest entry not above its opset.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 

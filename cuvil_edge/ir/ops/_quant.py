@@ -9,7 +9,7 @@ The ``_q_*`` functions are the kernels' shared helpers (op contract: listed in `
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 

@@ -7,7 +7,7 @@ entries are Python ints or symbol names (``np.array(["batch", 256], dtype=object
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
