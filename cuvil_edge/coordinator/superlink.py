@@ -2,8 +2,7 @@
 
 Everything lives in the coordinator home: TLS material (``tls/``), the SuperLink's database
 (``superlink.db``, so registrations survive restarts) and the ``flwr`` CLI's configuration
-(``flwr/config.toml``, connection ``cuvil``). Flower 1.42's flags, start-up order and timings are
-in notes/flower-1.42.md §3.
+(``flwr/config.toml``, connection ``cuvil``).
 """
 
 from __future__ import annotations

@@ -30,7 +30,7 @@ def main(kind: str, package_file: str, site_file: str, home: str, server_round: 
     from cuvil_edge.config import load_site
 
     t_app = time.perf_counter()
-    for name in ("_run_id", "_node_id", "_task_id"):  # Message() outside a run (notes/flower-1.42.md §5)
+    for name in ("_run_id", "_node_id", "_task_id"):  # Message() outside a run needs a task identity
         if hasattr(TaskIdentity, name):
             setattr(TaskIdentity, name, 1)
     site = load_site(site_file)

@@ -63,7 +63,7 @@ def counted(monkeypatch):
     return calls
 
 
-# --- item 1: replayed and duplicated messages ------------------------------------------------------------
+# --- a replayed or duplicated message trains once and is charged once -------------------------------------
 def test_three_sequential_deliveries_train_once_and_charge_once(tmp_path, counted):
     site, graph = _site(tmp_path), load_model(digits_cnn_onnx(0))
     ledger, data = _ledger(site, tmp_path), digits.site_partition(0, 3)
@@ -97,7 +97,7 @@ def test_two_concurrent_deliveries_train_once(tmp_path, counted):
     assert len(counted) == 1 and len(ledgers[0].history()) == 1
 
 
-# --- item 2: models that mix samples are refused before anything is reserved -----------------------------
+# --- a model that mixes samples is refused before anything is reserved ------------------------------------
 def test_softmax_over_the_batch_is_refused_before_reserving(tmp_path, counted):
     site = _site(tmp_path)
     rng = np.random.default_rng(0)
@@ -114,7 +114,7 @@ def test_softmax_over_the_batch_is_refused_before_reserving(tmp_path, counted):
     assert ledger.history() == [] and counted == []
 
 
-# --- item 3: one neighbouring relation, nothing un-noised depends on the data ------------------------------
+# --- one record more or less changes no un-noised reply field; an un-noised update says ε is infinite -----
 def _reply_metrics(tmp_path: Path, name: str, data) -> dict:
     """Verify, build and train as the train handler does, and return the reply's metrics."""
     site = _site(tmp_path)

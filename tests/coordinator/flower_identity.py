@@ -6,7 +6,7 @@ import pytest
 
 @pytest.fixture
 def flower_identity(monkeypatch):
-    """Message() outside a Flower run needs a task identity (private API, see notes/flower-1.42.md §5)."""
+    """Message() outside a Flower run raises "TaskIdentity.run_id is not set"; set its ids (a private API)."""
     from flwr.supercore.task_identity import TaskIdentity
 
     for name in ("_run_id", "_node_id", "_task_id"):

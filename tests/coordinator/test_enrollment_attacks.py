@@ -1,4 +1,5 @@
-"""Attacks on enrollment, one named test each: the security review's scripts.
+"""Attacks on enrollment, one named test each: keys and targets crafted to count as a second site, to
+crash the CLI or its status table, or to leave a half-done registration.
 
 Registration failures are real ones: a stand-in SuperLink that answers its health check but
 refuses the Control API, a home whose SuperLink is down, and (one test) a real SuperLink on

@@ -66,7 +66,7 @@ def refused(state, pkg, error, **over):
     assert state_bytes(state) == before, "a refused package changed the state"
 
 
-# --- item 1: the root chain ------------------------------------------------------------------------------
+# --- root chain: only links signed by the previous root apply, revocations stick --------------------------
 def test_forged_root_appended_after_genuine_rotation_refused(tmp_path, keys, fed):
     v1, state = fed
     new_coord = generate_keypair()[0]
@@ -143,7 +143,7 @@ def _kid(private):
     return key_id(private.public_key())
 
 
-# --- item 2: fast-forward recovery ------------------------------------------------------------------------
+# --- floors: a stolen key's lockout ends with its rotation; the clock floor cannot be pushed --------------
 def test_stolen_coordinator_key_lockout_ends_with_its_rotation(keys, fed):
     _, state = fed
     graph = mlp_graph()
@@ -189,7 +189,7 @@ def test_clock_set_back_after_acceptance_still_caught(keys, fed):
     refused(state, old, ClockRollbackError, now=NOW - 5000)  # the device clock went back 5000 s
 
 
-# --- item 4: typed errors for nesting ---------------------------------------------------------------------
+# --- deep nesting in the envelope or signed header is a typed PackageFormatError --------------------------
 @pytest.mark.parametrize("depth", [33, 990, 5000])
 def test_deeply_nested_envelope_json_is_a_typed_error(keys, fed, depth):
     _, state = fed
@@ -210,7 +210,7 @@ def test_deeply_nested_signed_header_is_a_typed_error(keys, fed, depth):
     refused(state, sign_raw_payload(build_payload(header, data), tensor_rows(payload), keys), PackageFormatError)
 
 
-# --- item 6: names ------------------------------------------------------------------------------------------
+# --- names: controls, bidi, separators and paths refused in every field an agent reads --------------------
 BAD_NAMES = {
     "c1-control": "a\x85b", "bidi-override": "a\u202eb", "bidi-isolate": "a\u2066b", "line-separator": "a\u2028b",
     "paragraph-separator": "a\u2029b", "bom": "\ufeffa", "backslash": "a\\b", "drive-letter": "C:x",

@@ -161,8 +161,8 @@ def test_rdp_cross_check_is_never_below_pld(events: list) -> None:
     assert bounds["rdp"] >= bounds["pld"] * (1 - 1e-3)
 
 
-def test_notes_table_values() -> None:
-    # notes/privacy.md §2: Google PLD 6.7688 and 5.1483 (grid 1e-4); ours is pessimistic on a 1e-3 grid.
+def test_pld_matches_google_dp_accounting() -> None:
+    # Google's dp-accounting PLD: 6.7688 and 5.1483 (grid 1e-4); ours is pessimistic on a 1e-3 grid.
     assert pld_epsilon([DpSgd(1.5, 0.04, 2250)], DELTA) == pytest.approx(6.7688, abs=2e-3)
     assert pld_epsilon([DpSgd(1.0, 0.1, 50)], DELTA) == pytest.approx(5.1483, abs=2e-3)
 

@@ -126,7 +126,7 @@ def test_many_laplace_releases_are_cheaper_under_rdp(k: int, rdp: float) -> None
 
     eps = acc.rdp_epsilon(DELTA)
 
-    # Values measured with Google's dp-accounting RDP accountant (notes, composition table).
+    # Values measured with Google's dp-accounting RDP accountant (Laplace ε = 1.2 per release, δ = 1e-5).
     assert eps == pytest.approx(rdp, abs=0.01)
     assert acc.pld_epsilon(DELTA) <= acc.epsilon(DELTA) <= acc.pld_epsilon(DELTA) + 1e-4
     assert acc.epsilon(DELTA) < eps < 1.2 * k
@@ -143,9 +143,9 @@ def test_gaussian_curve_is_opacus_full_batch_curve() -> None:
 def test_mixed_dpsgd_and_laplace() -> None:
     acc = Accountant([DpSgd(1.0, 0.01, 1000)] + [Laplace(0.5)] * 10)
 
-    # notes §5: RDP 6.12 against 7.10 when the parts are summed (DP-SGD by RDP: 2.10).
+    # Google's dp-accounting: RDP 6.12 against 7.10 when the parts are summed (DP-SGD by RDP: 2.10).
     assert acc.rdp_epsilon(DELTA) == pytest.approx(6.12, abs=0.01)
-    # basic now adds the DP-SGD part's PLD ε (1.84, Opacus PRV 1.8384 in the notes) to the sum 5.
+    # basic adds the DP-SGD part's PLD ε (1.84; Opacus' PRV accountant: 1.8384) to the Laplace sum 5.
     assert float(acc.basic_epsilon(DELTA)) == pytest.approx(5 + 1.84, abs=0.02)
     assert acc.pld_epsilon(DELTA) <= acc.epsilon(DELTA) <= acc.pld_epsilon(DELTA) + 1e-4
     assert acc.epsilon(DELTA) < acc.rdp_epsilon(DELTA)

@@ -149,7 +149,7 @@ def test_dpsgd_is_charged_by_pld_below_opacus_rdp_golden_value(tmp_path: Path) -
 
     led.commit(led.reserve(DpSgd(1.5, 0.04, 2250), key="train-1", round=1))
 
-    # Google PLD 6.7688 (notes §2); Opacus' own RDP test value is 7.32911117143.
+    # Google's dp-accounting PLD: 6.7688; Opacus' own RDP test value is 7.32911117143.
     assert led.spent() == pytest.approx(6.7688, abs=2e-3) == ONE_RUN
     assert led.spent() < Accountant([DpSgd(1.5, 0.04, 2250)]).rdp_epsilon(DELTA) == pytest.approx(7.32911, abs=1e-4)
     assert led.history()[0]["epsilon"] == pytest.approx(led.spent())
