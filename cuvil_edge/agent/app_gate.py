@@ -131,7 +131,7 @@ def run_task(address: str, token: str) -> int:
 
             reply = app(message=message, context=context)
             status, details = SubStatus.COMPLETED, ""
-    except Exception as e:  # noqa: BLE001 - a failure becomes an error reply naming only its type
+    except Exception as e:  # a failure becomes an error reply naming only its type
         log.exception("the ClientApp failed")
         details = f"the ClientApp raised {type(e).__name__}; see the device's log"
         if message is not None:
@@ -140,7 +140,7 @@ def run_task(address: str, token: str) -> int:
         if reply is not None and context is not None:
             try:
                 push_message(client, reply, context)
-            except Exception:  # noqa: BLE001 - logged; the SuperLink reports the missing reply
+            except Exception:  # logged; the SuperLink reports the missing reply
                 log.exception("pushing the reply failed")
                 status = SubStatus.FAILED
         push_task_output(client=client, context=context, sub_status=status, details=details)

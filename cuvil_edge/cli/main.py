@@ -259,7 +259,7 @@ def demo(
         metrics = run_in_simulation(spec, APP_DIR, verbose=verbose)
     except (RunFailedError, RunEndedError) as e:  # the run failed, not its configuration: exit 1
         print(f"error: {e}", file=sys.stderr)
-        raise typer.Exit(1)
+        raise typer.Exit(1) from None
     final = metrics["rounds"][-1]
     worst = max(s.get("eps-spent", 0.0) for s in final["sites"].values())
     console.print(
@@ -344,7 +344,7 @@ def run_federation_cmd(
         status = submit_run(home, APP_DIR, federation, rounds, resume=resume, verbose=verbose)
     except RunEndedError as e:
         print(f"error: {e}", file=sys.stderr)
-        raise typer.Exit(1)
+        raise typer.Exit(1) from None
     reports = max((p for p in (Path(home) / "runs").glob("run-*") if (p / "metrics.json").exists()), default=None)
     console.print(
         escape(

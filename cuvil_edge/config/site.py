@@ -219,7 +219,7 @@ class SiteConfig(_Strict):
 
         try:
             spec = load_target(value)
-        except Exception as e:  # UnknownTargetError: re-raised so pydantic names the key
+        except Exception as e:  # noqa: BLE001 - UnknownTargetError, re-raised so pydantic names the key
             raise ValueError(str(e)) from None
         return spec.name
 

@@ -299,7 +299,10 @@ def _pooled_text(entry: dict) -> str:
 
 def _site_table(entry: dict) -> list[str]:
     """One fixed-width line per site, then each site's errors and who dropped out."""
-    cols = f"  {'site':<14}{'target':<18}{'prec':<6}{'status':<18}{'ε spent':>9}{'ε left':>9}{'pkg KiB':>9}{'build ms':>10}{'local acc*':>11}"
+    cols = (
+        f"  {'site':<14}{'target':<18}{'prec':<6}{'status':<18}"
+        f"{'ε spent':>9}{'ε left':>9}{'pkg KiB':>9}{'build ms':>10}{'local acc*':>11}"
+    )
     lines = [cols]
     for site, s in entry["sites"].items():
         lines.append(

@@ -79,7 +79,7 @@ class ServerAppGate:
         try:
             client.PullTaskInput(PullTaskInputRequest())  # the task must be started before it can end
             client.PushTaskOutput(PushTaskOutputRequest(sub_status=SubStatus.FAILED, details=reason))
-        except Exception:  # noqa: BLE001 - logged; the SuperLink expires the task by itself
+        except Exception:  # logged; the SuperLink expires the task by itself
             log.exception("ending the refused run %s failed", task.run_id)
         finally:
             client.close()

@@ -154,10 +154,10 @@ def template_functions() -> tuple[tuple[str, str], ...]:
 def templates_digest() -> str:
     """sha256 over :data:`CODEGEN_VERSION`, the registered op types and the bytes of every source
     file code generation reads: every file of the op package (kernels, helpers, ``attrs``, the
-    capability defaults; build outputs such as ``.so`` aside), any other file a kernel, helper or ``attrs`` lives in, and this module and the
-    pruner. Changes whenever any kernel changes (and, conservatively, when anything else in those
-    files does). Hashing the files (~1 ms) replaces parsing every template (~0.3 s), which a fresh
-    agent process paid on every cache hit.
+    capability defaults; build outputs such as ``.so`` aside), any other file a kernel, helper or
+    ``attrs`` lives in, and this module and the pruner. Changes whenever any kernel changes (and,
+    conservatively, when anything else in those files does). Hashing the files (~1 ms) replaces
+    parsing every template (~0.3 s), which a fresh agent process paid on every cache hit.
 
     Raises:
         BuildError: one of those files cannot be read.
@@ -212,7 +212,8 @@ def generate_source(graph: Graph) -> str:
     """
     parts = [
         f"# cuvil-edge generated module (codegen {CODEGEN_VERSION}) for graph {graph.name!r}",
-        f"# {len(graph.nodes)} nodes, inputs {[v.name for v in graph.inputs]}, outputs {[v.name for v in graph.outputs]}",
+        f"# {len(graph.nodes)} nodes, inputs {[v.name for v in graph.inputs]}, "
+        f"outputs {[v.name for v in graph.outputs]}",
         "# Do not edit: regenerated from the package by cuvil_edge.device_targets.",
         "import numpy as np",
         "",

@@ -293,7 +293,7 @@ class Fold(_Tracking):
     def _try(compute: Callable[[], Any], node: ast.AST) -> ast.AST:
         try:
             value = compute()
-        except Exception:  # leave it to run time, where it raises as written
+        except Exception:  # noqa: BLE001 - left to run time, where it raises as written
             return node
         return _const(value, node) if _small(value) else node
 

@@ -362,7 +362,7 @@ def evaluate(
         if module.flops(node, list(in_types), list(out_types)) > FOLD_MAX_FLOPS:
             return unknown
         results = module.kernel(node, *values)
-    except Exception as e:  # a kernel that fails on constants fails at run time too; leave it to then
+    except Exception as e:  # noqa: BLE001 - a kernel failing on constants fails at run time too
         log.debug("%s: cannot evaluate at build time (%s)", node.describe(), e)
         return unknown
     return [np.asarray(r) if r is not None else None for r in results][: len(node.outputs)] + unknown[len(results) :]

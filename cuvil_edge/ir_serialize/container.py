@@ -102,7 +102,8 @@ class TensorEntry:
         expected = math.prod(dims) * dtypes.itemsize(dtype)  # python ints: no overflow
         if expected != entry.length:
             raise BadShapeError(
-                f"{where} ({entry.name!r}): shape {list(dims)} of {dtype} needs {expected} bytes, length says {entry.length}"
+                f"{where} ({entry.name!r}): shape {list(dims)} of {dtype} needs {expected} bytes, "
+                f"length says {entry.length}"
             )
         return entry
 

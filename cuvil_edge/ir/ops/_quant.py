@@ -42,7 +42,8 @@ def no_blocks(node: Node) -> None:
 
 
 def per_axis(node: Node, t: TensorType | None, x: TensorType, axis: int | None, what: str) -> None:
-    """``t`` must be a scalar, a 1-element vector or (with ``axis``, None before opset 13) a vector of x's size at axis."""
+    """``t`` must be a scalar, a 1-element vector or (with ``axis``, None before opset 13) a vector of
+    x's size at axis."""
     if t is None or t.rank == 0 or t.shape == (1,):
         return
     if t.rank > 1:

@@ -1,7 +1,7 @@
 """Elementwise ops of two or more inputs with numpy (multidirectional) broadcasting, one table row
 each (the op contract: ``_contract.py``): the arithmetic Add, Sub, Mul, Div, Pow; the variadic Sum,
-Min, Max, Mean; the comparisons Equal, Greater, Less, GreaterOrEqual, LessOrEqual (bool output); Where (three inputs); Mod, And,
-Or, Xor, the bitwise ops, BitShift and PRelu.
+Min, Max, Mean; the comparisons Equal, Greater, Less, GreaterOrEqual, LessOrEqual (bool output);
+Where (three inputs); Mod, And, Or, Xor, the bitwise ops, BitShift and PRelu.
 
 Integer arithmetic wraps (two's complement, as onnxruntime); integer Div truncates toward zero as C
 does (-7 / 2 = -3); float division by zero gives inf or NaN. Comparisons with NaN are False.

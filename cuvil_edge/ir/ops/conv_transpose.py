@@ -71,7 +71,7 @@ def _convt_geometry(spatial, kernel, strides, pads, dilations, out_pad, out_shap
 
 
 def k_conv_transpose(x, w, b=None, *, strides, pads, dilations, output_padding, output_shape, auto_pad, group):
-    n, c, kernel = x.shape[0], x.shape[1], w.shape[2:]
+    n, kernel = x.shape[0], w.shape[2:]
     k, mg, cg = len(kernel), w.shape[1], x.shape[1] // group
     st = strides or (1,) * k
     di = dilations or (1,) * k
