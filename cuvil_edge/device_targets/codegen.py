@@ -87,7 +87,8 @@ def batch_plan(graph: Graph) -> BatchPlan:
 def _op_template(op_type: str) -> tuple[tuple[str, tuple[str, ...], str], ...]:
     """The top-level definitions of one op's template, parsed once per process: (key, names
     defined, source text) each. A key is the first defined name (``op:index`` for a statement
-    that defines none). Only the ops a graph uses are parsed (parsing all 177 took 0.3 s).
+    that defines none). Only the ops a graph uses are parsed: parsing every op's template takes
+    about half a second (0.47 s for 181 ops on the 2-core dev machine).
 
     Raises:
         BuildError: the template is not valid Python, or reuses a reserved name.
