@@ -332,7 +332,7 @@ def run_federation_cmd(
             f"{'' if total - done == 1 else 's'} left",
             soft_wrap=True,
         )
-    listed = {site.site: path for site, path in zip(sites, config.sites)}
+    listed = {site.site: path for site, path in zip(sites, config.sites, strict=True)}
     missing = preflight.wait_for_sites(
         home,
         listed,

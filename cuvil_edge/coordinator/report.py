@@ -175,7 +175,7 @@ class RunReport:
             if r.get("central_dp", {}).get("epsilon") is not None
         ]
         if central:
-            ax_eps.plot(*zip(*central), marker="s", color="black", label="central ε (site-level)")
+            ax_eps.plot(*zip(*central, strict=True), marker="s", color="black", label="central ε (site-level)")
         budgets = sorted({s.privacy.epsilon_budget for s in self.sites})
         ax_eps.axhline(budgets[-1], color="grey", linestyle="--", label="budget")
         if len(budgets) > 1:

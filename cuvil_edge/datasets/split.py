@@ -66,7 +66,10 @@ def record_digests(split: Records, key: bytes) -> list[bytes]:
     x = np.ascontiguousarray(split.x, dtype="<f4")
     y = np.ascontiguousarray(split.y, dtype="<i8")
     dtype, shape = x.dtype.str.encode(), repr(tuple(x.shape[1:])).encode()
-    return [private_dir.mac(key, DOMAIN, dtype, shape, row.tobytes(), label.tobytes()) for row, label in zip(x, y)]
+    return [
+        private_dir.mac(key, DOMAIN, dtype, shape, row.tobytes(), label.tobytes())
+        for row, label in zip(x, y, strict=True)
+    ]
 
 
 def in_eval(digests: list[bytes], eval_fraction: float) -> np.ndarray:

@@ -260,7 +260,11 @@ class Specialiser:
             if not arg and index < len(positional):
                 values[positional[index]] = None  # absent optional input: `if b is not None` folds
         defaults = dict(
-            zip(positional[len(positional) - len(function.__defaults__ or ()) :], function.__defaults__ or ())
+            zip(
+                positional[len(positional) - len(function.__defaults__ or ()) :],
+                function.__defaults__ or (),
+                strict=True,
+            )
         )
         for param in positional[len(args) :]:
             if param not in values and param in defaults:
@@ -300,7 +304,7 @@ class Specialiser:
             ):
                 continue
             params = list(helper.__code__.co_varnames[: helper.__code__.co_argcount])
-            given = [*zip(params, call.args), *((k.arg, k.value) for k in call.keywords)]
+            given = [*zip(params, call.args, strict=False), *((k.arg, k.value) for k in call.keywords)]
             values = {p: v for p, v in ((p, literal(a)) for p, a in given) if v is not _MISSING}
             if not values:
                 continue
@@ -312,7 +316,9 @@ class Specialiser:
                 continue
             copy = self._with_helpers(copy, helpers, depth + 1)
             call.func.id = self._named(helper.__name__, copy)
-            call.args = [a for p, a in zip(params, call.args) if p not in bound] + call.args[len(params) :]
+            call.args = [a for p, a in zip(params, call.args, strict=False) if p not in bound] + call.args[
+                len(params) :
+            ]
             call.keywords = [k for k in call.keywords if k.arg not in bound]
             changed = True
         return ast.unparse(tree) if changed else text

@@ -73,7 +73,7 @@ class CuvilBackendRep(BackendRep):
                 raise ExecutionError(
                     f"the model takes {len(names)} inputs {names}, got {len(inputs)}; feed them in that order"
                 )
-            pairs = dict(zip(names, inputs))
+            pairs = dict(zip(names, inputs, strict=True))
         return {k: np.asarray(v) if isinstance(v, np.generic) else v for k, v in pairs.items()}
 
 

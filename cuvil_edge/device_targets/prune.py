@@ -184,7 +184,7 @@ class Fold(_Tracking):
             return node
 
         def chain() -> bool:
-            return all(_COMPARE[type(op)](a, b) for op, a, b in zip(node.ops, values, values[1:]))
+            return all(_COMPARE[type(op)](a, b) for op, a, b in zip(node.ops, values, values[1:], strict=False))
 
         return self._try(chain, node)
 
@@ -287,7 +287,9 @@ class Fold(_Tracking):
         if any(p is _MISSING for p in parts):
             return node
         count = len(f.value.keys)
-        return self._try(lambda: dict(zip(parts[:count], parts[count : 2 * count])).get(*parts[2 * count :]), node)
+        return self._try(
+            lambda: dict(zip(parts[:count], parts[count : 2 * count], strict=True)).get(*parts[2 * count :]), node
+        )
 
     @staticmethod
     def _try(compute: Callable[[], Any], node: ast.AST) -> ast.AST:
@@ -388,7 +390,7 @@ def _header(source: str) -> str:
 
 def _join(body: list[ast.stmt], chunks: list[str]) -> str:
     out = []
-    for index, (stmt, chunk) in enumerate(zip(body, chunks)):
+    for index, (stmt, chunk) in enumerate(zip(body, chunks, strict=True)):
         is_def = isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
         prev_def = index > 0 and isinstance(body[index - 1], (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
         if index and (is_def or prev_def):
@@ -473,14 +475,16 @@ def _specialise(
         return source, (), False
     # drop the substituted parameters, keeping each remaining one's default
     positional = [*args.posonlyargs, *args.args]
-    defaults = dict(zip([a.arg for a in positional][len(positional) - len(args.defaults) :], args.defaults))
+    defaults = dict(
+        zip([a.arg for a in positional][len(positional) - len(args.defaults) :], args.defaults, strict=True)
+    )
     kept = [a for a in positional if a.arg not in chosen]
     args.posonlyargs, args.args = [], kept
     args.defaults = []
     if any(a.arg in defaults for a in kept):
         first = next(i for i, a in enumerate(kept) if a.arg in defaults)
         args.defaults = [defaults.get(a.arg, ast.Constant(None)) for a in kept[first:]]
-    kw = [(a, d) for a, d in zip(args.kwonlyargs, args.kw_defaults) if a.arg not in chosen]
+    kw = [(a, d) for a, d in zip(args.kwonlyargs, args.kw_defaults, strict=True) if a.arg not in chosen]
     args.kwonlyargs, args.kw_defaults = [a for a, _ in kw], [d for _, d in kw]
     function.name = name
     if doc is not None:

@@ -137,13 +137,13 @@ def _infer_node(node: Node, module, types: dict[str, TensorType], values: dict[s
         raise ShapeInferenceError(
             f"{node.describe()} declares {len(node.outputs)} outputs, the op gives {len(out_types)}"
         )
-    for out, t in zip(node.outputs, out_types):
+    for out, t in zip(node.outputs, out_types, strict=False):
         if out:
             types[out] = check_type(t, f"output {out!r} of {node.describe()}")
     known = shape_values.evaluate(
         node, module, [values.get(i) if i else None for i in node.inputs], in_types, out_types
     )
-    for out, value in zip(node.outputs, known):
+    for out, value in zip(node.outputs, known, strict=False):
         if out and value is not None:
             values[out] = value
 

@@ -38,7 +38,7 @@ def bind_inputs(graph: Graph, feeds: Mapping[str, np.ndarray]) -> dict[str, int]
             raise ExecutionError(f"input {v.name!r} must be {want.dtype}, got {array.dtype}; cast it with .astype")
         if array.ndim != want.rank:
             raise ExecutionError(f"input {v.name!r} must have shape {list(want.shape)}, got {list(array.shape)}")
-        for axis, (dim, size) in enumerate(zip(want.shape, array.shape)):
+        for axis, (dim, size) in enumerate(zip(want.shape, array.shape, strict=True)):
             if isinstance(dim, str):
                 if bindings.setdefault(dim, size) != size:
                     raise ExecutionError(f"symbol {dim!r} is {bindings[dim]} elsewhere but {size} in input {v.name!r}")
@@ -72,7 +72,7 @@ def run(graph: Graph, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
             raise
         except Exception as e:  # a kernel fault must name the node, not leak numpy's traceback
             raise ExecutionError(f"{node.describe()} failed: {type(e).__name__}: {e}") from e
-        for name, value in zip(node.outputs, results):
+        for name, value in zip(node.outputs, results, strict=False):
             if name:
                 _check_shape(graph, node, name, value, bindings)
                 env[name] = value
@@ -93,7 +93,7 @@ def _check_shape(graph: Graph, node, name: str, value, bindings: dict[str, int])
         return
     if len(shape) != want.rank:
         raise ExecutionError(f"{node.describe()} made {name!r} of shape {list(shape)}, but its type is {want}")
-    for dim, size in zip(want.shape, shape):
+    for dim, size in zip(want.shape, shape, strict=True):
         if isinstance(dim, int):
             ok = dim == size
         else:

@@ -149,7 +149,7 @@ def _slice(node, values, types):
     axes = list(range(len(starts))) if axes is None else [int(a) for a in axes]
     steps = [1] * len(starts) if steps is None else [int(s) for s in steps]
     index = [slice(None)] * data.ndim
-    for s, e, a, st in zip(starts, ends, axes, steps):
+    for s, e, a, st in zip(starts, ends, axes, steps, strict=True):
         index[a + data.ndim if a < 0 else a] = slice(int(s), int(e), st)
     return _settle(data[tuple(index)])
 
@@ -342,7 +342,7 @@ def evaluate(
         except (ValueError, TypeError) as e:
             log.debug("%s: shape value unknown (%s)", node.describe(), e)
             return unknown
-    present = [v for name, v in zip(node.inputs, values) if name]
+    present = [v for name, v in zip(node.inputs, values, strict=True) if name]
     if not present or any(v is None for v in present):
         return unknown
     if any(is_symbolic(v) for v in present):

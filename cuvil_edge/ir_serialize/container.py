@@ -165,7 +165,7 @@ def encode_payload(graph: Graph) -> bytes:
     out = bytearray(data_start + cursor)
     PRELUDE.pack_into(out, 0, MAGIC, FORMAT_VERSION, 0, len(header))
     out[PRELUDE.size : PRELUDE.size + len(header)] = header
-    for entry, blob in zip(entries, blobs):
+    for entry, blob in zip(entries, blobs, strict=True):
         out[data_start + entry.offset : data_start + entry.offset + entry.length] = blob
     return bytes(out)
 
@@ -226,7 +226,7 @@ def read_layout(view: memoryview, *, max_header_bytes: int = MAX_HEADER_BYTES) -
         )
     entries = [TensorEntry.from_dict(row, i) for i, row in enumerate(get_list(header, "tensors", "payload header"))]
     names = [e.name for e in entries]
-    if any(a >= b for a, b in zip(names, names[1:])):
+    if any(a >= b for a, b in zip(names, names[1:], strict=False)):
         raise PackageFormatError("the tensor table must be sorted by name without duplicates (PACKAGE_SPEC §6.3)")
     data_start = align(header_end)
     _check_layout(entries, data_start, len(view))
@@ -285,7 +285,7 @@ def _check_layout(entries: list[TensorEntry], data_start: int, total: int) -> No
 
 def _check_padding(view: memoryview, entries: list[TensorEntry], header_end: int, data_start: int) -> None:
     gaps = [(header_end, data_start)]
-    for e, nxt in zip(entries, entries[1:] + [None]):
+    for e, nxt in zip(entries, entries[1:] + [None], strict=True):
         stop = data_start + (nxt.offset if nxt else align(e.offset + e.length))
         gaps.append((data_start + e.offset + e.length, stop))
     for start, stop in gaps:

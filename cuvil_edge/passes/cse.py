@@ -64,7 +64,7 @@ class CommonSubexpressionElimination(Pass):
             key = node_key(node)
             twin = seen.get(key)
             if twin is not None and not any(o in outputs for o in node.outputs):
-                mapping.update({o: t for o, t in zip(node.outputs, twin.outputs) if o})
+                mapping.update({o: t for o, t in zip(node.outputs, twin.outputs, strict=True) if o})
                 changes.append(f"{node.describe()} repeats {twin.describe()}")
                 continue
             seen.setdefault(key, node)

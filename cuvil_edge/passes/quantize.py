@@ -240,7 +240,7 @@ def _activations(graph: Graph, feeds: Mapping[str, np.ndarray], wanted: set[str]
             raise
         except Exception as e:  # a kernel fault names the node, as in the interpreter
             raise PassError(f"calibration: {node.describe()} failed: {type(e).__name__}: {e}") from e
-        for name, value in zip(node.outputs, results):
+        for name, value in zip(node.outputs, results, strict=False):
             if name:
                 env[name] = value
                 if name in wanted:

@@ -225,10 +225,10 @@ def sequential(
             _correct(fp, node, bias, env_f, env_q, inits_f, inits_q)
         else:
             for env in env_q:
-                env.update(zip(node.outputs, _run(node, env, inits_q)))
+                env.update(zip(node.outputs, _run(node, env, inits_q), strict=False))
             if fp is not None:
                 for env in env_f:
-                    env.update(zip(fp.outputs, _run(fp, env, inits_f)))
+                    env.update(zip(fp.outputs, _run(fp, env, inits_f), strict=False))
         for envs, last in ((env_q, last_q), (env_f, last_f)):
             for env in envs:
                 for name in [n for n in env if last.get(n, -1) <= i]:
@@ -270,7 +270,10 @@ def _correct(fp: Node, node: Node, bias: str, env_f, env_q, inits_f, inits_q) ->
     got = [_run(plain[1], env, inits_q)[0] for env in env_q]
     # per sample, the mean error of each channel over the positions: [samples, channels]
     per = np.concatenate(
-        [(a - b).astype(np.float64).reshape(a.shape[0], a.shape[1], -1).mean(axis=2) for a, b in zip(want, got)]
+        [
+            (a - b).astype(np.float64).reshape(a.shape[0], a.shape[1], -1).mean(axis=2)
+            for a, b in zip(want, got, strict=True)
+        ]
     )
     shift = per.mean(axis=0)
     if SHRINK and len(per) > 1:  # keep a channel's shift only as far as it stands out of its sampling noise
@@ -279,7 +282,7 @@ def _correct(fp: Node, node: Node, bias: str, env_f, env_q, inits_f, inits_q) ->
     inits_q[bias] = (inits_q[bias] + shift.reshape(inits_q[bias].shape)).astype(np.float32)
     channel = (1, -1) + (1,) * (want[0].ndim - 2)
     for envs, ys, add in ((env_f, want, None), (env_q, got, shift.astype(np.float32).reshape(channel))):
-        for env, y in zip(envs, ys):
+        for env, y in zip(envs, ys, strict=True):
             env[node.outputs[0]] = _activate(y if add is None else y + add, act)
 
 

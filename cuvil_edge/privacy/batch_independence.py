@@ -129,7 +129,7 @@ def batch_axes(graph: Graph, *, batch_axis_inputs: Iterable[str] | None = None) 
             known,
             symbols,
         )
-        for name, state in zip(node.outputs, _step(view)):
+        for name, state in zip(node.outputs, _step(view), strict=False):
             if name:
                 states[name] = _settle(state, known.get(name), symbols)
                 _one_batch_axis(node, name, graph.types[name], states[name], symbols)

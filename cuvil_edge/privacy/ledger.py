@@ -349,7 +349,9 @@ class PrivacyLedger(_LedgerFile):
         with self._lock:
             rows = self._rows(self._conn)
         live = [r for r in rows if r.status != "aborted"]
-        totals = dict(zip((r.id for r in live), cumulative_epsilons([r.event() for r in live], self.delta)))
+        totals = dict(
+            zip((r.id for r in live), cumulative_epsilons([r.event() for r in live], self.delta), strict=True)
+        )
         out: dict[int | None, dict[str, Any]] = {}
         spent = 0.0
         for r in rows:

@@ -44,7 +44,7 @@ def _infer_tensor_scatter(node, inputs):
     a = axis_index(node, int(node.attr("axis", -2)), cache.rank)
     if a == 0:
         raise ShapeInferenceError(f"{node.describe()}: axis 0 is the batch axis; the sequence axis must come later")
-    for i, (c, u) in enumerate(zip(cache.shape, update.shape)):
+    for i, (c, u) in enumerate(zip(cache.shape, update.shape, strict=True)):
         if isinstance(c, int) and isinstance(u, int) and (u > c if i == a else u != c):
             raise ShapeInferenceError(f"{node.describe()}: update {update} does not fit past_cache {cache} at axis {i}")
     if len(inputs) > 2 and inputs[2] is not None and (inputs[2].dtype != "int64" or inputs[2].rank != 1):

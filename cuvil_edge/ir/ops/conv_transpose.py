@@ -102,9 +102,11 @@ def k_conv_transpose(x, w, b=None, *, strides, pads, dilations, output_padding, 
             part = cols[:, :, index]
         else:
             part = np.matmul(wg[:, :, :, index].transpose(0, 2, 1), xg).reshape((n, group, mg) + tuple(spatial))
-        window = tuple(slice(t * d, t * d + (s_in - 1) * s + 1, s) for t, d, s_in, s in zip(tap, di, spatial, st))
+        window = tuple(
+            slice(t * d, t * d + (s_in - 1) * s + 1, s) for t, d, s_in, s in zip(tap, di, spatial, st, strict=True)
+        )
         y[(slice(None), slice(None), slice(None)) + window] += part
-    y = y[(slice(None), slice(None), slice(None)) + tuple(slice(bg, bg + o) for bg, o in zip(begin, out))]
+    y = y[(slice(None), slice(None), slice(None)) + tuple(slice(bg, bg + o) for bg, o in zip(begin, out, strict=True))]
     y = y.reshape((n, group * mg) + tuple(out))
     if b is not None:
         y = y + b.reshape((1, -1) + (1,) * k)
@@ -150,7 +152,7 @@ def _check_scratch(node, x, w, strides, dilations, group, begin, out) -> None:
     """
     full = [
         max(b + o, s * (size - 1) + d * (k - 1) + 1)
-        for b, o, s, size, d, k in zip(begin, out, strides, x[2:], dilations, w[2:])
+        for b, o, s, size, d, k in zip(begin, out, strides, x[2:], dilations, w[2:], strict=True)
     ]
     total = (x[0] if isinstance(x[0], int) else 1) * w[1] * group
     for f in full:

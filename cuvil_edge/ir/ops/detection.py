@@ -74,6 +74,7 @@ def _infer_nms(node, inputs):
     for t, (what, dtype) in zip(
         inputs[2:],
         (("max_output_boxes_per_class", "int64"), ("iou_threshold", "float32"), ("score_threshold", "float32")),
+        strict=False,
     ):
         if t is not None and (t.dtype != dtype or t.rank > 1):
             raise ShapeInferenceError(f"{node.describe()}: {what} must be a {dtype} scalar, got {t}")

@@ -26,7 +26,7 @@ def k_gather_nd(data, indices, batch_dims):
     idx = np.where(indices < 0, indices + sizes, indices).astype(np.int64)
     flat_data = data.reshape((-1,) + data.shape[batch_dims:])
     flat_idx = idx.reshape((-1,) + idx.shape[batch_dims:])
-    parts = [d[tuple(np.moveaxis(i, -1, 0))] for d, i in zip(flat_data, flat_idx)]
+    parts = [d[tuple(np.moveaxis(i, -1, 0))] for d, i in zip(flat_data, flat_idx, strict=True)]
     tail = data.shape[batch_dims + depth :]
     return (
         np.stack(parts).reshape(indices.shape[:-1] + tail) if parts else np.zeros(indices.shape[:-1] + tail, data.dtype)

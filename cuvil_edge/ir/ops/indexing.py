@@ -240,7 +240,7 @@ def _einsum_shape(node, equation, inputs):
         )
     dims: dict = {}
     ellipses = []
-    for term, t in zip(terms, inputs):
+    for term, t in zip(terms, inputs, strict=True):
         head, dots, tail = term.partition("...")
         spread = t.rank - len(head) - len(tail) if dots else 0
         if spread < 0 or (not dots and len(term) != t.rank):
@@ -248,7 +248,7 @@ def _einsum_shape(node, equation, inputs):
         letters = list(head) + [None] * spread + list(tail)
         if dots:
             ellipses.append(tuple(t.shape[len(head) : len(head) + spread]))
-        for letter, d in zip(letters, t.shape):
+        for letter, d in zip(letters, t.shape, strict=True):
             if letter is None:
                 continue
             if not letter.isalpha() or (letter in dims and dims[letter] != d):
@@ -278,10 +278,10 @@ def _einsum_flops(node, inputs, outputs):
     times the broadcast (ellipsis) part of the output."""
     lhs, _, rhs = text(node, "equation", "").replace(" ", "").partition("->")
     sizes: dict = {}
-    for term, t in zip(lhs.split(","), inputs):
+    for term, t in zip(lhs.split(","), inputs, strict=True):
         head, _, tail = term.partition("...")
-        sizes.update(zip(head, t.shape))
-        sizes.update(zip(reversed(tail), reversed(t.shape)))
+        sizes.update(zip(head, t.shape, strict=False))
+        sizes.update(zip(reversed(tail), reversed(t.shape), strict=False))
 
     def product(dims):
         total = 1

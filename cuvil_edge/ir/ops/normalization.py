@@ -142,7 +142,7 @@ def _infer_batch_normalization(node, inputs):
     if x.rank < 2:
         raise ShapeInferenceError(f"{node.describe()} needs X of shape (N, C, ...), got {x}")
     per_channel = (x.shape[1],) if node.version >= 9 or int(node.attr("spatial", 1)) else x.shape[1:]
-    for name, t in zip(("scale", "B", "mean", "var"), inputs[1:]):
+    for name, t in zip(("scale", "B", "mean", "var"), inputs[1:], strict=True):
         want_dtype(node, t, dtypes.FLOATS)
         if t.shape != per_channel and t.shape != (x.shape[1],):
             raise ShapeInferenceError(f"{node.describe()}: {name} {t} must have shape {per_channel}")
@@ -180,7 +180,7 @@ def _infer_layer_normalization(node, inputs):
     want_dtype(node, x, dtypes.FLOATS)
     a = _ln_attrs(node)
     axis = axis_index(node, a["axis"], x.rank)
-    for what, t in zip(("Scale", "B"), inputs[1:]):
+    for what, t in zip(("Scale", "B"), inputs[1:], strict=False):
         if t is not None and (t.dtype != x.dtype or broadcast(node, x.shape, t.shape) != x.shape):
             raise ShapeInferenceError(f"{node.describe()}: {what} {t} must be {x.dtype} and broadcast to X {x}")
     stats = TensorType(a["stash"] or x.dtype, x.shape[:axis] + (1,) * (x.rank - axis))

@@ -315,7 +315,7 @@ def _infer_recurrent(node, inputs):
         if (
             t.dtype != x.dtype
             or t.rank != len(shape)
-            or any(isinstance(a, int) and isinstance(e, int) and a != e for a, e in zip(t.shape, shape))
+            or any(isinstance(a, int) and isinstance(e, int) and a != e for a, e in zip(t.shape, shape, strict=True))
         ):
             raise ShapeInferenceError(f"{node.describe()}: {name} must be {x.dtype}{list(shape)}, got {t}")
     if extra[1] is not None and (extra[1].dtype != "int32" or extra[1].rank != 1):

@@ -45,15 +45,15 @@ def _resize_plan(shape, scales, sizes, axes, policy):
     if sizes is not None and len(sizes):
         asked = [int(s) for s in sizes]
         if policy != "stretch":
-            ratios = [np.float32(s) / np.float32(shape[a]) for s, a in zip(asked, along)]
+            ratios = [np.float32(s) / np.float32(shape[a]) for s, a in zip(asked, along, strict=True)]
             common = min(ratios) if policy == "not_larger" else max(ratios)
             for a in along:
                 out[a], scale[a] = int(np.floor(common * np.float32(shape[a]) + np.float32(0.5))), np.float32(common)
         else:
-            for a, s in zip(along, asked):
+            for a, s in zip(along, asked, strict=True):
                 out[a], scale[a] = s, np.float32(s) / np.float32(shape[a])
     else:
-        for a, s in zip(along, scales):
+        for a, s in zip(along, scales, strict=True):
             out[a], scale[a] = int(np.floor(np.float32(s) * np.float32(shape[a]))), np.float32(s)
     return out, scale
 
@@ -258,7 +258,7 @@ def _infer(node, inputs, consts=None):
     given = sizes if sizes is not None else scales
     if len(given) != len(axes):
         raise ShapeInferenceError(f"{node.describe()}: {len(given)} scales/sizes for {len(axes)} axes of {x}")
-    symbolic = {a: v for a, v in zip(axes, given) if isinstance(x.shape[a], str) or isinstance(v, str)}
+    symbolic = {a: v for a, v in zip(axes, given, strict=True) if isinstance(x.shape[a], str) or isinstance(v, str)}
     for a, v in symbolic.items():
         if not (v == x.shape[a] or (sizes is None and v == 1.0)) or policy != "stretch":
             raise ShapeInferenceError(
@@ -296,7 +296,7 @@ def _check_request(node, static, scales, sizes, axes, policy) -> None:
         ShapeInferenceError: a scale or size that cannot give a valid output shape.
     """
     if sizes is None:
-        for a, s in zip(axes, scales):
+        for a, s in zip(axes, scales, strict=True):
             if not (math.isfinite(s) and s > 0) or s * static[a] > MAX_DIM:
                 raise ShapeInferenceError(
                     f"{node.describe()}: scale {s!r} for axis {a} (size {static[a]}) must be "
@@ -305,12 +305,12 @@ def _check_request(node, static, scales, sizes, axes, policy) -> None:
         return
     if any(s < 0 for s in sizes):
         raise ShapeInferenceError(f"{node.describe()}: sizes {sizes} must not be negative")
-    if any(static[a] == 0 and s != 0 for s, a in zip(sizes, axes)):
+    if any(static[a] == 0 and s != 0 for s, a in zip(sizes, axes, strict=True)):
         raise ShapeInferenceError(f"{node.describe()}: cannot resize an empty axis to sizes {sizes}")
     if policy != "stretch" and sizes:
         if any(static[a] == 0 for a in axes):
             raise ShapeInferenceError(f"{node.describe()}: keep_aspect_ratio_policy={policy!r} needs non-empty axes")
-        if max(s / static[a] for s, a in zip(sizes, axes)) * max(static[a] for a in axes) > MAX_DIM:
+        if max(s / static[a] for s, a in zip(sizes, axes, strict=True)) * max(static[a] for a in axes) > MAX_DIM:
             raise ShapeInferenceError(f"{node.describe()}: sizes {sizes} give more than {MAX_DIM} elements on an axis")
 
 

@@ -80,7 +80,7 @@ def k_center_crop_pad(x, shape, axes):
     out_shape = list(x.shape)
     source = [slice(None)] * x.ndim
     target = [slice(None)] * x.ndim
-    for a, size in zip(chosen, sizes):
+    for a, size in zip(chosen, sizes, strict=True):
         have = x.shape[a]
         out_shape[a] = size
         if size < have:  # crop: the extra element of an odd difference is dropped at the end
@@ -201,7 +201,7 @@ def _infer_center_crop_pad(node, inputs, consts=None):
     if len(chosen) != len(sizes) or any(s < 0 for s in sizes) or len(set(chosen)) != len(chosen):
         raise ShapeInferenceError(f"{node.describe()}: shape {sizes} must give one size >= 0 per axis of {chosen}")
     out = list(x.shape)
-    for a, s in zip(chosen, sizes):
+    for a, s in zip(chosen, sizes, strict=True):
         if isinstance(out[a], str) and s != out[a]:
             raise ShapeInferenceError(
                 f"{node.describe()}: cropping or padding the symbolic dim {out[a]!r} needs it static"

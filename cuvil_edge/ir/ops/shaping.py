@@ -79,7 +79,7 @@ def _infer_tile(node, inputs, consts=None):
     reps = vector(node, consts, 1, "repeats", symbols=True)
     if len(reps) != x.rank or any(isinstance(r, int) and r < 0 for r in reps):
         raise ShapeInferenceError(f"{node.describe()}: repeats {reps} must give one count >= 0 per axis of {x}")
-    return [TensorType(x.dtype, tuple(dims.product((d, r)) for d, r in zip(x.shape, reps)))]
+    return [TensorType(x.dtype, tuple(dims.product((d, r)) for d, r in zip(x.shape, reps, strict=True)))]
 
 
 def _symbolic_count(node, dtype: str, start, limit, delta):
@@ -182,7 +182,7 @@ def _infer_upsample(node, inputs, consts=None):
     if len(scales) != x.rank or any(s < 1 for s in scales):
         raise ShapeInferenceError(f"{node.describe()}: scales {scales} must give one factor >= 1 per axis of {x}")
     shape = []
-    for d, s in zip(x.shape, scales):
+    for d, s in zip(x.shape, scales, strict=True):
         if not isinstance(d, int) and s != 1:
             raise ShapeInferenceError(f"{node.describe()}: cannot scale the symbolic dim {d!r}")
         shape.append(int(math.floor(d * s)) if isinstance(d, int) else d)

@@ -142,9 +142,9 @@ def _window(op_type, kernel):
 
 def _infer_mel(node, inputs, consts=None):
     need(node, inputs, 5)
-    for t, what in zip(inputs[:3], ("num_mel_bins", "dft_length", "sample_rate")):
+    for t, what in zip(inputs[:3], ("num_mel_bins", "dft_length", "sample_rate"), strict=True):
         want(node, t, ((17, SIZES),), what)
-    for t, what in zip(inputs[3:], ("lower_edge_hertz", "upper_edge_hertz")):
+    for t, what in zip(inputs[3:], ("lower_edge_hertz", "upper_edge_hertz"), strict=True):
         want(node, t, ((17, FLOATS),), what)
     bins, length = _scalar_int(node, consts, 0, "num_mel_bins"), _scalar_int(node, consts, 1, "dft_length")
     if bins < 1 or length < 1:

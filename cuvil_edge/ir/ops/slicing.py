@@ -46,7 +46,7 @@ def k_slice(x, starts=None, ends=None, axes=None, steps=None):
     index = [slice(None)] * x.ndim
     along = range(len(starts)) if axes is None or len(axes) == 0 else axes
     strides = [1] * len(starts) if steps is None or len(steps) == 0 else steps
-    for start, end, axis, step in zip(starts, ends, along, strides):
+    for start, end, axis, step in zip(starts, ends, along, strides, strict=True):
         a = int(axis) + x.ndim if int(axis) < 0 else int(axis)
         first, stop, stride = slice(int(start), int(end), int(step)).indices(x.shape[a])
         index[a] = slice(first, stop if stop >= 0 else None, stride)
@@ -231,7 +231,7 @@ def _infer_slice(node, inputs, consts=None):
     need(node, inputs, 1, optional=4 if node.version >= 10 else 0)
     x = inputs[0]
     out = list(x.shape)
-    for start, end, axis, step in zip(*_slice_params(node, consts, x.rank)):
+    for start, end, axis, step in zip(*_slice_params(node, consts, x.rank), strict=True):
         dim = x.shape[axis]
         if isinstance(dim, str) or isinstance(start, str) or isinstance(end, str):
             if step < 0:

@@ -50,7 +50,7 @@ def k_lp_pool(x, kernel, strides, pads, dilations, auto_pad, ceil_mode, p):
     n = len(kernel)
     begin, end, out = _lp_geometry(x.shape[2:], kernel, strides, pads, dilations, auto_pad, ceil_mode)
     powered = np.abs(w) if p == 1 else np.abs(w) ** w.dtype.type(p)
-    padded = np.pad(powered, [(0, 0), (0, 0)] + list(zip(begin, end)))
+    padded = np.pad(powered, [(0, 0), (0, 0)] + list(zip(begin, end, strict=True)))
     total = np.zeros(x.shape[:2] + tuple(out), dtype=w.dtype)
     for tap in np.ndindex(*kernel):
         total = (

@@ -131,7 +131,9 @@ def _infer_linear_attention(node, inputs):
     if beta is not None and (beta.rank != 3 or beta.shape[2] not in (hk, 1)):
         raise ShapeInferenceError(f"{node.describe()}: beta must be [B, T, {hk} or 1], got {beta}")
     state = (q.shape[0], hk, d_k, d_v)
-    if past is not None and (past.rank != 4 or any(isinstance(a, int) and a != e for a, e in zip(past.shape, state))):
+    if past is not None and (
+        past.rank != 4 or any(isinstance(a, int) and a != e for a, e in zip(past.shape, state, strict=True))
+    ):
         raise ShapeInferenceError(f"{node.describe()}: past_state must be {list(state)}, got {past}")
     return [
         TensorType(q.dtype, (q.shape[0], q.shape[1], hq * d_v)),
@@ -165,7 +167,9 @@ def _infer_causal_conv(node, inputs):
     if bias is not None and (bias.rank != 1 or bias.dtype != x.dtype):
         raise ShapeInferenceError(f"{node.describe()}: bias must be a {x.dtype} vector, got {bias}")
     state = (x.shape[0], x.shape[1], k - 1)
-    if past is not None and (past.rank != 3 or any(isinstance(a, int) and a != e for a, e in zip(past.shape, state))):
+    if past is not None and (
+        past.rank != 3 or any(isinstance(a, int) and a != e for a, e in zip(past.shape, state, strict=True))
+    ):
         raise ShapeInferenceError(f"{node.describe()}: past_state must be {list(state)}, got {past}")
     return [x, TensorType(x.dtype, state)]
 

@@ -54,7 +54,7 @@ def _tfidf_attrs(node):
         raise UnsupportedAttributeError(
             f"{node.describe()}: needs ngram_indexes and 1 <= min_gram_length <= max_gram_length, got {min_n}, {max_n}"
         )
-    if starts[0] != 0 or any(b < a for a, b in zip(starts, starts[1:])) or starts[-1] > len(pool):
+    if starts[0] != 0 or any(b < a for a, b in zip(starts, starts[1:], strict=False)) or starts[-1] > len(pool):
         raise UnsupportedAttributeError(
             f"{node.describe()}: ngram_counts {starts} must start at 0 and rise to at most "
             f"the pool's {len(pool)} entries"
