@@ -109,10 +109,16 @@ def _local_dp(context: Context, site: SiteConfig) -> bool:
     return load_federation(_simulation_spec(context).federation).local_dp
 
 
-def _local_data(agent: AgentRuntime, index: int, count: int, context: Context, graph: Graph) -> tuple[Records, Records]:
+def local_data(agent: AgentRuntime, index: int, count: int, context: Context, graph: Graph) -> tuple[Records, Records]:
     """(train, eval) records of this site: from its own files when its YAML's ``data`` names them
     (checked against ``graph``'s input and classes), else the demo's digits partition; split per
-    record under the site's secret key in its state directory (datasets.split)."""
+    record under the site's secret key in its state directory (datasets.split).
+
+    Raises:
+        DataError: the site's files are missing or unreadable, or do not fit ``graph``.
+        UnsafePathError, StateError: the split key in the state directory is not private, or
+            cannot be read or created.
+    """
     key = load_split_key(agent.state_dir)
     if agent.site.data.kind != "digits-partition":
         return load_site_data(agent.site.data, graph, cache_dir=agent.state_dir / "data-cache", split_key=key)
@@ -254,7 +260,7 @@ def train(msg: Message, context: Context) -> Message:
         graph = activated.graph or activated.model.graph  # float weights: what training reads
         check_model(agent.site, graph)  # before any record is read
         keys = _reply_keys(msg, graph)  # before training: a bad request spends nothing
-        train_data, _ = _local_data(agent, index, count, context, graph)
+        train_data, _ = local_data(agent, index, count, context, graph)
         ledger = agent.ledger()
         config = msg.content[rp.CONFIG_RECORD]
         # the graph as loaded: fp16-stored weights widened to the float32 the trainer updates
@@ -333,7 +339,7 @@ def evaluate(msg: Message, context: Context) -> Message:
         with ledger.claim(
             plan.event(), key=f"eval-r{server_round}-v{activated.package.manifest.version}", round=server_round
         ):
-            _, eval_data = _local_data(agent, index, count, context, activated.model.graph)
+            _, eval_data = local_data(agent, index, count, context, activated.model.graph)
             correct = agent.correct(activated.model, eval_data.x, eval_data.y)
             counts = plan.prepare(np.array([correct, len(eval_data.y)]), None, None)
             noisy_correct, noisy_total = (int(v) for v in plan.apply(counts, None))

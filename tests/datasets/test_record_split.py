@@ -282,8 +282,8 @@ def test_the_agent_splits_under_its_own_secret_key_and_keeps_the_partition_cache
     agent.state_dir.mkdir(mode=0o700)
     context = SimpleNamespace(node_config={"home": str(tmp_path)})  # the deployment engine
 
-    train, evaluation = client_app._local_data(agent, 0, 3, context, cnn)
-    again = client_app._local_data(agent, 0, 3, context, cnn)
+    train, evaluation = client_app.local_data(agent, 0, 3, context, cnn)
+    again = client_app.local_data(agent, 0, 3, context, cnn)
 
     key_file = agent.state_dir / SPLIT_KEY_FILE
     assert stat.S_IMODE(key_file.stat().st_mode) == 0o600 and len(key_file.read_bytes()) == 32
