@@ -62,8 +62,8 @@ def test_device_modules_import_no_optional_dependency(modules, allowed):
         import importlib, sys
         for m in {modules!r}:
             importlib.import_module(m)
-        from cuvil_edge.cli.main import _mount_subcommands
-        _mount_subcommands()
+        from cuvil_edge.cli.main import mounted_app
+        mounted_app()
         print(sorted(m for m in {OPTIONAL!r} if m in sys.modules))
     """)
     out = _python(code)

@@ -411,12 +411,17 @@ def _mount_subcommands() -> None:
     app.command("stop")(stop_cmd)
 
 
+def mounted_app() -> typer.Typer:
+    """The ``cuvil-edge`` command with every command group mounted (mounted once per process)."""
+    if not app.registered_groups:
+        _mount_subcommands()
+    return app
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point: every expected failure becomes one line on stderr and exit code 2."""
     try:
-        if not app.registered_groups:
-            _mount_subcommands()
-        code = app(args=argv, standalone_mode=False)  # a command's typer.Exit(N) comes back as N
+        code = mounted_app()(args=argv, standalone_mode=False)  # a command's typer.Exit(N) comes back as N
     except CuvilError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

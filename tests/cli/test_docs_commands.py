@@ -32,9 +32,7 @@ def shown_commands(text: str) -> list[str]:
 
 
 def _root() -> click.Group:
-    if not cli.app.registered_groups:
-        cli._mount_subcommands()
-    return get_command(cli.app)
+    return get_command(cli.mounted_app())
 
 
 def check(command: str) -> None:
