@@ -204,10 +204,14 @@ def profile_onnxruntime(session, graph, total_runs: int) -> dict:
     """onnxruntime's own per-node kernel times over the ``total_runs`` runs ``session`` (made with
     profiling on) has made, ms per run by op type, and its convolutions by layer kind: its node
     names are the names of the values they write (``<value>_nchwc`` after its layout pass), looked
-    up in ``graph`` (the optimised IR graph, whose fused convolutions write the same values)."""
+    up in ``graph`` (the optimised IR graph, whose fused convolutions write the same values or keep
+    the convolution's node name)."""
     path = session.end_profiling()
     events = json.loads(Path(path).read_text())
     producer = {o: n for n in graph.nodes for o in n.outputs if o}
+    # a residual convolution's value is gone from ours (CuvilConvAdd writes the Add's or Relu's):
+    # found by the node, which keeps the exported Conv's name ("<name>_output_0" is its value)
+    by_name = {n.name: n for n in graph.nodes}
     per_run: dict[str, list[float]] = defaultdict(list)
     per_node: dict[tuple[str, str], list[float]] = defaultdict(list)  # (layer kind, node): its runs
     for e in events:
@@ -216,7 +220,7 @@ def profile_onnxruntime(session, graph, total_runs: int) -> dict:
             per_run[op].append(e["dur"] / 1e3)
             value = e["name"][:-len("_kernel_time")]
             value = value[:-len("_nchwc")] if value.endswith("_nchwc") else value
-            node = producer.get(value)
+            node = producer.get(value) or by_name.get(value.removesuffix("_output_0"))
             if op == "Conv" and node is not None:
                 per_node[_layer(_kind(graph, node, node.op_type)), value].append(e["dur"] / 1e3)
     Path(path).unlink(missing_ok=True)

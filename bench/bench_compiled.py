@@ -301,8 +301,8 @@ def write_markdown(results: dict, path: Path) -> None:
         rows = layer_rows(e["profile"])
         if rows:
             lines += ["", "Convolution layers, ours against onnxruntime's profiler (its node names are the values "
-                      "they write; its residual convolutions also add the shortcut, which ours leave to the Add "
-                      "node). GFLOP/s of the same FLOPs.", "",
+                      "they write; residual convolutions add the shortcut and apply the Relu in both: ours are "
+                      "CuvilConvAdd). GFLOP/s of the same FLOPs.", "",
                       "| layer | n | ours ms | ours GFLOP/s | ORT ms | ORT GFLOP/s | ours / ORT |", "|---|---|---|---|---|---|---|"]
             lines += [f"| {r['layer']} | {r['count']} | {r['ms']:.3f} | {r['gflops_per_s']:.1f} | {r['ort_ms']:.3f} "
                       f"| {r['ort_gflops_per_s']:.1f} | {r['of_ort']:.0%} |" for r in rows]

@@ -64,14 +64,13 @@ def train_round(
     """
     require(("torch", "opacus"), "training needs torch and opacus", "train")
     from cuvil_edge.agent.torch_model import IRTorchModule
+    from cuvil_edge.passes import split_fused_blocks
+    from cuvil_edge.privacy._checks import positive_finite
     from cuvil_edge.privacy.accounting import DpSgd
     from cuvil_edge.privacy.batch_independence import check_batch_independent
-    from cuvil_edge.privacy._checks import positive_finite
     from cuvil_edge.privacy.dpsgd import plan_dp_sgd, train_dp_sgd
 
-    from cuvil_edge.passes.fuse_dw_pw import split_dw_pw
-
-    graph = split_dw_pw(graph)  # fused blocks have no torch lowering: train their convolutions
+    graph = split_fused_blocks(graph)  # fused blocks have no torch lowering: train their convolutions
     p, t = site.privacy, site.training
     mu = positive_finite("proximal-mu", proximal_mu, allow_zero=True)
     if not local_dp:

@@ -114,9 +114,9 @@ def with_precision(
         return graph, "fp32 weights"
     if precision == "fp16":
         return store_fp16(graph), "fp16 weight storage; a target computing in fp32 widens them once at load"
-    from cuvil_edge.passes.fuse_dw_pw import split_dw_pw
+    from cuvil_edge.passes import split_fused_blocks
 
-    graph = split_dw_pw(graph)  # int8 quantizes convolutions one by one; a fused block would stay float
+    graph = split_fused_blocks(graph)  # int8 quantizes convolutions one by one; a fused block would stay float
     samples = calibration if calibration is not None else synthetic_calibration(graph)
     source = (
         f"{sum(len(next(iter(b.values()))) for b in samples)} calibration samples"

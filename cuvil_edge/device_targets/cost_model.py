@@ -64,7 +64,7 @@ Bound = Literal["compute", "memory", "overhead"]
 #: Ops with a native C path (float32), besides depthwise conv: elementwise maps, Softmax, LayerNorm.
 NATIVE_OPS = frozenset({"Erf", "Gelu", "Sigmoid", "Swish", "Softmax", "LayerNormalization", "MaxPool"})
 #: GEMM-like ops and the kernel family that costs them.
-CONV_OPS = frozenset({"Conv", "CuvilFusedConv"})
+CONV_OPS = frozenset({"Conv", "CuvilFusedConv", "CuvilConvAdd"})
 MATMUL_OPS = frozenset({"MatMul", "CuvilFusedMatMul", "Gemm", "CuvilFusedGemm", "ConvTranspose"})
 #: numpy kernels that loop over window taps, each a pass over the output (when not native).
 TAP_OPS = frozenset({"MaxPool", "AveragePool"})

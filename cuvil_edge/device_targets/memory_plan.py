@@ -336,6 +336,7 @@ SCRATCH: dict[str, Callable[[Site], int]] = {
     "Conv": _conv,
     "CuvilFusedMatMul": _fused_mat_mul,
     "CuvilFusedConv": _conv,
+    "CuvilConvAdd": _conv,  # the residual is added in place (in the native GEMM's store)
     "Gemm": _gemm,
     "CuvilFusedGemm": _gemm,
     "MaxPool": lambda s: _pool(s, False),

@@ -13,7 +13,8 @@ from cuvil_edge.passes.fold_batchnorm import FoldBatchNorm
 from cuvil_edge.passes.fold_constants import ConstantFolding
 from cuvil_edge.passes.fuse_activation import FuseActivation
 from cuvil_edge.passes.fuse_bias import FuseBias
-from cuvil_edge.passes.fuse_dw_pw import FuseDepthwisePointwise
+from cuvil_edge.passes.fuse_conv_add import FuseConvAdd, split_conv_add
+from cuvil_edge.passes.fuse_dw_pw import FuseDepthwisePointwise, split_dw_pw
 from cuvil_edge.passes.fuse_gelu import FuseGelu
 from cuvil_edge.passes.fuse_swish import FuseSwish
 from cuvil_edge.passes.remove_identity import RemoveIdentity
@@ -32,8 +33,20 @@ def default_passes() -> list[Pass]:
         FuseSwish(),
         FuseActivation(),
         FuseDepthwisePointwise(),
+        FuseConvAdd(),
         DeadCodeElimination(),
     ]
+
+
+def split_fused_blocks(graph: Graph) -> Graph:
+    """``graph`` with the multi-node fusions (CuvilDwPw, CuvilConvAdd) written out again as the
+    convolutions, Adds and activations they were made of: training lowers one torch layer per
+    convolution and int8 quantizes convolutions one by one, and neither has a fused block's form.
+
+    Raises:
+        ModelError: the rewritten graph does not type-check.
+    """
+    return split_conv_add(split_dw_pw(graph))
 
 
 def optimize(graph: Graph, passes: list[Pass] | None = None, max_iterations: int = 8) -> tuple[Graph, OptimizeReport]:
@@ -47,6 +60,7 @@ def optimize(graph: Graph, passes: list[Pass] | None = None, max_iterations: int
 
 __all__ = [
     "optimize",
+    "split_fused_blocks",
     "default_passes",
     "Pass",
     "PassResult",
@@ -58,6 +72,7 @@ __all__ = [
     "FoldBatchNorm",
     "ConstantFolding",
     "FuseActivation",
+    "FuseConvAdd",
     "FuseBias",
     "FuseDepthwisePointwise",
     "FuseGelu",

@@ -150,6 +150,14 @@ def _checked_batches(graph: Graph, samples) -> Iterable[tuple[int, dict[str, np.
         )
 
 
+def _unfused(graph: Graph) -> Graph:
+    """``graph`` with its multi-node fusions written out again: int8 quantizes convolutions one by
+    one, and a fused block (CuvilDwPw, CuvilConvAdd) would otherwise stay float."""
+    from cuvil_edge.passes import split_fused_blocks  # the package imports the passes, this one too
+
+    return split_fused_blocks(graph)
+
+
 def calibrate_ranges(
     graph: Graph, samples, method: str = "mse", percentile: float = 99.99
 ) -> dict[str, tuple[float, float]]:
@@ -170,6 +178,7 @@ def calibrate_ranges(
         raise PassError(f"calibration method {method!r} is unknown; use one of {', '.join(METHODS)}")
     if not 50.0 < percentile <= 100.0:
         raise PassError(f"percentile {percentile} is out of (50, 100]; 99.99 keeps all but the rarest outliers")
+    graph = _unfused(graph)
     wanted = {x for _, x, _, _ in quantizable(graph)}
     if not wanted:
         raise _no_quantizable_ops(graph)
@@ -326,6 +335,7 @@ def quantize_int8(
             "calibration samples (quantize_int8(graph, ranges, samples=...)); pass them, or "
             "weights='rtn', bias_correction=False"
         )
+    graph = _unfused(graph)
     all_sites = quantizable(graph)
     if not all_sites:
         raise _no_quantizable_ops(graph)

@@ -19,6 +19,7 @@ from cuvil_edge.frontend import load_model
 from cuvil_edge.ir import interpreter
 from cuvil_edge.ir.ops import _native, fused_block
 from cuvil_edge.passes import (
+    FuseConvAdd,
     FuseDepthwisePointwise,
     default_passes,
     fuse_dw_pw,
@@ -64,7 +65,9 @@ def _weights(dw_w=(8, 1, 3, 3), pw_w=(6, 8, 1, 1)):
 
 
 def _unfused(graph):
-    return optimize(graph, [p for p in default_passes() if not isinstance(p, FuseDepthwisePointwise)])[0]
+    """The pipeline without the block fusions (FuseConvAdd would take the pointwise conv's Add)."""
+    fusions = (FuseDepthwisePointwise, FuseConvAdd)
+    return optimize(graph, [p for p in default_passes() if not isinstance(p, fusions)])[0]
 
 
 def _compiled(graph, tmp_path, feeds):

@@ -108,10 +108,11 @@ def shape_vector(shape: tuple) -> int:
     return hit[1]
 
 
-def _native_conv_gemm(lib, x, w, b, st, pd, di, out, lo, hi):
+def _native_conv_gemm(lib, x, w, b, st, pd, di, out, lo, hi, res=None):
     # a float32 2-D single-group convolution in C (native_gemm.c): the im2col'd input packed
-    # straight into the GEMM's panels, the weights packed once, the bias and the clamp to
-    # [lo, hi] (Relu, Clip(0, 6), or none with -inf/inf) applied in the store; y (n, m, *out)
+    # straight into the GEMM's panels, the weights packed once, the bias, a residual of y's shape
+    # and the clamp to [lo, hi] (Relu, Clip(0, 6), or none with -inf/inf) applied in the store;
+    # y (n, m, *out)
     from cuvil_edge.ir.ops._packing import packed_weights, shape_vector
 
     n, c, h, wd = x.shape
@@ -119,11 +120,19 @@ def _native_conv_gemm(lib, x, w, b, st, pd, di, out, lo, hi):
     y = np.empty((n, m) + tuple(out), dtype=np.float32)
     xc = np.ascontiguousarray(x)
     bc = None if b is None else np.ascontiguousarray(b, dtype=np.float32)
+    rc = None if res is None else np.ascontiguousarray(res, dtype=np.float32)
     shape = shape_vector((n, c, h, wd, m, kh, kw, st[0], st[1], di[0], di[1], pd[0], pd[1], out[0], out[1]))
     panels, address = packed_weights(lib, w)  # panels: held for the call
     if (
         lib.cuvil_conv_gemm_f32(
-            address, xc.ctypes.data, None if bc is None else bc.ctypes.data, None, y.ctypes.data, shape, lo, hi
+            address,
+            xc.ctypes.data,
+            None if bc is None else bc.ctypes.data,
+            None if rc is None else rc.ctypes.data,
+            y.ctypes.data,
+            shape,
+            lo,
+            hi,
         )
         != 0
     ):
