@@ -20,7 +20,7 @@ value of its type, QuantizeLinear already clamps every negative y to it.
 
 Only when the product's output has no reader but the QuantizeLinear, and the scales and zero points
 are initializers of the shapes the integer ops take; anything else is left as it was (it runs in
-float, as before). The DequantizeLinear nodes stay while something else reads them.
+float, as it would without this pass). The DequantizeLinear nodes stay while something else reads them.
 """
 
 from __future__ import annotations

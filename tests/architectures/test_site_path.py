@@ -4,9 +4,9 @@ payload and signs a package for the site; the agent verifies and accepts it (``v
 against its pinned root and anti-rollback state), widens stored weights once at load, builds it
 for its target and runs it; the outputs match onnxruntime.
 
-A model that passed ``cuvil-edge compile --report`` used to fail right after, at packaging: the
-passes and the importer made initializer names out of torch's path-like node and value names
-(``/Reshape_const1``, ``/Constant_output_0``), which the package refuses.
+The whole path, because a model can pass ``cuvil-edge compile --report`` and still fail right after,
+at packaging: initializer names made by the importer or a pass out of torch's path-like node and
+value names (``/Reshape_const1``, ``/Constant_output_0``) are refused by the package.
 
 Models: the architecture exports (``test_exports.EXPORTS``), the real architectures
 (``test_architectures.ARCHITECTURES``), a CNN flattening with ``x.reshape(x.shape[0], -1)``, an

@@ -386,7 +386,7 @@ def test_swapped_module_with_matching_sha256_is_rebuilt_not_run(tmp_path, fresh_
 
 def test_swapped_module_code_is_rebuilt(tmp_path):
     """module.code replaced by planted code under a header of checkable hashes (the real source's
-    sha256, the payload's own sha256; what the cache used to accept): it is not authenticated,
+    sha256, the payload's own sha256, as a checked-hash .pyc would carry): it is not authenticated,
     so the checked module.py is compiled again and module.code rewritten; the planted code never runs."""
     first = build(Package(_graph(), _digest(1)), "rpi4", cache_dir=tmp_path)
     entry, marker = first.source_path.parent, tmp_path.parent / f"{tmp_path.name}-code-ran"

@@ -50,8 +50,8 @@ def per_element(cost: int) -> Callable:
 
 @dataclass(frozen=True, eq=False)
 class OpDef:
-    """One op. Attribute names match the legacy module contract (``ops/__init__.py``), so the
-    registry, interpreter, code generator and cost model treat an OpDef as they treat an op module."""
+    """One op. The upper-case names (``OP_TYPE``, ``VERSIONS``, ``ATTRS``, ``CONST_INPUTS``, ``TEMPLATE``)
+    are the ones the registry (``ops/__init__.py``) and its readers look up."""
 
     OP_TYPE: str
     VERSIONS: tuple[int, ...]
