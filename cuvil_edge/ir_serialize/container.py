@@ -285,7 +285,7 @@ def _check_layout(entries: list[TensorEntry], data_start: int, total: int) -> No
 
 def _check_padding(view: memoryview, entries: list[TensorEntry], header_end: int, data_start: int) -> None:
     gaps = [(header_end, data_start)]
-    for e, nxt in zip(entries, entries[1:] + [None], strict=True):
+    for e, nxt in zip(entries, entries[1:] + [None], strict=False):  # no entries: [None] alone, no pair
         stop = data_start + (nxt.offset if nxt else align(e.offset + e.length))
         gaps.append((data_start + e.offset + e.length, stop))
     for start, stop in gaps:
