@@ -37,7 +37,7 @@ def parse_text(text: str) -> Expr:
                 f"dim {text!r:.80} has {text[position]!r} at {position}; a dim uses symbols, integers, "
                 "+ - * // %, min(), max() and parentheses"
             )
-        tokens.append(match.group(match.lastindex))
+        tokens.append(match.group(match.lastindex))  # type: ignore[arg-type]  # each alternative is a group
         position = match.end()
     parser = _Parser(text, tokens)
     value = parser.expr(0)

@@ -220,8 +220,8 @@ def floordiv(a: Expr, b: Expr) -> Expr:
         if rest.is_const():
             return quotient + rest.constant() // k
         return quotient + _atom("//", rest, b)
-    quotient = divide_exactly(a, b)
-    return quotient if quotient is not None else _atom("//", a, b)
+    exact_quotient = divide_exactly(a, b)
+    return exact_quotient if exact_quotient is not None else _atom("//", a, b)
 
 
 def mod(a: Expr, b: Expr) -> Expr:

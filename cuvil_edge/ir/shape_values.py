@@ -318,7 +318,9 @@ def _small(value: np.ndarray | None) -> bool:
 
 
 def _small_type(t: TensorType | None) -> bool:
-    return t is not None and t.is_static and t.numel() <= SMALL and all(d <= SMALL for d in t.shape)
+    return (
+        t is not None and t.is_static and t.numel() <= SMALL and all(isinstance(d, int) and d <= SMALL for d in t.shape)
+    )
 
 
 def evaluate(
@@ -347,7 +349,7 @@ def evaluate(
         return unknown
     if any(is_symbolic(v) for v in present):
         rule = SYMBOLIC.get(node.op_type)
-        if rule is None or not all(v.size <= SMALL for v in present):
+        if rule is None or not all(v.size <= SMALL for v in present):  # type: ignore[union-attr]  # None: returned above
             return unknown
         try:
             return [rule(node, list(values), in_types)] + unknown[1:]

@@ -45,7 +45,9 @@ WINDOW_ATTRS = {"auto_pad": STR, "dilations": INTS, "kernel_shape": INTS, "pads"
 
 
 def _is_int(v: Any) -> bool:
-    return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_)) and INT64_MIN <= v <= INT64_MAX
+    return (
+        isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_)) and bool(INT64_MIN <= v <= INT64_MAX)
+    )
 
 
 def _is_float(v: Any) -> bool:
@@ -128,8 +130,8 @@ def pool_out(
         if ceil_mode:
             raise ShapeInferenceError(f"{node.describe()} with ceil_mode needs a static spatial size, got {size!r}")
         span = dilation * (kernel - 1) + 1
-        steps = dims.Expr.of(size) + (pad_begin + pad_end - span)
-        return (dims.floordiv(steps, dims.Expr.const(stride)) + 1).to_dim()
+        symbolic = dims.Expr.of(size) + (pad_begin + pad_end - span)
+        return (dims.floordiv(symbolic, dims.Expr.const(stride)) + 1).to_dim()
     span = dilation * (kernel - 1) + 1
     padded = size + pad_begin + pad_end
     if padded < span:

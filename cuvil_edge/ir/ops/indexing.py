@@ -179,7 +179,7 @@ def _arg_row(op_type, fn):
     )
 
 
-OPS = (
+OPS: tuple[OpDef, ...] = (
     _arg_row("ArgMax", k_argmax),
     _arg_row("ArgMin", k_argmin),
     OpDef(
