@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -60,7 +61,7 @@ class Pass:
                 raise PassError(
                     f"pass {self.name!r} failed in its {stage} on graph {graph.name!r}: {type(e).__name__}: {e}"
                 ) from e
-        result: PassResult = out
+        result: PassResult = out  # type: ignore[assignment]  # the loop ends on the rewrite
         try:
             self.postcondition(result.graph)
             check_outputs_kept(graph, result.graph)
@@ -130,7 +131,7 @@ class OptimizeReport:
             entry = out.setdefault(r.name, [r.name, r.nodes_before, r.nodes_before, []])
             entry[2] -= r.nodes_before - r.nodes_after
             entry[3].extend(r.changes)
-        return [tuple(v) for v in out.values()]  # type: ignore[misc]
+        return [tuple(v) for v in out.values()]
 
 
 class PassManager:
@@ -234,7 +235,7 @@ def with_(node: Node, **changes) -> Node:
     """A copy of ``node`` with some fields replaced (``attrs`` merged when given as ``set_attrs``)."""
     attrs = dict(node.attrs)
     attrs.update(changes.pop("set_attrs", {}))
-    fields = {
+    fields: dict[str, Any] = {
         "name": node.name,
         "op_type": node.op_type,
         "inputs": node.inputs,

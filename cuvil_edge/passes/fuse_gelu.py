@@ -81,6 +81,7 @@ def _match(graph: Graph, erf: Node, uses, producer) -> tuple[str, list[Node]] | 
         halved is None
         or halved.op_type != "Mul"
         or _split(graph, halved, 0.5) != x
+        or factor is None
         or sole_user(graph, factor, uses) is not product
     ):
         return None

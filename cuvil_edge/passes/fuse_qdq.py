@@ -87,8 +87,8 @@ class FuseQDQ(Pass):
                 changes.append(f"{op.describe()} with its QuantizeLinear {q.name!r} became {fused.op_type}")
         if not changes:
             return PassResult(graph, False)
-        nodes = [replace.get(id(n), n) for n in graph.nodes]
-        nodes = _drop_unread([n for n in nodes if n is not None], graph)
+        replaced = [replace.get(id(n), n) for n in graph.nodes]
+        nodes = _drop_unread([n for n in replaced if n is not None], graph)
         read = {i for n in nodes for i in n.inputs} | {v.name for v in graph.outputs}
         return PassResult(rebuild(graph, nodes, {k: v for k, v in inits.items() if k in read}), True, changes)
 
@@ -183,7 +183,8 @@ class FuseQDQ(Pass):
             dq = producer.get(name)
             parts = _dq_parts(graph, dq)
             if (
-                parts is None
+                dq is None
+                or parts is None
                 or not _per_tensor(parts[1], parts[2])
                 or graph.types[parts[0]].dtype not in ("int8", "uint8")
             ):

@@ -221,7 +221,7 @@ def sequential(
                     env[site.w] = _run(producer[site.w], env, inits_q)[0]
         fp = fp_nodes.get(node.name)
         bias = correctable_bias(graph, fp) if site is not None and bias_correction and fp is not None else None
-        if bias is not None:
+        if bias is not None and fp is not None:
             _correct(fp, node, bias, env_f, env_q, inits_f, inits_q)
         else:
             for env in env_q:
