@@ -62,10 +62,6 @@ class PackageParts:
     payload: memoryview
     size: int
 
-    @property
-    def manifest_bytes(self) -> bytes:
-        return self.manifest.body
-
 
 @dataclass(frozen=True)
 class SignedRelease:
