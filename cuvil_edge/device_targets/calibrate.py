@@ -26,6 +26,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -114,7 +115,10 @@ def calibrate(
         kernel_ns.update(cost_kernels.measure_layer_norm(budget / 6))
         kernel_ns.update(cost_kernels.measure_gather(budget / 4))
         kernel_ns["fresh_byte"] = cost_kernels.measure_fresh(budget / 2)
-        sgemm = {tuple(int(d) for d in s.split("x")): g for s, g in rates.items()}
+        sgemm: dict[tuple[int, int, int], float] = {}
+        for s, g in rates.items():
+            m, k, n = (int(d) for d in s.split("x"))
+            sgemm[(m, k, n)] = g
         sgemm.update({shape: _gemm_gflops(*shape, budget / 4) for shape in GEMM_SHAPES[-1:]})  # the peak
         copy_gbs = _copy_gbs(32 << 20 if quick else 128 << 20, budget)
         # kernels allocate their outputs: time a + b (new array) rather than an in-place add
@@ -123,8 +127,8 @@ def calibrate(
         cache_gbs = _add_gbs(512 << 10, budget, copies=16)
         # past L2 but under the allocator's mmap limit: the fresh pages of bigger arrays are kernel_ns's
         add_gbs = _add_gbs(4 << 20 if quick else 16 << 20, budget)
-        # the default allocates the operand once, outside the timed call
-        numpy_call_us = _time_per_call(lambda a=np.zeros(16, np.float32): np.add(a, a, out=a), budget) * 1e6  # noqa: B008
+        a = np.zeros(16, np.float32)  # allocated once, outside the timed call
+        numpy_call_us = _time_per_call(lambda: np.add(a, a, out=a), budget) * 1e6
     best = max(sgemm.values())
     efficiency, half = fit_gemm(sgemm, best)
     draft = reference.model_copy(
@@ -150,7 +154,7 @@ def calibrate(
     with _one_thread():
         call_us, run_us, native, plane_us = _module_costs(draft, budget)
         update: dict[str, Any] = {"call_overhead_us": round(call_us, 3), "run_overhead_us": round(run_us, 3)}
-        if native is not None:
+        if native is not None and plane_us is not None:  # measured together
             update["native_gflops"], update["native_plane_us"] = round(native, 3), round(plane_us, 4)
         update["kernel_overhead_us"] = {
             WINDOW_TAP: _window_tap_us(draft.model_copy(update=update), budget),
@@ -230,7 +234,7 @@ def _time_per_call(fn: Callable[[], object], budget: float) -> float:
     fn()
     once = max(CLOCK() - start, 1e-7)
     calls = max(1, int(SAMPLE_S / once))
-    samples = []
+    samples: list[float] = []
     deadline = CLOCK() + budget
     while len(samples) < 3 or (CLOCK() < deadline and len(samples) < 200):
         start = CLOCK()
@@ -274,15 +278,20 @@ def _add_gbs(nbytes: int, budget: float, copies: int = 1) -> float:
     return 3.0 * nbytes / _time_per_call(add, budget) / 1e9  # two reads, one new array written
 
 
-def _module_costs(spec: TargetSpec, budget: float) -> tuple[float, float, float | None]:
-    """(per-node call µs, per-run µs, native GFLOP/s or None) from modules compiled for ``spec``."""
+def _module_costs(spec: TargetSpec, budget: float) -> tuple[float, float, float | None, float | None]:
+    """(per-node call µs, per-run µs, native GFLOP/s or None, native µs per plane or None) from
+    modules compiled for ``spec``."""
     from cuvil_edge.device_targets.build import build  # lazily: build imports codegen
 
     x = np.ones((1, 8), np.float32)
     with tempfile.TemporaryDirectory() as cache:
         chains = {blocks: build(_Package(_probe_chain(blocks)), spec, cache_dir=cache) for blocks in (1, 11)}
         forward, weights = chains[1]._entry.__globals__["_forward"], chains[1].graph.initializers
-        probes = {b: (lambda m=m: m.run({"x": x})) for b, m in chains.items()}
+
+        def runner(m: Any) -> Callable[[], Any]:
+            return lambda: m.run({"x": x})
+
+        probes: dict[int, Callable[[], Any]] = {b: runner(m) for b, m in chains.items()}
         probes[0] = lambda: forward(weights, {"x": x})
         times = _fastest_interleaved(probes, budget)
         call = max((times[11] - times[1]) / 60, 0.05e-6)  # 6 and 66 nodes
@@ -295,9 +304,7 @@ def _module_costs(spec: TargetSpec, budget: float) -> tuple[float, float, float 
             for c, size in ((32, 56), (512, 7)):
                 model = build(_Package(_depthwise(c, size)), spec, cache_dir=cache)
                 feeds = {"x": np.random.default_rng(0).standard_normal((1, c, size, size), dtype=np.float32)}
-                seconds[c] = max(
-                    _time_per_call(lambda model=model, feeds=feeds: model.run(feeds), budget) - run - call, 1e-7
-                )
+                seconds[c] = max(_time_per_call(partial(model.run, feeds), budget) - run - call, 1e-7)
             native = 2.0 * 9 * 32 * 56 * 56 / seconds[32] / 1e9
             plane = max(0.0, (seconds[512] - 2.0 * 9 * 512 * 49 / (native * 1e9)) / 512)
     return call * 1e6, run * 1e6, native, None if plane is None else plane * 1e6
@@ -477,6 +484,7 @@ def _probe_chain(blocks: int):
         numpy_helper.from_array(np.array([1, 8], np.int64), "s18"),
     ]
     nodes, v = [], "x"
+    steps: list[tuple[str, list[str | None], dict[str, Any]]]
     for b in range(blocks):
         steps = [
             ("Add", [v, "c"], {}),

@@ -295,8 +295,11 @@ class Specialiser:
             return text
         tree = ast.parse(text)
         changed = False
-        for call in [n for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)]:
-            helper = helpers.get(call.func.id)
+        for call in [n for n in ast.walk(tree) if isinstance(n, ast.Call)]:
+            func = call.func
+            if not isinstance(func, ast.Name):
+                continue
+            helper = helpers.get(func.id)
             if (
                 helper is None
                 or any(isinstance(a, ast.Starred) for a in call.args)
@@ -310,12 +313,16 @@ class Specialiser:
                 continue
             shown = ", ".join(f"{k}={source_literal(v)}" for k, v in values.items())
             copy, bound, specialised = specialise_function(
-                source_of(helper), self.PLACEHOLDER, values, (), f"{helper.__name__} specialised for {shown}"[:400]
+                source_of(helper),
+                self.PLACEHOLDER,
+                values,  # type: ignore[arg-type]  # no **kwargs keyword: skipped above
+                (),
+                f"{helper.__name__} specialised for {shown}"[:400],
             )
             if not specialised:
                 continue
             copy = self._with_helpers(copy, helpers, depth + 1)
-            call.func.id = self._named(helper.__name__, copy)
+            func.id = self._named(helper.__name__, copy)
             call.args = [a for p, a in zip(params, call.args, strict=False) if p not in bound] + call.args[
                 len(params) :
             ]

@@ -24,6 +24,11 @@ INT8_KIND = "native int8 gemm"
 INT8_FACTORS = {"vnni": 8.0, "avx2": 4.0, "sdot": 6.0, "widen": 1.0}
 
 
+def _size(shape: tuple[int | str, ...]) -> int:
+    """Elements of a static shape (a symbolic dim raises instead of multiplying as a string)."""
+    return math.prod(int(d) for d in shape)
+
+
 def int8_products(node: Node, ins: tuple[TensorType | None, ...], outs) -> tuple[tuple[int, int, int, int], ...]:
     """The (m, k, n, count) products the int8 kernel makes for ``node``; () where it does not take
     the call (a grouped convolution, a non-2-D one, a batched weight)."""
@@ -33,12 +38,12 @@ def int8_products(node: Node, ins: tuple[TensorType | None, ...], outs) -> tuple
         if w is None or len(w.shape) != 4 or int(node.attr("group", 1)) != 1:
             return ()
         y = outs[0]
-        return ((int(w.shape[0]), math.prod(w.shape[1:]), math.prod(y.shape[2:]), int(y.shape[0])),)
+        return ((int(w.shape[0]), _size(w.shape[1:]), _size(y.shape[2:]), int(y.shape[0])),)
     b = ins[3] if op == "QLinearMatMul" else ins[1]
     a = ins[0]
     if b is None or a is None or len(b.shape) != 2 or len(a.shape) < 2:
         return ()
-    return ((int(b.shape[1]), int(b.shape[0]), math.prod(a.shape[:-1]), 1),)
+    return ((int(b.shape[1]), int(b.shape[0]), _size(a.shape[:-1]), 1),)
 
 
 def int8_work(node: Node, ins, outs, caps: dict):

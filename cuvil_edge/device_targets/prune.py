@@ -253,7 +253,7 @@ class Fold(_Tracking):
                         break
         if not isinstance(node, ast.Module) and getattr(node, "body", None) == []:
             self.changed = True
-            node.body = [ast.Pass()]
+            node.body = [ast.Pass()]  # type: ignore[attr-defined]  # a node with a body: checked above
         return node
 
     def visit_Subscript(self, node: ast.Subscript) -> ast.AST:
@@ -283,7 +283,7 @@ class Fold(_Tracking):
             and None not in f.value.keys
         ):
             return node
-        parts = [literal(e) for e in (*f.value.keys, *f.value.values, *node.args)]
+        parts = [literal(e) for e in (*f.value.keys, *f.value.values, *node.args)]  # type: ignore[arg-type]  # no None key: refused above
         if any(p is _MISSING for p in parts):
             return node
         count = len(f.value.keys)
@@ -318,7 +318,7 @@ def remove_unused_functions(tree: ast.Module, roots: tuple[str, ...] = ("run",))
             continue
         used.add(name)
         pending.extend((_references(defs[name]) & defs.keys()) - used)
-    tree.body = [s for s in tree.body if getattr(s, "name", None) not in defs or s.name in used] or [ast.Pass()]
+    tree.body = [s for s in tree.body if (n := getattr(s, "name", None)) not in defs or n in used] or [ast.Pass()]
     return tree
 
 
@@ -362,12 +362,12 @@ def prune(source: str, constants: Mapping[str, object], *, roots: tuple[str, ...
     return _header(source) + _join(tree.body, chunks)
 
 
-def segmenter(source: str) -> Callable[[ast.AST], str | None]:
+def segmenter(source: str) -> Callable[[ast.stmt | ast.expr], str | None]:
     """A function giving the exact source text of a node parsed from ``source`` (as
     :func:`ast.get_source_segment`, which splits the whole source again on every call)."""
     lines = io.StringIO(source, newline="").readlines()  # the line breaks ast counts (not \f, \x1c, ...)
 
-    def segment(node: ast.AST) -> str | None:
+    def segment(node: ast.stmt | ast.expr) -> str | None:
         chunk = [line.encode() for line in lines[node.lineno - 1 : node.end_lineno]]
         if not chunk:
             return None
@@ -510,7 +510,7 @@ class _Bind(ast.NodeTransformer):
     """Loads of the given parameters become literals; ``p is None`` / ``p is not None`` of a
     parameter known to hold an array become False / True."""
 
-    def __init__(self, values: Mapping[str, object], arrays: set[str] = frozenset()):
+    def __init__(self, values: Mapping[str, object], arrays: set[str] | frozenset[str] = frozenset()):
         self.values, self.arrays, self.changed = values, arrays, False
 
     def visit_Name(self, node: ast.Name) -> ast.AST:
@@ -536,4 +536,4 @@ class _Bind(ast.NodeTransformer):
 def _literal_node(value: object) -> ast.expr:
     if isinstance(value, tuple):
         return ast.Tuple([_literal_node(v) for v in value], ast.Load())
-    return ast.Constant(value)
+    return ast.Constant(value)  # type: ignore[arg-type]  # callers pass literals only (_is_literal)

@@ -53,8 +53,9 @@ def plan(graph: Graph) -> ShapeCode:
         if not outs or any(o in keep for o in outs):
             continue
         written = {o: _literal(known.get(o), graph.types[o].dtype, symbols, read) for o in outs}
-        if all(text is not None for text in written.values()):
-            literals[index] = written
+        texts = {o: text for o, text in written.items() if text is not None}
+        if len(texts) == len(written):
+            literals[index] = texts
     # a node is skipped when every reader of its outputs is skipped or a literal; a node that no one
     # reads still runs, as it did before (the memory plan counts it)
     readers: dict[str, list[int]] = {}
