@@ -327,7 +327,8 @@ def _approximate_epsilon(events: Sequence[Event], delta: float, orders: Sequence
     their RDP ε where the PLD gives no finite bound (both are valid for them composed)."""
     eps = pld_epsilon(events, delta)
     if not math.isfinite(eps):
-        eps = rdp_to_epsilon(orders, sum(e.rdp(orders) for e in events), delta)[0]
+        # callers pass events only when there are some, so the sum is an array
+        eps = rdp_to_epsilon(orders, sum(e.rdp(orders) for e in events), delta)[0]  # type: ignore[arg-type]
     return Fraction(eps)
 
 
@@ -443,7 +444,8 @@ class Accountant:
         for raw in state["events"] if isinstance(state["events"], list) else [None]:
             if not isinstance(raw, dict):
                 raise PrivacyError(f"accountant state: bad event {raw!r}")
-            events.append(event_from(raw.get("mechanism"), {k: v for k, v in raw.items() if k != "mechanism"}))
+            mechanism = raw.get("mechanism")  # event_from refuses a missing or unknown one
+            events.append(event_from(mechanism, {k: v for k, v in raw.items() if k != "mechanism"}))  # type: ignore[arg-type]
         return cls(events, orders)
 
     def to_json(self) -> str:

@@ -334,7 +334,7 @@ def _run(graph: Graph, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]
 
 
 def _row(array: np.ndarray, axis: State, i: int) -> np.ndarray:
-    return np.take(array, [i], axis=axis) if batched(axis) else array
+    return np.take(array, [i], axis=axis) if batched(axis) else array  # type: ignore[arg-type]  # batched: an int
 
 
 def _compare(name: str, want: np.ndarray, got: np.ndarray, what: str) -> None:

@@ -183,7 +183,8 @@ class PrivacyLedger(_LedgerFile):
         if config_hash is not None and (not isinstance(config_hash, str) or not config_hash):
             raise PrivacyError(f"config_hash must be a non-empty string, got {config_hash!r}")
         self._lock = threading.Lock()
-        self.epsilon_budget = configured  # the initial budget of a new ledger
+        # the initial budget of a new ledger; None (no YAML budget) is refused if there is none yet
+        self.epsilon_budget = configured  # type: ignore[assignment]
         self._create_if_missing()
         self._conn = self._open()
         self.epsilon_budget = self._effective_budget(configured)

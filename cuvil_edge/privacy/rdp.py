@@ -100,7 +100,7 @@ def laplace_rdp(epsilon: float, orders: Sequence[float]) -> np.ndarray:
     return np.minimum(log_terms / (a - 1), eps)  # never above ε (guards float rounding)
 
 
-def rdp_to_epsilon(orders: Sequence[float], rdp: Sequence[float], delta: float) -> tuple[float, float]:
+def rdp_to_epsilon(orders: Sequence[float], rdp: Sequence[float] | np.ndarray, delta: float) -> tuple[float, float]:
     """(ε, best α) at ``delta``: the conversion of Opacus' ``get_privacy_spent``.
 
     Raises:

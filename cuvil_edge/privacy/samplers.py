@@ -191,7 +191,7 @@ def _as_fraction(name: str, x: object) -> Fraction:
     if isinstance(x, bool):
         raise PrivacyError(f"{name} must be a positive number, got {x!r}")
     try:
-        f = Fraction(x)  # exact for int, float, Fraction
+        f = Fraction(x)  # type: ignore[call-overload]  # exact for int, float, Fraction; others raise below
     except (TypeError, ValueError, OverflowError) as e:
         raise PrivacyError(f"{name} must be a finite positive number, got {x!r}") from e
     if f <= 0:
