@@ -406,7 +406,7 @@ def _work(node: Node, ins, outs, large: bool, native: bool) -> _Work:
         return _Work("view")
     fp32 = ins and ins[0] is not None and ins[0].dtype == "float32"
     exp = outs[0].numel() if op in TRANSCENDENTAL_OPS and outs and outs[0] is not None else 0
-    if op in NATIVE_OPS and native and fp32 and (op != "MaxPool" or _plane(ins[0]) >= 144):
+    if op in NATIVE_OPS and native and fp32 and (op != "MaxPool" or ins[0].rank == 4):
         if op == "MaxPool":  # the strided depthwise kernel's loop: a padded plane, every tap per output row
             attrs = ops.get(op, node.describe()).attrs(node)
             kernel, out = tuple(attrs["kernel_shape"]), tuple(outs[0].shape[2:])
@@ -632,10 +632,6 @@ def _rows(node: Node, x: TensorType) -> int:
     axis = int(node.attr("axis", -1) or -1) if node.op_type != "Softmax" or node.attr("axis", -1) is not None else -1
     axis = axis % x.rank if x.rank else 0
     return math.prod(x.shape[:axis]) if node.op_type == "LayerNormalization" else x.numel() // max(x.shape[-1], 1)
-
-
-def _plane(t: TensorType) -> int:
-    return math.prod(t.shape[2:]) if t.rank >= 4 else 0
 
 
 def _item(t: TensorType) -> int:

@@ -258,7 +258,7 @@ def _pool(s: Site, average: bool) -> int:
     strides, pads, dilations, out_sp = _window(s, kernel)
     if s.attrs.get("indices"):
         return 6 * s.out  # np.where per tap: y, index and their replacements
-    if s.native and not average and len(kernel) == 2 and x.dtype == "float32" and x.shape[2] * x.shape[3] >= 144:
+    if s.native and not average and len(kernel) == 2 and x.dtype == "float32":
         return _padded(x, kernel, strides, pads, dilations, out_sp, 4, planes=False)
     padded = _padded(x, kernel, strides, pads, dilations, out_sp, dtypes.itemsize(x.dtype))
     return padded + s.buffer(s.out) + (s.out if average else 0)  # np.maximum(y, tap, out=y) buffers too

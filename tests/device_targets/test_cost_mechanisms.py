@@ -173,7 +173,7 @@ def window_node(op, spec, **attrs):
 def test_numpy_window_loops_pay_per_tap_padding_and_averagepools_counts():
     from cuvil_edge.device_targets.cost_model import NUMPY_PAD, WINDOW_TAP
 
-    base = load_target("x86-64")
+    base = load_target("x86-64").model_copy(update={"native_kernels": False})  # MaxPool's numpy taps
     spec = base.model_copy(update={"kernel_overhead_us": {"numpy window taps": 4.0, WINDOW_TAP: 3.0, NUMPY_PAD: 30.0},
                                    "numpy_call_us": 0.5})
     two = window_node("MaxPool", spec, kernel_shape=[2, 2], strides=[2, 2])

@@ -245,10 +245,15 @@ def library() -> ctypes.CDLL | None:
     return _state["lib"]  # type: ignore[return-value]
 
 
-def _native_lib():
-    # the helper kernels call (pasted into generated modules, so it imports rather than closes over)
-    from cuvil_edge.ir.ops._native import library
+def _native_lib(_found={}):  # noqa: B006 - the dict is this function's cache, on purpose
+    # the helper kernels call (pasted into generated modules, so it imports rather than closes
+    # over); the import is done once per copy and kept in the default dict: an import statement
+    # costs more than the rest of a small kernel's call
+    library = _found.get("library")
+    if library is None:
+        from cuvil_edge.ir.ops._native import library
 
+        _found["library"] = library
     return library()
 
 
