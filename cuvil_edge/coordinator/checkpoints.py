@@ -141,7 +141,7 @@ def save_checkpoint(
         key = _checkpoint_key(home, path, create=True)
         arrays[MAC_KEY] = np.frombuffer(_mac(key, federation, server_round, arrays), np.uint8)
         buffer = io.BytesIO()
-        np.savez(buffer, **arrays)
+        np.savez(buffer, **arrays)  # type: ignore[arg-type]  # numpy's stub types ** as allow_pickle too
         atomic_write(path, buffer.getvalue(), mode=0o600)
     except OSError as e:
         raise StateError(f"cannot write checkpoint {path}: {e}") from e

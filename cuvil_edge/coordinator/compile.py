@@ -63,7 +63,7 @@ class CompileResult:
 
 
 def _report(graph: Graph, report: OptimizeReport, sizes: Mapping[str, int] | None = None) -> CompileReport:
-    memory = []
+    memory: list[tuple] = []
     planned = with_sizes(graph, sizes or {})
     for target in list_targets():
         spec = load_target(target)

@@ -96,7 +96,7 @@ def relay(
     timer = threading.Timer(timeout, proc.kill)
     timer.start()
     try:
-        for line in proc.stdout:
+        for line in proc.stdout:  # type: ignore[union-attr]  # stdout=PIPE
             out = shown(line)
             if out is not None:
                 sys.stdout.write(out)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -71,7 +71,8 @@ class Personaliser:
             return Personalised(None, TRAIN)
         config0 = messages[0].content[rp.CONFIG_RECORD]
         done = Personalised(
-            int(config0[rp.SERVER_ROUND]), TRAIN if messages[0].metadata.message_type == MessageType.TRAIN else EVAL
+            int(config0[rp.SERVER_ROUND]),  # type: ignore[arg-type]  # the round number in a ConfigRecord
+            TRAIN if messages[0].metadata.message_type == MessageType.TRAIN else EVAL,
         )
         weights = self._weights = FrozenWeights(arrays_to_numpy(arrays))  # hashed once for every site's package
         started, sent = time.perf_counter(), []
@@ -86,7 +87,7 @@ class Personaliser:
                 continue
             package = self.factory.issue(site, weights)
             # FedAvg shares one RecordDict (and config) across messages: build a fresh one per site.
-            config = ConfigRecord(dict(message.content[rp.CONFIG_RECORD]))
+            config = ConfigRecord(dict(message.content[rp.CONFIG_RECORD]))  # type: ignore[arg-type]  # a ConfigRecord
             config[rp.SITE] = site
             config[rp.PACKAGE] = package.data
             content = RecordDict({rp.ARRAYS_RECORD: self._site_arrays(site, weights, config), rp.CONFIG_RECORD: config})
@@ -101,7 +102,7 @@ class Personaliser:
     def precision(self, site: str) -> str:
         return self.factory.precisions.get(site, "fp32")
 
-    def _site_arrays(self, site: str, weights: dict[str, np.ndarray], config: ConfigRecord) -> ArrayRecord:
+    def _site_arrays(self, site: str, weights: Mapping[str, np.ndarray], config: ConfigRecord) -> ArrayRecord:
         """The weights that travel beside the package. The signed package carries them already, so
         a plain round sends none (the download is the package alone) and names the weights the
         reply must carry. Central DP's clipping mod clips (reply - these), so under central DP they
@@ -136,7 +137,7 @@ class Personaliser:
             record = reply.content[rp.ARRAYS_RECORD]
             reply.content[rp.ARRAYS_RECORD] = ArrayRecord(
                 {
-                    k: Array(a.numpy() + (self._weights[k] - shipped[k]) if k in shipped else a.numpy())
+                    k: Array(a.numpy() + (self._weights[k] - shipped[k]) if k in shipped else a.numpy())  # type: ignore[union-attr]  # an ArrayRecord's Arrays
                     for k, a in record.items()
                 }
             )

@@ -11,8 +11,8 @@ note says so: the ranges then fit random data, not the sites' records.
 from __future__ import annotations
 
 import zipfile
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Mapping, Optional
 
 import numpy as np
 
@@ -64,7 +64,7 @@ def calibration_batches(arrays: Mapping[str, np.ndarray], graph: Graph, where: s
     return [{name: a[start : start + BATCH] for name, a in arrays.items()} for start in range(0, total, BATCH)]
 
 
-def federation_calibration(calibration: Optional[Path], graph: Graph) -> Optional[list[dict[str, np.ndarray]]]:
+def federation_calibration(calibration: Path | None, graph: Graph) -> list[dict[str, np.ndarray]] | None:
     """The federation file's ``quantization.calibration`` samples (None when it gives none: int8 is
     then not offered to any site)."""
     return None if calibration is None else load_calibration(calibration, graph)
@@ -93,7 +93,7 @@ def synthetic_calibration(graph: Graph, seed: int = 0) -> list[dict[str, np.ndar
 
 
 def with_precision(
-    graph: Graph, precision: str, calibration: Optional[list[dict[str, np.ndarray]]] = None, method: str = "mse"
+    graph: Graph, precision: str, calibration: Sequence[Mapping[str, np.ndarray]] | None = None, method: str = "mse"
 ) -> tuple[Graph, str]:
     """``graph`` (optimized) as a ``precision`` package carries it, and a note for the report.
 

@@ -151,7 +151,7 @@ class SiteRegistry:
             "seal_public_key": enrollment.seal_public_key,
             "enrolled_at": int(time.time()),
         }
-        if same:  # the same device again: still registered, and what was to withdraw still is
+        if same and old is not None:  # the same device again: still registered, and what was to withdraw still is
             entry.update({k: old[k] for k in ("node_id", "unregister") if old.get(k)})
         elif old is not None:  # a replaced device: its old registration is withdrawn (`serve` does it)
             retired = list(old.get("unregister", [])) + ([old["node_id"]] if old.get("node_id") else [])

@@ -12,6 +12,7 @@ import logging
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TypeGuard
 
 from cuvil_edge.config.site import SiteConfig
 
@@ -60,7 +61,7 @@ def show_round_table() -> None:
         handler = logging.StreamHandler(sys.stdout)
         handler.setFormatter(formatter)
         handler.setLevel(level)
-        handler._cuvil_round_table = True
+        handler._cuvil_round_table = True  # type: ignore[attr-defined]  # marks the handlers this module added
         logger.addHandler(handler)
     log.setLevel(logging.INFO)
     log.propagate = False
@@ -276,7 +277,7 @@ def format_round(entry: dict) -> str:
     return "\n".join(lines)
 
 
-def _estimable(fed: dict | None) -> bool:
+def _estimable(fed: dict | None) -> TypeGuard[dict]:
     """Whether a pooled result has an informative interval (older entries carry no flag)."""
     return fed is not None and fed.get("estimable", True)
 

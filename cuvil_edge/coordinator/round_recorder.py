@@ -86,7 +86,8 @@ class Checkpointing:
             federation_round,
             weights,
             accountant=None if self.accountant is None else self.accountant.state_dict(),
-            optimiser=None if self.optimiser is None else optimiser_state(self.optimiser, self.trainable),
+            # trainable is set with the optimiser (server_app)
+            optimiser=None if self.optimiser is None else optimiser_state(self.optimiser, self.trainable),  # type: ignore[arg-type]
             planned_rounds=self.planned_rounds,
         )
 
@@ -144,7 +145,7 @@ class RoundRecorder:
                 reply.error = Error(code=reply.error.code, reason=shown)  # what Flower logs of it
                 kept.append((site, reply))
                 continue
-            metrics = dict(reply.content[rp.METRICS_RECORD])
+            metrics: dict[str, Any] = dict(reply.content[rp.METRICS_RECORD])
             s.eps_spent = metrics.pop(rp.EPS_SPENT, s.eps_spent)
             s.eps_left = metrics.pop(rp.EPS_REMAINING, s.eps_left)
             s.metrics.setdefault(phase, {}).update(metrics)
@@ -174,7 +175,7 @@ class RoundRecorder:
         for site, reply in replies:
             if reply.has_error():
                 continue
-            m = reply.content[rp.METRICS_RECORD]
+            m: Any = reply.content[rp.METRICS_RECORD]  # a MetricRecord of numbers
             c = SiteCounts(int(m[rp.NOISY_CORRECT]), int(m[rp.NOISY_TOTAL]), float(m[rp.COUNT_NOISE_SCALE]))
             counts.append(c)
             self.site(server_round, site).eval_accuracy = clip01(c.correct / c.total) if c.total > 0 else float("nan")

@@ -66,7 +66,8 @@ class SiteDirectory:
             )
             for nid in unknown
         ]
-        for reply in grid.send_and_receive(queries, timeout=QUERY_TIMEOUT):
+        # a caller without a grid (None) has every node known already
+        for reply in grid.send_and_receive(queries, timeout=QUERY_TIMEOUT):  # type: ignore[union-attr]
             node = reply.metadata.src_node_id
             if reply.has_error():
                 log.warning("node %s did not say which site it is: %s", node, failure_text(reply.error.code))
@@ -100,6 +101,6 @@ class SiteDirectory:
 def registered_names(grid: Grid | None) -> dict[int, str]:
     """Node id -> registered name, for nodes that have one (none in simulation)."""
     try:
-        return {int(n.node_id): n.name for n in grid.get_nodes() if n.name}
+        return {int(n.node_id): n.name for n in grid.get_nodes() if n.name}  # type: ignore[union-attr]  # None: caught
     except (AttributeError, NotImplementedError):
         return {}

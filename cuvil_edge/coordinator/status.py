@@ -78,7 +78,8 @@ def _read_list(proc: subprocess.CompletedProcess) -> tuple[set[str] | None, str,
     if doc.get("success") is not True or proc.returncode:
         said = doc.get("error-message") or proc.stderr or f"exit {proc.returncode}"
         return None, f"not reachable ({_reason(said)})", False
-    nodes = doc.get("nodes") if isinstance(doc.get("nodes"), list) else []
+    listed = doc.get("nodes")
+    nodes = listed if isinstance(listed, list) else []
     return (
         {str(n.get("node-id")) for n in nodes if isinstance(n, dict) and n.get("status") == "online"},
         "reachable",

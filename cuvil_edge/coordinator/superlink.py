@@ -259,7 +259,7 @@ class Coordinator:
         """Until one of the three stops (then the others are stopped too); its exit status."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while (code := self.poll()) is None:
-            if deadline is not None and time.monotonic() > deadline:
+            if deadline is not None and timeout is not None and time.monotonic() > deadline:
                 raise subprocess.TimeoutExpired("cuvil-edge coordinator", timeout)
             time.sleep(0.5)
         self.terminate()

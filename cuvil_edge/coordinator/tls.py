@@ -157,7 +157,7 @@ def make_certs(
         .add_extension(x509.SubjectAlternativeName(_alt_names(_with_loopback(hosts))), critical=False)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-        .sign(ca_key, hashes.SHA256())
+        .sign(ca_key, hashes.SHA256())  # type: ignore[arg-type]  # the EC key this module writes
     )
     _save_key(server_key, files.server_key)
     atomic_write(files.server_cert, server.public_bytes(serialization.Encoding.PEM), mode=0o644)
