@@ -219,12 +219,14 @@ def plan(federation: str | os.PathLike | FederationConfig, model: ModelSource | 
         ConfigError: the federation, a site file or the calibration file is invalid.
         ModelError: the model cannot be imported.
     """
-    from cuvil_edge.config import load_federation
+    from cuvil_edge.config import FederationConfig, load_federation
     from cuvil_edge.coordinator.model import load_federation_model
     from cuvil_edge.coordinator.plan import default_latency, plan_federation, precision_variants
     from cuvil_edge.coordinator.precision import federation_calibration
 
-    config = federation if hasattr(federation, "load_sites") else load_federation(_path(federation, "federation"))
+    config = (
+        federation if isinstance(federation, FederationConfig) else load_federation(_path(federation, "federation"))
+    )
     graph = load_federation_model(config.model, config.seed) if model is None else _import(model)
     calibration = federation_calibration(config.quantization.calibration, graph)
     variants = precision_variants(graph, calibration, config.quantization.method)

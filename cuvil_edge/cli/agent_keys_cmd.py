@@ -37,7 +37,7 @@ def agent_keys_init(
 
     if (site is None) == (directory is None):
         raise ConfigError("give --site SITE.yaml (keys in the site's state directory) or --dir DIR, not both")
-    directory = directory or site_state_dir(load_site(site), home) / "keys"
+    directory = directory or site_state_dir(load_site(site), home) / "keys"  # type: ignore[arg-type]  # site given (above)
 
     if not force and (directory / "seal.key").exists():
         raise KeyFileError(

@@ -80,7 +80,7 @@ class FedProxStrategy(FedAvgStrategy):
     """Flower's FedProx: FedAvg on the server; each site adds mu/2 * ||w - w_received||^2 to its
     local objective (Flower sends ``proximal-mu`` in the train config)."""
 
-    name: Literal["fedprox"] = "fedprox"
+    name: Literal["fedprox"] = "fedprox"  # type: ignore[assignment]  # a discriminated union: each strategy narrows name
     proximal_mu: float = Field(ge=0, le=1000, allow_inf_nan=False, default=0.01)
 
 
@@ -88,7 +88,7 @@ class FedAdamStrategy(FedAvgStrategy):
     """Flower's FedAdam: Adam on the server over the averaged update (Reddi et al., 2020). The
     sites' own learning rate is their ``training.learning_rate`` (Flower's ``eta_l`` is not used)."""
 
-    name: Literal["fedadam"] = "fedadam"
+    name: Literal["fedadam"] = "fedadam"  # type: ignore[assignment]  # a discriminated union: each strategy narrows name
     eta: float = Field(gt=0, le=100, allow_inf_nan=False, default=0.1)
     beta_1: float = Field(ge=0, lt=1, default=0.9)
     beta_2: float = Field(ge=0, lt=1, default=0.99)
@@ -98,14 +98,14 @@ class FedAdamStrategy(FedAvgStrategy):
 class FedYogiStrategy(FedAdamStrategy):
     """Flower's FedYogi: like FedAdam with Yogi's additive second-moment update."""
 
-    name: Literal["fedyogi"] = "fedyogi"
+    name: Literal["fedyogi"] = "fedyogi"  # type: ignore[assignment]  # a discriminated union: each strategy narrows name
     eta: float = Field(gt=0, le=100, allow_inf_nan=False, default=1e-2)
 
 
 class FedAvgMStrategy(FedAvgStrategy):
     """Flower's FedAvgM: server SGD with momentum over the averaged update."""
 
-    name: Literal["fedavgm"] = "fedavgm"
+    name: Literal["fedavgm"] = "fedavgm"  # type: ignore[assignment]  # a discriminated union: each strategy narrows name
     server_learning_rate: float = Field(gt=0, le=100, allow_inf_nan=False, default=1.0)
     server_momentum: float = Field(ge=0, lt=1, default=0.9)
 

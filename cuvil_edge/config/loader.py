@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import difflib
 import types
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Literal, TypeVar, Union, get_args, get_origin
+from typing import Annotated, Any, Literal, TypeVar, Union, get_args, get_origin, overload
 
 import yaml
 from pydantic import BaseModel, ValidationError, ValidationInfo
@@ -62,6 +63,10 @@ def read_yaml(path: Path) -> dict:
     return data
 
 
+@overload
+def relative_to_file(value: str, info: ValidationInfo) -> Path: ...
+@overload
+def relative_to_file(value: object, info: ValidationInfo) -> object: ...
 def relative_to_file(value: object, info: ValidationInfo) -> object:
     """A path a YAML file names, made absolute: ``~`` expanded, a relative path taken from the
     directory of that file (``base_dir`` in the validation context, set by :func:`load_model`),
@@ -125,7 +130,7 @@ def _keys_at(model: type[BaseModel] | None, loc: tuple) -> list[str]:
     return []
 
 
-def _problem(error: dict, model: type[BaseModel] | None) -> str:
+def _problem(error: Mapping[str, Any], model: type[BaseModel] | None) -> str:
     """One validation error as ``dotted.key: what``."""
     loc = tuple(error["loc"])
     key = ".".join(str(p) for p in loc) or "(top level)"

@@ -75,7 +75,7 @@ def _check_depth(text: str, what: str) -> None:
         )
 
 
-def parse_json(data: bytes, what: str, *, canonical: bool = True) -> Any:
+def parse_json(data: bytes | memoryview, what: str, *, canonical: bool = True) -> Any:
     """Strictly parse JSON bytes (PACKAGE_SPEC §1.2).
 
     Raises:

@@ -131,7 +131,9 @@ def write_package(
         PackageFormatError: the graph cannot be serialized or a field is invalid.
         PackageSizeError: the envelope is over 64 KiB.
     """
-    plain = payload if payload is not None else encode_payload(graph)
+    if payload is None and graph is None:
+        raise PackageFormatError("write_package needs the graph or its encoded payload")
+    plain = payload if payload is not None else encode_payload(graph)  # type: ignore[arg-type]  # checked above
     if release is None:
         if release_key is None:
             raise PackageFormatError("write_package needs a signed release statement or the release key")

@@ -13,6 +13,7 @@ import hmac
 import logging
 import mmap
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -246,7 +247,7 @@ def _check_time(m: Manifest, now: int, time_floor: int, clock_skew_s: int) -> No
         )
 
 
-def _check_versions(m: Manifest, r: ReleaseStatement, digest: str, sites: dict, releases: dict) -> None:
+def _check_versions(m: Manifest, r: ReleaseStatement, digest: str, sites: Mapping, releases: Mapping) -> None:
     prev = sites.get(m.site)
     if prev is not None and m.version < prev.version:
         raise RollbackError(f"package version {m.version} is older than the accepted {prev.version}")
