@@ -88,7 +88,7 @@ def _op_template(op_type: str) -> tuple[tuple[str, tuple[str, ...], str], ...]:
     """The top-level definitions of one op's template, parsed once per process: (key, names
     defined, source text) each. A key is the first defined name (``op:index`` for a statement
     that defines none). Only the ops a graph uses are parsed: parsing every op's template takes
-    about half a second (0.47 s for 181 ops on the 2-core dev machine).
+    about half a second in a fresh process (181 ops, 2-core dev machine).
 
     Raises:
         BuildError: the template is not valid Python, or reuses a reserved name.
@@ -157,8 +157,9 @@ def templates_digest() -> str:
     file code generation reads: every file of the op package (kernels, helpers, ``attrs``, the
     capability defaults; build outputs such as ``.so`` aside), any other file a kernel, helper or
     ``attrs`` lives in, and this module and the pruner. Changes whenever any kernel changes (and,
-    conservatively, when anything else in those files does). Hashing the files (~1 ms) replaces
-    parsing every template (~0.3 s), which a fresh agent process paid on every cache hit.
+    conservatively, when anything else in those files does). Hashing the files (about 10 ms in a fresh
+    process) replaces parsing every template (about 0.5 s), which a fresh agent process would
+    otherwise pay on every cache hit.
 
     Raises:
         BuildError: one of those files cannot be read.
