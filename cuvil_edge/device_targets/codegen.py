@@ -88,7 +88,7 @@ def _op_template(op_type: str) -> tuple[tuple[str, tuple[str, ...], str], ...]:
     """The top-level definitions of one op's template, parsed once per process: (key, names
     defined, source text) each. A key is the first defined name (``op:index`` for a statement
     that defines none). Only the ops a graph uses are parsed: parsing every op's template takes
-    about half a second in a fresh process (181 ops, 2-core dev machine).
+    about half a second in a fresh process (the whole registry, 2-core dev machine).
 
     Raises:
         BuildError: the template is not valid Python, or reuses a reserved name.
