@@ -269,7 +269,7 @@ def train(msg: Message, context: Context) -> Message:
             agent.site,
             train_data,
             ledger,
-            int(config[rp.SERVER_ROUND]),
+            int(config[rp.SERVER_ROUND]),  # type: ignore[arg-type]  # a ConfigRecord value
             activated.package.manifest.version,
             local_dp=_local_dp(context, agent.site),
             # FedProx: Flower's strategy sends its mu; the term is free under DP-SGD
@@ -295,7 +295,8 @@ def _reply_keys(msg: Message, graph) -> list[str]:
     """
     weights = [k for k, v in graph.initializers.items() if v.dtype == np.float32]
     keys = list(msg.content[rp.ARRAYS_RECORD].keys()) or [
-        str(k) for k in msg.content[rp.CONFIG_RECORD].get(rp.REPLY_KEYS, [])
+        str(k)
+        for k in msg.content[rp.CONFIG_RECORD].get(rp.REPLY_KEYS, [])  # type: ignore[union-attr]  # a list of names
     ]
     missing = sorted(set(keys) - set(weights))
     if missing:
@@ -334,7 +335,7 @@ def evaluate(msg: Message, context: Context) -> Message:
         activated = agent.activate(_package(msg, agent))
         check_model(agent.site, activated.model.graph)  # before any record is read
         ledger = agent.ledger()
-        server_round = int(msg.content[rp.CONFIG_RECORD][rp.SERVER_ROUND])
+        server_round = int(msg.content[rp.CONFIG_RECORD][rp.SERVER_ROUND])  # type: ignore[arg-type]  # a ConfigRecord value
         plan = eval_mechanism(agent.site).plan(2, ledger.delta)
         with ledger.claim(
             plan.event(), key=f"eval-r{server_round}-v{activated.package.manifest.version}", round=server_round

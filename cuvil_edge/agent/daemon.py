@@ -163,7 +163,7 @@ def run_once(command: list[str], home: Path, gate: GateCommand | None = None) ->
     )
 
     def relay(source: subprocess.Popen) -> None:
-        for line in source.stdout:
+        for line in source.stdout:  # type: ignore[union-attr]  # stdout=PIPE
             sys.stdout.write(line)
             if REFUSED_MARK in line:
                 refused.set()
@@ -181,7 +181,7 @@ def run_once(command: list[str], home: Path, gate: GateCommand | None = None) ->
             reader.join(timeout=10)
         for p in (proc, executor):
             if p is not None:
-                p.stdout.close()
+                p.stdout.close()  # type: ignore[union-attr]  # stdout=PIPE
     return code, refused.is_set()
 
 

@@ -142,7 +142,7 @@ def planned_output_size(graph: Graph, x: np.ndarray) -> int:
             f"output {typed.outputs[0].name} has shape {list(shape)} for a batch of {len(x)}; a "
             "release needs one output row per input row and a shape known before running"
         )
-    return int(np.prod(shape))
+    return int(np.prod([int(d) for d in shape]))
 
 
 def zero_nonfinite_rows(y: np.ndarray) -> np.ndarray:
@@ -150,7 +150,7 @@ def zero_nonfinite_rows(y: np.ndarray) -> np.ndarray:
     release fail (a refusal that depends on the data would itself leak)."""
     flat = np.asarray(y, dtype=np.float64).reshape(len(y), -1)
     bad = ~np.isfinite(flat).all(axis=1)
-    return np.where(bad[:, None], 0.0, flat).reshape(np.shape(y))
+    return np.where(bad[:, None], 0.0, flat).reshape(np.shape(y))  # type: ignore[index]  # bad is an array
 
 
 def infer_private(

@@ -106,7 +106,7 @@ def local_federation(root: Path, federation: Path) -> Iterator[LocalFederation]:
                 stderr=subprocess.STDOUT,
             )
             fed.supernodes.append(node)
-            fed.gates.append(gate)
+            fed.gates.append(gate)  # type: ignore[arg-type]  # a gate command gives a gate process
         fed.wait_online()
         yield fed
     finally:

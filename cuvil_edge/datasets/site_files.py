@@ -79,7 +79,7 @@ def model_io(graph: Graph) -> tuple[tuple[int, ...], int]:
             f"site data needs a model input [batch, fixed dims] and output [batch, classes]; "
             f"this model takes {list(shape)} and gives {list(out)}"
         )
-    return record, int(out[-1])
+    return tuple(int(d) for d in record), int(out[-1])
 
 
 def load_site_data(
@@ -106,7 +106,7 @@ def load_records(data: DataSection, graph: Graph, cache_dir: Path | None = None)
         DataError: as :func:`load_site_data`.
     """
     record, classes = model_io(graph)
-    path = Path(data.path)
+    path = Path(data.path)  # type: ignore[arg-type]  # every kind read from files has one (DataSection)
     if not path.exists():
         raise DataError(f"data.path: {path} does not exist; point it at this site's {data.kind} data")
     if data.kind == "npz":
@@ -255,7 +255,7 @@ def _image_folder(
     extra = [f for f in folders if f not in names]
     if extra:
         raise DataError(f"{root}: sub-folders {extra} are not in data.classes {names}")
-    files = []
+    files: list[tuple[Path, int]] = []
     for label, name in enumerate(names):
         found = sorted(_entries(root / name, root))
         others = [
@@ -355,8 +355,10 @@ def _image(root: Path, path: Path, record: tuple[int, ...]) -> np.ndarray:
             with Image.open(f, formats=IMAGE_FORMATS) as image:
                 if image.width * image.height > cap:  # from the header: nothing decoded yet
                     raise DataError(_too_many_pixels(path, record, cap))
-                image = image.convert("L" if channels == 1 else "RGB").resize((width, height), Image.BILINEAR)
-                pixels = np.asarray(image, dtype=np.float32) / 255.0
+                scaled = image.convert("L" if channels == 1 else "RGB").resize(
+                    (width, height), Image.Resampling.BILINEAR
+                )
+                pixels = np.asarray(scaled, dtype=np.float32) / 255.0
         except (Image.DecompressionBombError, Image.DecompressionBombWarning) as e:
             raise DataError(_too_many_pixels(path, record, cap)) from e
         except UnidentifiedImageError as e:
