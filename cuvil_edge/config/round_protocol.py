@@ -130,8 +130,6 @@ EPS_SPENT, EPS_REMAINING, EPS_ROUND = "eps-spent", "eps-remaining", "eps-round"
 NOISE_MULTIPLIER, LOCAL_DP = "noise-multiplier", "local-dp"
 BUILD_SECONDS, VERIFY_SECONDS, PACKAGE_BYTES = "build-seconds", "verify-seconds", "package-bytes"
 NOISY_CORRECT, NOISY_TOTAL, COUNT_NOISE_SCALE = "noisy-correct", "noisy-total", "count-noise-scale"
-#: Reply metrics kept per site under their own name (not prefixed by the phase) by the coordinator.
-LEDGER_TOTALS = (EPS_SPENT, EPS_REMAINING)
 
 P, M, N, R = Sensitivity.PUBLIC, Sensitivity.MEASURED, Sensitivity.NOISED, Sensitivity.REQUEST
 

@@ -24,7 +24,6 @@ MANIFEST_FORMAT = 2
 RELEASE_FORMAT = 1
 MANIFEST_TYPE = "application/vnd.cuvil.manifest.v2+json"
 RELEASE_TYPE = "application/vnd.cuvil.release.v1+json"
-MAX_NAME_CHARS = 256
 MAX_REGIONS = 4096
 MAX_TARGETS = 64
 MAX_NONCE_CHARS = 128

@@ -47,7 +47,6 @@ PACKAGE_VERSION = 2
 #: magic, package version, envelope length, reserved (0).
 PRELUDE = struct.Struct("<8sIII")
 MAX_ENVELOPE_BYTES = 64 * 1024  # PACKAGE_SPEC §8
-MAX_MANIFEST_BYTES = MAX_ENVELOPE_BYTES
 ENVELOPE_KEYS = ("manifest", "release", "roots")
 Keys = Ed25519PrivateKey | Sequence[Ed25519PrivateKey]
 
