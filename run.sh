@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One entry point for people and CI.
 #   ./run.sh demo [cuvil-edge demo options]   set up .venv, run the demo federation
-#   ./run.sh test [pytest options]            set up .venv, run the whole test suite
+#   ./run.sh test [pytest options]            set up .venv, run the whole test suite (parallel)
 # Set-up is reused when .venv is already in step with pyproject.toml.
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -39,7 +39,12 @@ command="${1:-}"
 shift || true
 case "$command" in
   demo) setup; exec "$VENV/bin/cuvil-edge" demo "$@" ;;
-  test) setup; exec "$VENV/bin/python" -m pytest "$@" ;;
+  # parallel workers (pytest-xdist; tests/conftest.py keeps them apart): more workers than cores,
+  # since the end-to-end tests mostly wait on Flower's polling; CUVIL_EDGE_TEST_WORKERS=0 runs
+  # serially. loadgroup hands out one test (or one xdist_group) at a time, in collection order,
+  # which tests/conftest.py starts with the longest tests.
+  test) setup; exec "$VENV/bin/python" -m pytest -n "${CUVIL_EDGE_TEST_WORKERS:-4}" --dist loadgroup \
+          --no-loadscope-reorder "$@" ;;
   setup) setup ;;
   *) echo "usage: ./run.sh demo|test|setup [options]" >&2; exit 64 ;;
 esac

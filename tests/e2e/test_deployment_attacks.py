@@ -22,7 +22,8 @@ from cuvil_edge.coordinator.superlink import CONNECTION, flwr_cli, submit_run
 
 ROOT = Path(__file__).resolve().parents[2]
 FOREIGN_APP = Path(__file__).resolve().parent / "foreign_app"
-pytestmark = pytest.mark.e2e
+#: one worker runs the whole module: its federation (the module fixture) is started once
+pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("deployment-attacks")]
 
 
 @pytest.fixture(scope="module")
