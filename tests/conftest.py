@@ -35,13 +35,24 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     for _key in ("COLUMNS", "LINES"):
         os.environ.pop(_key, None)
 
-#: Seconds each long end-to-end test took alone (loaded 2-core machine), longest first: the order
-#: they are handed to workers. Tests not listed keep their collected order after these.
+#: Seconds the longest tests took in a serial run on this loaded 2-core machine (node id, or module
+#: for a module one worker runs whole), longest first. They are handed out first, one to each
+#: worker, then one short test each (a worker holds two queued tests, so a worker busy with a long
+#: test takes no second long one), then the rest of these, then everything else in collected order.
 LONGEST = {
-    "tests/e2e/test_deployment_guide.py::test_the_deployment_guide_reaches_rounds_resumes_rejoins_rotates_and_replaces": 260,
-    "tests/e2e/test_deployment.py::test_a_killed_clientapp_fails_only_its_site_and_a_killed_supernode_rejoins_with_its_state": 200,
-    "tests/e2e/test_deployment.py::test_enrolled_devices_run_a_rogue_is_refused_and_a_killed_coordinator_resumes": 200,
-    "tests/e2e/test_deployment.py::test_run_checks_its_sites_first_and_interrupting_it_or_the_coordinator_stops_everything": 150,
+    "tests/e2e/test_deployment_guide.py::test_the_deployment_guide_reaches_rounds_resumes_rejoins_rotates_and_replaces": 257,
+    "tests/e2e/test_deployment_attacks.py": 230,
+    "tests/e2e/test_deployment.py::test_run_checks_its_sites_first_and_interrupting_it_or_the_coordinator_stops_everything": 204,
+    "tests/ir_serialize/test_pkg_fuzz_structured.py::test_structured_fuzzer_10k_cases_only_typed_errors": 194,
+    "tests/e2e/test_deployment.py::test_a_killed_clientapp_fails_only_its_site_and_a_killed_supernode_rejoins_with_its_state": 193,
+    "tests/e2e/test_install_profiles.py::test_the_device_install_is_lean_and_verifies_builds_evaluates_and_infers": 143,
+    "tests/e2e/test_deployment.py::test_enrolled_devices_run_a_rogue_is_refused_and_a_killed_coordinator_resumes": 130,
+    "tests/e2e/test_demo_federation.py::test_central_dp_stops_at_its_cap_and_a_resumed_run_counts_epsilon_from_where_it_stopped": 71,
+    "tests/e2e/test_demo_federation.py::test_demo_federation_learns_accounts_privacy_and_resumes": 53,
+    "tests/e2e/test_breast_cancer_example.py::test_the_example_federation_learns_from_the_hospitals_own_files": 51,
+    "tests/test_api.py::test_readme_python_api_example_as_written_simulates_one_round": 44,
+    "tests/ir_serialize/test_pkg_fuzz.py::test_mutation_fuzzer_10k_cases_only_typed_errors": 39,
+    "tests/device_targets/test_native_kernels.py::test_concurrent_first_uses_compile_without_corrupting_the_cache": 29,
 }
 
 _LOCKS = Path(tempfile.gettempdir()) / "cuvil-edge-test-ports"
@@ -100,9 +111,24 @@ def pytest_configure(config: pytest.Config) -> None:
         module.free_port = free_port
 
 
+def _seconds(item: pytest.Item) -> float:
+    return LONGEST.get(item.nodeid, LONGEST.get(item.nodeid.split("::")[0], 0))
+
+
 @pytest.hookimpl(tryfirst=True)  # before xdist appends group names to the node ids
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    items.sort(key=lambda item: -LONGEST.get(item.nodeid, 0))  # stable: the rest keep their order
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    long = sorted((i for i in items if _seconds(i)), key=lambda i: -_seconds(i))  # stable
+    rest = [i for i in items if not _seconds(i)]
+    # a module one worker runs whole is one unit: its first test stands for it
+    first, seen = [], set()
+    for item in long:
+        unit = item.nodeid.split("::")[0] if item.nodeid not in LONGEST else item.nodeid
+        if unit not in seen and len(first) < workers:
+            first.append(item)
+        seen.add(unit)
+    later = [i for i in long if i not in first]
+    items[:] = first + rest[:workers] + later + rest[workers:]
 
 
 @pytest.fixture(autouse=True)
