@@ -16,7 +16,7 @@ import torch
 from torch.nn import functional as F
 
 from cuvil_edge.errors import UnsupportedAttributeError, UnsupportedOpError
-from cuvil_edge.ir import dtypes
+from cuvil_edge.ir import dtypes, ops
 from cuvil_edge.ir.graph import Node
 
 ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
@@ -335,60 +335,9 @@ def _prod(x, dims, keep):
 
 
 FUNCTIONS: dict[str, Callable] = {
-    **{
-        op: (lambda f: lambda node, x: f(x))(f)
-        for op, f in {
-            "Relu": F.relu,
-            "Sigmoid": torch.sigmoid,
-            "Tanh": torch.tanh,
-            "Exp": torch.exp,
-            "Log": torch.log,
-            "Sqrt": torch.sqrt,
-            "Erf": torch.erf,
-            "Abs": torch.abs,
-            "Neg": torch.neg,
-            "Reciprocal": torch.reciprocal,
-            "Floor": torch.floor,
-            "Ceil": torch.ceil,
-            "Round": torch.round,
-            "Sign": torch.sign,
-            "Sin": torch.sin,
-            "Cos": torch.cos,
-            "Softsign": F.softsign,
-            "Softplus": lambda x: torch.log1p(torch.exp(x)),
-            "Mish": F.mish,
-            "HardSwish": F.hardswish,
-            "Not": torch.logical_not,
-            "Identity": lambda x: x,
-            "IsNaN": torch.isnan,
-            "Tan": torch.tan,
-            "Asin": torch.asin,
-            "Acos": torch.acos,
-            "Atan": torch.atan,
-            "Sinh": torch.sinh,
-            "Cosh": torch.cosh,
-            "Asinh": torch.asinh,
-            "Acosh": torch.acosh,
-            "Atanh": torch.atanh,
-        }.items()
-    },
-    "LeakyRelu": lambda node, x: F.leaky_relu(x, node.attr("alpha", 0.01)),
-    "Elu": lambda node, x: F.elu(x, node.attr("alpha", 1.0)),
-    "Celu": lambda node, x: F.celu(x, node.attr("alpha", 1.0)),
-    "Selu": lambda node, x: (
-        node.attr("gamma", 1.0507009873554805)
-        * torch.where(x > 0, x, node.attr("alpha", 1.6732632423543772) * torch.expm1(x))
-    ),
-    "ThresholdedRelu": lambda node, x: torch.where(x > node.attr("alpha", 1.0), x, torch.zeros_like(x)),
-    "HardSigmoid": lambda node, x: torch.clamp(node.attr("alpha", 0.2) * x + node.attr("beta", 0.5), 0.0, 1.0),
-    "Gelu": lambda node, x: F.gelu(x, approximate=node.attr("approximate", "none")),
     "Swish": lambda node, x: x * torch.sigmoid(node.attr("alpha", 1.0) * x),
     "PRelu": lambda node, x, slope: torch.where(x < 0, x * slope, x),
-    "Shrink": lambda node, x: torch.where(
-        x < -node.attr("lambd", 0.5),
-        x + node.attr("bias", 0.0),
-        torch.where(x > node.attr("lambd", 0.5), x - node.attr("bias", 0.0), torch.zeros_like(x)),
-    ),
+    "Identity": lambda node, x: x,
     "IsInf": _is_inf,
     "LRN": _lrn,
     "Clip": _clip,
@@ -461,3 +410,18 @@ FUNCTIONS: dict[str, Callable] = {
     "DequantizeLinear": _dequantize_linear,
     "Einsum": lambda node, *xs: torch.einsum(node.attr("equation"), *xs),
 }
+
+
+def lowering(op_type: str) -> Callable | None:
+    """``fn(node, *tensors)`` computing ``op_type`` in torch: the torch facet its OpDef declares
+    (read at each call, so an op registered later is covered), else its row in :data:`FUNCTIONS`."""
+    declared = ops.registry().get(op_type)
+    if declared is not None and declared.torch is not None:
+        facet = declared.torch
+        return lambda node, *xs: facet(torch, node, *xs)
+    return FUNCTIONS.get(op_type)
+
+
+def lowered_ops() -> set[str]:
+    """Every op type with a torch lowering (declared on its OpDef or in :data:`FUNCTIONS`)."""
+    return set(FUNCTIONS) | {name for name, op in ops.registry().items() if op.torch is not None}

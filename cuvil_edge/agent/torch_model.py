@@ -39,7 +39,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from cuvil_edge.agent.torch_functions import FUNCTIONS, activation, check, torch_pads, window_pads
+from cuvil_edge.agent.torch_functions import activation, check, lowered_ops, lowering, torch_pads, window_pads
 from cuvil_edge.errors import UnsupportedOpError
 from cuvil_edge.ir.graph import Graph, Node
 
@@ -134,12 +134,13 @@ class IRTorchModule(nn.Module):
             builder = _LAYERS.get(node.op_type)
             step = builder(self, node, f"n{index}") if builder is not None else None
             if step is None:
-                if node.op_type not in FUNCTIONS:
+                function = lowering(node.op_type)
+                if function is None:
                     raise UnsupportedOpError(
                         f"{node.describe()}: op {node.op_type} has no training lowering; trainable graphs may use "
-                        f"{', '.join(sorted(set(FUNCTIONS) | set(TRAINABLE_OPS)))}"
+                        f"{', '.join(sorted(lowered_ops() | set(TRAINABLE_OPS)))}"
                     )
-                step = _Step(node, node.inputs, node.outputs, FUNCTIONS[node.op_type])
+                step = _Step(node, node.inputs, node.outputs, function)
             steps.append((index, step))
         steps.sort(key=lambda pair: pair[0])
         needed, live = {self.logits_name}, []

@@ -44,6 +44,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
+from cuvil_edge.device_targets.cost_int8 import INT8_KIND, int8_seconds, int8_work
 from cuvil_edge.device_targets.cost_kernels import (
     MMAP_LIMIT,
     depthwise_ns,
@@ -51,7 +52,6 @@ from cuvil_edge.device_targets.cost_kernels import (
     max_pool_ns,
     softmax_tail_ns,
 )
-from cuvil_edge.device_targets.cost_int8 import INT8_KIND, int8_seconds, int8_work
 from cuvil_edge.device_targets.memory_plan import VIEW_OPS, plan_memory
 from cuvil_edge.device_targets.spec import PRECISIONS, TargetSpec, resolve
 from cuvil_edge.errors import BuildError, CuvilError
@@ -81,22 +81,13 @@ NORMALIZATION_OPS = frozenset(
 )
 #: index and broadcast kernels: index normalisation (np.where), then a take or a broadcast copy.
 GATHER_OPS = frozenset({"Gather", "GatherElements", "GatherND", "Expand", "Tile", "ScatterND"})
-#: Ops (and fused activations) that evaluate an exp-class function per element: transcendental_ns each.
+#: Ops (and fused activations) that evaluate an exp-class function per element: transcendental_ns each
+#: (with every op whose OpDef declares it: its ``transcendental`` facet).
 TRANSCENDENTAL_OPS = frozenset(
     {
         "Softmax",
         "LogSoftmax",
-        "Sigmoid",
         "Swish",
-        "Gelu",
-        "Erf",
-        "Tanh",
-        "Exp",
-        "Log",
-        "Softplus",
-        "Elu",
-        "Selu",
-        "Mish",
     }
 )
 TRANSCENDENTAL_ACTIVATIONS = frozenset({"sigmoid", "swish", "gelu", "tanh"})
@@ -289,12 +280,6 @@ def predict(graph: Graph, target: TargetSpec | str, *, precision: str = "fp32", 
     )
 
 
-def gemm_seconds(spec: TargetSpec, m: int, k: int, n: int, dtype: str = "float32") -> float:
-    """Compute time of one (m x k) @ (k x n) product on ``spec`` (no overhead, no memory term)."""
-    peak = spec.peak_gflops.get(dtype) or spec.peak_gflops.get("float32") or max(spec.peak_gflops.values())
-    return 2.0 * m * k * n / (peak * 1e9 * gemm_efficiency(spec, m, k, n))
-
-
 def gemm_efficiency(spec: TargetSpec, m: int, k: int, n: int) -> float:
     """Fraction of peak a product of these dims reaches: each small dim costs d / (d + half)."""
     h = spec.gemm_half_dim
@@ -405,7 +390,7 @@ def _work(node: Node, ins, outs, large: bool, native: bool) -> _Work:
     if op in VIEW_OPS:
         return _Work("view")
     fp32 = ins and ins[0] is not None and ins[0].dtype == "float32"
-    exp = outs[0].numel() if op in TRANSCENDENTAL_OPS and outs and outs[0] is not None else 0
+    exp = outs[0].numel() if _transcendental(op) and outs and outs[0] is not None else 0
     if op in NATIVE_OPS and native and fp32 and (op != "MaxPool" or ins[0].rank == 4):
         if op == "MaxPool":  # the strided depthwise kernel's loop: a padded plane, every tap per output row
             attrs = ops.get(op, node.describe()).attrs(node)
@@ -625,6 +610,13 @@ def _epilogue_calls(bias: bool, act: str, native: bool, size: int) -> tuple[int,
         return 0, 1
     calls = int(bias) + {"none": 0, "relu": 1, "relu6": 1, "hardswish": 4}.get(act, 0 if native else 5)
     return calls, int(native and act in TRANSCENDENTAL_ACTIVATIONS)
+
+
+def _transcendental(op_type: str) -> bool:
+    """Whether ``op_type`` evaluates an exp-class function per element: listed here, or declared by
+    its OpDef (the ``transcendental`` facet, read at each call)."""
+    declared = ops.registry().get(op_type)
+    return op_type in TRANSCENDENTAL_OPS or (declared is not None and declared.transcendental)
 
 
 def _rows(node: Node, x: TensorType) -> int:

@@ -20,6 +20,7 @@ from cuvil_edge.device_targets.spec import TargetSpec, resolve
 from cuvil_edge.errors import BuildError, CuvilError
 from cuvil_edge.ir import dims, dtypes, ops
 from cuvil_edge.ir.graph import Graph, Node, TensorType
+from cuvil_edge.ir.ops._contract import no_scratch
 from cuvil_edge.ir.ops._conv_path import conv_path, gemm_scratch_bytes, im2col_block_rows
 from cuvil_edge.ir.ops._packing import gemm_panels, packed_conv_bytes
 
@@ -55,26 +56,12 @@ BROADCASTING = frozenset(
     }
 )
 
-#: Kernels that allocate their outputs only (one numpy call, or views then one copy).
+#: Kernels that allocate their outputs only (one numpy call, or views then one copy), besides the
+#: ops whose OpDef declares it (its ``scratch`` facet is ``no_scratch``).
 NO_SCRATCH = frozenset(
     {
         *VIEW_OPS,
-        "Not",
         "BitwiseNot",
-        "Relu",
-        "Tanh",
-        "Exp",
-        "Log",
-        "Sqrt",
-        "Abs",
-        "Neg",
-        "Floor",
-        "Ceil",
-        "Round",
-        "Reciprocal",
-        "Sign",
-        "Sin",
-        "Cos",
         "Cast",
         "CastLike",
         "Transpose",
@@ -169,7 +156,7 @@ def _conv(s: Site) -> int:
     strides, pads, dilations, out_sp = _window(s, kernel)
     wide = 4 if x.dtype == "float16" else dtypes.itemsize(x.dtype)  # float16 is computed in float32
     n, c, m, p, taps = x.shape[0], x.shape[1], w.shape[0], math.prod(out_sp), math.prod(kernel)
-    y, depthwise, block = n * m * p * wide, group == c and m == group, s.buffer(n * m * p * wide, wide)
+    y, block = n * m * p * wide, s.buffer(n * m * p * wide, wide)
     path = conv_path(
         len(kernel),
         c,
@@ -408,8 +395,9 @@ class MemoryPlan:
 
     @property
     def bound_bytes(self) -> int:
-        """Weights (and their packed copies) plus the two largest simultaneously-live activations: a floor the plan is compared
-        with, so that ``over_bound`` can name the steps that need far more than it."""
+        """Weights (and their packed copies) plus the two largest simultaneously-live activations: a
+        floor the plan is compared with, so that ``over_bound`` can name the steps that need far more
+        than it."""
         return self.weights_bytes + self.packed_weights_bytes + sum(size for _, size in self.largest_live)
 
     def over_bound(self, slack: float = 0.10) -> tuple[Step, ...]:
@@ -428,12 +416,14 @@ class MemoryPlan:
         w = self.steps[self.peak_step] if self.steps else Step(0, "-", "-", 0, 0, 0, False)
         kernels = ", low-memory kernels" * self.low_memory + ", native kernels" * self.native
         over, guessed = self.over_bound(), sorted({s.op_type for s in self.steps if s.estimated})
+        weights = self.weights_bytes + self.runtime_weights_bytes + self.packed_weights_bytes
+        largest = " + ".join(f"{n!r} {mb(b)}" for n, b in self.largest_live)
         return "\n".join(
             [
                 f"memory plan for {self.graph!r} on {self.target} ({self.precision}, batch {self.batch}{kernels}): peak "
-                f"{mb(self.peak_bytes)} = weights {mb(self.weights_bytes + self.runtime_weights_bytes + self.packed_weights_bytes)} + live "
+                f"{mb(self.peak_bytes)} = weights {mb(weights)} + live "
                 f"{mb(w.live_bytes)} + scratch {mb(w.scratch_bytes)} at {w.node!r} ({w.op_type})",
-                f"bound: weights + {' + '.join(f'{n!r} {mb(b)}' for n, b in self.largest_live)} = {mb(self.bound_bytes)}",
+                f"bound: weights + {largest} = {mb(self.bound_bytes)}",
                 *(
                     [
                         "over the bound + 10 %: "
@@ -571,10 +561,13 @@ def _scratch(node: Node, types: _Types, large: bool, native: bool) -> tuple[int,
     """
     if node.op_type in NO_SCRATCH:
         return 0, False
+    op = ops.get(node.op_type, node.describe())
+    if op.scratch is no_scratch:
+        return 0, False
     try:
-        attrs = ops.get(node.op_type, node.describe()).attrs(node)
+        attrs = op.attrs(node)
         site = Site(attrs, tuple(types[i] for i in node.inputs), tuple(types[o] for o in node.outputs), large, native)
-        rule = SCRATCH.get(node.op_type)
+        rule = op.scratch or SCRATCH.get(node.op_type)  # the op's own facet first
         return (max(0, int(rule(site))), False) if rule else (site.out, True)
     except CuvilError:
         raise

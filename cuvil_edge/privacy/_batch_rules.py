@@ -26,8 +26,8 @@ from typing import Callable, Mapping, Optional, Sequence, Union
 import numpy as np
 
 from cuvil_edge.errors import BatchMixingError
+from cuvil_edge.ir import dims as dim_exprs, ops
 from cuvil_edge.ir.graph import Dim, Node, TensorType
-from cuvil_edge.ir import dims as dim_exprs
 
 CONST = "constant"
 SIZE = "batch size"
@@ -504,23 +504,12 @@ def _shape(v: View) -> State:
     return SIZE
 
 
-_UNARY = (
-    "Relu",
-    "Sigmoid",
-    "Tanh",
-    "Exp",
-    "Log",
-    "Sqrt",
-    "Erf",
-    "Not",
-    "LeakyRelu",
-    "HardSigmoid",
-    "HardSwish",
-    "Gelu",
-    "Cast",
-    "Identity",
-)
+#: one-input ops with a row of their own here; the elementwise ones declare it (their ``batch`` facet)
+_UNARY = ("Cast", "Identity")
 _BINARY = ("Add", "Sub", "Mul", "Div", "Pow", "Equal", "Greater", "Less", "Where", "Sum", "Clip")
+
+#: the rule of each value of the ``batch`` facet (ir/ops/_contract.py: BATCH_FACETS)
+_FACET_ROWS = {"same": Row(_same), "broadcast": Row(_broadcast, data=None)}
 
 #: op type -> how samples flow through it (see the module docstring).
 ROWS: dict[str, Row] = {
@@ -560,3 +549,13 @@ ROWS: dict[str, Row] = {
     "QuantizeLinear": Row(_quantize),
     "DequantizeLinear": Row(_quantize),
 }
+
+
+def row_of(op_type: str) -> Row | None:
+    """How samples flow through ``op_type``: its row here, else the rule of the batch facet its
+    OpDef declares (read at each call, so an op registered later is covered), else None."""
+    row = ROWS.get(op_type)
+    if row is None:
+        declared = ops.registry().get(op_type)
+        row = _FACET_ROWS.get(declared.batch) if declared is not None and declared.batch else None
+    return row

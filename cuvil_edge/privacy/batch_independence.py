@@ -31,7 +31,7 @@ from cuvil_edge.errors import BatchMixingError, ExecutionError, PrivacyError
 from cuvil_edge.ir import interpreter
 from cuvil_edge.ir.graph import Dim, Graph, Node, TensorType
 from cuvil_edge.ir.infer import known_values
-from cuvil_edge.privacy._batch_rules import CONST, ROWS, SIZE, State, View, batched, describe, refuse
+from cuvil_edge.privacy._batch_rules import CONST, SIZE, State, View, batched, describe, refuse, row_of
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +39,7 @@ __all__ = ["BatchMixingError", "batch_axes", "check_batch_independent", "probe_b
 
 #: Size given to symbolic dims other than the batch when probing.
 PROBE_DIM = 2
-_ALLOW_LIST = "ROWS in cuvil_edge/privacy/_batch_rules.py"
+_ALLOW_LIST = "the op's batch facet in its cuvil_edge/ir/ops file, or ROWS in cuvil_edge/privacy/_batch_rules.py"
 
 
 def check_batch_independent(
@@ -163,7 +163,7 @@ def _step(v: View) -> list[State]:
     node, count = v.node, len(v.node.outputs)
     if all(s == CONST for s in v.states):
         return [CONST] * count  # a function of constants alone
-    row = ROWS.get(node.op_type)
+    row = row_of(node.op_type)
     if row is None:
         raise BatchMixingError(
             f"op {node.op_type!r} at {describe(node)} is not known to keep samples independent, and its inputs "

@@ -38,6 +38,15 @@ def no_attrs(node: Node) -> dict[str, Any]:
     return {}
 
 
+def no_scratch(site: Any) -> int:
+    """The scratch facet of a kernel that allocates its outputs only (one numpy call, or views)."""
+    return 0
+
+
+#: The values the ``batch`` facet takes (privacy/_batch_rules.py maps each onto its rule).
+BATCH_FACETS = ("same", "broadcast")
+
+
 def per_element(cost: int) -> Callable:
     """FLOPs = ``cost`` per output element (of the first output)."""
 
@@ -63,6 +72,23 @@ class OpDef:
     ATTRS: Mapping[str, str] = field(default_factory=dict)  # attribute kinds checked by build_graph
     CONST_INPUTS: tuple[int, ...] = ()
     macs: Callable[..., int] | None = None
+    # Facets: what the layers above know of the op, declared here so that adding an op is one
+    # row (None / False: not declared; the consumer's own table, then its default, decides).
+    #: memory plan: transient bytes of one call, given its ``memory_plan.Site`` (:func:`no_scratch`:
+    #: the kernel allocates its outputs only)
+    scratch: Callable[[Any], int] | None = None
+    #: cost model: an exp-class function is evaluated per output element (``transcendental_ns`` each)
+    transcendental: bool = False
+    #: batch independence (privacy): ``"same"``, each output row is computed from the same row of
+    #: the one input; ``"broadcast"``, elementwise over inputs broadcast against each other
+    batch: str | None = None
+    #: training: the op in torch, ``fn(torch, node, *tensors) -> tensor`` (torch is passed in, so
+    #: that the op file imports nothing of it: the base install has no torch)
+    torch: Callable[..., Any] | None = None
+
+    def __post_init__(self) -> None:
+        if self.batch is not None and self.batch not in BATCH_FACETS:
+            raise ValueError(f"op {self.OP_TYPE}: batch facet {self.batch!r} is not one of {BATCH_FACETS}")
 
     @property
     def __name__(self) -> str:  # error messages name ops by module name

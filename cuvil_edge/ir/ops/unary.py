@@ -17,7 +17,7 @@ import numpy as np
 from cuvil_edge.errors import ShapeInferenceError, UnsupportedAttributeError
 from cuvil_edge.ir import dtypes
 from cuvil_edge.ir.graph import TensorType
-from cuvil_edge.ir.ops._contract import OpDef, no_attrs, per_element
+from cuvil_edge.ir.ops._contract import OpDef, no_attrs, no_scratch, per_element
 from cuvil_edge.ir.ops._elementwise import (
     ALL,
     ERF,
@@ -271,14 +271,20 @@ def k_isinf(x, detect_negative, detect_positive):
 
 
 # --- the table ------------------------------------------------------------------------------
-def _unary(op_type, fn, versions, types, cost=1, attrs=no_attrs, kinds=None, out_dtype=None, helpers=()) -> OpDef:
+def _unary(
+    op_type, fn, versions, types, cost=1, attrs=no_attrs, kinds=None, out_dtype=None, helpers=(), **facets
+) -> OpDef:
+    """One elementwise op: output row i is computed from input row i alone (the batch facet)."""
+
     def infer(node, inputs):
         attrs(node)  # refuses bad attribute values at import, not at run time
         out = infer_unary(node, inputs, types)
         return [TensorType(out_dtype, out[0].shape)] if out_dtype else out
 
     flops = cost if callable(cost) else per_element(cost)
-    return OpDef(op_type, tuple(versions), infer, fn, flops, attrs, helpers=helpers, ATTRS=kinds or {})
+    return OpDef(
+        op_type, tuple(versions), infer, fn, flops, attrs, helpers=helpers, ATTRS=kinds or {}, batch="same", **facets
+    )
 
 
 def _floats(**defaults):
@@ -420,14 +426,37 @@ SELU_ALPHA, SELU_GAMMA = float(np.float32(1.67326319217681884765625)), float(np.
 
 OPS = (
     # 13 adds bfloat16 only (not an IR dtype)
-    _unary("Tanh", k_tanh, (6, 13), _F, _T),
-    _unary("Exp", k_exp, (6, 13), _F, _T),
-    _unary("Log", k_log, (6, 13), _F, _T),
-    _unary("Sqrt", k_sqrt, (6, 13), _F),  # a hardware square root counts as one operation
+    _unary(
+        "Tanh", k_tanh, (6, 13), _F, _T, torch=lambda t, node, x: t.tanh(x), scratch=no_scratch, transcendental=True
+    ),
+    _unary("Exp", k_exp, (6, 13), _F, _T, torch=lambda t, node, x: t.exp(x), scratch=no_scratch, transcendental=True),
+    _unary("Log", k_log, (6, 13), _F, _T, torch=lambda t, node, x: t.log(x), scratch=no_scratch, transcendental=True),
+    _unary(
+        "Sqrt", k_sqrt, (6, 13), _F, torch=lambda t, node, x: t.sqrt(x), scratch=no_scratch
+    ),  # a hardware square root counts as one operation
     # 9 also allows integer dtypes, 13 floats only
-    _unary("Erf", k_erf, (9, 13), ((9, FLOATS | INTS), (13, FLOATS)), ERF, helpers=(_erf64, _native_lib, _native_map)),
+    _unary(
+        "Erf",
+        k_erf,
+        (9, 13),
+        ((9, FLOATS | INTS), (13, FLOATS)),
+        ERF,
+        helpers=(_erf64, _native_lib, _native_map),
+        torch=lambda t, node, x: t.erf(x),
+        transcendental=True,
+    ),
     # 16 / 22 add bfloat16 only
-    _unary("LeakyRelu", k_leaky_relu, (6, 16), _F, 1, _floats(alpha=0.01), {"alpha": FLOAT}, helpers=(_wide,)),
+    _unary(
+        "LeakyRelu",
+        k_leaky_relu,
+        (6, 16),
+        _F,
+        1,
+        _floats(alpha=0.01),
+        {"alpha": FLOAT},
+        helpers=(_wide,),
+        torch=lambda t, node, x: t.nn.functional.leaky_relu(x, node.attr("alpha", 0.01)),
+    ),
     _unary(
         "HardSigmoid",
         k_hard_sigmoid,
@@ -437,8 +466,11 @@ OPS = (
         _floats(alpha=0.2, beta=0.5),  # multiply-add (2), clamp (1)
         {"alpha": FLOAT, "beta": FLOAT},
         helpers=(_wide,),
+        torch=lambda t, node, x: t.clamp(node.attr("alpha", 0.2) * x + node.attr("beta", 0.5), 0.0, 1.0),
     ),
-    _unary("Not", k_not, (1,), ((1, frozenset({"bool"})),)),
+    _unary(
+        "Not", k_not, (1,), ((1, frozenset({"bool"})),), torch=lambda t, node, x: t.logical_not(x), scratch=no_scratch
+    ),
     OpDef("Identity", (1, 13, 14, 16, 19, 21), _infer_identity, k_identity, per_element(0)),
     OpDef(
         "Cast",
@@ -464,11 +496,33 @@ OPS = (
         CONST_INPUTS=(1, 2),
     ),
     # 13 adds bfloat16 (not an IR dtype); 14 adds int8/16/32/64
-    _unary("Relu", k_relu, (6, 13, 14), ((6, FLOATS), (14, FLOATS | SIGNED))),
     _unary(
-        "Sigmoid", k_sigmoid, (6, 13), _F, _T + 3, helpers=(_wide, _native_lib, _native_map)
+        "Relu",
+        k_relu,
+        (6, 13, 14),
+        ((6, FLOATS), (14, FLOATS | SIGNED)),
+        torch=lambda t, node, x: t.relu(x),
+        scratch=no_scratch,
+    ),
+    _unary(
+        "Sigmoid",
+        k_sigmoid,
+        (6, 13),
+        _F,
+        _T + 3,
+        helpers=(_wide, _native_lib, _native_map),
+        torch=lambda t, node, x: t.sigmoid(x),
+        transcendental=True,
     ),  # exp, abs, add, divide
-    _unary("HardSwish", k_hard_swish, (14, 22), ((14, FLOATS),), 4, helpers=(_wide,)),  # mul-add, clamp, multiply
+    _unary(
+        "HardSwish",
+        k_hard_swish,
+        (14, 22),
+        ((14, FLOATS),),
+        4,
+        helpers=(_wide,),
+        torch=lambda t, node, x: t.nn.functional.hardswish(x),
+    ),  # mul-add, clamp, multiply
     _unary(
         "Gelu",
         k_gelu,
@@ -478,28 +532,48 @@ OPS = (
         _gelu_attrs,
         {"approximate": STR},
         helpers=(_erf64, _native_lib, _native_map),
+        torch=lambda t, node, x: t.nn.functional.gelu(x, approximate=node.attr("approximate", "none")),
+        transcendental=True,
     ),
-    _unary("Abs", k_abs, (6, 13), ((6, NUMERIC),)),
-    _unary("Neg", k_neg, (6, 13), ((6, FLOATS | SIGNED),)),
-    _unary("Reciprocal", k_reciprocal, (6, 13), _F),
-    _unary("Floor", k_floor, (6, 13), _F),
-    _unary("Ceil", k_ceil, (6, 13), _F),
-    _unary("Round", k_round, (11, 22), ((11, FLOATS),)),
-    _unary("Sign", k_sign, (9, 13), ((9, NUMERIC),)),
-    _unary("Sin", k_sin, (7, 22), ((7, FLOATS),), _T),
-    _unary("Cos", k_cos, (7, 22), ((7, FLOATS),), _T),
-    _unary("Tan", k_tan, (7, 22), ((7, FLOATS),), _T),
-    _unary("Asin", k_asin, (7, 22), ((7, FLOATS),), _T),
-    _unary("Acos", k_acos, (7, 22), ((7, FLOATS),), _T),
-    _unary("Atan", k_atan, (7, 22), ((7, FLOATS),), _T),
-    _unary("Sinh", k_sinh, (9, 22), ((9, FLOATS),), _T),
-    _unary("Cosh", k_cosh, (9, 22), ((9, FLOATS),), _T),
-    _unary("Asinh", k_asinh, (9, 22), ((9, FLOATS),), _T),
-    _unary("Acosh", k_acosh, (9, 22), ((9, FLOATS),), _T),
-    _unary("Atanh", k_atanh, (9, 22), ((9, FLOATS),), _T),
-    _unary("Softplus", k_softplus, (1, 22), ((1, FLOATS),), 2 * _T + 1),
-    _unary("Softsign", k_softsign, (1, 22), ((1, FLOATS),), 3),
-    _unary("Elu", k_elu, (6, 22), _F, _T + 2, _floats(alpha=1.0), {"alpha": FLOAT}),
+    _unary("Abs", k_abs, (6, 13), ((6, NUMERIC),), torch=lambda t, node, x: t.abs(x), scratch=no_scratch),
+    _unary("Neg", k_neg, (6, 13), ((6, FLOATS | SIGNED),), torch=lambda t, node, x: t.neg(x), scratch=no_scratch),
+    _unary("Reciprocal", k_reciprocal, (6, 13), _F, torch=lambda t, node, x: t.reciprocal(x), scratch=no_scratch),
+    _unary("Floor", k_floor, (6, 13), _F, torch=lambda t, node, x: t.floor(x), scratch=no_scratch),
+    _unary("Ceil", k_ceil, (6, 13), _F, torch=lambda t, node, x: t.ceil(x), scratch=no_scratch),
+    _unary("Round", k_round, (11, 22), ((11, FLOATS),), torch=lambda t, node, x: t.round(x), scratch=no_scratch),
+    _unary("Sign", k_sign, (9, 13), ((9, NUMERIC),), torch=lambda t, node, x: t.sign(x), scratch=no_scratch),
+    _unary("Sin", k_sin, (7, 22), ((7, FLOATS),), _T, torch=lambda t, node, x: t.sin(x), scratch=no_scratch),
+    _unary("Cos", k_cos, (7, 22), ((7, FLOATS),), _T, torch=lambda t, node, x: t.cos(x), scratch=no_scratch),
+    _unary("Tan", k_tan, (7, 22), ((7, FLOATS),), _T, torch=lambda t, node, x: t.tan(x)),
+    _unary("Asin", k_asin, (7, 22), ((7, FLOATS),), _T, torch=lambda t, node, x: t.asin(x)),
+    _unary("Acos", k_acos, (7, 22), ((7, FLOATS),), _T, torch=lambda t, node, x: t.acos(x)),
+    _unary("Atan", k_atan, (7, 22), ((7, FLOATS),), _T, torch=lambda t, node, x: t.atan(x)),
+    _unary("Sinh", k_sinh, (9, 22), ((9, FLOATS),), _T, torch=lambda t, node, x: t.sinh(x)),
+    _unary("Cosh", k_cosh, (9, 22), ((9, FLOATS),), _T, torch=lambda t, node, x: t.cosh(x)),
+    _unary("Asinh", k_asinh, (9, 22), ((9, FLOATS),), _T, torch=lambda t, node, x: t.asinh(x)),
+    _unary("Acosh", k_acosh, (9, 22), ((9, FLOATS),), _T, torch=lambda t, node, x: t.acosh(x)),
+    _unary("Atanh", k_atanh, (9, 22), ((9, FLOATS),), _T, torch=lambda t, node, x: t.atanh(x)),
+    _unary(
+        "Softplus",
+        k_softplus,
+        (1, 22),
+        ((1, FLOATS),),
+        2 * _T + 1,
+        torch=lambda t, node, x: t.log1p(t.exp(x)),
+        transcendental=True,
+    ),
+    _unary("Softsign", k_softsign, (1, 22), ((1, FLOATS),), 3, torch=lambda t, node, x: t.nn.functional.softsign(x)),
+    _unary(
+        "Elu",
+        k_elu,
+        (6, 22),
+        _F,
+        _T + 2,
+        _floats(alpha=1.0),
+        {"alpha": FLOAT},
+        torch=lambda t, node, x: t.nn.functional.elu(x, node.attr("alpha", 1.0)),
+        transcendental=True,
+    ),
     _unary(
         "Selu",
         k_selu,
@@ -508,12 +582,55 @@ OPS = (
         _T + 3,
         _floats(alpha=SELU_ALPHA, gamma=SELU_GAMMA),
         {"alpha": FLOAT, "gamma": FLOAT},
+        torch=lambda t, node, x: (
+            node.attr("gamma", SELU_GAMMA) * t.where(x > 0, x, node.attr("alpha", SELU_ALPHA) * t.expm1(x))
+        ),
+        transcendental=True,
     ),
-    _unary("Celu", k_celu, (12,), ((12, FLOATS),), _T + 4, _floats(alpha=1.0), {"alpha": FLOAT}),
-    _unary("ThresholdedRelu", k_thresholded_relu, (10, 22), ((10, FLOATS),), 1, _floats(alpha=1.0), {"alpha": FLOAT}),
-    _unary("Shrink", k_shrink, (9,), ((9, NUMERIC),), 3, _floats(bias=0.0, lambd=0.5), {"bias": FLOAT, "lambd": FLOAT}),
-    _unary("Mish", k_mish, (18, 22), ((18, FLOATS),), 3 * _T + 2),
-    _unary("IsNaN", k_isnan, (9, 13, 20), ((9, FLOATS),), out_dtype="bool"),
+    _unary(
+        "Celu",
+        k_celu,
+        (12,),
+        ((12, FLOATS),),
+        _T + 4,
+        _floats(alpha=1.0),
+        {"alpha": FLOAT},
+        torch=lambda t, node, x: t.nn.functional.celu(x, node.attr("alpha", 1.0)),
+    ),
+    _unary(
+        "ThresholdedRelu",
+        k_thresholded_relu,
+        (10, 22),
+        ((10, FLOATS),),
+        1,
+        _floats(alpha=1.0),
+        {"alpha": FLOAT},
+        torch=lambda t, node, x: t.where(x > node.attr("alpha", 1.0), x, t.zeros_like(x)),
+    ),
+    _unary(
+        "Shrink",
+        k_shrink,
+        (9,),
+        ((9, NUMERIC),),
+        3,
+        _floats(bias=0.0, lambd=0.5),
+        {"bias": FLOAT, "lambd": FLOAT},
+        torch=lambda t, node, x: t.where(
+            x < -node.attr("lambd", 0.5),
+            x + node.attr("bias", 0.0),
+            t.where(x > node.attr("lambd", 0.5), x - node.attr("bias", 0.0), t.zeros_like(x)),
+        ),
+    ),
+    _unary(
+        "Mish",
+        k_mish,
+        (18, 22),
+        ((18, FLOATS),),
+        3 * _T + 2,
+        torch=lambda t, node, x: t.nn.functional.mish(x),
+        transcendental=True,
+    ),
+    _unary("IsNaN", k_isnan, (9, 13, 20), ((9, FLOATS),), out_dtype="bool", torch=lambda t, node, x: t.isnan(x)),
     _unary(
         "IsInf",
         k_isinf,
