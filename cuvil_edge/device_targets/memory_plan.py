@@ -31,26 +31,10 @@ OVERHEAD_BYTES = 2048
 #: no allocation, and the input's buffer lives as long as the view.
 VIEW_OPS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Dropout"})
 
-#: One ufunc: numpy's iterator buffers a block when an operand is broadcast (:meth:`Site.buffer`).
+#: One ufunc: numpy's iterator buffers a block when an operand is broadcast (:meth:`Site.buffer`);
+#: the binary elementwise ops declare the same rule on their OpDef (``broadcast_scratch``).
 BROADCASTING = frozenset(
     {
-        "Add",
-        "Sub",
-        "Mul",
-        "Div",
-        "Pow",
-        "Equal",
-        "Greater",
-        "GreaterOrEqual",
-        "Less",
-        "LessOrEqual",
-        "Where",
-        "And",
-        "Or",
-        "Xor",
-        "BitwiseAnd",
-        "BitwiseOr",
-        "BitwiseXor",
         "Mod",
         "PRelu",
     }

@@ -506,7 +506,7 @@ def _shape(v: View) -> State:
 
 #: one-input ops with a row of their own here; the elementwise ones declare it (their ``batch`` facet)
 _UNARY = ("Cast", "Identity")
-_BINARY = ("Add", "Sub", "Mul", "Div", "Pow", "Equal", "Greater", "Less", "Where", "Sum", "Clip")
+_BINARY = ("Sum", "Clip")  # the elementwise ones declare it (their batch facet)
 
 #: the rule of each value of the ``batch`` facet (ir/ops/_contract.py: BATCH_FACETS)
 _FACET_ROWS = {"same": Row(_same), "broadcast": Row(_broadcast, data=None)}

@@ -43,6 +43,13 @@ def no_scratch(site: Any) -> int:
     return 0
 
 
+def broadcast_scratch(site: Any) -> int:
+    """The scratch facet of one ufunc over broadcast operands: numpy buffers a block when an
+    operand is neither one element nor the output's size."""
+    size = site.outs[0].numel()
+    return site.buffer(site.out) * any(t is not None and t.numel() not in (1, size) for t in site.ins)
+
+
 #: The values the ``batch`` facet takes (privacy/_batch_rules.py maps each onto its rule).
 BATCH_FACETS = ("same", "broadcast")
 

@@ -13,7 +13,7 @@ import numpy as np
 
 from cuvil_edge.errors import ShapeInferenceError, UnsupportedAttributeError
 from cuvil_edge.ir.graph import TensorType
-from cuvil_edge.ir.ops._contract import OpDef, per_element
+from cuvil_edge.ir.ops._contract import OpDef, broadcast_scratch, per_element
 from cuvil_edge.ir.ops._elementwise import (
     ALL,
     ARITH_14,
@@ -252,12 +252,48 @@ _ARITH = ((7, ARITH_OLD), (14, ARITH_14))
 _ORDERED = ((7, FLOATS), (9, FLOATS | INTS))  # Greater/Less: 9 adds integers, 13 bfloat16
 
 OPS = (
-    OpDef("Add", (7, 13, 14), _binary(_ARITH), k_add, per_element(1)),
-    OpDef("Sub", (7, 13, 14), _binary(_ARITH), k_sub, per_element(1)),
-    OpDef("Mul", (7, 13, 14), _binary(_ARITH), k_mul, per_element(1)),
-    OpDef("Div", (7, 13, 14), _binary(_ARITH), k_div, per_element(1)),
+    OpDef(
+        "Add",
+        (7, 13, 14),
+        _binary(_ARITH),
+        k_add,
+        per_element(1),
+        batch="broadcast",
+        scratch=broadcast_scratch,
+        torch=lambda t, node, a, b: a + b,
+    ),
+    OpDef(
+        "Sub",
+        (7, 13, 14),
+        _binary(_ARITH),
+        k_sub,
+        per_element(1),
+        batch="broadcast",
+        scratch=broadcast_scratch,
+        torch=lambda t, node, a, b: a - b,
+    ),
+    OpDef(
+        "Mul",
+        (7, 13, 14),
+        _binary(_ARITH),
+        k_mul,
+        per_element(1),
+        batch="broadcast",
+        scratch=broadcast_scratch,
+        torch=lambda t, node, a, b: a * b,
+    ),
+    OpDef("Div", (7, 13, 14), _binary(_ARITH), k_div, per_element(1), batch="broadcast", scratch=broadcast_scratch),
     # 13, 15: bfloat16 only; exp(y * log(x)): two transcendentals
-    OpDef("Pow", (7, 12, 13, 15), _infer_pow, k_pow, per_element(2 * TRANSCENDENTAL)),
+    OpDef(
+        "Pow",
+        (7, 12, 13, 15),
+        _infer_pow,
+        k_pow,
+        per_element(2 * TRANSCENDENTAL),
+        batch="broadcast",
+        scratch=broadcast_scratch,
+        torch=lambda t, node, a, b: t.pow(a, b).to(a.dtype),
+    ),
     # 6: inputs of one shape, 8: broadcast, 13: bfloat16 only; N inputs: N - 1 additions per element
     OpDef("Sum", (6, 8, 13), _variadic(((6, FLOATS),), broadcast_since=8), k_sum, _sum_flops),
     # Equal: 7 bool/int32/int64, 11 all, 13 bfloat16 and 19 string (not IR dtypes)
@@ -267,13 +303,59 @@ OPS = (
         _compare(((7, frozenset({"bool", "int32", "int64"})), (11, ALL))),
         k_equal,
         per_element(1),
+        batch="broadcast",
+        scratch=broadcast_scratch,
+        torch=lambda t, node, a, b: a == b,
     ),
-    OpDef("Greater", (7, 9, 13), _compare(_ORDERED), k_greater, per_element(1)),
-    OpDef("Less", (7, 9, 13), _compare(_ORDERED), k_less, per_element(1)),
+    OpDef(
+        "Greater",
+        (7, 9, 13),
+        _compare(_ORDERED),
+        k_greater,
+        per_element(1),
+        batch="broadcast",
+        scratch=broadcast_scratch,
+        torch=lambda t, node, a, b: a > b,
+    ),
+    OpDef(
+        "Less",
+        (7, 9, 13),
+        _compare(_ORDERED),
+        k_less,
+        per_element(1),
+        batch="broadcast",
+        scratch=broadcast_scratch,
+        torch=lambda t, node, a, b: a < b,
+    ),
     # GreaterOrEqual/LessOrEqual: from 12 with every numeric type; 16 adds bfloat16
-    OpDef("GreaterOrEqual", (12, 16), _compare(((12, FLOATS | INTS),)), k_greater_or_equal, per_element(1)),
-    OpDef("LessOrEqual", (12, 16), _compare(((12, FLOATS | INTS),)), k_less_or_equal, per_element(1)),
-    OpDef("Where", (9, 16), _infer_where, k_where, per_element(1)),  # 16 adds bfloat16 only
+    OpDef(
+        "GreaterOrEqual",
+        (12, 16),
+        _compare(((12, FLOATS | INTS),)),
+        k_greater_or_equal,
+        per_element(1),
+        batch="broadcast",
+        scratch=broadcast_scratch,
+    ),
+    OpDef(
+        "LessOrEqual",
+        (12, 16),
+        _compare(((12, FLOATS | INTS),)),
+        k_less_or_equal,
+        per_element(1),
+        batch="broadcast",
+        scratch=broadcast_scratch,
+    ),
+    OpDef(
+        "Where",
+        (9, 16),
+        _infer_where,
+        k_where,
+        per_element(1),
+        batch="broadcast",
+        scratch=broadcast_scratch,
+        torch=lambda t, node, c, a, b: t.where(c, a, b),
+    ),  # 16 adds bfloat16 only
     OpDef("Min", (6, 8, 12, 13), _variadic(((6, FLOATS), (12, NUMERIC))), k_min, per_element(1)),
     OpDef("Max", (6, 8, 12, 13), _variadic(((6, FLOATS), (12, NUMERIC))), k_max, per_element(1)),
     OpDef("Mean", (6, 8, 13), _variadic(((6, FLOATS),)), k_mean, per_element(1)),
@@ -286,12 +368,45 @@ OPS = (
         lambda node: {"fmod": int(node.attr("fmod", 0))},
         ATTRS={"fmod": INT},
     ),
-    OpDef("And", (7,), _binary(_BOOL), k_and, per_element(1)),
-    OpDef("Or", (7,), _binary(_BOOL), k_or, per_element(1)),
-    OpDef("Xor", (7,), _binary(_BOOL), k_xor, per_element(1)),
-    OpDef("BitwiseAnd", (18,), _binary(_BITS), k_bitwise_and, per_element(1)),
-    OpDef("BitwiseOr", (18,), _binary(_BITS), k_bitwise_or, per_element(1)),
-    OpDef("BitwiseXor", (18,), _binary(_BITS), k_bitwise_xor, per_element(1)),
+    OpDef(
+        "And",
+        (7,),
+        _binary(_BOOL),
+        k_and,
+        per_element(1),
+        batch="broadcast",
+        scratch=broadcast_scratch,
+        torch=lambda t, node, a, b: a & b,
+    ),
+    OpDef(
+        "Or",
+        (7,),
+        _binary(_BOOL),
+        k_or,
+        per_element(1),
+        batch="broadcast",
+        scratch=broadcast_scratch,
+        torch=lambda t, node, a, b: a | b,
+    ),
+    OpDef(
+        "Xor",
+        (7,),
+        _binary(_BOOL),
+        k_xor,
+        per_element(1),
+        batch="broadcast",
+        scratch=broadcast_scratch,
+        torch=lambda t, node, a, b: a ^ b,
+    ),
+    OpDef(
+        "BitwiseAnd", (18,), _binary(_BITS), k_bitwise_and, per_element(1), batch="broadcast", scratch=broadcast_scratch
+    ),
+    OpDef(
+        "BitwiseOr", (18,), _binary(_BITS), k_bitwise_or, per_element(1), batch="broadcast", scratch=broadcast_scratch
+    ),
+    OpDef(
+        "BitwiseXor", (18,), _binary(_BITS), k_bitwise_xor, per_element(1), batch="broadcast", scratch=broadcast_scratch
+    ),
     OpDef("BitwiseNot", (18,), lambda node, inputs: infer_unary(node, inputs, _BITS), k_bitwise_not, per_element(1)),
     OpDef(
         "BitShift",
