@@ -85,6 +85,19 @@ def check_attrs(node: Node, module: Any) -> None:
                 )
 
 
+def required(node: Node, key: str) -> Any:
+    """The value of an attribute the schema requires (no ONNX default).
+
+    Raises:
+        UnsupportedAttributeError: the node lacks it (the model would fail onnx.checker too).
+    """
+    if key not in node.attrs:
+        raise UnsupportedAttributeError(
+            f"{node.describe()} lacks its required attribute {key!r}; re-export the model with it set"
+        )
+    return node.attrs[key]
+
+
 def ints(node: Node, key: str, default: Sequence[int] | None = None) -> list[int]:
     value = node.attr(key, default)
     if value is None:

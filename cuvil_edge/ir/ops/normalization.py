@@ -32,6 +32,7 @@ from cuvil_edge.ir.ops._util import (
     axis_index,
     broadcast,
     need,
+    required,
     same_dtype,
     want_dtype,
 )
@@ -294,7 +295,7 @@ OPS = (
         k_lrn,
         _lrn_flops,
         lambda node: {
-            "size": int(node.attr("size")),
+            "size": int(required(node, "size")),
             "alpha": float(node.attr("alpha", 1e-4)),
             "beta": float(node.attr("beta", 0.75)),
             "bias": float(node.attr("bias", 1.0)),

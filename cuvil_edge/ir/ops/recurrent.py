@@ -261,7 +261,12 @@ def _recurrent_attrs(node):
         else list(DEFAULTS[op]) * len(directions)
     )
     names = [n.lower() for n in names]
-    if len(names) != len(DEFAULTS[op]) * len(directions) or any(n not in ACTIVATIONS for n in names):
+    per = len(DEFAULTS[op])
+    if len(directions) == 1 and len(names) == 2 * per and names[:per] == names[per:]:
+        # both directions' list on a one-direction op: what RNN's schema default itself is
+        # (Tanh, Tanh), written out by exporters that copy defaults; both halves agree, so take one
+        names = names[:per]
+    if len(names) != per * len(directions) or any(n not in ACTIVATIONS for n in names):
         raise UnsupportedAttributeError(
             f"{node.describe()}: activations {names} must name {len(DEFAULTS[op])} per "
             f"direction from {', '.join(sorted(ACTIVATIONS))}"

@@ -16,7 +16,7 @@ from cuvil_edge.ir.graph import TensorType
 from cuvil_edge.ir.ops._contract import OpDef, per_element
 from cuvil_edge.ir.ops._elementwise import ALL, FLOATS, INTS, want
 from cuvil_edge.ir.ops._shape import vector
-from cuvil_edge.ir.ops._util import FLOATS as FLOAT_LIST, INT, STR, axis_index, choice, need
+from cuvil_edge.ir.ops._util import FLOATS as FLOAT_LIST, INT, STR, axis_index, choice, need, required
 
 
 def k_tile(x, repeats):
@@ -141,7 +141,7 @@ def _infer_topk(node, inputs, consts=None):
 def _topk_kernel_attrs(node):
     out = _topk_attrs(node)
     if node.version < 10:
-        out["k"] = int(node.attr("k"))
+        out["k"] = int(required(node, "k"))
     return out
 
 
@@ -192,7 +192,7 @@ def _infer_upsample(node, inputs, consts=None):
 def _upsample_attrs(node):
     out = {"linear": _upsample_mode(node)}
     if node.version < 9:
-        out["scales"] = tuple(float(s) for s in node.attr("scales"))
+        out["scales"] = tuple(float(s) for s in required(node, "scales"))
     return out
 
 
