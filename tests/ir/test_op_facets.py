@@ -136,3 +136,19 @@ def test_every_elementwise_unary_op_declares_its_batch_rule_and_torch_lowering()
     assert len(elementwise) > 30
     missing = [op.OP_TYPE for op in elementwise if op.torch is None and op.OP_TYPE not in ("IsInf",)]
     assert missing == []
+
+
+def test_op_rows_name_their_fields():
+    """An OpDef row gives its op type and versions, then every field by keyword: eight positional
+    arguments read by position are how a kernel ends up in the flops slot."""
+    import ast
+    from pathlib import Path
+
+    import cuvil_edge.ir.ops as package
+
+    positional = []
+    for path in sorted(Path(package.__file__).parent.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "OpDef" and len(node.args) > 2:
+                positional.append(f"{path.name}:{node.lineno}")
+    assert positional == []

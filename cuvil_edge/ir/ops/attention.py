@@ -315,10 +315,10 @@ OPS = (
     OpDef(
         "Attention",
         (23, 24, 25),
-        _infer_attention,
-        k_attention,
-        _attention_flops,
-        _attention_attrs,
+        infer=_infer_attention,
+        fn=k_attention,
+        flops=_attention_flops,
+        attrs=_attention_attrs,
         ATTRS={
             "is_causal": INT,
             "kv_num_heads": INT,
@@ -335,10 +335,10 @@ OPS = (
     OpDef(
         "RotaryEmbedding",
         (23,),
-        _infer_rotary,
-        k_rotary_embedding,
-        lambda node, inputs, outputs: 3 * outputs[0].numel(),
-        _rotary_attrs,
+        infer=_infer_rotary,
+        fn=k_rotary_embedding,
+        flops=lambda node, inputs, outputs: 3 * outputs[0].numel(),
+        attrs=_rotary_attrs,
         ATTRS={"interleaved": INT, "rotary_embedding_dim": INT, "num_heads": INT},
     ),
 )

@@ -82,12 +82,12 @@ OPS = (
     OpDef(
         "CuvilConvAdd",
         (1,),
-        _infer,
-        k_conv_add,
-        _flops,
-        _conv_attrs,
-        _CONV_HELPERS + (k_conv,),
-        {**WINDOW_ATTRS, "group": INT, "activation": STR},
+        infer=_infer,
+        fn=k_conv_add,
+        flops=_flops,
+        attrs=_conv_attrs,
+        helpers=_CONV_HELPERS + (k_conv,),
+        ATTRS={**WINDOW_ATTRS, "group": INT, "activation": STR},
         macs=_conv_macs,
     ),
 )

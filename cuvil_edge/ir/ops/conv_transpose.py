@@ -198,12 +198,12 @@ OPS = (
     OpDef(
         "ConvTranspose",
         (1, 11, 22),
-        infer,
-        k_conv_transpose,
-        flops,
-        _attrs,
-        (_convt_geometry,),
-        {**WINDOW_ATTRS, "group": INT, "output_padding": INTS, "output_shape": INTS},
+        infer=infer,
+        fn=k_conv_transpose,
+        flops=flops,
+        attrs=_attrs,
+        helpers=(_convt_geometry,),
+        ATTRS={**WINDOW_ATTRS, "group": INT, "output_padding": INTS, "output_shape": INTS},
         macs=_macs,
     ),
 )

@@ -130,10 +130,10 @@ OPS = (
     OpDef(
         "DeformConv",
         (19, 22),
-        _infer_deform_conv,
-        k_deform_conv,
-        _deform_flops,
-        _deform_attrs,
+        infer=_infer_deform_conv,
+        fn=k_deform_conv,
+        flops=_deform_flops,
+        attrs=_deform_attrs,
         ATTRS={
             "kernel_shape": INTS,
             "strides": INTS,

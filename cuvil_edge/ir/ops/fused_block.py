@@ -212,12 +212,12 @@ OPS = (
     OpDef(
         "CuvilDwPw",
         (1,),
-        _infer,
-        k_dw_pw,
-        _flops,
-        _attrs,
-        _CONV_HELPERS + (k_conv, _dwpw_native),
-        {"strides": INTS, "pads": INTS, "dilations": INTS, "dw_activation": STR, "pw_activation": STR},
+        infer=_infer,
+        fn=k_dw_pw,
+        flops=_flops,
+        attrs=_attrs,
+        helpers=_CONV_HELPERS + (k_conv, _dwpw_native),
+        ATTRS={"strides": INTS, "pads": INTS, "dilations": INTS, "dw_activation": STR, "pw_activation": STR},
         macs=_macs,
     ),
 )

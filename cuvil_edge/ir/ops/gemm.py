@@ -72,16 +72,26 @@ def _macs(node, inputs, outputs):
 _ATTRS = {"alpha": FLOAT, "beta": FLOAT, "transA": INT, "transB": INT}
 
 OPS = (
-    OpDef("Gemm", (7, 9, 11, 13), _infer, k_gemm, _flops, _attrs, _activation.HELPERS, _ATTRS, macs=_macs),
+    OpDef(
+        "Gemm",
+        (7, 9, 11, 13),
+        infer=_infer,
+        fn=k_gemm,
+        flops=_flops,
+        attrs=_attrs,
+        helpers=_activation.HELPERS,
+        ATTRS=_ATTRS,
+        macs=_macs,
+    ),
     OpDef(
         "CuvilFusedGemm",
         (1,),
-        _infer,
-        k_gemm,
-        _flops,
-        _attrs,
-        _activation.HELPERS,
-        {**_ATTRS, "activation": STR},
+        infer=_infer,
+        fn=k_gemm,
+        flops=_flops,
+        attrs=_attrs,
+        helpers=_activation.HELPERS,
+        ATTRS={**_ATTRS, "activation": STR},
         macs=_macs,
     ),
 )

@@ -57,14 +57,14 @@ def _infer_cum_prod(node, inputs):
 
 
 OPS = (
-    OpDef("Det", (11, 22), _infer_det, k_det, _det_flops),
+    OpDef("Det", (11, 22), infer=_infer_det, fn=k_det, flops=_det_flops),
     OpDef(
         "CumProd",
         (26,),
-        _infer_cum_prod,
-        k_cum_prod,
-        per_element(1),
-        lambda node: {"exclusive": int(node.attr("exclusive", 0)), "reverse": int(node.attr("reverse", 0))},
+        infer=_infer_cum_prod,
+        fn=k_cum_prod,
+        flops=per_element(1),
+        attrs=lambda node: {"exclusive": int(node.attr("exclusive", 0)), "reverse": int(node.attr("reverse", 0))},
         ATTRS={"exclusive": INT, "reverse": INT},
     ),
 )

@@ -49,4 +49,8 @@ def _infer(node, inputs):
     return [TensorType(y_zp.dtype, broadcast(node, a.shape, b.shape))]
 
 
-OPS = (OpDef("CuvilQLinearAdd", (1,), _infer, k_q_linear_add, per_element(8), helpers=(_i8_ops, _q_saturate)),)
+OPS = (
+    OpDef(
+        "CuvilQLinearAdd", (1,), infer=_infer, fn=k_q_linear_add, flops=per_element(8), helpers=(_i8_ops, _q_saturate)
+    ),
+)

@@ -56,7 +56,19 @@ def _infer_dynamic_quantize(node, inputs):
 
 OPS = (
     OpDef(
-        "BitCast", (26,), _infer_bit_cast, k_bit_cast, per_element(0), lambda node: {"to": _to(node)}, ATTRS={"to": INT}
+        "BitCast",
+        (26,),
+        infer=_infer_bit_cast,
+        fn=k_bit_cast,
+        flops=per_element(0),
+        attrs=lambda node: {"to": _to(node)},
+        ATTRS={"to": INT},
     ),
-    OpDef("DynamicQuantizeLinear", (11,), _infer_dynamic_quantize, k_dynamic_quantize_linear, per_element(6)),
+    OpDef(
+        "DynamicQuantizeLinear",
+        (11,),
+        infer=_infer_dynamic_quantize,
+        fn=k_dynamic_quantize_linear,
+        flops=per_element(6),
+    ),
 )

@@ -342,10 +342,10 @@ OPS = (
     OpDef(
         "Resize",
         (10, 11, 13, 18, 19),
-        _infer,
-        k_resize,
-        _flops,
-        _attrs,
+        infer=_infer,
+        fn=k_resize,
+        flops=_flops,
+        attrs=_attrs,
         helpers=(_resize_plan, _resize_coords, _resize_nearest, _resize_roi, _resize_crop_coords, _resize_weights),
         ATTRS={
             "antialias": INT,

@@ -99,10 +99,10 @@ OPS = (
     OpDef(
         "RoiAlign",
         (10, 16, 22),
-        _infer_roi_align,
-        k_roi_align,
-        _roi_flops,
-        _roi_attrs,
+        infer=_infer_roi_align,
+        fn=k_roi_align,
+        flops=_roi_flops,
+        attrs=_roi_attrs,
         helpers=(_roi_axis,),
         ATTRS={
             "coordinate_transformation_mode": STR,

@@ -62,6 +62,15 @@ def _flops(node, inputs, outputs):
 
 
 OPS = (
-    OpDef("Softmax", (1, 11, 13), _infer, k_softmax, _flops, _attrs, (_native_lib,), ATTRS={"axis": INT}),
-    OpDef("LogSoftmax", (1, 11, 13), _infer, k_log_softmax, _flops, _attrs, ATTRS={"axis": INT}),
+    OpDef(
+        "Softmax",
+        (1, 11, 13),
+        infer=_infer,
+        fn=k_softmax,
+        flops=_flops,
+        attrs=_attrs,
+        helpers=(_native_lib,),
+        ATTRS={"axis": INT},
+    ),
+    OpDef("LogSoftmax", (1, 11, 13), infer=_infer, fn=k_log_softmax, flops=_flops, attrs=_attrs, ATTRS={"axis": INT}),
 )

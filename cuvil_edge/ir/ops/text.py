@@ -108,10 +108,10 @@ OPS = (
     OpDef(
         "TfIdfVectorizer",
         (9,),
-        _infer_tfidf,
-        k_tf_idf_vectorizer,
-        _tfidf_flops,
-        _tfidf_attrs,
+        infer=_infer_tfidf,
+        fn=k_tf_idf_vectorizer,
+        flops=_tfidf_flops,
+        attrs=_tfidf_attrs,
         ATTRS={
             "max_gram_length": INT,
             "max_skip_count": INT,

@@ -233,7 +233,16 @@ def _unary(
 
     flops = cost if callable(cost) else per_element(cost)
     return OpDef(
-        op_type, tuple(versions), infer, fn, flops, attrs, helpers=helpers, ATTRS=kinds or {}, batch="same", **facets
+        op_type,
+        tuple(versions),
+        infer=infer,
+        fn=fn,
+        flops=flops,
+        attrs=attrs,
+        helpers=helpers,
+        ATTRS=kinds or {},
+        batch="same",
+        **facets,
     )
 
 
@@ -421,27 +430,33 @@ OPS = (
     _unary(
         "Not", k_not, (1,), ((1, frozenset({"bool"})),), torch=lambda t, node, x: t.logical_not(x), scratch=no_scratch
     ),
-    OpDef("Identity", (1, 13, 14, 16, 19, 21), _infer_identity, k_identity, per_element(0)),
+    OpDef("Identity", (1, 13, 14, 16, 19, 21), infer=_infer_identity, fn=k_identity, flops=per_element(0)),
     OpDef(
         "Cast",
         (6, 9, 13, 19, 21, 23, 24, 25, 28),
-        _infer_cast,
-        k_cast,
-        per_element(1),
-        _cast_attrs,
+        infer=_infer_cast,
+        fn=k_cast,
+        flops=per_element(1),
+        attrs=_cast_attrs,
         ATTRS={"to": INT, "saturate": INT},
     ),  # saturate only affects float8, which the IR lacks
     OpDef(
-        "Clip", (6, 11, 12, 13), _infer_clip, k_clip, per_element(1), _clip_attrs, ATTRS={"min": FLOAT, "max": FLOAT}
+        "Clip",
+        (6, 11, 12, 13),
+        infer=_infer_clip,
+        fn=k_clip,
+        flops=per_element(1),
+        attrs=_clip_attrs,
+        ATTRS={"min": FLOAT, "max": FLOAT},
     ),
     # 13, 22: bfloat16 / float8 only
     OpDef(
         "Dropout",
         (7, 10, 12, 13, 22),
-        _infer_dropout,
-        k_dropout,
-        per_element(0),
-        _dropout_attrs,
+        infer=_infer_dropout,
+        fn=k_dropout,
+        flops=per_element(0),
+        attrs=_dropout_attrs,
         ATTRS={"ratio": FLOAT, "seed": INT},
         CONST_INPUTS=(1, 2),
     ),
