@@ -43,7 +43,7 @@ case "$command" in
   # since the end-to-end tests mostly wait on Flower's polling; CUVIL_EDGE_TEST_WORKERS=0 runs
   # serially. loadgroup hands out one test (or one xdist_group) at a time, in collection order,
   # which tests/conftest.py starts with the longest tests.
-  test) setup; exec "$VENV/bin/python" -m pytest -n "${CUVIL_EDGE_TEST_WORKERS:-4}" --dist loadgroup \
+  test) setup; exec "$VENV/bin/python" -m pytest -n "${CUVIL_EDGE_TEST_WORKERS:-3}" --dist loadgroup \
           --no-loadscope-reorder "$@" ;;
   setup) setup ;;
   *) echo "usage: ./run.sh demo|test|setup [options]" >&2; exit 64 ;;

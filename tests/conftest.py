@@ -28,12 +28,12 @@ from cuvil_edge.config.flower_env import FLOWER_ENV
 
 for _key, _value in FLOWER_ENV.items():
     os.environ.setdefault(_key, _value)
-if os.environ.get("PYTEST_XDIST_WORKER"):
-    # a worker starts with COLUMNS=80 LINES=24, which a Rich console made at import would keep for
-    # good (tests that widen it through COLUMNS would then see wrapped tables); a worker runs as a
-    # serial session does, without them
-    for _key in ("COLUMNS", "LINES"):
-        os.environ.pop(_key, None)
+# Rich renders to captured output as to an 80-column terminal, wrapping long lines, and tests
+# compare that text: a path under a worker's tmp dir (popen-gwN/) is longer than a serial run's
+# and got broken mid-word. Every process (workers start with COLUMNS=80 LINES=24, which a console
+# made at import would keep for good) renders 200 columns wide instead, serial or parallel alike.
+os.environ["COLUMNS"] = "200"
+os.environ.pop("LINES", None)
 
 #: Seconds the longest tests took in a serial run on this loaded 2-core machine (node id, or module
 #: for a module one worker runs whole), longest first. They are handed out first, one to each
