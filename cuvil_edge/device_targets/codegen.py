@@ -22,7 +22,7 @@ from __future__ import annotations
 import ast
 import hashlib
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import cache, lru_cache
 from typing import Any
@@ -249,8 +249,11 @@ class Specialiser:
         self._names: dict[str, str] = {}  # specialised text -> its name
         self._count: dict[str, int] = {}
 
-    def call(self, op: OpDef, node: Node, args: list[str], outs: list[str]) -> str:
-        """The call line for ``node``; adds the specialised kernel it calls when it is new."""
+    def call(
+        self, op: OpDef, node: Node, args: list[str], outs: list[str], types: Mapping[str, Any] | None = None
+    ) -> str:
+        """The call line for ``node``; adds the specialised kernel it calls when it is new.
+        ``types``: the graph's value types, whose static dims are folded into the copy."""
         while args and not args[-1]:
             args = args[:-1]
         attrs = dict(op.attrs(node))
@@ -271,9 +274,16 @@ class Specialiser:
             if param not in values and param in defaults:
                 values[param] = defaults[param]  # a trailing input not given: its default
         present = [positional[i] for i, arg in enumerate(args) if arg and i < len(positional)]
+        shapes = {
+            positional[i]: tuple(types[name].shape)
+            for i, name in enumerate(node.inputs[: len(args)])
+            if types is not None and args[i] and i < len(positional) and name in types
+        }
         shown = ", ".join(f"{k}={source_literal(v)}" for k, v in values.items())
         doc = f"{function.__name__} specialised for {shown or 'its inputs'}"
-        text, bound, changed = specialise_function(source_of(function), self.PLACEHOLDER, values, present, doc[:400])
+        text, bound, changed = specialise_function(
+            source_of(function), self.PLACEHOLDER, values, present, doc[:400], shapes
+        )
         if not changed:
             return op.emit(node, args, outs)
         text = self._with_helpers(text, {h.__name__: h for h in op.helpers})
@@ -380,7 +390,7 @@ def _forward_source(graph: Graph, specialised: Specialiser) -> str:
         module = ops.get(node.op_type, node.describe())
         args = [ident(i) if i else "" for i in node.inputs]
         try:
-            call = specialised.call(module, node, args, outs)
+            call = specialised.call(module, node, args, outs, graph.types)
         except Exception as e:  # an op module fault must name the node
             raise BuildError(f"writing the call of {node.describe()} failed: {type(e).__name__}: {e}") from e
         lines.append(f"    # {node.op_type} node {node.name!r}"[:200])

@@ -400,11 +400,17 @@ def _join(body: list[ast.stmt], chunks: list[str]) -> str:
 
 
 def specialise_function(
-    source: str, name: str, values: Mapping[str, object], present: Iterable[str] = (), doc: str | None = None
+    source: str,
+    name: str,
+    values: Mapping[str, object],
+    present: Iterable[str] = (),
+    doc: str | None = None,
+    shapes: Mapping[str, tuple] | None = None,
 ) -> tuple[str, tuple[str, ...], bool]:
     """One call site's copy of a kernel: the parameters in ``values`` become literals, the
     parameters in ``present`` are known to hold arrays (``p is None`` is False), and the branches
-    these decide are pruned (:class:`Fold`).
+    these decide are pruned (:class:`Fold`). ``shapes``: the graph's dims of array parameters (ints
+    or symbols), and the locals assigned once from literals, are folded in too (:mod:`.fold_locals`).
 
     ``source`` holds a single ``def``; the copy is renamed ``name`` and, with ``doc``, gets that
     docstring. A parameter is substituted only when its value is a plain literal (or a tuple of
@@ -425,11 +431,12 @@ def specialise_function(
         doc,
         frozenset(present),
         tuple(sorted((k, _tag(v)) for k, v in values.items() if _is_literal(v))),
+        tuple(sorted((k, _tag(tuple(v))) for k, v in (shapes or {}).items())),
     )
     with _MEMO_LOCK:
         done = _SPECIALISED.get(key)
     if done is None:
-        done = _specialise(source, name, values, key[3], doc)
+        done = _specialise(source, name, values, key[3], doc, shapes or {})
         with _MEMO_LOCK:
             if len(_SPECIALISED) >= _MEMO_SIZE:  # a long-lived daemon meets a bounded set of models
                 _SPECIALISED.clear()
@@ -451,8 +458,15 @@ def _tag(value: object) -> object:
 
 
 def _specialise(
-    source: str, name: str, values: Mapping[str, object], present: Iterable[str], doc: str | None
+    source: str,
+    name: str,
+    values: Mapping[str, object],
+    present: Iterable[str],
+    doc: str | None,
+    shapes: Mapping[str, tuple],
 ) -> tuple[str, tuple[str, ...], bool]:
+    from cuvil_edge.device_targets.fold_locals import refine  # it builds on this module's Fold
+
     tree = ast.parse(source)
     if len(tree.body) != 1 or not isinstance(tree.body[0], ast.FunctionDef):
         raise BuildError(f"cannot specialise {name!r}: its source is not one function definition")
@@ -471,7 +485,9 @@ def _specialise(
     arrays = {p for p in present if p in params and p not in fixed and p not in chosen}
     binder = _Bind(chosen, arrays)
     function = binder.visit(function)
-    if not chosen and not binder.changed:
+    known = {p: tuple(s) for p, s in shapes.items() if p in arrays}
+    function, refined = refine(function, known)
+    if not chosen and not binder.changed and not refined:
         return source, (), False
     # drop the substituted parameters, keeping each remaining one's default
     positional = [*args.posonlyargs, *args.args]

@@ -112,7 +112,7 @@ def test_static_attributes_are_substituted_and_dead_branches_pruned():
     source = prune(generate_source(load_model(_model(11))), DEFAULT_CAPABILITIES)
     conv = _code(source, "k_conv_1")
     assert "SAME" not in conv and "_win_same_pads" not in conv  # explicit pads: no auto_pad branch
-    assert "auto_pad" not in conv and "(1, 1, 1, 1)" in conv
+    assert "auto_pad" not in conv and "pads" not in conv and "pd =" not in conv  # folded into its helpers
     assert "_activate" not in conv  # a plain Conv: the activation call is gone
     assert "is not None" not in conv and "y += b" in conv  # conv1 is given its bias
     assert "specialised for" in ast.get_docstring(_function(source, "k_conv_1"))  # survives pruning
