@@ -31,7 +31,8 @@ def blocking(lib) -> tuple[int, int, int, int]:
     if "b" not in _blocking:
         out = np.zeros(4, np.int64)
         lib.cuvil_gemm_blocking(out.ctypes.data)
-        _blocking["b"] = tuple(int(v) for v in out)
+        mr, nr, kc, nc = (int(v) for v in out)
+        _blocking["b"] = (mr, nr, kc, nc)
     return _blocking["b"]
 
 
@@ -92,7 +93,7 @@ def packed_weights(lib, w: np.ndarray) -> tuple[np.ndarray, int]:
     address = panels.ctypes.data
     if not w.flags.writeable:
         with _lock:
-            _packed[key] = (weakref.ref(w, lambda _, key=key: _forget(key)), panels, address)
+            _packed[key] = (weakref.ref(w, lambda _: _forget(key)), panels, address)
     return panels, address
 
 
