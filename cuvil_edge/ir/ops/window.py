@@ -21,8 +21,8 @@ from cuvil_edge.ir.graph import TensorType
 from cuvil_edge.ir.ops import _activation
 from cuvil_edge.ir.ops._activation import _activate
 from cuvil_edge.ir.ops._contract import OpDef
-from cuvil_edge.ir.ops._int8 import _i8_ops
 from cuvil_edge.ir.ops._conv_path import conv_path, im2col_block_rows
+from cuvil_edge.ir.ops._int8 import _i8_ops
 from cuvil_edge.ir.ops._native import _native_epilogue, _native_lib
 from cuvil_edge.ir.ops._packing import _native_conv_gemm
 from cuvil_edge.ir.ops._quant import _q_along, _q_requantize, _q_saturate, quant_dtype, same_pair, scale_dtype
@@ -101,7 +101,10 @@ def _win_taps(x, kernel, strides, pads, dilations, out, fill):
             tap,
             padded[
                 lead
-                + tuple(slice(t * d, t * d + (o - 1) * s + 1, s) for t, d, o, s in zip(tap, dilations, out, strides))
+                + tuple(
+                    slice(t * d, t * d + (o - 1) * s + 1, s)
+                    for t, d, o, s in zip(tap, dilations, out, strides, strict=True)
+                )
             ],
         )
 
@@ -206,7 +209,7 @@ def k_conv(x, w, b=None, *, strides, pads, dilations, auto_pad, group, activatio
             return y
     if path == "1x1 matmul":
         # 1x1: a plain matmul over the (strided) input, no copy at stride 1
-        xs = xt[(slice(None), slice(None)) + tuple(slice(0, (o - 1) * s + 1, s) for o, s in zip(out, st))]
+        xs = xt[(slice(None), slice(None)) + tuple(slice(0, (o - 1) * s + 1, s) for o, s in zip(out, st, strict=True))]
         y = np.matmul(wt.reshape(group, mg, cg), xs.reshape(n, group, cg, p))
     elif path != "per-tap gemm":
         win = _win_view(xt, kernel, st, pd, di, out, 0)  # every window, a strided view of the padded input
