@@ -62,7 +62,7 @@ def packed_pointwise(lib, w: np.ndarray) -> tuple[np.ndarray, int]:
     lib.cuvil_dwpw_pack_f32(wc.ctypes.data, panels.ctypes.data, m, c)
     if not w.flags.writeable:
         with _lock:
-            _packed[key] = (weakref.ref(w, lambda _, key=key: _forget(key)), panels, panels.ctypes.data)
+            _packed[key] = (weakref.ref(w, lambda _: _forget(key)), panels, panels.ctypes.data)
     return panels, panels.ctypes.data
 
 
