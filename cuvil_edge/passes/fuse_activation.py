@@ -16,7 +16,7 @@ all Conv/Gemm attributes and apply the activation to the result.
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+from collections.abc import Callable
 
 import numpy as np
 
@@ -24,10 +24,10 @@ from cuvil_edge.ir.graph import Graph, Node
 from cuvil_edge.passes._infra import Pass, PassResult, replaced, sole_user, users, with_
 
 
-def _clip_bounds(graph: Graph, node: Node) -> tuple[Optional[float], Optional[float]]:
+def _clip_bounds(graph: Graph, node: Node) -> tuple[float | None, float | None]:
     if node.version < 11:
         return node.attr("min"), node.attr("max")
-    bounds = []
+    bounds: list[float | None] = []
     for i in (1, 2):
         if len(node.inputs) <= i or not node.inputs[i]:
             bounds.append(None)
@@ -37,12 +37,12 @@ def _clip_bounds(graph: Graph, node: Node) -> tuple[Optional[float], Optional[fl
     return bounds[0], bounds[1]
 
 
-def _clip(graph: Graph, node: Node) -> Optional[str]:
+def _clip(graph: Graph, node: Node) -> str | None:
     return "relu6" if _clip_bounds(graph, node) == (0.0, 6.0) else None
 
 
 #: activation op -> its name in the fused op (None when this node does not qualify).
-ACTIVATIONS: dict[str, Callable[[Graph, Node], Optional[str]]] = {
+ACTIVATIONS: dict[str, Callable[[Graph, Node], str | None]] = {
     "Relu": lambda graph, node: "relu",
     "Clip": _clip,
     "Sigmoid": lambda graph, node: "sigmoid",
@@ -66,7 +66,8 @@ class FuseActivation(Pass):
             rule = ACTIVATIONS.get(act.op_type)
             prev = producer.get(act.inputs[0]) if rule and act.inputs else None
             if (
-                prev is None
+                rule is None
+                or prev is None
                 or prev.op_type not in FUSED
                 or id(prev) in replace
                 or prev.attr("activation", "none") != "none"
