@@ -109,7 +109,7 @@ class FuseDepthwisePointwise(Pass):
             d = _depthwise(graph, dw) if id(dw) not in replace else None
             pw = sole_user(graph, dw.outputs[0], uses) if d is not None else None
             p = _pointwise(graph, pw) if pw is not None and id(pw) not in replace else None
-            if p is None or pw.inputs[0] != dw.outputs[0] or pw.inputs[1] == dw.outputs[0]:
+            if d is None or pw is None or p is None or pw.inputs[0] != dw.outputs[0] or pw.inputs[1] == dw.outputs[0]:
                 continue
             res = _residual(graph, pw, uses)
             inputs = [
