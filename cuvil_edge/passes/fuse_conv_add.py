@@ -54,7 +54,7 @@ class FuseConvAdd(Pass):
                     continue
                 act = sole_user(graph, add.outputs[0], uses)
                 activation = "relu" if act is not None and act.op_type == "Relu" else None
-                last = act if activation is not None else add
+                last = act if activation is not None and act is not None else add
                 attrs = {k: v for k, v in conv.attrs.items() if k != "activation"}
                 inputs = (
                     conv.inputs[0],
@@ -72,9 +72,8 @@ class FuseConvAdd(Pass):
                 )
                 replace[id(conv)] = replace[id(add)] = None
                 replace[id(last)] = fused
-                changes.append(
-                    f"fused {conv.describe()}, {add.describe()}{' and ' + act.describe() if activation else ''}"
-                )
+                relu = f" and {act.describe()}" if activation and act is not None else ""
+                changes.append(f"fused {conv.describe()}, {add.describe()}{relu}")
                 break
         return replaced(graph, replace, changes)
 
