@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 
@@ -124,7 +124,8 @@ def _time_per_call(fn: Callable[[], object], budget: float) -> float:
     start = CLOCK()
     fn()
     calls = max(1, int(SAMPLE_S / max(CLOCK() - start, 1e-7)))
-    samples, deadline = [], CLOCK() + budget
+    samples: list[float] = []
+    deadline = CLOCK() + budget
     while len(samples) < 3 or (CLOCK() < deadline and len(samples) < 100):
         start = CLOCK()
         for _ in range(calls):
@@ -186,7 +187,7 @@ def measure_gemm(budget: float, quick: bool = False) -> tuple[dict[str, float], 
     for m, k, n in gemm_shapes(16 if quick else 40):
         out = np.empty((m, n), np.float32)
         t = _cycled(
-            lambda m=m, k=k, n=n: (np.full((m, k), 0.5, np.float32), np.full((k, n), 0.25, np.float32)),
+            lambda m=m, k=k, n=n: (np.full((m, k), 0.5, np.float32), np.full((k, n), 0.25, np.float32)),  # type: ignore[misc]  # the defaults bind this iteration's values
             lambda a, b, out=out: np.matmul(a, b, out=out),
             budget,
         )
@@ -194,7 +195,7 @@ def measure_gemm(budget: float, quick: bool = False) -> tuple[dict[str, float], 
         seconds.append(t)
         rates["x".join(map(str, (m, k, n)))] = 2.0 * m * k * n / t / 1e9
     coef = fit_nonnegative(np.array(rows), np.array(seconds)) * 1e9
-    return dict(zip(GEMM_KEYS, (float(c) for c in coef))), rates
+    return dict(zip(GEMM_KEYS, (float(c) for c in coef), strict=True)), rates
 
 
 def _native_library():
@@ -260,7 +261,7 @@ def measure_depthwise(budget: float) -> dict[str, float]:
         )
         seconds.append(
             _cycled(
-                lambda c=c, size=size: (np.full((1, c, size, size), 0.5, np.float32),),
+                lambda c=c, size=size: (np.full((1, c, size, size), 0.5, np.float32),),  # type: ignore[misc]  # the defaults bind this iteration's values
                 lambda x, rest=rest: lib.cuvil_depthwise_conv2d_f32(x.ctypes.data, *rest),
                 budget,
             )
@@ -268,7 +269,7 @@ def measure_depthwise(budget: float) -> dict[str, float]:
         flat, taps = stride == 1, kernel * kernel
         rows.append((c, c * ph * pw, c * taps * o * pw if flat else 0.0, 0.0 if flat else c * taps * o * o))
     coef = fit_nonnegative(np.array(rows, float), np.array(seconds)) * 1e9
-    return dict(zip(DEPTHWISE_KEYS, (float(v) for v in coef)))
+    return dict(zip(DEPTHWISE_KEYS, (float(v) for v in coef), strict=True))
 
 
 def measure_gather(budget: float) -> dict[str, float]:
@@ -286,7 +287,8 @@ def measure_gather(budget: float) -> dict[str, float]:
             win = np.ndarray((c, o, o, 3, 3), np.float32, x, 0, (st[0], st[1] * stride, st[2] * stride, st[1], st[2]))
             rows = im2col_block_rows(o, c * 9 * o * 4)
             block = np.empty((c, 3, 3, rows, o), np.float32)
-            t = _time_per_call(lambda: np.copyto(block, win[:, :rows].transpose(0, 3, 4, 1, 2)), budget)
+            # timed within this iteration: the loop's block, win and rows are the ones meant
+            t = _time_per_call(lambda: np.copyto(block, win[:, :rows].transpose(0, 3, 4, 1, 2)), budget)  # noqa: B023
             per.append(t / block.size)
         out[key] = float(np.median(per)) * 1e9
     return out
@@ -316,7 +318,7 @@ def measure_reduce(budget: float) -> dict[str, float]:
     ):
         seconds.append(
             _cycled(
-                lambda shape=shape: (np.full(shape, 0.5, np.float32),),
+                lambda shape=shape: (np.full(shape, 0.5, np.float32),),  # type: ignore[misc]  # the defaults bind this iteration's values
                 lambda x: x.mean(axis=(2, 3), keepdims=True),
                 budget,
             )
@@ -338,7 +340,7 @@ def measure_layer_norm(budget: float) -> dict[str, float]:
         rest = (scale.ctypes.data, bias.ctypes.data, y.ctypes.data, r, d, 1e-5)
         seconds.append(
             _cycled(
-                lambda r=r, d=d: (np.full((r, d), 0.5, np.float32),),
+                lambda r=r, d=d: (np.full((r, d), 0.5, np.float32),),  # type: ignore[misc]  # the defaults bind this iteration's values
                 lambda x, rest=rest: lib.cuvil_layer_norm_f32(x.ctypes.data, *rest),
                 budget,
             )
@@ -356,10 +358,10 @@ def measure_gemm_batched(terms: dict[str, float], budget: float, seed: int = 11)
     excess = []
     for _ in range(8):
         m, k, n = (int(round(math.exp(rng.uniform(math.log(4), math.log(96))))) for _ in range(3))
-        seconds = {}
+        seconds: dict[int, float] = {}
         for count in (8, 64):
             seconds[count] = _cycled(
-                lambda c=count, m=m, k=k, n=n: (
+                lambda c=count, m=m, k=k, n=n: (  # type: ignore[misc]  # the defaults bind this iteration's values
                     np.full((c, m, k), 0.5, np.float32),
                     np.full((c, k, n), 0.25, np.float32),
                 ),
@@ -367,7 +369,8 @@ def measure_gemm_batched(terms: dict[str, float], budget: float, seed: int = 11)
                 budget,
             )
         slope = (seconds[64] - seconds[8]) / 56 * 1e9
-        excess.append(slope - (gemm_ns(terms, m, k, n) - terms["gemm_call"]))
+        # terms holds the GEMM keys (measure_gemm's), so gemm_ns gives a number
+        excess.append(slope - (gemm_ns(terms, m, k, n) - terms["gemm_call"]))  # type: ignore[operator]
     return {"gemm_batch_call": max(0.0, float(np.median(excess)))}
 
 
@@ -386,7 +389,7 @@ def measure_softmax_tail(budget: float, lanes: int) -> dict[str, float]:
         y = np.empty((1024, width), np.float32)
         seconds.append(
             _cycled(
-                lambda w=width: (np.random.default_rng(w).standard_normal((1024, w), dtype=np.float32),),
+                lambda w=width: (np.random.default_rng(w).standard_normal((1024, w), dtype=np.float32),),  # type: ignore[misc]  # the defaults bind this iteration's values
                 lambda x, y=y: lib.cuvil_softmax_f32(x.ctypes.data, y.ctypes.data, 1024, x.shape[1]),
                 budget,
             )
@@ -421,14 +424,14 @@ def measure_gemv(budget: float, seed: int = 13) -> dict[str, float]:
         k, n = (int(round(math.exp(rng.uniform(math.log(lo), math.log(4096))))) for lo in (16, 8))
         seconds.append(
             _cycled(
-                lambda k=k, n=n: (np.full((1, k), 0.5, np.float32), np.full((k, n), 0.25, np.float32)),
+                lambda k=k, n=n: (np.full((1, k), 0.5, np.float32), np.full((k, n), 0.25, np.float32)),  # type: ignore[misc]  # the defaults bind this iteration's values
                 lambda a, b: np.matmul(a, b),
                 budget,
             )
         )
         rows.append((k * n, 1.0))
     coef = fit_nonnegative(np.array(rows, float), np.array(seconds)) * 1e9
-    return dict(zip(GEMV_KEYS, (float(v) for v in coef)))
+    return dict(zip(GEMV_KEYS, (float(v) for v in coef), strict=True))
 
 
 def measure_max_pool(budget: float) -> dict[str, float]:
@@ -454,14 +457,14 @@ def measure_max_pool(budget: float) -> dict[str, float]:
         rest = (y.ctypes.data, c, size, size, kernel, kernel, stride, stride, 1, 1, pad, pad, o, o, ph, pw)
         seconds.append(
             _cycled(
-                lambda c=c, size=size: (np.full((1, c, size, size), 0.5, np.float32),),
+                lambda c=c, size=size: (np.full((1, c, size, size), 0.5, np.float32),),  # type: ignore[misc]  # the defaults bind this iteration's values
                 lambda x, rest=rest: lib.cuvil_max_pool2d_f32(x.ctypes.data, *rest),
                 budget,
             )
         )
         rows.append((c, c * ph * pw, c * kernel * kernel * o * o))
     coef = fit_nonnegative(np.array(rows, float), np.array(seconds)) * 1e9
-    return dict(zip(MAX_POOL_KEYS, (float(v) for v in coef)))
+    return dict(zip(MAX_POOL_KEYS, (float(v) for v in coef), strict=True))
 
 
 def measure_pad_us(budget: float) -> float:
