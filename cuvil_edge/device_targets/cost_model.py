@@ -298,13 +298,20 @@ def _cost(
     spec: TargetSpec, node: Node, ins, outs, work: _Work, flops: int, scratch: int, peak: float, chunks: int
 ) -> NodeCost:
     view = node.op_type in VIEW_OPS
-    read = 0 if view else sum(_bytes(t) for t in {i: t for i, t in zip(node.inputs, ins) if t is not None}.values())
+    read = (
+        0
+        if view
+        else sum(_bytes(t) for t in {i: t for i, t in zip(node.inputs, ins, strict=True) if t is not None}.values())
+    )
     written = 0 if view else sum(_bytes(t) for t in outs)
     fits = spec.cache_bandwidth_gbs is not None and read + written + scratch <= spec.cache_mb * 2**20
-    bandwidth = 1e9 * (spec.cache_bandwidth_gbs if fits else spec.memory_bandwidth_gbs * spec.memory_efficiency)
+    cache_gbs = spec.cache_bandwidth_gbs
+    bandwidth = 1e9 * (
+        cache_gbs if fits and cache_gbs is not None else spec.memory_bandwidth_gbs * spec.memory_efficiency
+    )
     # BLAS streams its operands in packed panels (no numpy temporaries, no fresh pages per pass):
     # the plain copy bandwidth, or the cache's when they fit
-    operands = 1e9 * (spec.cache_bandwidth_gbs if fits else spec.memory_bandwidth_gbs)
+    operands = 1e9 * (cache_gbs if fits and cache_gbs is not None else spec.memory_bandwidth_gbs)
     # a GEMM streams its operands while it computes; its im2col copies and epilogue passes come
     # before or after the product, so they add to it rather than overlap
     terms = spec.kernel_ns
@@ -333,7 +340,11 @@ def _cost(
         + work.native_calls * kernel_overhead_us(spec, "native")
     ) * 1e-6
     memory = streamed + serial
-    terms = {"overhead": overhead, "compute": compute, "memory": memory}
+    parts: dict[Literal["overhead", "compute", "memory"], float] = {
+        "overhead": overhead,
+        "compute": compute,
+        "memory": memory,
+    }
     seconds = (overhead + max(compute, streamed) + serial) * chunks
     return NodeCost(
         node.name,
@@ -348,8 +359,8 @@ def _cost(
         compute * chunks,
         memory * chunks,
         seconds,
-        max(terms, key=terms.__getitem__),
-    )  # type: ignore[arg-type]
+        max(parts, key=parts.__getitem__),
+    )
 
 
 def _compute_s(spec: TargetSpec, work: _Work, flops: int, peak: float) -> float:
@@ -358,9 +369,11 @@ def _compute_s(spec: TargetSpec, work: _Work, flops: int, peak: float) -> float:
     terms = spec.kernel_ns
     measured = [gemm_products_ns(terms, m, k, n, count, work.products) for m, k, n, count in work.gemm]
     rows = work.rows * spec.row_ns * (3 if work.reduced else 1)  # numpy's reduction loop: ~3x a native row's
-    if work.gemm and None not in measured:
+    known = [t for t in measured if t is not None]
+    compute: float
+    if work.gemm and len(known) == len(measured):
         # the fitted sgemm terms include packing the operands (from L3, as calibrated)
-        compute = sum(measured)  # a batched call's further products skip numpy's call setup
+        compute = sum(known)  # a batched call's further products skip numpy's call setup
     elif work.gemm:
         compute = sum(count * 2.0 * m * k * n / (peak * gemm_efficiency(spec, m, k, n)) for m, k, n, count in work.gemm)
     elif work.layer_norm and "ln_element" in terms:  # the native LayerNorm's passes and rows, measured
@@ -396,7 +409,7 @@ def _work(node: Node, ins, outs, large: bool, native: bool) -> _Work:
             attrs = ops.get(op, node.describe()).attrs(node)
             kernel, out = tuple(attrs["kernel_shape"]), tuple(outs[0].shape[2:])
             st, di = attrs.get("strides") or (1,) * len(kernel), attrs.get("dilations") or (1,) * len(kernel)
-            padded_plane = tuple((o - 1) * s + d * (k - 1) + 1 for o, s, d, k in zip(out, st, di, kernel))
+            padded_plane = tuple((o - 1) * s + d * (k - 1) + 1 for o, s, d, k in zip(out, st, di, kernel, strict=True))
             planes = math.prod(ins[0].shape[:2])
             return _Work(
                 "native",
@@ -469,7 +482,7 @@ def _conv(node: Node, ins, outs, large: bool, native: bool) -> _Work:
     )
     if path == "native depthwise":
         st, di = attrs.get("strides") or (1, 1), attrs.get("dilations") or (1, 1)
-        padded_plane = tuple((o - 1) * s + d * (kk - 1) + 1 for o, s, d, kk in zip(out, st, di, kernel))
+        padded_plane = tuple((o - 1) * s + d * (kk - 1) + 1 for o, s, d, kk in zip(out, st, di, kernel, strict=True))
         # bias and Relu/Clip inside the C kernel; sigmoid/swish/GELU one more foreign call
         return _Work(
             "conv depthwise native",
@@ -623,7 +636,9 @@ def _rows(node: Node, x: TensorType) -> int:
     """Rows a row-wise kernel loops over: the elements before its (last, or given) axis."""
     axis = int(node.attr("axis", -1) or -1) if node.op_type != "Softmax" or node.attr("axis", -1) is not None else -1
     axis = axis % x.rank if x.rank else 0
-    return math.prod(x.shape[:axis]) if node.op_type == "LayerNormalization" else x.numel() // max(x.shape[-1], 1)
+    # int(): a symbolic dim raises rather than multiplying as a string
+    shape = tuple(int(d) for d in x.shape)
+    return math.prod(shape[:axis]) if node.op_type == "LayerNormalization" else x.numel() // max(shape[-1], 1)
 
 
 def _item(t: TensorType) -> int:
