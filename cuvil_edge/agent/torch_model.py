@@ -31,8 +31,9 @@ inference path (verify -> build -> run) never imports this module.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -155,11 +156,12 @@ class IRTorchModule(nn.Module):
         source = self._source.get(name) if name else None
         if source is None or self._graph.initializers[source].dtype != np.float32:
             return None
-        return np.asarray(self._graph.initializers[source]).reshape(self._graph.types[name].shape)
+        return np.asarray(self._graph.initializers[source]).reshape(self._graph.types[name].shape)  # type: ignore[arg-type]  # a weight's shape is static
 
     def _bind(self, layer: nn.Module, attr: str, name: str, transposed: bool = False) -> None:
         """Make ``layer.<attr>`` the trained parameter of ``name`` (checked by :meth:`_view` first)."""
         source, view = self._source[name], self._view(name)
+        assert view is not None  # the caller checked this name with _view first (see the docstring)
         current: nn.Parameter = getattr(layer, attr)
         init_shape = tuple(self._graph.initializers[source].shape)
         bound = self._bound.get(source)
@@ -204,7 +206,7 @@ class IRTorchModule(nn.Module):
         if post is None or post.op_type != "Reshape" or types[post.outputs[0]].shape != x:
             return None
         layer = nn.GroupNorm(grouped[1], x[1], eps=float(node.attr("epsilon", 1e-5)))
-        out = self._absorb_affine(layer, [pre, node, post], lambda view: _is_vector(view, x[1], len(x), 1), key)
+        out = self._absorb_affine(layer, [pre, node, post], lambda view: _is_vector(view, x[1], len(x), 1), key)  # type: ignore[arg-type]  # static channels
         return _Step(node, (pre.inputs[0],), (out,), _call, key)
 
     def _absorb_affine(
@@ -216,7 +218,7 @@ class IRTorchModule(nn.Module):
         for op, attr in (("Mul", "weight"), ("Add", "bias")):
             after = self._sole_reader(tail.outputs[0])
             other = _operand(self, after, tail, op, fits)
-            if other is not None:
+            if other is not None and after is not None:  # _operand gives None for no reader
                 affine[attr], tail = other, after
                 nodes.append(after)
         self._absorbed |= {id(n) for n in nodes}
@@ -266,7 +268,7 @@ class IRTorchModule(nn.Module):
         out = self._absorb_affine(
             nn.LayerNorm(normalized, eps=eps),
             [node, sub, *chain],
-            lambda view: _trails(view, normalized, len(shape)),
+            lambda view: _trails(view, normalized, len(shape)),  # type: ignore[arg-type]  # static dims
             key,
         )
         return _Step(node, (x,), (out,), _call, key)
@@ -277,7 +279,7 @@ class IRTorchModule(nn.Module):
         for step in self._steps:
             args = [env[name] if name else None for name in step.inputs]
             out = step.fn(step.node, self.layers[step.key], *args) if step.key else step.fn(step.node, *args)
-            for name, value in zip(step.outputs, out if isinstance(out, tuple) else (out,)):
+            for name, value in zip(step.outputs, out if isinstance(out, tuple) else (out,), strict=False):
                 if name:
                     env[name] = value
         return env[self.logits_name]
@@ -392,7 +394,7 @@ def _conv_layer(module: IRTorchModule, node: Node, key: str) -> _Step | None:
 
 
 def _conv_forward(node: Node, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    pads = [] if any(layer.padding) else window_pads(node, x.shape[2:], layer.kernel_size, layer.stride, layer.dilation)
+    pads = [] if any(layer.padding) else window_pads(node, x.shape[2:], layer.kernel_size, layer.stride, layer.dilation)  # type: ignore[arg-type]  # a conv layer
     y = layer(F.pad(x, torch_pads(pads)) if any(any(p) for p in pads) else x)
     if bias is not None:
         y = y + bias.reshape(1, -1, *(1,) * (y.dim() - 2))
@@ -412,7 +414,7 @@ def _linear_layer(module: IRTorchModule, node: Node, key: str) -> _Step | None:
         rank = len(module._graph.types[node.outputs[0]].shape)
         after = module._sole_reader(node.outputs[0])
         c = _operand(module, after, node, "Add", lambda view: _is_vector(view, n, rank, -1)) or ""
-        if c:
+        if c and after is not None:  # _operand gives "" for no reader
             has_bias, tail = True, after
             module._absorbed.add(id(after))
     layer = nn.Linear(k, n, bias=has_bias)
@@ -449,7 +451,8 @@ def _norm_layer(module: IRTorchModule, node: Node, key: str) -> _Step | None:
 
 
 def _per_group(node: Node, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    return layer(x.reshape(x.shape[0], layer.num_groups, math.prod(x.shape[1:]) // layer.num_groups)).reshape(x.shape)
+    groups: int = layer.num_groups  # type: ignore[assignment]  # an nn.GroupNorm
+    return layer(x.reshape(x.shape[0], groups, math.prod(x.shape[1:]) // groups)).reshape(x.shape)
 
 
 def _layer_norm_layer(module: IRTorchModule, node: Node, key: str) -> _Step | None:
