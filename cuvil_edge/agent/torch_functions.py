@@ -8,8 +8,9 @@ geometry (explicit pads, ``auto_pad``) lives here too, shared with the Conv laye
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from functools import reduce
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -70,13 +71,13 @@ def window_pads(node: Node, spatial: Any, kernel: Any, strides: Any, dilations: 
     auto, n = node.attr("auto_pad", "NOTSET"), len(kernel)
     if auto in ("SAME_UPPER", "SAME_LOWER"):
         out = []
-        for size, k, s, d in zip(spatial, kernel, strides, dilations):
+        for size, k, s, d in zip(spatial, kernel, strides, dilations, strict=True):
             total = max(0, (-(-int(size) // s) - 1) * s + (k - 1) * d + 1 - int(size))
             small = total // 2
             out.append((small, total - small) if auto == "SAME_UPPER" else (total - small, small))
         return out
     pads = [0] * (2 * n) if auto == "VALID" else list(node.attr("pads") or [0] * (2 * n))
-    return list(zip(pads[:n], pads[n:]))
+    return list(zip(pads[:n], pads[n:], strict=True))
 
 
 def torch_pads(pads: list[tuple[int, int]]) -> tuple[int, ...]:
@@ -90,7 +91,7 @@ def _pool(node: Node, x: torch.Tensor) -> torch.Tensor:
     strides, dilations = tuple(node.attr("strides") or (1,) * n), tuple(node.attr("dilations") or (1,) * n)
     ceil = bool(node.attr("ceil_mode", 0))
     pads = window_pads(node, x.shape[2:], kernel, strides, dilations)
-    native = all(b == e and b <= k // 2 for (b, e), k in zip(pads, kernel))
+    native = all(b == e and b <= k // 2 for (b, e), k in zip(pads, kernel, strict=True))
     padding = tuple(b for b, _ in pads) if native else 0
     if node.op_type == "MaxPool":
         if not native:
@@ -131,8 +132,9 @@ def _axes(node: Node, given, since: int) -> list[int] | None:
 
 
 def _unsqueeze(node: Node, x, axes=None):
-    rank = x.dim() + len(_axes(node, axes, 13))
-    for axis in sorted(a % rank for a in _axes(node, axes, 13)):
+    chosen: list[int] = _axes(node, axes, 13)  # type: ignore[assignment]  # Unsqueeze has axes (infer checks)
+    rank = x.dim() + len(chosen)
+    for axis in sorted(a % rank for a in chosen):
         x = x.unsqueeze(axis)
     return x
 
@@ -206,7 +208,7 @@ def _slice(node: Node, x, starts=None, ends=None, axes=None, steps=None):
         starts, ends = starts.tolist(), ends.tolist()
         axes, steps = (None if t is None else t.tolist() for t in (axes, steps))
     axes = list(range(len(starts))) if axes is None else axes
-    for start, end, axis, step in zip(starts, ends, axes, steps or [1] * len(starts)):
+    for start, end, axis, step in zip(starts, ends, axes, steps or [1] * len(starts), strict=True):
         axis = int(axis) % x.dim()
         index = range(*slice(int(start), int(end), int(step)).indices(x.shape[axis]))
         x = x.index_select(axis, torch.tensor(list(index), dtype=torch.int64))
