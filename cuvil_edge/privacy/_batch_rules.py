@@ -20,8 +20,8 @@ through :func:`refuse`. To allow a new op, add a row here once you are sure it i
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Callable, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
@@ -31,7 +31,7 @@ from cuvil_edge.ir.graph import Dim, Node, TensorType
 
 CONST = "constant"
 SIZE = "batch size"
-State = Union[int, str]
+State = int | str
 
 _CONSEQUENCE = "DP-SGD's per-sample clipping cannot bound one record's influence, so training is refused"
 
@@ -60,12 +60,12 @@ class View:
 
     node: Node
     states: tuple[State, ...]
-    types: tuple[Optional[TensorType], ...]
-    outs: tuple[Optional[TensorType], ...]
+    types: tuple[TensorType | None, ...]
+    outs: tuple[TensorType | None, ...]
     known: Mapping[str, np.ndarray]
     batch_symbols: frozenset[str]
 
-    def value(self, index: int) -> Optional[np.ndarray]:
+    def value(self, index: int) -> np.ndarray | None:
         """The known value of input ``index`` (None: absent or unknown before running)."""
         name = self.node.inputs[index] if index < len(self.node.inputs) else ""
         return None if not name else self.known.get(name)
@@ -80,7 +80,7 @@ class View:
         return refuse(self.node, what, fix)
 
 
-Rule = Callable[[View], Union[State, Sequence[State]]]
+Rule = Callable[[View], State | Sequence[State]]
 
 
 @dataclass(frozen=True)
@@ -88,7 +88,7 @@ class Row:
     """One allow-list entry; ``data`` None means every input is data."""
 
     rule: Rule
-    data: Optional[tuple[int, ...]] = (0,)
+    data: tuple[int, ...] | None = (0,)
     shape: tuple[int, ...] = ()
     creates: bool = False
 
@@ -250,7 +250,7 @@ def _split(v: View) -> State:
     return a
 
 
-def _vector(v: View, attr: str, index: int, since: int) -> Optional[list]:
+def _vector(v: View, attr: str, index: int, since: int) -> list | None:
     """An int vector from attribute ``attr`` (before opset ``since``) or the known input ``index``."""
     value = v.node.attr(attr) if v.node.version < since else v.value(index)
     return None if value is None else list(np.asarray(value).reshape(-1))
@@ -376,7 +376,7 @@ _BOTH = (
 )
 
 
-def _matmul_axis(side: int, axis: int, ra: int, rb: int) -> tuple[Optional[int], bool]:
+def _matmul_axis(side: int, axis: int, ra: int, rb: int) -> tuple[int | None, bool]:
     """(output axis, whether it is a leading broadcast axis) of operand ``side``'s ``axis`` under
     numpy's matmul of ranks ``ra`` @ ``rb``; (None, False) when that axis is summed over."""
     own = ra if side == 0 else rb
