@@ -11,8 +11,9 @@ by weights + the two largest simultaneously-live activations + 10 % (:meth:`Memo
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
-from typing import Any, Callable, Mapping
+from typing import Any
 
 import numpy as np
 
@@ -269,9 +270,10 @@ def _resize(s: Site, every_axis: bool = False) -> int:
     if linear:
         sources = [x.numel() * 8] + sizes[:-1]  # out.astype(float64) copies its input at every axis
         return max(
-            [p + (p if i else 0) + 3 * e + s.buffer(e, 8) for i, (p, e) in enumerate(zip(sources, sizes))] + [sizes[-1]]
+            [p + (p if i else 0) + 3 * e + s.buffer(e, 8) for i, (p, e) in enumerate(zip(sources, sizes, strict=True))]
+            + [sizes[-1]]
         )  # the last float64 result beside the output's astype copy
-    phases = [a + b for a, b in zip(sizes, sizes[1:])] or sizes or [s.out]
+    phases = [a + b for a, b in zip(sizes, sizes[1:], strict=False)] or sizes or [s.out]
     return max(phases + [sizes[-1] + s.out] * every_axis) - s.out
 
 
@@ -404,7 +406,8 @@ class MemoryPlan:
         largest = " + ".join(f"{n!r} {mb(b)}" for n, b in self.largest_live)
         return "\n".join(
             [
-                f"memory plan for {self.graph!r} on {self.target} ({self.precision}, batch {self.batch}{kernels}): peak "
+                f"memory plan for {self.graph!r} on {self.target} "
+                f"({self.precision}, batch {self.batch}{kernels}): peak "
                 f"{mb(self.peak_bytes)} = weights {mb(weights)} + live "
                 f"{mb(w.live_bytes)} + scratch {mb(w.scratch_bytes)} at {w.node!r} ({w.op_type})",
                 f"bound: weights + {largest} = {mb(self.bound_bytes)}",
@@ -569,7 +572,7 @@ def _simulate(
     size, names = {k: types.bytes(k) for k in pinned}, {k: 1 for k in pinned}  # per buffer: bytes, names reaching it
     live, steps = sum(size.values()), []
     pair = tuple(sorted(size.items(), key=lambda kv: -kv[1])[:2])
-    for index, (node, dead) in enumerate(zip(graph.nodes, release_schedule(graph))):
+    for index, (node, dead) in enumerate(zip(graph.nodes, release_schedule(graph), strict=True)):
         for position, out in enumerate(node.outputs):
             if out and node.op_type in VIEW_OPS and position == 0 and node.inputs and node.inputs[0]:
                 owner[out] = owner.get(node.inputs[0])
