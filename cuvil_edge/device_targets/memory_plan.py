@@ -73,8 +73,11 @@ class Site:
     kernel paths the target takes (``large_scratch``: im2col; ``native``: the C kernels load)."""
 
     attrs: Mapping[str, Any]
-    ins: tuple[TensorType | None, ...]
-    outs: tuple[TensorType | None, ...]
+    # TensorTypes whose dims are bound to ints (the batch substituted), None for an absent optional
+    # input. Typed Any: TensorType's dims are int | str and its absence None, neither of which a
+    # rule meets where it reads them (required inputs, bound dims), so the type cannot say it.
+    ins: tuple[Any, ...]
+    outs: tuple[Any, ...]
     large_scratch: bool
     native: bool
 
@@ -96,9 +99,10 @@ class Site:
         return min(self.inp if nbytes is None else nbytes, np.getbufsize() * item)
 
 
-def _padded(x: TensorType, kernel, strides, pads, dilations, out, item: int, planes: bool = True) -> int:
-    """Bytes of the padded copy ``_win_padded`` makes (the end pad grown for ceil_mode; none when
-    nothing is padded); ``planes=False``: one plane, what a C kernel allocates (always)."""
+def _padded(x: Any, kernel, strides, pads, dilations, out, item: int, planes: bool = True) -> int:
+    """Bytes of the padded copy ``_win_padded`` makes of ``x`` (a Site's bound type; the end pad
+    grown for ceil_mode; none when nothing is padded); ``planes=False``: one plane, what a C
+    kernel allocates (always)."""
     k, size, grown = len(kernel), math.prod(x.shape[:2]) if planes else 1, False
     for i in range(k):
         need = (out[i] - 1) * strides[i] + dilations[i] * (kernel[i] - 1) + 1 - x.shape[2 + i] - pads[i]
@@ -575,9 +579,9 @@ def _simulate(
     for index, (node, dead) in enumerate(zip(graph.nodes, release_schedule(graph), strict=True)):
         for position, out in enumerate(node.outputs):
             if out and node.op_type in VIEW_OPS and position == 0 and node.inputs and node.inputs[0]:
-                owner[out] = owner.get(node.inputs[0])
-                if owner[out] is not None:
-                    names[owner[out]] += 1
+                base = owner[out] = owner.get(node.inputs[0])
+                if base is not None:
+                    names[base] += 1
             elif out:
                 owner[out], size[out], names[out] = out, types.bytes(out), 1
                 live += size[out]

@@ -74,7 +74,7 @@ class View:
         return index < len(self.node.inputs) and bool(self.node.inputs[index])
 
     def rank(self, index: int = 0) -> int:
-        return self.types[index].rank
+        return self.types[index].rank  # type: ignore[union-attr]  # a required input: present
 
     def refuse(self, what: str, fix: str) -> BatchMixingError:
         return refuse(self.node, what, fix)
@@ -114,7 +114,7 @@ def _same(v: View) -> State:
 
 def _broadcast(v: View) -> State:
     """Elementwise with numpy broadcasting over every input."""
-    return align(v, [i for i in range(len(v.states)) if v.types[i] is not None], v.outs[0].rank)
+    return align(v, [i for i in range(len(v.states)) if v.types[i] is not None], v.outs[0].rank)  # type: ignore[union-attr]  # a required input: present
 
 
 def align(v: View, slots: Sequence[int], rank: int) -> int:
@@ -125,7 +125,7 @@ def align(v: View, slots: Sequence[int], rank: int) -> int:
             would meet every other), or a sample-free input has more than one entry along it
             (each sample would meet a different slice, by its position in the batch).
     """
-    axes = {v.states[i] + rank - v.rank(i) for i in slots if batched(v.states[i])}
+    axes = {v.states[i] + rank - v.rank(i) for i in slots if batched(v.states[i])}  # type: ignore[operator]  # an axis or state: an int here
     if len(axes) > 1:
         names = ", ".join(
             f"{v.node.inputs[i]!r} {v.types[i]} (samples on axis {v.states[i]})" for i in slots if batched(v.states[i])
@@ -150,10 +150,10 @@ def fits(v: View, index: int, axis: int, rank: int) -> None:
             it, chosen by the sample's position in the batch.
     """
     t = v.types[index]
-    offset = axis - (rank - t.rank)
-    if offset >= 0 and t.shape[offset] != 1:
+    offset = axis - (rank - t.rank)  # type: ignore[union-attr]  # a required input: present
+    if offset >= 0 and t.shape[offset] != 1:  # type: ignore[union-attr]  # a required input: present
         raise v.refuse(
-            f"its input {v.node.inputs[index]!r} {t} holds no sample but has {t.shape[offset]} entries "
+            f"its input {v.node.inputs[index]!r} {t} holds no sample but has {t.shape[offset]} entries "  # type: ignore[union-attr]  # a required input: present
             "along the batch axis, so each sample meets a different slice depending on its position "
             "in the batch",
             "give that input size 1 along the batch axis",
@@ -164,7 +164,7 @@ def _softmax(v: View) -> State:
     a, rank, legacy = v.states[0], v.rank(), v.node.version < 13
     axis = _norm(v.node.attr("axis", 1 if legacy else -1), rank)
     fix = "export the model with softmax over the class axis (axis=-1 from opset 13, axis=1 before)"
-    if legacy and a >= axis:
+    if legacy and a >= axis:  # type: ignore[operator]  # an axis or state: an int here
         raise v.refuse(
             f"below opset 13 {v.node.op_type} normalises the flattening of axes {axis}..{rank - 1} "
             f"of {v.types[0]}, which includes the batch axis {a}",
@@ -211,13 +211,13 @@ def _reshaped(v: View) -> State:
     """Reshape, Flatten, Squeeze, Unsqueeze: the samples survive iff some output axis has the batch
     dim and the same number of elements before it as the input (row-major order then maps each
     sample's elements onto one slice, whatever the other dims become)."""
-    a, src, dst = v.states[0], v.types[0].shape, v.outs[0].shape
-    before = _product(src[:a])
+    a, src, dst = v.states[0], v.types[0].shape, v.outs[0].shape  # type: ignore[union-attr]  # a required input: present
+    before = _product(src[:a])  # type: ignore[index]  # an axis or state: an int here
     for k, d in enumerate(dst):
-        if d == src[a] and _product(dst[:k]) == before:
+        if d == src[a] and _product(dst[:k]) == before:  # type: ignore[index]  # an axis or state: an int here
             return k
     raise v.refuse(
-        f"it turns {v.types[0]} into {v.outs[0]}, so the batch axis {a} ({src[a]!r}) does not survive "
+        f"it turns {v.types[0]} into {v.outs[0]}, so the batch axis {a} ({src[a]!r}) does not survive "  # type: ignore[index]  # an axis or state: an int here
         "as an axis of its own",
         "keep the batch dim first and unchanged (Reshape to [0, -1] or [batch, -1], Flatten with axis=1)",
     )
@@ -225,7 +225,7 @@ def _reshaped(v: View) -> State:
 
 def _transpose(v: View) -> State:
     perm = [int(p) for p in (v.node.attr("perm") or reversed(range(v.rank())))]
-    return perm.index(v.states[0])
+    return perm.index(v.states[0])  # type: ignore[arg-type]  # an axis or state: an int here
 
 
 def _concat(v: View) -> State:
@@ -268,7 +268,7 @@ def _slice(v: View) -> State:
             "give starts, ends, axes and steps as constants",
         )
     axes = [_norm(x, rank) for x in axes]
-    if a in axes and (int(steps[axes.index(a)]) != 1 or v.outs[0].shape[a] != v.types[0].shape[a]):
+    if a in axes and (int(steps[axes.index(a)]) != 1 or v.outs[0].shape[a] != v.types[0].shape[a]):  # type: ignore[index, union-attr]  # a required input: present; an axis or state: an int here
         raise v.refuse(
             f"it cuts or reorders the batch axis {a} ({v.types[0]} -> {v.outs[0]})", "slice only per-sample axes"
         )
@@ -284,12 +284,12 @@ def _gather(v: View) -> State:
             "gather per-sample indices from a constant table (an embedding)",
         )
     if not batched(data):
-        return axis + indices
+        return axis + indices  # type: ignore[operator]  # an axis or state: an int here
     if data == axis:
         raise v.refuse(
             f"it picks entries of {v.types[0]} along axis {axis}, the batch axis", "gather along a per-sample axis"
         )
-    return data if data < axis else data - 1 + v.rank(1)
+    return data if data < axis else data - 1 + v.rank(1)  # type: ignore[operator]  # an axis or state: an int here
 
 
 def _pad(v: View) -> State:
@@ -314,13 +314,13 @@ def _created(v: View) -> State:
     the same slice for every sample (a class token expanded to [batch, 1, d])."""
     x = v.states[0] if v.node.op_type == "Expand" else CONST
     if batched(x):
-        k = x + v.outs[0].rank - v.rank()
-        if v.outs[0].shape[k] != v.types[0].shape[x]:
+        k = x + v.outs[0].rank - v.rank()  # type: ignore[operator, union-attr]  # a required input: present; an axis or state: an int here
+        if v.outs[0].shape[k] != v.types[0].shape[x]:  # type: ignore[index, union-attr]  # a required input: present; an axis or state: an int here
             raise v.refuse(
                 f"it broadcasts the batch axis of {v.types[0]} to {v.outs[0]}", "expand only per-sample axes"
             )
         return k
-    symbols = [k for k, d in enumerate(v.outs[0].shape) if d in v.batch_symbols]
+    symbols = [k for k, d in enumerate(v.outs[0].shape) if d in v.batch_symbols]  # type: ignore[union-attr]  # a required input: present
     if symbols:
         return symbols[0]
     return SIZE if SIZE in v.states else CONST
@@ -362,7 +362,7 @@ def _batch_norm(v: View) -> State:
 def _layer_norm(v: View) -> State:
     a, rank = v.states[0], v.rank()
     axis = _norm(v.node.attr("axis", -1), rank)
-    if a >= axis:
+    if a >= axis:  # type: ignore[operator]  # an axis or state: an int here
         raise v.refuse(
             f"it normalises over axes {axis}..{rank - 1} of {v.types[0]}, which include the batch axis {a}",
             "normalise only per-sample axes (axis >= 1 with the batch first)",
@@ -402,7 +402,7 @@ def _matmul(slots: tuple[int, int]) -> Rule:
         found = []
         for side, i in enumerate(slots):
             if batched(v.states[i]):
-                axis, lead = _matmul_axis(side, v.states[i], ra, rb)
+                axis, lead = _matmul_axis(side, v.states[i], ra, rb)  # type: ignore[arg-type]  # an axis or state: an int here
                 if axis is None:
                     raise v.refuse(
                         f"it sums over axis {v.states[i]} of {v.node.inputs[i]!r} {v.types[i]}, the batch axis",
@@ -422,7 +422,7 @@ def _matmul(slots: tuple[int, int]) -> Rule:
 
 def _per_tensor(v: View, operand: int) -> None:
     """A batched operand's zero points and scales with several entries would be per sample position."""
-    for i in _QUANT_PARAMS.get(v.node.op_type, {}).get(operand, ()):
+    for i in _QUANT_PARAMS.get(v.node.op_type, {}).get(operand, ()):  # type: ignore[attr-defined]  # an axis or state: an int here
         t = v.types[i] if i < len(v.types) else None
         if t is not None and t.numel() > 1:
             raise v.refuse(
@@ -439,7 +439,7 @@ def _gemm(v: View) -> State:
     for side in (0, 1):
         state = v.states[side]
         if batched(state):
-            if state ^ trans[side] != side:
+            if state ^ trans[side] != side:  # type: ignore[operator]  # an axis or state: an int here
                 raise v.refuse(
                     f"it sums over the batch axis of {v.node.inputs[side]!r} {v.types[side]}",
                     "multiply with the samples as the rows of A",
@@ -449,11 +449,11 @@ def _gemm(v: View) -> State:
         raise v.refuse("both A and B carry samples (x · xT pairs every sample with every other)", _BOTH)
     bias = len(v.states) > 2 and v.types[2] is not None
     if bias and batched(v.states[2]):
-        found.append(align(v, [2], 2))
+        found.append(align(v, [2], 2))  # type: ignore[arg-type]  # an axis or state: an int here
     if len(set(found)) > 1:
         raise v.refuse("A·B and C carry the samples on different axes", "add a bias that lines up with the rows")
     axis = found[0]
-    if not batched(v.states[axis]) and v.types[axis].shape[axis ^ trans[axis]] != 1:
+    if not batched(v.states[axis]) and v.types[axis].shape[axis ^ trans[axis]] != 1:  # type: ignore[union-attr]  # a required input: present
         raise v.refuse(
             f"{v.node.inputs[axis]!r} {v.types[axis]} holds no sample but spans the batch axis of the "
             "output, so each sample meets a different slice by its position",
@@ -468,7 +468,7 @@ _RESIZE_SAFE = ("half_pixel", "half_pixel_symmetric", "pytorch_half_pixel", "ali
 
 
 def _resize(v: View) -> State:
-    node, a, src = v.node, v.states[0], v.types[0].shape
+    node, a, src = v.node, v.states[0], v.types[0].shape  # type: ignore[union-attr]  # a required input: present
     axes = [_norm(x, v.rank()) for x in node.attr("axes", ())] if node.version >= 18 else []
     axes = axes or list(range(v.rank()))
     if a not in axes:
@@ -492,7 +492,7 @@ def _resize(v: View) -> State:
 
 def _quantize(v: View) -> State:
     a, scale = v.states[0], v.types[1]
-    if scale.numel() > 1 and scale.rank and _norm(v.node.attr("axis", 1), v.rank()) == a:
+    if scale.numel() > 1 and scale.rank and _norm(v.node.attr("axis", 1), v.rank()) == a:  # type: ignore[union-attr]  # a required input: present
         raise v.refuse(
             f"its scale {v.node.inputs[1]!r} {scale} has one entry per position along the batch axis",
             "quantize per tensor or per channel",
