@@ -118,16 +118,16 @@ def _seconds(item: pytest.Item) -> float:
 @pytest.hookimpl(tryfirst=True)  # before xdist appends group names to the node ids
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
-    long = sorted((i for i in items if _seconds(i)), key=lambda i: -_seconds(i))  # stable
-    rest = [i for i in items if not _seconds(i)]
-    # a module one worker runs whole is one unit: its first test stands for it
-    first, seen = [], set()
-    for item in long:
-        unit = item.nodeid.split("::")[0] if item.nodeid not in LONGEST else item.nodeid
-        if unit not in seen and len(first) < workers:
-            first.append(item)
-        seen.add(unit)
-    later = [i for i in long if i not in first]
+    units: dict[str, list[pytest.Item]] = {}  # a module one worker runs whole stays together
+    rest = []
+    for item in items:
+        if not _seconds(item):
+            rest.append(item)
+        else:
+            units.setdefault(item.nodeid if item.nodeid in LONGEST else item.nodeid.split("::")[0], []).append(item)
+    ordered = sorted(units.values(), key=lambda unit: -_seconds(unit[0]))  # stable
+    first = [item for unit in ordered[:workers] for item in unit]
+    later = [item for unit in ordered[workers:] for item in unit]
     items[:] = first + rest[:workers] + later + rest[workers:]
 
 
