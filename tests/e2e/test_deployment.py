@@ -339,7 +339,9 @@ def test_run_checks_its_sites_first_and_interrupting_it_or_the_coordinator_stops
             [ours] = list_runs(home)
             assert ours.status == "running", ours
             os.killpg(proc.pid, signal.SIGINT)
-            output, _ = proc.communicate(timeout=120)
+            # its handler stops the run on the SuperLink through Flower's CLI, whose start-up alone
+            # took over 60 s with three federations on the two cores (parallel workers)
+            output, _ = proc.communicate(timeout=300)
         finally:
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)
