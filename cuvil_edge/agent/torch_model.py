@@ -161,7 +161,8 @@ class IRTorchModule(nn.Module):
     def _bind(self, layer: nn.Module, attr: str, name: str, transposed: bool = False) -> None:
         """Make ``layer.<attr>`` the trained parameter of ``name`` (checked by :meth:`_view` first)."""
         source, view = self._source[name], self._view(name)
-        assert view is not None  # the caller checked this name with _view first (see the docstring)
+        if view is None:  # callers check with _view first; a new caller that does not is refused here
+            raise UnsupportedOpError(f"{name!r} is not a float32 weight (or a reshape of one) that training can bind")
         current: nn.Parameter = getattr(layer, attr)
         init_shape = tuple(self._graph.initializers[source].shape)
         bound = self._bound.get(source)
