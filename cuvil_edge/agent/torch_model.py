@@ -40,21 +40,16 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from cuvil_edge.agent.torch_functions import activation, check, lowered_ops, lowering, torch_pads, window_pads
+from cuvil_edge.agent.torch_functions import activation, check, lowered_ops, lowering, trainable_ops
 from cuvil_edge.errors import UnsupportedOpError
+from cuvil_edge.ir import ops
 from cuvil_edge.ir.graph import Graph, Node
+from cuvil_edge.ir.ops._torch import torch_pads, window_pads
 
-TRAINABLE_OPS = (
-    "Conv",
-    "CuvilFusedConv",
-    "Gemm",
-    "CuvilFusedGemm",
-    "MatMul",
-    "CuvilFusedMatMul",
-    "InstanceNormalization",
-    "GroupNormalization",
-    "LayerNormalization",
-)
+#: Ops whose output is their first input reshaped: a weight read through one is still that
+#: initializer (torch's exporter shares equal parameters that way). Kept here rather than as a
+#: facet: it is this converter's rule for binding weights (memory_plan's VIEW_OPS, a different
+#: set with Dropout, is the memory plan's rule for aliasing buffers).
 _VIEW_OPS = ("Identity", "Reshape", "Unsqueeze", "Squeeze", "Flatten")
 
 
@@ -132,14 +127,16 @@ class IRTorchModule(nn.Module):
             if id(node) in self._absorbed:
                 continue
             check(node)
-            builder = _LAYERS.get(node.op_type)
+            declared = ops.registry().get(node.op_type)
+            kind = declared.trainable if declared is not None else None
+            builder = _LAYERS.get(kind) if kind is not None else None
             step = builder(self, node, f"n{index}") if builder is not None else None
             if step is None:
                 function = lowering(node.op_type)
                 if function is None:
                     raise UnsupportedOpError(
                         f"{node.describe()}: op {node.op_type} has no training lowering; trainable graphs may use "
-                        f"{', '.join(sorted(lowered_ops() | set(TRAINABLE_OPS)))}"
+                        f"{', '.join(sorted(lowered_ops() | trainable_ops()))}"
                     )
                 step = _Step(node, node.inputs, node.outputs, function)
             steps.append((index, step))
@@ -403,15 +400,16 @@ def _conv_forward(node: Node, layer: nn.Module, x: torch.Tensor, bias: torch.Ten
 
 
 def _linear_layer(module: IRTorchModule, node: Node, key: str) -> _Step | None:
-    gemm = node.op_type not in ("MatMul", "CuvilFusedMatMul")
+    gemm = _kind(node) == "gemm"
     weight = module._view(node.inputs[1])
     if weight is None or weight.ndim != 2 or (gemm and (node.attr("alpha", 1.0) != 1.0 or node.attr("transA", 0))):
         return None
     transposed = not (gemm and node.attr("transB", 0))
     k, n = weight.shape if transposed else weight.shape[::-1]
-    c, tail = node.inputs[2] if node.op_type != "MatMul" and len(node.inputs) > 2 else "", node
+    c, tail = node.inputs[2] if len(node.inputs) > 2 else "", node
     has_bias = bool(c) and node.attr("beta", 1.0) == 1.0 and _is_vector(module._view(c), n, 2, -1)
-    if node.op_type == "MatMul":  # MatMul → Add(·, bias): torch's export of a Linear on a batch of sequences
+    if not gemm and not c and node.attr("activation", "none") == "none":
+        # MatMul → Add(·, bias): torch's export of a Linear on a batch of sequences
         rank = len(module._graph.types[node.outputs[0]].shape)
         after = module._sole_reader(node.outputs[0])
         c = _operand(module, after, node, "Add", lambda view: _is_vector(view, n, rank, -1)) or ""
@@ -437,9 +435,9 @@ def _norm_layer(module: IRTorchModule, node: Node, key: str) -> _Step | None:
     if scale is None or bias is None or not isinstance(x[1], int):
         return None
     eps = float(node.attr("epsilon", 1e-5))
-    if node.op_type == "InstanceNormalization":
+    if _kind(node) == "instance_norm":
         layer, fn = nn.GroupNorm(x[1], x[1], eps=eps), _call
-    else:  # GroupNormalization
+    else:  # group_norm
         groups = int(node.attr("num_groups"))
         if node.version >= 21:
             layer, fn = nn.GroupNorm(groups, x[1], eps=eps), _call
@@ -485,14 +483,17 @@ def _only_first_output(module: IRTorchModule, node: Node) -> None:
         raise UnsupportedOpError(f"{node.describe()}: only its first output has a training lowering")
 
 
+def _kind(node: Node) -> str | None:
+    """The node's ``trainable`` facet (the layer builders below are chosen by it)."""
+    return ops.registry()[node.op_type].trainable
+
+
+#: The layer builder of each ``trainable`` kind (``_contract.TRAINABLE_KINDS``).
 _LAYERS: dict[str, Callable[[IRTorchModule, Node, str], _Step | None]] = {
-    "Conv": _conv_layer,
-    "CuvilFusedConv": _conv_layer,
-    "Gemm": _linear_layer,
-    "CuvilFusedGemm": _linear_layer,
-    "MatMul": _linear_layer,
-    "CuvilFusedMatMul": _linear_layer,
-    "InstanceNormalization": _norm_layer,
-    "GroupNormalization": _norm_layer,
-    "LayerNormalization": _layer_norm_layer,
+    "conv": _conv_layer,
+    "gemm": _linear_layer,
+    "matmul": _linear_layer,
+    "instance_norm": _norm_layer,
+    "group_norm": _norm_layer,
+    "layer_norm": _layer_norm_layer,
 }

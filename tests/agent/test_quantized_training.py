@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from cuvil_edge.agent.torch_model import IRTorchModule
-from cuvil_edge.agent.torch_functions import FUNCTIONS
+from cuvil_edge.agent.torch_functions import lowering
 from cuvil_edge.agent.training import train_round
 from cuvil_edge.config import load_site
 from cuvil_edge.datasets import digits
@@ -40,16 +40,16 @@ def _node(op: str, **attrs) -> Node:
 def test_fake_quantization_passes_gradients_inside_the_range_and_stops_them_where_it_saturates():
     x = torch.tensor([-2.0, -0.3, 0.0, 0.26, 0.5, 2.0], requires_grad=True)
     scale, zero = torch.tensor(0.01), torch.tensor(-28, dtype=torch.int8)  # int8: x in [-1.00, 1.55]
-    q = FUNCTIONS["QuantizeLinear"](_node("QuantizeLinear"), x, scale, zero)
+    q = lowering("QuantizeLinear")(_node("QuantizeLinear"), x, scale, zero)
     assert q.tolist() == [-128.0, -58.0, -28.0, -2.0, 22.0, 127.0]  # round half to even: 0.26/0.01 -> 26
-    y = FUNCTIONS["DequantizeLinear"](_node("DequantizeLinear"), q, scale, zero)
+    y = lowering("DequantizeLinear")(_node("DequantizeLinear"), q, scale, zero)
     y.sum().backward()
     np.testing.assert_allclose(x.grad.numpy(), [0, 1, 1, 1, 1, 0])
 
 
 def test_quantization_to_a_dtype_without_a_lowering_is_refused():
     with pytest.raises(UnsupportedAttributeError, match="int16 has no training lowering"):
-        FUNCTIONS["QuantizeLinear"](_node("QuantizeLinear"), torch.zeros(2), torch.tensor(0.1),
+        lowering("QuantizeLinear")(_node("QuantizeLinear"), torch.zeros(2), torch.tensor(0.1),
                                     torch.tensor(0, dtype=torch.int16))
     blocked = Node("q", "QuantizeLinear", ("x", "s", "z"), ("y",), {"block_size": 4}, 21)
     from cuvil_edge.agent.torch_functions import check
