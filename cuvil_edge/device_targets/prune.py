@@ -72,6 +72,8 @@ _COMPARE: dict[type, Callable[[Any, Any], Any]] = {
 _TERMINAL = (ast.Return, ast.Raise, ast.Break, ast.Continue)
 _LITERALS = (bool, int, float, complex, str, bytes, type(None))
 _MISSING = object()
+#: rounds of module-wide folding (fold_calls): a call evaluated may make another one literal
+_MODULE_ROUNDS = 4
 
 
 def literal(node: ast.AST) -> Any:
@@ -354,6 +356,20 @@ def prune(source: str, constants: Mapping[str, object], *, roots: tuple[str, ...
             del body[index + 1 :]
             break
     tree.body = body
+    from cuvil_edge.device_targets.fold_calls import fold_calls  # both built on this module's literals
+    from cuvil_edge.device_targets.fold_locals import refine
+
+    for _ in range(_MODULE_ROUNDS):  # what the module's functions make certain, now that constants are in
+        touched = fold_calls(tree)
+        if not touched:
+            break
+        unchanged -= touched
+        tree.body = [
+            (refine(stmt, {})[0] if isinstance(stmt, ast.FunctionDef) else fold.visit(stmt))
+            if id(stmt) in touched
+            else stmt
+            for stmt in tree.body
+        ]
     tree = remove_unused_functions(tree, roots)  # unparse needs no locations: no fix_missing_locations
     chunks = []
     for stmt in tree.body:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import textwrap
 
+import numpy as np
 import pytest
 
 from cuvil_edge.device_targets.prune import prune
@@ -195,3 +196,83 @@ def test_prune_preserves_semantics(simd, fp16):
 def test_bad_source_is_a_build_error(source, match):
     with pytest.raises(BuildError, match=match):
         prune(source, CONSTS)
+
+
+# --- module-wide folds, once the constants are in (device_targets/fold_calls.py) -------------------
+_HELPERS = '''
+import numpy as np
+
+
+def _out():
+    out = []
+    for i in range(2):
+        out.append((8, 8)[i] // 2)
+    return tuple(out)
+
+
+def _spin():
+    total = 0
+    for i in range(10 ** 9):
+        total += i
+    return total
+
+
+def _reads_numpy():
+    return np.float32(1).itemsize
+
+
+def _path(native):
+    if native:
+        return "native"
+    return "blocks" if TARGET_BIG else "whole"
+
+
+def _maybe(native):
+    if native:
+        return "native"
+
+
+def run(W, feeds):
+    x = feeds["x"]
+    native = x.flags.writeable
+    out = _out()
+    spun = _spin()
+    item = _reads_numpy()
+    path = _path(native)
+    maybe = _maybe(native)
+    if path == "blocks":
+        y = "blocks branch"
+    elif path == "native":
+        y = "native branch"
+    else:
+        y = "whole branch"
+    if maybe == "other":
+        y = "fall-off branch"
+    if native and TARGET_BIG:
+        y = "and-literal branch"
+    if x.sum() and not TARGET_BIG:
+        y = "call kept"
+    return {"y": (y, out, spun, item)}
+'''
+
+
+def test_module_folds_decide_what_the_constants_make_certain():
+    source = prune(_HELPERS, {"TARGET_BIG": False})
+    body = source[source.index("def run("):]
+    assert "(4, 4)" in body and "_out()" not in body and "def _out" not in source  # pure, of literals: evaluated
+    assert "_spin()" in body  # past the line budget: left to run time
+    assert "_reads_numpy()" in body  # reads a global: never evaluated at build time
+    assert "blocks branch" not in body and "native branch" in body and "whole branch" in body
+    assert "fall-off branch" in body  # _maybe can return None: nothing is known of its value
+    assert "and-literal branch" not in body  # `native and False` is false whatever native holds
+    assert "x.sum()" in body  # a call decided by a literal after it still runs
+
+
+def test_module_folds_keep_the_module_s_behaviour():
+    pruned = prune(_HELPERS.replace("10 ** 9", "10"), {"TARGET_BIG": False})
+    namespace: dict = {}
+    exec(pruned, namespace)  # noqa: S102 - the pruned module, run as the build runs it
+    original: dict = {"TARGET_BIG": False}
+    exec(_HELPERS.replace("10 ** 9", "10"), original)  # noqa: S102 - the same module unpruned
+    x = np.ones(3)
+    assert namespace["run"]({}, {"x": x}) == original["run"]({}, {"x": x})
