@@ -10,24 +10,29 @@ A value's *state* is one of
   value). It may set shapes (Reshape's target, Expand's shape), never meet the samples' data:
   under add/remove-one neighbours the batch size is itself a function of every record.
 
-:data:`ROWS` maps an op type to a :class:`Row`: which inputs are *data* (they may carry
-samples; the rule maps their batch axes), which are *shape* inputs (they may be :data:`SIZE`),
-and the rule. Every other input is a weight or setting and must be :data:`CONST`. A rule
-sees at least one batched data input (unless its row ``creates`` batched values from a
-shape) and returns the output states, or raises :class:`~cuvil_edge.errors.BatchMixingError`
-through :func:`refuse`. To allow a new op, add a row here once you are sure it is row-wise.
+:func:`row_of` makes an op's :class:`Row` from the ``batch`` facet of its OpDef (a kind of
+``ir.ops.BATCH_KINDS``, with its parameters): which inputs are *data* (they may carry samples;
+the rule maps their batch axes), which are *shape* inputs (they may be :data:`SIZE`), and the
+rule, :data:`RULES` of the kind. Every other input is a weight or setting and must be
+:data:`CONST`. A rule sees at least one batched data input (unless its row ``creates`` batched
+values from a shape) and returns the output states, or raises
+:class:`~cuvil_edge.errors.BatchMixingError` through :func:`refuse`. To allow a new op, give its
+row a ``batch`` facet once you are sure it is row-wise.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
+from typing import Any
 
 import numpy as np
 
 from cuvil_edge.errors import BatchMixingError
 from cuvil_edge.ir import dims as dim_exprs, ops
 from cuvil_edge.ir.graph import Dim, Node, TensorType
+from cuvil_edge.ir.ops._contract import BATCH_KINDS
 
 CONST = "constant"
 SIZE = "batch size"
@@ -175,36 +180,32 @@ def _softmax(v: View) -> State:
     return a
 
 
-def _reduce(since: int) -> Rule:
+def _reduce(v: View, since: int) -> State:
     """Reduce* ops: ``axes`` is an attribute before opset ``since``, input 1 from it."""
-
-    def rule(v: View) -> State:
-        node, a, rank = v.node, v.states[0], v.rank()
-        fix = (
-            "reduce only per-sample axes (e.g. axes=[1]) and leave the reduction over the batch to the loss, "
-            "outside the model"
-        )
-        if node.version < since:
-            axes = node.attr("axes")
-        elif v.has(1):
-            axes = v.value(1)
-            if axes is None:
-                raise v.refuse(
-                    "its axes are computed while running, so they may include the batch axis",
-                    "give the axes as a constant",
-                )
-        else:
-            axes = None
-        axes = [] if axes is None else [_norm(x, rank) for x in np.asarray(axes).reshape(-1)]
-        if not axes:
-            if node.version >= since and int(node.attr("noop_with_empty_axes", 0)):
-                return a
-            raise v.refuse(f"without axes it reduces every axis of {v.types[0]}, the batch axis {a} included", fix)
-        if a in axes:
-            raise v.refuse(f"it reduces axes {sorted(axes)} of {v.types[0]}, which include the batch axis {a}", fix)
-        return a if int(node.attr("keepdims", 1)) else a - sum(x < a for x in axes)
-
-    return rule
+    node, a, rank = v.node, v.states[0], v.rank()
+    fix = (
+        "reduce only per-sample axes (e.g. axes=[1]) and leave the reduction over the batch to the loss, "
+        "outside the model"
+    )
+    if node.version < since:
+        axes = node.attr("axes")
+    elif v.has(1):
+        axes = v.value(1)
+        if axes is None:
+            raise v.refuse(
+                "its axes are computed while running, so they may include the batch axis",
+                "give the axes as a constant",
+            )
+    else:
+        axes = None
+    axes = [] if axes is None else [_norm(x, rank) for x in np.asarray(axes).reshape(-1)]
+    if not axes:
+        if node.version >= since and int(node.attr("noop_with_empty_axes", 0)):
+            return a
+        raise v.refuse(f"without axes it reduces every axis of {v.types[0]}, the batch axis {a} included", fix)
+    if a in axes:
+        raise v.refuse(f"it reduces axes {sorted(axes)} of {v.types[0]}, which include the batch axis {a}", fix)
+    return a if int(node.attr("keepdims", 1)) else a - sum(x < a for x in axes)
 
 
 def _reshaped(v: View) -> State:
@@ -311,8 +312,9 @@ def _pad(v: View) -> State:
 
 def _created(v: View) -> State:
     """Expand / ConstantOfShape of sample-free data: a value whose shape has the batch symbol has
-    the same slice for every sample (a class token expanded to [batch, 1, d])."""
-    x = v.states[0] if v.node.op_type == "Expand" else CONST
+    the same slice for every sample (a class token expanded to [batch, 1, d]). ConstantOfShape's
+    input 0 is its shape, which the shared checks keep sample-free: it is never batched here."""
+    x = v.states[0]
     if batched(x):
         k = x + v.outs[0].rank - v.rank()  # type: ignore[operator, union-attr]  # a required input: present; an axis or state: an int here
         if v.outs[0].shape[k] != v.types[0].shape[x]:  # type: ignore[index, union-attr]  # a required input: present; an axis or state: an int here
@@ -326,25 +328,22 @@ def _created(v: View) -> State:
     return SIZE if SIZE in v.states else CONST
 
 
-def _windowed(sample_axes: tuple[int, ...]) -> Rule:
-    """Conv and pooling ops take (N, C, spatial...): only ``sample_axes`` may hold the samples."""
-
-    def rule(v: View) -> State:
-        a = v.states[0]
-        if a not in sample_axes:
-            raise v.refuse(
-                f"it combines neighbouring entries along axis {a} of {v.types[0]}, the batch axis",
-                "keep the batch on axis 0 of its input (N, C, spatial...)",
-            )
-        if v.node.op_type == "MaxPool" and len(v.node.outputs) > 1 and v.node.outputs[1]:
-            raise v.refuse(
-                "its Indices output numbers elements across the whole batch, so a sample's indices "
-                "depend on its position in the batch",
-                "do not use MaxPool's Indices output",
-            )
-        return a
-
-    return rule
+def _windowed(v: View, sample_axes: tuple[int, ...], indices: int | None = None) -> State:
+    """Conv and pooling ops take (N, C, spatial...): only ``sample_axes`` may hold the samples.
+    Output ``indices`` (MaxPool's) numbers elements across the whole batch: it must be unused."""
+    a = v.states[0]
+    if a not in sample_axes:
+        raise v.refuse(
+            f"it combines neighbouring entries along axis {a} of {v.types[0]}, the batch axis",
+            "keep the batch on axis 0 of its input (N, C, spatial...)",
+        )
+    if indices is not None and len(v.node.outputs) > indices and v.node.outputs[indices]:
+        raise v.refuse(
+            "its Indices output numbers elements across the whole batch, so a sample's indices "
+            "depend on its position in the batch",
+            f"do not use {v.node.op_type}'s Indices output",
+        )
+    return a
 
 
 def _batch_norm(v: View) -> State:
@@ -390,39 +389,32 @@ def _matmul_axis(side: int, axis: int, ra: int, rb: int) -> tuple[int | None, bo
     return axis + (rank - own if ra > 1 and rb > 1 else 0), True
 
 
-#: Quantization parameters (input indices) of each operand (input index) of the quantized matmuls.
-_QUANT_PARAMS = {"MatMulInteger": {0: (2,), 1: (3,)}, "QLinearMatMul": {0: (1, 2, 6, 7), 3: (4, 5, 6, 7)}}
+def _matmul(v: View, slots: tuple[int, int], quant: tuple[tuple[int, ...], ...] = ()) -> State:
+    """MatMul-like ops on inputs ``slots`` (A, B); ``quant``: the quantization parameters (input
+    indices) of A and of B, for the quantized matmuls."""
+    ra, rb = v.rank(slots[0]), v.rank(slots[1])
+    found = []
+    for side, i in enumerate(slots):
+        if batched(v.states[i]):
+            axis, lead = _matmul_axis(side, v.states[i], ra, rb)  # type: ignore[arg-type]  # an axis or state: an int here
+            if axis is None:
+                raise v.refuse(
+                    f"it sums over axis {v.states[i]} of {v.node.inputs[i]!r} {v.types[i]}, the batch axis",
+                    "multiply with the batch on a row (or leading) axis",
+                )
+            _per_tensor(v, quant[side] if quant else ())
+            found.append((axis, lead))
+    if len(found) == 2 and (found[0] != found[1] or not found[0][1]):
+        raise v.refuse(
+            "both operands carry the samples, on different axes (x · xT pairs every sample with every other)", _BOTH
+        )
+    axis, lead = found[0]
+    return align(v, list(slots), max(ra, rb)) if lead and ra > 1 and rb > 1 else axis
 
 
-def _matmul(slots: tuple[int, int]) -> Rule:
-    """MatMul-like ops on inputs ``slots`` (A, B)."""
-
-    def rule(v: View) -> State:
-        ra, rb = v.rank(slots[0]), v.rank(slots[1])
-        found = []
-        for side, i in enumerate(slots):
-            if batched(v.states[i]):
-                axis, lead = _matmul_axis(side, v.states[i], ra, rb)  # type: ignore[arg-type]  # an axis or state: an int here
-                if axis is None:
-                    raise v.refuse(
-                        f"it sums over axis {v.states[i]} of {v.node.inputs[i]!r} {v.types[i]}, the batch axis",
-                        "multiply with the batch on a row (or leading) axis",
-                    )
-                _per_tensor(v, i)
-                found.append((axis, lead))
-        if len(found) == 2 and (found[0] != found[1] or not found[0][1]):
-            raise v.refuse(
-                "both operands carry the samples, on different axes (x · xT pairs every sample with every other)", _BOTH
-            )
-        axis, lead = found[0]
-        return align(v, list(slots), max(ra, rb)) if lead and ra > 1 and rb > 1 else axis
-
-    return rule
-
-
-def _per_tensor(v: View, operand: int) -> None:
+def _per_tensor(v: View, params: tuple[int, ...]) -> None:
     """A batched operand's zero points and scales with several entries would be per sample position."""
-    for i in _QUANT_PARAMS.get(v.node.op_type, {}).get(operand, ()):  # type: ignore[attr-defined]  # an axis or state: an int here
+    for i in params:
         t = v.types[i] if i < len(v.types) else None
         if t is not None and t.numel() > 1:
             raise v.refuse(
@@ -504,58 +496,43 @@ def _shape(v: View) -> State:
     return SIZE
 
 
-#: one-input ops with a row of their own here; the elementwise ones declare it (their ``batch`` facet)
-_UNARY = ("Cast", "Identity")
-_BINARY = ("Sum", "Clip")  # the elementwise ones declare it (their batch facet)
-
-#: the rule of each value of the ``batch`` facet (ir/ops/_contract.py: BATCH_FACETS)
-_FACET_ROWS = {"same": Row(_same), "broadcast": Row(_broadcast, data=None)}
-
-#: op type -> how samples flow through it (see the module docstring).
-ROWS: dict[str, Row] = {
-    **{op: Row(_same) for op in _UNARY},
-    **{op: Row(_broadcast, data=None) for op in _BINARY},
-    "Dropout": Row(_same),
-    "Softmax": Row(_softmax),
-    "LogSoftmax": Row(_softmax),
-    "ReduceSum": Row(_reduce(13), shape=(1,)),
-    "ReduceMean": Row(_reduce(18), shape=(1,)),
-    "ReduceMax": Row(_reduce(18), shape=(1,)),
-    "Reshape": Row(_reshaped, shape=(1,)),
-    "Flatten": Row(_reshaped),
-    "Squeeze": Row(_reshaped, shape=(1,)),
-    "Unsqueeze": Row(_reshaped, shape=(1,)),
-    "Transpose": Row(_transpose),
-    "Concat": Row(_concat, data=None),
-    "Split": Row(_split, shape=(1,)),
-    "Slice": Row(_slice, shape=(1, 2, 3, 4)),
-    "Gather": Row(_gather, data=(0, 1)),
-    "Pad": Row(_pad, shape=(1, 3)),
-    "Expand": Row(_created, shape=(1,), creates=True),
-    "ConstantOfShape": Row(_created, data=(), shape=(0,), creates=True),
-    "Shape": Row(_shape),
-    **{op: Row(_windowed((0,))) for op in ("Conv", "ConvTranspose", "ConvInteger", "QLinearConv", "CuvilFusedConv")},
-    **{op: Row(_windowed((0, 1))) for op in ("MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool")},
-    "BatchNormalization": Row(_batch_norm),
-    # per sample over its own spatial axes (Instance) or channel groups (Group): the batch stays on axis 0
-    **{op: Row(_windowed((0,))) for op in ("InstanceNormalization", "GroupNormalization")},
-    "LayerNormalization": Row(_layer_norm),
-    "MatMul": Row(_matmul((0, 1)), data=(0, 1)),
-    "MatMulInteger": Row(_matmul((0, 1)), data=(0, 1)),
-    "QLinearMatMul": Row(_matmul((0, 3)), data=(0, 3)),
-    "Gemm": Row(_gemm, data=None),
-    "CuvilFusedGemm": Row(_gemm, data=None),
-    "Resize": Row(_resize, shape=(1, 2, 3)),
-    "QuantizeLinear": Row(_quantize),
-    "DequantizeLinear": Row(_quantize),
+#: kind of batch facet (ir.ops.BATCH_KINDS) -> its rule, called with the facet's parameters
+RULES: dict[str, Callable[..., State | Sequence[State]]] = {
+    "same": _same,
+    "broadcast": _broadcast,
+    "softmax": _softmax,
+    "reduce": _reduce,
+    "reshaped": _reshaped,
+    "transpose": _transpose,
+    "concat": _concat,
+    "split": _split,
+    "slice": _slice,
+    "gather": _gather,
+    "pad": _pad,
+    "created": _created,
+    "shape": _shape,
+    "windowed": _windowed,
+    "batch_norm": _batch_norm,
+    "layer_norm": _layer_norm,
+    "matmul": _matmul,
+    "gemm": _gemm,
+    "resize": _resize,
+    "quantize": _quantize,
 }
+assert RULES.keys() == BATCH_KINDS.keys(), "a batch kind without a rule, or a rule of no kind"
+
+#: the data inputs of the parameterless kinds named by string (every other kind is a BatchRule)
+_DATA: dict[str, tuple[int, ...] | None] = {"broadcast": None}
 
 
 def row_of(op_type: str) -> Row | None:
-    """How samples flow through ``op_type``: its row here, else the rule of the batch facet its
-    OpDef declares (read at each call, so an op registered later is covered), else None."""
-    row = ROWS.get(op_type)
-    if row is None:
-        declared = ops.registry().get(op_type)
-        row = _FACET_ROWS.get(declared.batch) if declared is not None and declared.batch else None
-    return row
+    """How samples flow through ``op_type``: the rule of the batch facet its OpDef declares (read
+    at each call, so an op registered later is covered), else None."""
+    declared = ops.registry().get(op_type)
+    facet: Any = declared.batch if declared is not None else None
+    if not facet:
+        return None
+    if isinstance(facet, str):
+        return Row(RULES[facet], data=_DATA.get(facet, (0,)))
+    rule = partial(RULES[facet.kind], **dict(facet.params))
+    return Row(rule, data=facet.data, shape=facet.shape, creates=facet.creates)

@@ -39,7 +39,7 @@ __all__ = ["BatchMixingError", "batch_axes", "check_batch_independent", "probe_b
 
 #: Size given to symbolic dims other than the batch when probing.
 PROBE_DIM = 2
-_ALLOW_LIST = "the op's batch facet in its cuvil_edge/ir/ops file, or ROWS in cuvil_edge/privacy/_batch_rules.py"
+_ALLOW_LIST = "the batch facet of its row in its cuvil_edge/ir/ops file"
 
 
 def check_batch_independent(

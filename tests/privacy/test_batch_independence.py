@@ -171,7 +171,11 @@ def test_op_missing_from_the_allow_list_is_refused(monkeypatch):
 
 def test_naive_table_is_backed_by_the_probe(monkeypatch):
     """A table that wrongly calls Softmax row-wise lets axis=0 through; the probe still refuses it."""
-    monkeypatch.setitem(_batch_rules.ROWS, "Softmax", _batch_rules.Row(lambda v: v.states[0]))
+    import dataclasses
+
+    from cuvil_edge.ir import ops
+
+    monkeypatch.setitem(ops.registry(), "Softmax", dataclasses.replace(ops.get("Softmax"), batch="same"))
     g = REFUSED["softmax_axis0"][0]()
     assert batch_axes(g)["y"] == 0
     with pytest.raises(BatchMixingError, match="output 'y' row 0 run alone differs"):

@@ -50,8 +50,113 @@ def broadcast_scratch(site: Any) -> int:
     return site.buffer(site.out) * any(t is not None and t.numel() not in (1, size) for t in site.ins)
 
 
-#: The values the ``batch`` facet takes (privacy/_batch_rules.py maps each onto its rule).
-BATCH_FACETS = ("same", "broadcast")
+#: The kinds of ``batch`` facet (privacy/_batch_rules.py maps each onto its rule) -> the
+#: parameters a :class:`BatchRule` of that kind may give its rule.
+BATCH_KINDS: Mapping[str, tuple[str, ...]] = {
+    "same": (),  # each output row from the same row of input 0
+    "broadcast": (),  # elementwise over every input, broadcast against each other
+    "softmax": (),  # normalises over ``axis`` (the flattening from it below opset 13)
+    "reduce": ("since",),  # Reduce*: ``axes`` an attribute before opset ``since``, input 1 from it
+    "reshaped": (),  # the batch dim must survive as an axis with the same elements before it
+    "transpose": (),
+    "concat": (),
+    "split": (),
+    "slice": (),
+    "gather": (),
+    "pad": (),
+    "created": (),  # Expand / ConstantOfShape: batched where the output's shape has the batch symbol
+    "shape": (),  # the batch size, no sample's data
+    "windowed": ("sample_axes", "indices"),  # (N, C, spatial...): samples on ``sample_axes`` only
+    "batch_norm": (),
+    "layer_norm": (),
+    "matmul": ("slots", "quant"),  # A, B inputs ``slots``; ``quant``: each one's quantization inputs
+    "gemm": (),
+    "resize": (),
+    "quantize": (),
+}
+#: The parameterless kinds an op may name by a plain string (``batch="same"``).
+BATCH_FACETS = tuple(kind for kind, params in BATCH_KINDS.items() if not params)
+
+
+@dataclass(frozen=True, init=False)
+class BatchRule:
+    """The ``batch`` facet with parameters: which rule of :data:`BATCH_KINDS` maps the batch axis
+    through the op, which inputs are ``data`` (None: all; they may carry samples), which are
+    ``shape`` inputs (they may hold the batch size), whether the op ``creates`` batched values from
+    a shape, and the rule's keyword ``params``. Every other input must hold no sample."""
+
+    kind: str
+    data: tuple[int, ...] | None
+    shape: tuple[int, ...]
+    creates: bool
+    params: tuple[tuple[str, Any], ...]
+
+    def __init__(
+        self,
+        kind: str,
+        *,
+        data: tuple[int, ...] | None = (0,),
+        shape: tuple[int, ...] = (),
+        creates: bool = False,
+        **params: Any,
+    ) -> None:
+        if kind not in BATCH_KINDS:
+            raise ValueError(f"batch rule kind {kind!r} is not one of {tuple(BATCH_KINDS)}")
+        unknown = sorted(set(params) - set(BATCH_KINDS[kind]))
+        if unknown:
+            raise ValueError(f"batch rule {kind!r} takes parameters {BATCH_KINDS[kind]}, not {unknown}")
+        for name, value in (("kind", kind), ("data", data), ("shape", shape), ("creates", creates)):
+            object.__setattr__(self, name, value)
+        object.__setattr__(self, "params", tuple(sorted(params.items())))
+
+
+#: The values the ``trainable`` facet takes: the torch layer agent/torch_model.py trains the op as
+#: when its weight is a float32 initializer.
+TRAINABLE_KINDS = (
+    "conv",  # nn.Conv1d/2d/3d: input, weight (O, I/group, *kernel), optional bias; fused activation
+    "gemm",  # nn.Linear: Gemm's transA/transB/alpha/beta and its C input; fused activation
+    "matmul",  # nn.Linear: a @ W, optional bias input (else a following Add folds in); fused activation
+    "instance_norm",  # nn.GroupNorm(C, C): InstanceNormalization's scale and bias per channel
+    "group_norm",  # nn.GroupNorm: num_groups, scale per channel (opset 21) or per group (before)
+    "layer_norm",  # nn.LayerNorm over the axes from ``axis`` on; first output only
+)
+
+#: The values the ``cost_kind`` facet takes: the kernel family cost_model.cost_work costs the op
+#: as (an op declaring none is costed as one elementwise numpy pass).
+COST_KINDS = (
+    "conv",  # k_conv's paths (conv_path): im2col, 1x1, depthwise, native GEMM
+    "matmul",  # np.matmul: rows collapsed onto a 2-D weight, else numpy's batched products
+    "fused matmul",  # rows collapsed, with a bias and activation epilogue
+    "gemm",  # one product of transposable operands, then the bias
+    "conv transpose",  # one product per kernel tap
+    "int8 conv",  # the C int8 GEMM where the target has it (cost_int8), else elementwise
+    "int8 matmul",
+    "window taps",  # numpy window loop: a strided view and a ufunc per tap
+    "window taps counted",  # and a second tap loop counting each window's cells (AveragePool)
+    "normalization",  # statistics by two reductions, then separate passes
+    "normalization affine",  # given statistics: four passes, no reduction
+    "normalization window",  # a pass per channel tap, then a power (a log and an exp)
+    "gather",  # index normalisation, then a take or a broadcast copy
+    "reduce",  # numpy's reduction loop per output element
+    "transpose",  # a strided copy
+    "elementwise",
+)
+#: The values the ``cost_native`` facet takes: the shape of the op's float32 C kernel's work.
+COST_NATIVE_KINDS = ("map", "softmax", "layer norm", "max pool")
+
+
+@dataclass(frozen=True)
+class Probe:
+    """One calibration probe of an op's kernel kind (device_targets/calibrate_probes.py): a chain of
+    the op on a float32 input of ``shape``, with ``attrs`` and constant inputs after the chained one
+    (made by ``consts()`` when calibrating, not at import)."""
+
+    shape: tuple[int, ...]
+    attrs: Mapping[str, Any] = field(default_factory=dict)
+    consts: Callable[[], tuple[Any, ...]] = tuple
+    #: the kernel kinds (cost_model's labels) it calibrates; () any: a probe that a spec costs as
+    #: another op's kind is then only one of the interleaved calls (calibrate._mixed)
+    kinds: tuple[str, ...] = ()
 
 
 def per_element(cost: int) -> Callable:
@@ -86,16 +191,42 @@ class OpDef:
     scratch: Callable[[Any], int] | None = None
     #: cost model: an exp-class function is evaluated per output element (``transcendental_ns`` each)
     transcendental: bool = False
-    #: batch independence (privacy): ``"same"``, each output row is computed from the same row of
-    #: the one input; ``"broadcast"``, elementwise over inputs broadcast against each other
-    batch: str | None = None
+    #: batch independence (privacy): how the batch axis maps from inputs to outputs, a
+    #: :class:`BatchRule`, or a parameterless kind of :data:`BATCH_FACETS` by name: ``"same"``, each
+    #: output row is computed from the same row of the one input; ``"broadcast"``, elementwise over
+    #: inputs broadcast against each other
+    batch: BatchRule | str | None = None
     #: training: the op in torch, ``fn(torch, node, *tensors) -> tensor`` (torch is passed in, so
     #: that the op file imports nothing of it: the base install has no torch)
     torch: Callable[..., Any] | None = None
+    #: training: ``check(node)`` refuses, when the torch module is built, a node its ``torch``
+    #: lowering could otherwise only refuse mid-training (an attribute value without a torch form)
+    torch_check: Callable[[Node], None] | None = None
+    #: training: the torch layer the op trains as, one of :data:`TRAINABLE_KINDS` (where its
+    #: weight is not a float32 initializer, its ``torch`` lowering runs with the weight constant)
+    trainable: str | None = None
+    #: cost model: the kernel family it is costed as, one of :data:`COST_KINDS`
+    cost_kind: str | None = None
+    #: cost model: the op has a float32 C kernel (used where the target builds them), one of
+    #: :data:`COST_NATIVE_KINDS`: "map" per element and row, "softmax" with its row remainder,
+    #: "layer norm" per element and row, "max pool" the depthwise kernel's padded planes
+    cost_native: str | None = None
+    #: calibration: probes of its kernel kinds, measured in registry order (calibrate_probes.probes)
+    probes: tuple[Probe, ...] = ()
 
     def __post_init__(self) -> None:
-        if self.batch is not None and self.batch not in BATCH_FACETS:
-            raise ValueError(f"op {self.OP_TYPE}: batch facet {self.batch!r} is not one of {BATCH_FACETS}")
+        if self.batch is not None and not isinstance(self.batch, BatchRule) and self.batch not in BATCH_FACETS:
+            raise ValueError(
+                f"op {self.OP_TYPE}: batch facet {self.batch!r} is neither a BatchRule nor one of {BATCH_FACETS}"
+            )
+        if self.trainable is not None and self.trainable not in TRAINABLE_KINDS:
+            raise ValueError(f"op {self.OP_TYPE}: trainable facet {self.trainable!r} is not one of {TRAINABLE_KINDS}")
+        if self.cost_kind is not None and self.cost_kind not in COST_KINDS:
+            raise ValueError(f"op {self.OP_TYPE}: cost_kind facet {self.cost_kind!r} is not one of {COST_KINDS}")
+        if self.cost_native is not None and self.cost_native not in COST_NATIVE_KINDS:
+            raise ValueError(
+                f"op {self.OP_TYPE}: cost_native facet {self.cost_native!r} is not one of {COST_NATIVE_KINDS}"
+            )
 
     @property
     def __name__(self) -> str:  # error messages name ops by module name

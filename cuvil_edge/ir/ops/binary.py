@@ -13,7 +13,8 @@ import numpy as np
 
 from cuvil_edge.errors import ShapeInferenceError, UnsupportedAttributeError
 from cuvil_edge.ir.graph import TensorType
-from cuvil_edge.ir.ops._contract import OpDef, broadcast_scratch, per_element
+from cuvil_edge.ir.ops import _torch
+from cuvil_edge.ir.ops._contract import OpDef, broadcast_scratch, no_scratch, per_element
 from cuvil_edge.ir.ops._elementwise import (
     ALL,
     ARITH_14,
@@ -290,6 +291,7 @@ OPS = (
         flops=per_element(1),
         batch="broadcast",
         scratch=broadcast_scratch,
+        torch=_torch.div,
     ),
     # 13, 15: bfloat16 only; exp(y * log(x)): two transcendentals
     OpDef(
@@ -303,7 +305,15 @@ OPS = (
         torch=lambda t, node, a, b: t.pow(a, b).to(a.dtype),
     ),
     # 6: inputs of one shape, 8: broadcast, 13: bfloat16 only; N inputs: N - 1 additions per element
-    OpDef("Sum", (6, 8, 13), infer=_variadic(((6, FLOATS),), broadcast_since=8), fn=k_sum, flops=_sum_flops),
+    OpDef(
+        "Sum",
+        (6, 8, 13),
+        batch="broadcast",
+        infer=_variadic(((6, FLOATS),), broadcast_since=8),
+        fn=k_sum,
+        flops=_sum_flops,
+        torch=_torch.variadic("add"),
+    ),
     # Equal: 7 bool/int32/int64, 11 all, 13 bfloat16 and 19 string (not IR dtypes)
     OpDef(
         "Equal",
@@ -364,9 +374,23 @@ OPS = (
         scratch=broadcast_scratch,
         torch=lambda t, node, c, a, b: t.where(c, a, b),
     ),  # 16 adds bfloat16 only
-    OpDef("Min", (6, 8, 12, 13), infer=_variadic(((6, FLOATS), (12, NUMERIC))), fn=k_min, flops=per_element(1)),
-    OpDef("Max", (6, 8, 12, 13), infer=_variadic(((6, FLOATS), (12, NUMERIC))), fn=k_max, flops=per_element(1)),
-    OpDef("Mean", (6, 8, 13), infer=_variadic(((6, FLOATS),)), fn=k_mean, flops=per_element(1)),
+    OpDef(
+        "Min",
+        (6, 8, 12, 13),
+        infer=_variadic(((6, FLOATS), (12, NUMERIC))),
+        fn=k_min,
+        flops=per_element(1),
+        torch=_torch.variadic("minimum"),
+    ),
+    OpDef(
+        "Max",
+        (6, 8, 12, 13),
+        infer=_variadic(((6, FLOATS), (12, NUMERIC))),
+        fn=k_max,
+        flops=per_element(1),
+        torch=_torch.variadic("maximum"),
+    ),
+    OpDef("Mean", (6, 8, 13), infer=_variadic(((6, FLOATS),)), fn=k_mean, flops=per_element(1), torch=_torch.mean),
     OpDef(
         "Mod",
         (10, 13, 28),
@@ -375,6 +399,8 @@ OPS = (
         flops=per_element(1),
         attrs=lambda node: {"fmod": int(node.attr("fmod", 0))},
         ATTRS={"fmod": INT},
+        torch=_torch.mod,
+        scratch=broadcast_scratch,
     ),
     OpDef(
         "And",
@@ -439,6 +465,7 @@ OPS = (
         infer=lambda node, inputs: infer_unary(node, inputs, _BITS),
         fn=k_bitwise_not,
         flops=per_element(1),
+        scratch=no_scratch,
     ),
     OpDef(
         "BitShift",
@@ -456,5 +483,7 @@ OPS = (
         fn=k_prelu,
         flops=per_element(2),
         attrs=lambda node: {"per_channel": node.version < 7},
+        torch=_torch.prelu,
+        scratch=broadcast_scratch,
     ),
 )

@@ -19,7 +19,9 @@ import numpy as np
 from cuvil_edge.errors import ShapeInferenceError, UnsupportedAttributeError
 from cuvil_edge.ir import dtypes
 from cuvil_edge.ir.graph import TensorType
-from cuvil_edge.ir.ops._contract import OpDef
+from cuvil_edge.ir.ops import _torch
+from cuvil_edge.ir.ops._contract import BatchRule, OpDef, no_scratch
+from cuvil_edge.ir.ops._scratch import constant_scratch
 from cuvil_edge.ir.ops._shape import vector
 from cuvil_edge.ir.ops._util import FLOAT, FLOATS, INT, INTS, TENSOR, need
 
@@ -112,15 +114,19 @@ OPS = (
         flops=_zero,
         attrs=_constant_attrs,
         ATTRS={"value": TENSOR, "value_float": FLOAT, "value_floats": FLOATS, "value_int": INT, "value_ints": INTS},
+        scratch=constant_scratch,
     ),
     OpDef(
         "ConstantOfShape",
         (9, 20, 21, 23, 24, 25),
+        batch=BatchRule("created", data=(), shape=(0,), creates=True),
         infer=_infer_constant_of_shape,
         fn=k_constant_of_shape,
         flops=_zero,
         attrs=_constant_of_shape_attrs,
         ATTRS={"value": TENSOR},
         CONST_INPUTS=(0,),
+        torch=_torch.constant_of_shape,
+        scratch=no_scratch,
     ),
 )

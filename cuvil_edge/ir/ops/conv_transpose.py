@@ -10,7 +10,8 @@ import numpy as np
 from cuvil_edge.errors import ShapeInferenceError, UnsupportedAttributeError
 from cuvil_edge.ir import dtypes
 from cuvil_edge.ir.graph import MAX_DIM, MAX_ELEMENTS, TensorType
-from cuvil_edge.ir.ops._contract import OpDef
+from cuvil_edge.ir.ops._contract import BatchRule, OpDef
+from cuvil_edge.ir.ops._scratch import conv_transpose_scratch
 from cuvil_edge.ir.ops._util import (
     DEFAULT_CAPABILITIES,
     INT,
@@ -198,6 +199,7 @@ OPS = (
     OpDef(
         "ConvTranspose",
         (1, 11, 22),
+        batch=BatchRule("windowed", sample_axes=(0,)),
         infer=infer,
         fn=k_conv_transpose,
         flops=flops,
@@ -205,5 +207,7 @@ OPS = (
         helpers=(_convt_geometry,),
         ATTRS={**WINDOW_ATTRS, "group": INT, "output_padding": INTS, "output_shape": INTS},
         macs=_macs,
+        scratch=conv_transpose_scratch,
+        cost_kind="conv transpose",
     ),
 )

@@ -5,12 +5,15 @@ for its attributes keeps only the transposes, scaling and activation it uses."""
 
 from __future__ import annotations
 
+import numpy as np
+
 from cuvil_edge.errors import ShapeInferenceError
 from cuvil_edge.ir import dtypes
 from cuvil_edge.ir.graph import TensorType
-from cuvil_edge.ir.ops import _activation
+from cuvil_edge.ir.ops import _activation, _torch
 from cuvil_edge.ir.ops._activation import _activate
-from cuvil_edge.ir.ops._contract import OpDef
+from cuvil_edge.ir.ops._contract import BatchRule, OpDef, Probe
+from cuvil_edge.ir.ops._scratch import gemm_scratch
 from cuvil_edge.ir.ops._util import FLOAT, INT, STR, broadcast, need, same_dtype, want_dtype
 
 
@@ -75,6 +78,7 @@ OPS = (
     OpDef(
         "Gemm",
         (7, 9, 11, 13),
+        batch=BatchRule("gemm", data=None),
         infer=_infer,
         fn=k_gemm,
         flops=_flops,
@@ -82,10 +86,17 @@ OPS = (
         helpers=_activation.HELPERS,
         ATTRS=_ATTRS,
         macs=_macs,
+        torch=_torch.gemm,
+        torch_check=_torch.check_activation,
+        trainable="gemm",
+        scratch=gemm_scratch,
+        cost_kind="gemm",
+        probes=(Probe((16, 64), {"transB": 1}, lambda: (np.eye(64, dtype=np.float32), np.zeros(64, np.float32))),),
     ),
     OpDef(
         "CuvilFusedGemm",
         (1,),
+        batch=BatchRule("gemm", data=None),
         infer=_infer,
         fn=k_gemm,
         flops=_flops,
@@ -93,5 +104,10 @@ OPS = (
         helpers=_activation.HELPERS,
         ATTRS={**_ATTRS, "activation": STR},
         macs=_macs,
+        torch=_torch.gemm,
+        torch_check=_torch.check_activation,
+        trainable="gemm",
+        scratch=gemm_scratch,
+        cost_kind="gemm",
     ),
 )

@@ -21,9 +21,9 @@ import numpy as np
 from cuvil_edge.errors import ShapeInferenceError
 from cuvil_edge.ir import dtypes
 from cuvil_edge.ir.graph import TensorType
-from cuvil_edge.ir.ops import _activation
+from cuvil_edge.ir.ops import _activation, _torch
 from cuvil_edge.ir.ops._activation import _activate
-from cuvil_edge.ir.ops._contract import OpDef
+from cuvil_edge.ir.ops._contract import BatchRule, OpDef, Probe, no_scratch
 from cuvil_edge.ir.ops._int8 import _i8_ops
 from cuvil_edge.ir.ops._native import _native_epilogue
 from cuvil_edge.ir.ops._quant import (
@@ -35,6 +35,7 @@ from cuvil_edge.ir.ops._quant import (
     same_pair,
     scale_dtype,
 )
+from cuvil_edge.ir.ops._scratch import fused_mat_mul_scratch
 from cuvil_edge.ir.ops._util import DEFAULT_CAPABILITIES, STR, broadcast, need, same_dtype, want_dtype
 
 TARGET_NATIVE = DEFAULT_CAPABILITIES["TARGET_NATIVE"]
@@ -191,7 +192,23 @@ def _twice(macs, extra_per_output=0):
 _AB, _QAB = _operands(0, 1), _operands(0, 3)
 
 OPS = (
-    OpDef("MatMul", (1, 9, 13), infer=_infer_mat_mul, fn=k_mat_mul, flops=_twice(_AB), macs=_AB),
+    OpDef(
+        "MatMul",
+        (1, 9, 13),
+        batch=BatchRule("matmul", data=(0, 1), slots=(0, 1)),
+        infer=_infer_mat_mul,
+        fn=k_mat_mul,
+        flops=_twice(_AB),
+        macs=_AB,
+        torch=_torch.matmul,
+        trainable="matmul",
+        scratch=no_scratch,
+        cost_kind="matmul",
+        probes=(
+            Probe((16, 64), consts=lambda: (np.eye(64, dtype=np.float32),)),
+            Probe((1, 16, 64), consts=lambda: (np.eye(64, dtype=np.float32),)),
+        ),
+    ),
     OpDef(
         "CuvilFusedMatMul",
         (1,),
@@ -202,23 +219,32 @@ OPS = (
         helpers=_activation.HELPERS + (_native_epilogue,),
         ATTRS={"activation": STR},
         macs=_AB,
+        torch=_torch.fused_matmul,
+        torch_check=_torch.check_activation,
+        trainable="matmul",
+        scratch=fused_mat_mul_scratch,
+        cost_kind="fused matmul",
     ),
     OpDef(
         "MatMulInteger",
         (10,),
+        batch=BatchRule("matmul", data=(0, 1), slots=(0, 1), quant=((2,), (3,))),
         infer=_infer_mat_mul_integer,
         fn=k_mat_mul_integer,
         flops=_twice(_AB),
         helpers=(_q_centered_a, _q_centered_b, _i8_ops),
         macs=_AB,
+        cost_kind="int8 matmul",
     ),
     OpDef(
         "QLinearMatMul",
         (10, 21),
+        batch=BatchRule("matmul", data=(0, 3), slots=(0, 3), quant=((1, 2, 6, 7), (4, 5, 6, 7))),
         infer=_infer_q_linear_mat_mul,
         fn=k_q_linear_mat_mul,
         flops=_twice(_QAB, 3),
         helpers=(_q_centered_a, _q_centered_b, _q_saturate, _q_requantize, _i8_ops),
         macs=_QAB,
+        cost_kind="int8 matmul",
     ),
 )

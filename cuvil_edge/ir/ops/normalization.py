@@ -22,9 +22,11 @@ import numpy as np
 from cuvil_edge.errors import ShapeInferenceError, UnsupportedAttributeError
 from cuvil_edge.ir import dtypes
 from cuvil_edge.ir.graph import TensorType
-from cuvil_edge.ir.ops._contract import OpDef
+from cuvil_edge.ir.ops import _torch
+from cuvil_edge.ir.ops._contract import BatchRule, OpDef, Probe
 from cuvil_edge.ir.ops._elementwise import FLOATS, TRANSCENDENTAL, want
 from cuvil_edge.ir.ops._native import _native_lib
+from cuvil_edge.ir.ops._scratch import batch_norm_scratch, instance_norm_scratch, layer_norm_scratch, lrn_scratch
 from cuvil_edge.ir.ops._util import (
     DEFAULT_CAPABILITIES,
     FLOAT,
@@ -250,34 +252,52 @@ OPS = (
     OpDef(
         "BatchNormalization",
         (7, 9, 14, 15),
+        batch="batch_norm",
         infer=_infer_batch_normalization,
         fn=k_batch_normalization,
         flops=_per_element(2),
         attrs=_bn_attrs,
         ATTRS={"epsilon": FLOAT, "momentum": FLOAT, "spatial": INT, "training_mode": INT},
+        torch=_torch.batch_norm,
+        scratch=batch_norm_scratch,
+        cost_kind="normalization affine",
     ),
     OpDef(
         "LayerNormalization",
         (17,),
+        batch="layer_norm",
         infer=_infer_layer_normalization,
         fn=k_layer_normalization,
         flops=lambda node, inputs, outputs: 8 * inputs[0].numel(),  # mean, centre, square, mean, scale, shift
         attrs=_ln_attrs,
         helpers=(_native_lib,),
         ATTRS={"axis": INT, "epsilon": FLOAT, "stash_type": INT},
+        torch=_torch.norm,
+        trainable="layer_norm",
+        scratch=layer_norm_scratch,
+        cost_kind="normalization",
+        cost_native="layer norm",
+        probes=(Probe((1, 16, 64), {"axis": -1}, lambda: (np.ones(64, np.float32), np.zeros(64, np.float32))),),
     ),
     OpDef(
         "InstanceNormalization",
         (1, 6, 22),
+        batch=BatchRule("windowed", sample_axes=(0,)),
         infer=_infer_affine(lambda node, x: x.shape[1]),
         fn=k_instance_normalization,
         flops=_per_element(8),
         attrs=lambda node: {"epsilon": float(node.attr("epsilon", 1e-5))},
         ATTRS={"epsilon": FLOAT},
+        torch=_torch.norm,
+        trainable="instance_norm",
+        scratch=instance_norm_scratch,
+        cost_kind="normalization",
+        probes=(Probe((1, 16, 16, 16), consts=lambda: (np.ones(16, np.float32), np.zeros(16, np.float32))),),
     ),
     OpDef(
         "GroupNormalization",
         (18, 21),
+        batch=BatchRule("windowed", sample_axes=(0,)),
         infer=_infer_affine(_group_count),
         fn=k_group_normalization,
         flops=_per_element(8),
@@ -287,6 +307,9 @@ OPS = (
             "per_channel_affine": node.version >= 21,
         },
         ATTRS={"epsilon": FLOAT, "num_groups": INT, "stash_type": INT},
+        torch=_torch.norm,
+        trainable="group_norm",
+        cost_kind="normalization",
     ),
     OpDef(
         "LRN",
@@ -301,5 +324,8 @@ OPS = (
             "bias": float(node.attr("bias", 1.0)),
         },
         ATTRS={"size": INT, "alpha": FLOAT, "beta": FLOAT, "bias": FLOAT},
+        torch=_torch.lrn,
+        scratch=lrn_scratch,
+        cost_kind="normalization window",
     ),
 )

@@ -14,8 +14,10 @@ import numpy as np
 from cuvil_edge.errors import ShapeInferenceError, UnsupportedAttributeError
 from cuvil_edge.ir import dtypes
 from cuvil_edge.ir.graph import TensorType
-from cuvil_edge.ir.ops._contract import OpDef
+from cuvil_edge.ir.ops import _torch
+from cuvil_edge.ir.ops._contract import BatchRule, OpDef, Probe, no_scratch
 from cuvil_edge.ir.ops._native import _native_lib
+from cuvil_edge.ir.ops._scratch import average_pool_scratch, max_pool_scratch
 from cuvil_edge.ir.ops._util import (
     DEFAULT_CAPABILITIES,
     INT,
@@ -236,23 +238,55 @@ OPS = (
     OpDef(
         "MaxPool",
         (1, 8, 10, 11, 12),
+        batch=BatchRule("windowed", sample_axes=(0, 1), indices=1),
         infer=_infer_max_pool,
         fn=k_max_pool,
         flops=_max_pool_flops,
         attrs=_max_pool_attrs,
         helpers=_WINDOW + (_native_lib,),
         ATTRS={**_POOL_ATTRS, "storage_order": INT},
+        torch=_torch.pool,
+        torch_check=_torch.check_max_pool,
+        scratch=max_pool_scratch,
+        cost_kind="window taps",
+        cost_native="max pool",
+        probes=(Probe((1, 16, 8, 8), {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]}, kinds=("numpy window taps",)),),
     ),
     OpDef(
         "AveragePool",
         (1, 7, 10, 11, 19),
+        batch=BatchRule("windowed", sample_axes=(0, 1)),
         infer=_infer_average_pool,
         fn=k_average_pool,
         flops=_average_pool_flops,
         attrs=_average_pool_attrs,
         helpers=_WINDOW,
         ATTRS={**_POOL_ATTRS, "count_include_pad": INT},
+        torch=_torch.pool,
+        torch_check=_torch.check_average_pool,
+        scratch=average_pool_scratch,
+        cost_kind="window taps counted",
     ),
-    OpDef("GlobalAveragePool", (1, 22), infer=_infer_global, fn=k_global_average_pool, flops=_global_average_flops),
-    OpDef("GlobalMaxPool", (1, 22), infer=_infer_global, fn=k_global_max_pool, flops=_global_max_flops),
+    OpDef(
+        "GlobalAveragePool",
+        (1, 22),
+        batch=BatchRule("windowed", sample_axes=(0, 1)),
+        infer=_infer_global,
+        fn=k_global_average_pool,
+        flops=_global_average_flops,
+        torch=_torch.global_average_pool,
+        scratch=no_scratch,
+        cost_kind="reduce",
+    ),
+    OpDef(
+        "GlobalMaxPool",
+        (1, 22),
+        batch=BatchRule("windowed", sample_axes=(0, 1)),
+        infer=_infer_global,
+        fn=k_global_max_pool,
+        flops=_global_max_flops,
+        torch=_torch.global_max_pool,
+        scratch=no_scratch,
+        cost_kind="reduce",
+    ),
 )

@@ -16,6 +16,7 @@ import numpy as np
 
 from cuvil_edge.errors import ShapeInferenceError, UnsupportedAttributeError
 from cuvil_edge.ir.graph import TensorType
+from cuvil_edge.ir.ops import _torch
 from cuvil_edge.ir.ops._contract import OpDef, per_element
 from cuvil_edge.ir.ops._quant import (
     ONNX_FLOAT_CODES,
@@ -137,21 +138,27 @@ OPS = (
     OpDef(
         "QuantizeLinear",
         VERSIONS,
+        batch="quantize",
         infer=_infer_quantize,
         fn=k_quantize_linear,
         flops=per_element(3),
         attrs=_quantize_attrs,
         helpers=(_q_along, _q_saturate),
         ATTRS={"axis": INT, "block_size": INT, "output_dtype": INT, "precision": INT, "saturate": INT},
+        torch=_torch.quantize_linear,
+        torch_check=_torch.check_quantize,
     ),
     OpDef(
         "DequantizeLinear",
         VERSIONS,
+        batch="quantize",
         infer=_infer_dequantize,
         fn=k_dequantize_linear,
         flops=per_element(2),
         attrs=lambda node: {"axis": int(node.attr("axis", 1)), "dtype": _float_dtype(node, "")},
         helpers=(_q_along,),
         ATTRS={"axis": INT, "block_size": INT, "output_dtype": INT},
+        torch=_torch.dequantize_linear,
+        torch_check=_torch.check_dequantize,
     ),
 )

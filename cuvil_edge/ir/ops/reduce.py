@@ -15,10 +15,11 @@ from __future__ import annotations
 import numpy as np
 
 from cuvil_edge.ir import dtypes
-from cuvil_edge.ir.ops import _reduce
-from cuvil_edge.ir.ops._contract import OpDef
+from cuvil_edge.ir.ops import _reduce, _torch
+from cuvil_edge.ir.ops._contract import BatchRule, OpDef, no_scratch
 from cuvil_edge.ir.ops._elementwise import TRANSCENDENTAL
 from cuvil_edge.ir.ops._reduce import _reduce_axes
+from cuvil_edge.ir.ops._scratch import reduce_mean_scratch
 
 #: The opset from which ``axes`` is input 1 (ReduceSum's changed at 13).
 _SINCE = 18
@@ -110,7 +111,7 @@ def k_reduce_log_sum_exp(x, axes=None, keepdims=True, noop=0):
     return np.asarray(out).astype(x.dtype)
 
 
-def _row(op_type, fn, versions, allowed, cost=1, since=_SINCE) -> OpDef:
+def _row(op_type, fn, versions, allowed, cost=1, since=_SINCE, **facets) -> OpDef:
     def infer(node, inputs, consts=None):
         return _reduce.infer(node, inputs, consts, since, allowed=allowed)
 
@@ -127,19 +128,48 @@ def _row(op_type, fn, versions, allowed, cost=1, since=_SINCE) -> OpDef:
         helpers=(_reduce_axes,),
         ATTRS=_reduce.ATTRS,
         CONST_INPUTS=(1,),
+        torch=_torch.reduction(since),
+        **facets,
     )
 
 
 _NUMBERS = _reduce.NUMBERS
+#: batch independence: the axes (input 1 from opset 18) are checked to leave out the batch axis
+_BATCH = BatchRule("reduce", since=_SINCE, shape=(1,))
 OPS = (
-    _row("ReduceMax", k_reduce_max, (1, 11, 12, 13, 18, 20), _NUMBERS | {"bool"}),  # 20: bool
-    _row("ReduceMean", k_reduce_mean, (1, 11, 13, 18), _NUMBERS),
-    _row("ReduceSum", k_reduce_sum, (1, 11, 13), _NUMBERS, since=13),
-    _row("ReduceMin", k_reduce_min, (1, 11, 12, 13, 18, 20), _NUMBERS | {"bool"}),
-    _row("ReduceProd", k_reduce_prod, (1, 11, 13, 18), _NUMBERS),
+    _row(
+        "ReduceMax",
+        k_reduce_max,
+        (1, 11, 12, 13, 18, 20),
+        _NUMBERS | {"bool"},
+        scratch=no_scratch,
+        cost_kind="reduce",
+        batch=_BATCH,
+    ),  # 20: bool
+    _row(
+        "ReduceMean",
+        k_reduce_mean,
+        (1, 11, 13, 18),
+        _NUMBERS,
+        scratch=reduce_mean_scratch,
+        cost_kind="reduce",
+        batch=_BATCH,
+    ),
+    _row(
+        "ReduceSum",
+        k_reduce_sum,
+        (1, 11, 13),
+        _NUMBERS,
+        since=13,
+        scratch=no_scratch,
+        cost_kind="reduce",
+        batch=BatchRule("reduce", since=13, shape=(1,)),
+    ),
+    _row("ReduceMin", k_reduce_min, (1, 11, 12, 13, 18, 20), _NUMBERS | {"bool"}, cost_kind="reduce"),
+    _row("ReduceProd", k_reduce_prod, (1, 11, 13, 18), _NUMBERS, cost_kind="reduce"),
     _row("ReduceL1", k_reduce_l1, (1, 11, 13, 18), _NUMBERS, 2),
-    _row("ReduceL2", k_reduce_l2, (1, 11, 13, 18), _NUMBERS, 2),
-    _row("ReduceSumSquare", k_reduce_sum_square, (1, 11, 13, 18), _NUMBERS, 2),
+    _row("ReduceL2", k_reduce_l2, (1, 11, 13, 18), _NUMBERS, 2, cost_kind="reduce"),
+    _row("ReduceSumSquare", k_reduce_sum_square, (1, 11, 13, 18), _NUMBERS, 2, cost_kind="reduce"),
     _row("ReduceLogSum", k_reduce_log_sum, (1, 11, 13, 18, 28), dtypes.FLOATS, 1),
     _row("ReduceLogSumExp", k_reduce_log_sum_exp, (1, 11, 13, 18, 28), dtypes.FLOATS, TRANSCENDENTAL + 3),
 )

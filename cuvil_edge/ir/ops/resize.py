@@ -22,7 +22,8 @@ import numpy as np
 from cuvil_edge.errors import ShapeInferenceError, UnsupportedAttributeError
 from cuvil_edge.ir import dtypes
 from cuvil_edge.ir.graph import MAX_DIM, TensorType
-from cuvil_edge.ir.ops._contract import OpDef
+from cuvil_edge.ir.ops._contract import BatchRule, OpDef
+from cuvil_edge.ir.ops._scratch import resize_scratch
 from cuvil_edge.ir.ops._shape import axes as norm_axes, floats, vector
 from cuvil_edge.ir.ops._util import FLOAT, INT, INTS, STR, ints, need, text, want_dtype
 
@@ -342,6 +343,7 @@ OPS = (
     OpDef(
         "Resize",
         (10, 11, 13, 18, 19),
+        batch=BatchRule("resize", shape=(1, 2, 3)),
         infer=_infer,
         fn=k_resize,
         flops=_flops,
@@ -359,5 +361,6 @@ OPS = (
             "nearest_mode": STR,
         },
         CONST_INPUTS=(1, 2, 3),
+        scratch=resize_scratch,
     ),
 )

@@ -18,7 +18,9 @@ from cuvil_edge.errors import ShapeInferenceError, UnsupportedAttributeError
 from cuvil_edge.ir import dims
 from cuvil_edge.ir.dims import Expr
 from cuvil_edge.ir.graph import TensorType
-from cuvil_edge.ir.ops._contract import OpDef
+from cuvil_edge.ir.ops import _torch
+from cuvil_edge.ir.ops._contract import BatchRule, OpDef, Probe, no_scratch
+from cuvil_edge.ir.ops._scratch import gather_scratch
 from cuvil_edge.ir.ops._shape import attr_or_input, axes as norm_axes, same_rank, vector
 from cuvil_edge.ir.ops._util import FLOAT, INT, INTS, STR, axis_index, need, same_dtype, text
 
@@ -342,49 +344,66 @@ OPS = (
     OpDef(
         "Concat",
         (4, 11, 13),
+        batch=BatchRule("concat", data=None),
         infer=_infer_concat,
         fn=k_concat,
         flops=_zero,
         attrs=lambda node: {"axis": _concat_axis(node)},
         ATTRS={"axis": INT},
+        torch=_torch.concat,
+        scratch=no_scratch,
     ),
     OpDef(
         "Split",
         (2, 11, 13, 18),
+        batch=BatchRule("split", shape=(1,)),
         infer=_infer_split,
         fn=k_split,
         flops=_zero,
         attrs=_split_attrs,
         ATTRS={"axis": INT, "num_outputs": INT, "split": INTS},
         CONST_INPUTS=(1,),
+        torch=_torch.split,
+        scratch=no_scratch,
     ),
     OpDef(
         "Slice",
         (1, 10, 11, 13),
+        batch=BatchRule("slice", shape=(1, 2, 3, 4)),
         infer=_infer_slice,
         fn=k_slice,
         flops=_zero,
         attrs=_slice_attrs,
         ATTRS={"starts": INTS, "ends": INTS, "axes": INTS},
         CONST_INPUTS=(1, 2, 3, 4),
+        torch=_torch.slice_,
+        scratch=no_scratch,
     ),
     OpDef(
         "Gather",
         (1, 11, 13),
+        batch=BatchRule("gather", data=(0, 1)),
         infer=_infer_gather,
         fn=k_gather,
         flops=_zero,
         attrs=lambda node: {"axis": int(node.attr("axis", 0))},
         ATTRS={"axis": INT},
+        torch=_torch.gather,
+        scratch=gather_scratch,
+        cost_kind="gather",
+        probes=(Probe((16, 64), {"axis": 0}, lambda: (np.arange(16, dtype=np.int64),)),),
     ),
     OpDef(
         "Pad",
         (2, 11, 13, 18, 19, 21, 23, 24, 25),
+        batch=BatchRule("pad", shape=(1, 3)),
         infer=_infer_pad,
         fn=k_pad,
         flops=_zero,
         attrs=_pad_attrs,
         ATTRS={"mode": STR, "pads": INTS, "value": FLOAT},
         CONST_INPUTS=(1, 3),
+        torch=_torch.pad,
+        torch_check=_torch.check_pad,
     ),
 )

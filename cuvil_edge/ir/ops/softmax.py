@@ -7,8 +7,10 @@ from __future__ import annotations
 import numpy as np
 
 from cuvil_edge.ir import dtypes
-from cuvil_edge.ir.ops._contract import OpDef
+from cuvil_edge.ir.ops import _torch
+from cuvil_edge.ir.ops._contract import OpDef, Probe
 from cuvil_edge.ir.ops._native import _native_lib
+from cuvil_edge.ir.ops._scratch import log_softmax_scratch, softmax_scratch
 from cuvil_edge.ir.ops._util import DEFAULT_CAPABILITIES, INT, axis_index, need, want_dtype
 
 TARGET_NATIVE = DEFAULT_CAPABILITIES["TARGET_NATIVE"]
@@ -65,12 +67,30 @@ OPS = (
     OpDef(
         "Softmax",
         (1, 11, 13),
+        batch="softmax",
         infer=_infer,
         fn=k_softmax,
         flops=_flops,
         attrs=_attrs,
         helpers=(_native_lib,),
         ATTRS={"axis": INT},
+        torch=_torch.softmax,
+        scratch=softmax_scratch,
+        transcendental=True,
+        cost_native="softmax",
+        probes=(Probe((1, 16, 64), {"axis": -1}),),
     ),
-    OpDef("LogSoftmax", (1, 11, 13), infer=_infer, fn=k_log_softmax, flops=_flops, attrs=_attrs, ATTRS={"axis": INT}),
+    OpDef(
+        "LogSoftmax",
+        (1, 11, 13),
+        batch="softmax",
+        infer=_infer,
+        fn=k_log_softmax,
+        flops=_flops,
+        attrs=_attrs,
+        ATTRS={"axis": INT},
+        torch=_torch.softmax,
+        scratch=log_softmax_scratch,
+        transcendental=True,
+    ),
 )

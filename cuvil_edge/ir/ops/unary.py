@@ -17,6 +17,7 @@ import numpy as np
 from cuvil_edge.errors import ShapeInferenceError, UnsupportedAttributeError
 from cuvil_edge.ir import dtypes
 from cuvil_edge.ir.graph import TensorType
+from cuvil_edge.ir.ops import _torch
 from cuvil_edge.ir.ops._contract import OpDef, no_attrs, no_scratch, per_element
 from cuvil_edge.ir.ops._elementwise import (
     ALL,
@@ -31,6 +32,7 @@ from cuvil_edge.ir.ops._elementwise import (
     want,
 )
 from cuvil_edge.ir.ops._native import _native_lib, _native_map
+from cuvil_edge.ir.ops._scratch import clip_scratch, erf_scratch, gelu_scratch, hard_swish_scratch, sigmoid_scratch
 from cuvil_edge.ir.ops._util import DEFAULT_CAPABILITIES, FLOAT, INT, STR, choice, need, same_dtype
 
 TARGET_NATIVE = DEFAULT_CAPABILITIES["TARGET_NATIVE"]
@@ -403,6 +405,8 @@ OPS = (
         helpers=(_erf64, _native_lib, _native_map),
         torch=lambda t, node, x: t.erf(x),
         transcendental=True,
+        scratch=erf_scratch,
+        cost_native="map",
     ),
     # 16 / 22 add bfloat16 only
     _unary(
@@ -430,35 +434,53 @@ OPS = (
     _unary(
         "Not", k_not, (1,), ((1, frozenset({"bool"})),), torch=lambda t, node, x: t.logical_not(x), scratch=no_scratch
     ),
-    OpDef("Identity", (1, 13, 14, 16, 19, 21), infer=_infer_identity, fn=k_identity, flops=per_element(0)),
+    OpDef(
+        "Identity",
+        (1, 13, 14, 16, 19, 21),
+        batch="same",
+        infer=_infer_identity,
+        fn=k_identity,
+        flops=per_element(0),
+        torch=_torch.identity,
+        scratch=no_scratch,
+    ),
     OpDef(
         "Cast",
         (6, 9, 13, 19, 21, 23, 24, 25, 28),
+        batch="same",
         infer=_infer_cast,
         fn=k_cast,
         flops=per_element(1),
         attrs=_cast_attrs,
         ATTRS={"to": INT, "saturate": INT},
+        torch=_torch.cast,
+        scratch=no_scratch,
     ),  # saturate only affects float8, which the IR lacks
     OpDef(
         "Clip",
         (6, 11, 12, 13),
+        batch="broadcast",
         infer=_infer_clip,
         fn=k_clip,
         flops=per_element(1),
         attrs=_clip_attrs,
         ATTRS={"min": FLOAT, "max": FLOAT},
+        torch=_torch.clip,
+        scratch=clip_scratch,
     ),
     # 13, 22: bfloat16 / float8 only
     OpDef(
         "Dropout",
         (7, 10, 12, 13, 22),
+        batch="same",
         infer=_infer_dropout,
         fn=k_dropout,
         flops=per_element(0),
         attrs=_dropout_attrs,
         ATTRS={"ratio": FLOAT, "seed": INT},
         CONST_INPUTS=(1, 2),
+        torch=_torch.identity,
+        scratch=no_scratch,
     ),
     # 13 adds bfloat16 (not an IR dtype); 14 adds int8/16/32/64
     _unary(
@@ -478,6 +500,8 @@ OPS = (
         helpers=(_wide, _native_lib, _native_map),
         torch=lambda t, node, x: t.sigmoid(x),
         transcendental=True,
+        scratch=sigmoid_scratch,
+        cost_native="map",
     ),  # exp, abs, add, divide
     _unary(
         "HardSwish",
@@ -487,6 +511,7 @@ OPS = (
         4,
         helpers=(_wide,),
         torch=lambda t, node, x: t.nn.functional.hardswish(x),
+        scratch=hard_swish_scratch,
     ),  # mul-add, clamp, multiply
     _unary(
         "Gelu",
@@ -499,6 +524,8 @@ OPS = (
         helpers=(_erf64, _native_lib, _native_map),
         torch=lambda t, node, x: t.nn.functional.gelu(x, approximate=node.attr("approximate", "none")),
         transcendental=True,
+        scratch=gelu_scratch,
+        cost_native="map",
     ),
     _unary("Abs", k_abs, (6, 13), ((6, NUMERIC),), torch=lambda t, node, x: t.abs(x), scratch=no_scratch),
     _unary("Neg", k_neg, (6, 13), ((6, FLOATS | SIGNED),), torch=lambda t, node, x: t.neg(x), scratch=no_scratch),
@@ -594,5 +621,6 @@ OPS = (
         _isinf_attrs,
         {"detect_negative": INT, "detect_positive": INT},
         out_dtype="bool",
+        torch=_torch.is_inf,
     ),
 )

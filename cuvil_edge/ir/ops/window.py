@@ -18,14 +18,15 @@ import numpy as np
 from cuvil_edge.errors import ShapeInferenceError
 from cuvil_edge.ir import dtypes
 from cuvil_edge.ir.graph import TensorType
-from cuvil_edge.ir.ops import _activation
+from cuvil_edge.ir.ops import _activation, _torch
 from cuvil_edge.ir.ops._activation import _activate
-from cuvil_edge.ir.ops._contract import OpDef
+from cuvil_edge.ir.ops._contract import BatchRule, OpDef, Probe
 from cuvil_edge.ir.ops._conv_path import conv_path, im2col_block_rows
 from cuvil_edge.ir.ops._int8 import _i8_ops
 from cuvil_edge.ir.ops._native import _native_epilogue, _native_lib
 from cuvil_edge.ir.ops._packing import _native_conv_gemm
 from cuvil_edge.ir.ops._quant import _q_along, _q_requantize, _q_saturate, quant_dtype, same_pair, scale_dtype
+from cuvil_edge.ir.ops._scratch import conv_scratch
 from cuvil_edge.ir.ops._util import (
     DEFAULT_CAPABILITIES,
     INT,
@@ -449,6 +450,7 @@ OPS = (
     OpDef(
         "Conv",
         (1, 11, 22),
+        batch=BatchRule("windowed", sample_axes=(0,)),
         infer=_infer_conv,
         fn=k_conv,
         flops=_conv_flops,
@@ -456,11 +458,22 @@ OPS = (
         helpers=_CONV_HELPERS,
         ATTRS={**WINDOW_ATTRS, "group": INT},
         macs=_conv_macs,
+        torch=_torch.conv,
+        torch_check=_torch.check_activation,
+        trainable="conv",
+        scratch=conv_scratch,
+        cost_kind="conv",
+        probes=(
+            Probe((1, 4, 8, 8), {"pads": [1, 1, 1, 1]}, lambda: (np.full((4, 4, 3, 3), 0.02, np.float32),)),
+            Probe((1, 4, 8, 8), {}, lambda: (np.full((4, 4, 1, 1), 0.05, np.float32),)),
+            Probe((1, 4, 8, 8), {"pads": [1, 1, 1, 1], "group": 4}, lambda: (np.full((4, 1, 3, 3), 0.1, np.float32),)),
+        ),
     ),
     # internal (never in an imported model): Conv + activation, made by passes/fuse_activation.py
     OpDef(
         "CuvilFusedConv",
         (1,),
+        batch=BatchRule("windowed", sample_axes=(0,)),
         infer=_infer_conv,
         fn=k_conv,
         flops=_conv_flops,
@@ -468,25 +481,34 @@ OPS = (
         helpers=_CONV_HELPERS,
         ATTRS={**WINDOW_ATTRS, "group": INT, "activation": STR},
         macs=_conv_macs,
+        torch=_torch.conv,
+        torch_check=_torch.check_activation,
+        trainable="conv",
+        scratch=conv_scratch,
+        cost_kind="conv",
     ),
     OpDef(
         "ConvInteger",
         (10,),
+        batch=BatchRule("windowed", sample_axes=(0,)),
         infer=_infer_conv_integer,
         fn=k_conv_integer,
         flops=_conv_integer_flops,
         attrs=_quant_conv_attrs,
         helpers=_QUANT_CONV_HELPERS,
         ATTRS={**WINDOW_ATTRS, "group": INT},
+        cost_kind="int8 conv",
     ),
     OpDef(
         "QLinearConv",
         (10,),
+        batch=BatchRule("windowed", sample_axes=(0,)),
         infer=_infer_q_linear_conv,
         fn=k_q_linear_conv,
         flops=_q_linear_conv_flops,
         attrs=_quant_conv_attrs,
         helpers=_QUANT_CONV_HELPERS + (k_conv_integer,),
         ATTRS={**WINDOW_ATTRS, "group": INT},
+        cost_kind="int8 conv",
     ),
 )
