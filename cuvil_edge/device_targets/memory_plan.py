@@ -3,15 +3,15 @@
 It walks the generated ``_forward``: nodes in graph order, a buffer freed when the module ``del``s
 the last name reaching it (:func:`release_schedule`; a view op shares its input's buffer), inputs
 held by the caller's ``feeds``, weights by ``W``. Peak = weights + max over steps of (live
-activations + the kernel's transient *scratch*, one :data:`SCRATCH` row per kernel, checked against
-tracemalloc in tests/device_targets/test_memory_plan.py) + :data:`OVERHEAD_BYTES`. Issue 12 bounds it
+activations + the kernel's transient *scratch*, the ``scratch`` facet of its op, read from the
+kernel's source and checked against tracemalloc in tests/device_targets/test_memory_plan.py; an op
+declaring none is estimated at one output-sized temporary) + :data:`OVERHEAD_BYTES`. Issue 12 bounds it
 by weights + the two largest simultaneously-live activations + 10 % (:meth:`MemoryPlan.over_bound`).
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -22,8 +22,7 @@ from cuvil_edge.errors import BuildError, CuvilError
 from cuvil_edge.ir import dims, dtypes, ops
 from cuvil_edge.ir.graph import Graph, Node, TensorType
 from cuvil_edge.ir.ops._contract import no_scratch
-from cuvil_edge.ir.ops._conv_path import conv_path, gemm_scratch_bytes, im2col_block_rows
-from cuvil_edge.ir.ops._packing import gemm_panels, packed_conv_bytes
+from cuvil_edge.ir.ops._packing import packed_conv_bytes
 
 #: Python objects one run creates (frames, argument tuples, the feeds and outputs dicts): 1-4 KiB measured.
 OVERHEAD_BYTES = 2048
@@ -32,44 +31,10 @@ OVERHEAD_BYTES = 2048
 #: no allocation, and the input's buffer lives as long as the view.
 VIEW_OPS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Dropout"})
 
-#: One ufunc: numpy's iterator buffers a block when an operand is broadcast (:meth:`Site.buffer`);
-#: the binary elementwise ops declare the same rule on their OpDef (``broadcast_scratch``).
-BROADCASTING = frozenset(
-    {
-        "Mod",
-        "PRelu",
-    }
-)
-
-#: Kernels that allocate their outputs only (one numpy call, or views then one copy), besides the
-#: ops whose OpDef declares it (its ``scratch`` facet is ``no_scratch``).
-NO_SCRATCH = frozenset(
-    {
-        *VIEW_OPS,
-        "BitwiseNot",
-        "Cast",
-        "CastLike",
-        "Transpose",
-        "Expand",
-        "Shape",
-        "Size",
-        "Concat",
-        "Split",
-        "Slice",
-        "MatMul",
-        "GlobalAveragePool",
-        "GlobalMaxPool",
-        "ReduceMax",
-        "ReduceSum",
-        "ConstantOfShape",
-        "Tile",
-    }
-)
-
 
 @dataclass(frozen=True)
 class Site:
-    """What a scratch rule sees of one call: runtime types (batch bound, float16 applied) and the
+    """What an op's scratch facet sees of one call: runtime types (batch bound, float16 applied) and the
     kernel paths the target takes (``large_scratch``: im2col; ``native``: the C kernels load)."""
 
     attrs: Mapping[str, Any]
@@ -99,257 +64,6 @@ class Site:
         return min(self.inp if nbytes is None else nbytes, np.getbufsize() * item)
 
 
-def _padded(x: Any, kernel, strides, pads, dilations, out, item: int, planes: bool = True) -> int:
-    """Bytes of the padded copy ``_win_padded`` makes of ``x`` (a Site's bound type; the end pad
-    grown for ceil_mode; none when nothing is padded); ``planes=False``: one plane, what a C
-    kernel allocates (always)."""
-    k, size, grown = len(kernel), math.prod(x.shape[:2]) if planes else 1, False
-    for i in range(k):
-        need = (out[i] - 1) * strides[i] + dilations[i] * (kernel[i] - 1) + 1 - x.shape[2 + i] - pads[i]
-        size *= x.shape[2 + i] + pads[i] + max(pads[i + k], need)
-        grown |= pads[i] > 0 or max(pads[i + k], need) > 0
-    return size * item if grown or not planes else 0
-
-
-def _window(s: Site, kernel) -> tuple[tuple, tuple, tuple, tuple]:
-    """(strides, pads, dilations, out spatial) of a window op; SAME pads split as the kernels do."""
-    k, x, out = len(kernel), s.ins[0], tuple(s.outs[0].shape[2:])
-    strides, dilations = tuple(s.attrs.get("strides") or (1,) * k), tuple(s.attrs.get("dilations") or (1,) * k)
-    pads = tuple(s.attrs.get("pads") or (0,) * (2 * k))
-    if s.attrs.get("auto_pad", "NOTSET") not in ("NOTSET", "VALID"):
-        total = [
-            max(0, (out[i] - 1) * strides[i] + dilations[i] * (kernel[i] - 1) + 1 - x.shape[2 + i]) for i in range(k)
-        ]
-        pads = tuple(t // 2 for t in total) + tuple(t - t // 2 for t in total)
-    return strides, pads, dilations, out
-
-
-def _activation(kind: str, out: int, native: bool) -> int:
-    """Bytes ``_activate(y, kind)`` holds beside y and its result (_activation.py, unary.py)."""
-    if kind in ("none", "relu", "relu6") or (native and kind in ("sigmoid", "gelu", "swish")):
-        return 0
-    # numpy sigmoid: e, the mask (1 byte/element), 1/(1+e), e/(1+e), np.where's result before astype;
-    # numpy GELU: float64 copies and _erf64's temporaries (data-dependent: 74-115 B/element measured)
-    # numpy swish: alpha x, e, the mask, the two quotients, np.where's result, the product
-    return {"hardswish": out, "sigmoid": 13 * out // 4, "swish": 21 * out // 4}.get(kind, 20 * out)
-
-
-def _conv(s: Site) -> int:
-    """k_conv, by :func:`conv_path`: native depthwise (C: one padded plane and an accumulator);
-    native GEMM (C: one packed block of im2col columns); 1x1 as one matmul; im2col, in cache-sized
-    blocks of output rows when the whole would pass 2 MiB or the target has little memory (2-D, one
-    group); numpy depthwise per tap; else one matmul per tap (low memory). Then the bias added in
-    place (numpy's broadcast buffer) and the activation, a new array."""
-    x, w = s.ins[0], s.ins[1]
-    kernel, group, kind = tuple(w.shape[2:]), int(s.attrs.get("group", 1)), str(s.attrs.get("activation", "none"))
-    strides, pads, dilations, out_sp = _window(s, kernel)
-    wide = 4 if x.dtype == "float16" else dtypes.itemsize(x.dtype)  # float16 is computed in float32
-    n, c, m, p, taps = x.shape[0], x.shape[1], w.shape[0], math.prod(out_sp), math.prod(kernel)
-    y, block = n * m * p * wide, s.buffer(n * m * p * wide, wide)
-    path = conv_path(
-        len(kernel),
-        c,
-        m,
-        group,
-        max(kernel, default=1) == 1,
-        any(pads),
-        s.native and x.dtype == "float32",
-        s.large_scratch,
-        c * taps * p * wide,
-    )
-    if path == "native depthwise":
-        plane = _padded(x, kernel, strides, pads, dilations, out_sp, 4, planes=False)
-        tail = (kernel[1] - 1) * dilations[1] * 4
-        flat = all(st == 1 for st in strides)  # the accumulator spans the padded width
-        acc = (out_sp[0] * plane // (4 * (out_sp[0] + dilations[0] * (kernel[0] - 1))) if flat else out_sp[1]) * 4
-        return plane + tail + acc + (y + _activation(kind, y, True) if kind == "hardswish" else 0)
-    if path == "native gemm":  # the packed weights are held for the module's life: runtime weights
-        return max(
-            gemm_scratch_bytes(c, x.shape[2:], kernel, strides, pads, dilations, out_sp, gemm_panels()[1]),
-            y + _activation(kind, y, True) if kind == "hardswish" else 0,
-        )  # the block is freed first
-    held = (x.numel() + w.numel()) * wide if wide != dtypes.itemsize(x.dtype) else 0  # float32 copies
-    if path == "1x1 matmul":
-        main = y + (n * c * p * wide if any(st != 1 for st in strides) else 0)  # reshape copies a strided x
-    elif path != "per-tap gemm":
-        held += _padded(x, kernel, strides, pads, dilations, out_sp, wide) if any(pads) else 0
-        if path == "depthwise taps":
-            main = 2 * y + block  # y and one broadcast-scaled window per tap
-        elif path == "im2col blocks":  # one block of output rows' columns, about 1 MiB
-            rows = im2col_block_rows(out_sp[0], c * taps * out_sp[1] * wide)
-            held += c * taps * rows * out_sp[1] * wide
-            main = y
-        else:
-            held += n * c * taps * p * wide  # the im2col copy, bound to a local
-            main = y
-    else:
-        held += _padded(x, kernel, strides, pads, dilations, out_sp, wide)  # the last tap's view keeps it
-        main = 2 * y + n * c * p * wide  # y, one tap's window copied by reshape, its matmul product
-    if s.native and wide == 4 and x.dtype in ("float32", "float16") and kind != "hardswish" and y >= 4 << 15:
-        tail = y  # bias and activation in one native pass, in place
-    else:
-        tail = y + block if s.input(2) is not None else y  # the bias added in place
-        if kind != "none":  # Relu and relu6 in place; the others a new array
-            tail = max(tail, (y if kind in ("relu", "relu6") else 2 * y) + _activation(kind, y, s.native))
-    if wide != dtypes.itemsize(x.dtype):
-        tail = max(tail, y + s.out)  # the final astype to float16
-    return held + max(main, tail) - s.out
-
-
-def _gemm(s: Site) -> int:
-    """k_gemm: a@b, scaled by alpha and shifted by c*beta in place (c broadcast through numpy's
-    buffer), then the activation (Relu and relu6 in place, the others a new array)."""
-    c, y, kind = s.input(2), s.out, str(s.attrs.get("activation", "none"))
-    phases = [y]
-    if c is not None:
-        scaled = s.nbytes(c) if s.attrs.get("beta", 1.0) != 1.0 else 0
-        phases.append(y + scaled + (s.buffer(y) if c.numel() not in (1, s.outs[0].numel()) else 0))
-    if kind != "none":
-        phases.append((y if kind in ("relu", "relu6") else 2 * y) + _activation(kind, y, s.native))
-    return max(phases) - y
-
-
-def _fused_mat_mul(s: Site) -> int:
-    """k_fused_mat_mul: one product, then the bias (broadcast through numpy's buffer) and the
-    activation in place, or both in one native pass from 32k float32 outputs."""
-    y, kind, bias = s.out, str(s.attrs.get("activation", "none")), s.input(2)
-    if (
-        s.native
-        and s.outs[0].dtype == "float32"
-        and kind != "hardswish"
-        and (bias is not None or kind != "none")
-        and s.outs[0].numel() >= 1 << 15
-    ):
-        return 0
-    phases = [y, y + s.buffer(y)] if bias is not None else [y]
-    if kind != "none":
-        phases.append((y if kind in ("relu", "relu6") else 2 * y) + _activation(kind, y, s.native))
-    return max(phases) - y
-
-
-def _pool(s: Site, average: bool) -> int:
-    """MaxPool: native, one padded plane; numpy, the padded input (the last tap's view keeps it)
-    and a block buffered for the strided taps. AveragePool: also the total before the division."""
-    kernel, x = tuple(s.attrs["kernel_shape"]), s.ins[0]
-    strides, pads, dilations, out_sp = _window(s, kernel)
-    if s.attrs.get("indices"):
-        return 6 * s.out  # np.where per tap: y, index and their replacements
-    if s.native and not average and len(kernel) == 2 and x.dtype == "float32":
-        return _padded(x, kernel, strides, pads, dilations, out_sp, 4, planes=False)
-    padded = _padded(x, kernel, strides, pads, dilations, out_sp, dtypes.itemsize(x.dtype))
-    return padded + s.buffer(s.out) + (s.out if average else 0)  # np.maximum(y, tap, out=y) buffers too
-
-
-def _conv_transpose(s: Site) -> int:
-    """k_conv_transpose: y over the taps' full span, one product per tap (every tap at once with
-    large scratch), then the bias add or the copy of a cropped span."""
-    x, w, y, k = s.ins[0], s.ins[1], s.outs[0], s.ins[0].rank - 2
-    kernel, item, pads = tuple(w.shape[2:]), dtypes.itemsize(x.dtype), tuple(s.attrs.get("pads") or (0,) * 2 * k)
-    st, di = tuple(s.attrs.get("strides") or (1,) * k), tuple(s.attrs.get("dilations") or (1,) * k)
-    span = (
-        y.shape[0]
-        * y.shape[1]
-        * item
-        * math.prod(
-            max(pads[i] + y.shape[2 + i], (x.shape[2 + i] - 1) * st[i] + di[i] * (kernel[i] - 1) + 1) for i in range(k)
-        )
-    )
-    per_tap = x.shape[0] * int(s.attrs.get("group", 1)) * w.shape[1] * math.prod(x.shape[2:]) * item
-    cols, bias = per_tap * math.prod(kernel) if s.large_scratch else 0, s.input(2) is not None
-    copied = bias or span != s.out
-    last = span + cols + (s.out + (s.buffer(s.out) if bias else 0) if copied else 0)
-    return max(span + (cols or per_tap), last) - (s.out if copied else span)
-
-
-def _resize(s: Site, every_axis: bool = False) -> int:
-    """k_resize (nearest): one np.take per resized axis, each result alive while the next is made;
-    ``every_axis``: k_upsample, which takes along every axis, then copies with astype (linear: in
-    float64, each axis holding its input, its float64 copy, three products and a broadcast block)."""
-    x, y = s.ins[0], s.outs[0]
-    shape, sizes, linear = list(x.shape), [], bool(s.attrs.get("linear"))
-    for axis in range(x.rank):
-        if every_axis or y.shape[axis] != x.shape[axis]:
-            shape[axis] = y.shape[axis]
-            sizes.append(math.prod(shape) * (8 if linear else dtypes.itemsize(y.dtype)))
-    if linear:
-        sources = [x.numel() * 8] + sizes[:-1]  # out.astype(float64) copies its input at every axis
-        return max(
-            [p + (p if i else 0) + 3 * e + s.buffer(e, 8) for i, (p, e) in enumerate(zip(sources, sizes, strict=True))]
-            + [sizes[-1]]
-        )  # the last float64 result beside the output's astype copy
-    phases = [a + b for a, b in zip(sizes, sizes[1:], strict=False)] or sizes or [s.out]
-    return max(phases + [sizes[-1] + s.out] * every_axis) - s.out
-
-
-#: op type -> bytes of transient workspace a call holds beyond its live inputs and its outputs.
-#: Each row is read from the kernel's source in cuvil_edge/ir/ops/: when a kernel changes, change its row.
-def _native_softmax(s: Site) -> bool:
-    """k_softmax's C path: float32, normalising the trailing dims (legacy, or the last axis)."""
-    rank, axis = len(s.ins[0].shape), int(s.attrs.get("axis", -1))
-    return s.native and s.ins[0].dtype == "float32" and (bool(s.attrs.get("legacy")) or axis % rank == rank - 1)
-
-
-def _native_layer_norm(s: Site) -> bool:
-    """k_layer_normalization's C path: float32, one output, scale (and bias) of the normalised size."""
-    x, rank = s.ins[0], len(s.ins[0].shape)
-    size = math.prod(x.shape[int(s.attrs.get("axis", -1)) % rank :]) if rank else 1
-    bias = s.input(2)
-    return (
-        s.native
-        and x.dtype == "float32"
-        and len(s.outs) == 1
-        and s.attrs.get("stash") != "float64"
-        and s.ins[1].numel() == size
-        and (bias is None or bias.numel() == size)
-    )
-
-
-SCRATCH: dict[str, Callable[[Site], int]] = {
-    # one ufunc: a block buffered when an operand is broadcast (neither one element nor the output's size)
-    **{
-        op: lambda s: s.buffer(s.out) * any(t is not None and t.numel() not in (1, s.outs[0].numel()) for t in s.ins)
-        for op in BROADCASTING
-    },
-    "Conv": _conv,
-    "CuvilFusedMatMul": _fused_mat_mul,
-    "CuvilFusedConv": _conv,
-    "CuvilConvAdd": _conv,  # the residual is added in place (in the native GEMM's store)
-    "Gemm": _gemm,
-    "CuvilFusedGemm": _gemm,
-    "MaxPool": lambda s: _pool(s, False),
-    "AveragePool": lambda s: _pool(s, True),
-    "ConvTranspose": _conv_transpose,
-    "Resize": _resize,
-    "Upsample": lambda s: _resize(s, every_axis=True),
-    # x - max (broadcast) lives while exp makes e; then e / sum (broadcast)
-    "Softmax": lambda s: 0 if _native_softmax(s) else s.inp + s.buffer(),  # e, then divided in place
-    "LogSoftmax": lambda s: 2 * s.inp + s.buffer(),
-    # x.astype(stash) copies (float32 to float32 too), centred; then centred*inv, its astype copy,
-    # *scale, +bias: four input-sized arrays at once, plus a broadcast block
-    "LayerNormalization": lambda s: 0 if _native_layer_norm(s) else 3 * s.inp + s.buffer(),
-    "BatchNormalization": lambda s: s.out + s.buffer(),
-    # w - mean, its square; w - mean, / std, * scale, + bias, astype: two input-sized arrays at once
-    "InstanceNormalization": lambda s: s.inp + s.buffer(),
-    # np.pad(x**2) over channels, the running window sum and its products before the astype copy
-    "LRN": lambda s: s.inp * (s.ins[0].shape[1] + int(s.attrs.get("size", 1)) - 1) // s.ins[0].shape[1] + 2 * s.inp,
-    # np.maximum then np.minimum: the first result lives while the second is made
-    "Clip": lambda s: s.out if s.input(1) is not None and s.input(2) is not None else 0,
-    # x.mean(...), then .astype(x.dtype) copies the (small) result
-    "ReduceMean": lambda s: s.out,
-    # np.where over the int64 indices before np.take
-    "Gather": lambda s: 24 * (s.ins[1].numel() if s.input(1) is not None else 0),
-    # float32 in C: the output only; numpy _erf64: float64 copies and per-range temporaries,
-    # data-dependent (63-103 B/element measured on N(0, 0.1..10)), GELU adds its float64 products
-    "Erf": lambda s: 0 if s.native and s.ins[0].dtype == "float32" else 70 * s.ins[0].numel(),
-    "Gelu": lambda s: 0 if s.native and s.ins[0].dtype == "float32" else 80 * s.ins[0].numel(),
-    "Sigmoid": lambda s: _activation("sigmoid", s.out, s.native and s.ins[0].dtype == "float32"),
-    "HardSwish": lambda s: _activation("hardswish", s.out, s.native),
-    "Swish": lambda s: _activation("swish", s.out, s.native and s.ins[0].dtype == "float32"),
-    # bytes.fromhex makes the data once more before np.frombuffer(...).copy()
-    "Constant": lambda s: s.out,
-}
-
-
 @dataclass(frozen=True)
 class Step:
     """One call (or a step of the module's wrapper), in bytes; peak = live + scratch."""
@@ -360,7 +74,7 @@ class Step:
     live_bytes: int  # activations alive during the call, its new outputs included
     scratch_bytes: int
     after_bytes: int  # alive once the module has deleted what this node read last
-    estimated: bool  # the op has no SCRATCH row: one output-sized temporary assumed
+    estimated: bool  # the op declares no scratch facet: one output-sized temporary assumed
     peak_bytes = property(lambda self: self.live_bytes + self.scratch_bytes)
 
 
@@ -423,7 +137,7 @@ class MemoryPlan:
                     if over
                     else []
                 ),
-                *([f"scratch estimated (no SCRATCH row): {', '.join(guessed)}"] if guessed else []),
+                *([f"scratch estimated (no scratch facet): {', '.join(guessed)}"] if guessed else []),
             ]
         )
 
@@ -548,21 +262,18 @@ def _scratch(node: Node, types: _Types, large: bool, native: bool) -> tuple[int,
     """(scratch bytes of ``node``'s call, whether estimated).
 
     Raises:
-        BuildError: the node's attributes cannot be read, or its SCRATCH row does not fit it.
+        BuildError: the node's attributes cannot be read, or its op's scratch facet does not fit it.
     """
-    if node.op_type in NO_SCRATCH:
-        return 0, False
     op = ops.get(node.op_type, node.describe())
     if op.scratch is no_scratch:
         return 0, False
     try:
         attrs = op.attrs(node)
         site = Site(attrs, tuple(types[i] for i in node.inputs), tuple(types[o] for o in node.outputs), large, native)
-        rule = op.scratch or SCRATCH.get(node.op_type)  # the op's own facet first
-        return (max(0, int(rule(site))), False) if rule else (site.out, True)
+        return (max(0, int(op.scratch(site))), False) if op.scratch else (site.out, True)
     except CuvilError:
         raise
-    except Exception as e:  # a row that does not fit this node must name it
+    except Exception as e:  # a facet that does not fit this node must name it
         raise BuildError(f"memory plan of {node.describe()} failed: {type(e).__name__}: {e}") from e
 
 

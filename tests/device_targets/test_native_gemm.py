@@ -15,7 +15,7 @@ from onnx import TensorProto, helper, numpy_helper
 from cuvil_edge.device_targets import build, load_target, memory_plan
 from cuvil_edge.device_targets.cost_model import predict
 from cuvil_edge.frontend import load_model
-from cuvil_edge.ir.ops import _native, _packing, window
+from cuvil_edge.ir.ops import _native, _packing, _scratch, window
 from cuvil_edge.passes import optimize
 
 from native_targets import NATIVE, NUMPY, needs_compiler
@@ -167,7 +167,7 @@ def test_kernel_memory_plan_and_cost_model_take_the_same_path(monkeypatch, case,
         [node], "paths", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [n, c, *spatial])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None] * (rank + 2))], [numpy_helper.from_array(w, "w")]),
         opset_imports=[helper.make_opsetid("", 17)]).SerializeToString())
-    kernel_paths, plan_paths = _recorder(monkeypatch, window), _recorder(monkeypatch, memory_plan)
+    kernel_paths, plan_paths = _recorder(monkeypatch, window), _recorder(monkeypatch, _scratch)
     monkeypatch.setattr(window, "TARGET_NATIVE", native)
     monkeypatch.setattr(window, "TARGET_LARGE_SCRATCH", bool(spec.capabilities()["TARGET_LARGE_SCRATCH"]))
     x = np.ones((n, c, *spatial), np.float32)

@@ -121,8 +121,10 @@ TRAINABLE_KINDS = (
     "layer_norm",  # nn.LayerNorm over the axes from ``axis`` on; first output only
 )
 
-#: The values the ``cost_kind`` facet takes: the kernel family cost_model.cost_work costs the op
-#: as (an op declaring none is costed as one elementwise numpy pass).
+#: The values the ``cost_kind`` facet takes: the kernel family the cost model costs the op as (an op
+#: declaring none: one elementwise numpy pass). NOT READ YET, like ``cost_native`` and ``probes``:
+#: cost_model.py's op-type sets and calibrate._PROBES still decide, and these rows are what they
+#: are to be replaced by (the same ops, kinds and probes).
 COST_KINDS = (
     "conv",  # k_conv's paths (conv_path): im2col, 1x1, depthwise, native GEMM
     "matmul",  # np.matmul: rows collapsed onto a 2-D weight, else numpy's batched products
@@ -147,7 +149,7 @@ COST_NATIVE_KINDS = ("map", "softmax", "layer norm", "max pool")
 
 @dataclass(frozen=True)
 class Probe:
-    """One calibration probe of an op's kernel kind (device_targets/calibrate_probes.py): a chain of
+    """One calibration probe of an op's kernel kind (as calibrate._PROBES holds them): a chain of
     the op on a float32 input of ``shape``, with ``attrs`` and constant inputs after the chained one
     (made by ``consts()`` when calibrating, not at import)."""
 
@@ -211,7 +213,7 @@ class OpDef:
     #: :data:`COST_NATIVE_KINDS`: "map" per element and row, "softmax" with its row remainder,
     #: "layer norm" per element and row, "max pool" the depthwise kernel's padded planes
     cost_native: str | None = None
-    #: calibration: probes of its kernel kinds, measured in registry order (calibrate_probes.probes)
+    #: calibration: probes of its kernel kinds (see COST_KINDS: not read yet)
     probes: tuple[Probe, ...] = ()
 
     def __post_init__(self) -> None:

@@ -21,6 +21,7 @@ from cuvil_edge.ir.ops._contract import OpDef
 from cuvil_edge.ir.ops._conv_path import conv_path
 from cuvil_edge.ir.ops._native import _native_lib
 from cuvil_edge.ir.ops._packing import _native_conv_gemm
+from cuvil_edge.ir.ops._scratch import conv_scratch
 from cuvil_edge.ir.ops._util import DEFAULT_CAPABILITIES, INT, STR, WINDOW_ATTRS
 from cuvil_edge.ir.ops.window import (
     _CONV_HELPERS,
@@ -89,5 +90,7 @@ OPS = (
         helpers=_CONV_HELPERS + (k_conv,),
         ATTRS={**WINDOW_ATTRS, "group": INT, "activation": STR},
         macs=_conv_macs,
+        scratch=conv_scratch,
+        cost_kind="conv",
     ),
 )

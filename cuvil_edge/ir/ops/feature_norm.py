@@ -118,5 +118,6 @@ OPS = (
         flops=per_element(7),
         attrs=_mvn_attrs,
         ATTRS={"axes": INTS},
+        cost_kind="normalization",
     ),
 )

@@ -163,6 +163,7 @@ OPS = (
         flops=_zero,
         attrs=lambda node: {"axis": int(node.attr("axis", 0))},
         ATTRS={"axis": INT},
+        cost_kind="gather",
     ),
     OpDef(
         "GatherND",
@@ -172,6 +173,7 @@ OPS = (
         flops=_zero,
         attrs=lambda node: {"batch_dims": int(node.attr("batch_dims", 0))},
         ATTRS={"batch_dims": INT},
+        cost_kind="gather",
     ),
     OpDef(
         "ScatterElements",
@@ -192,6 +194,7 @@ OPS = (
         attrs=lambda node: {"reduction": _reduction(node)},
         helpers=(_scatter_into,),
         ATTRS={"reduction": STR},
+        cost_kind="gather",
     ),
     OpDef(
         "OneHot",

@@ -8,7 +8,8 @@ import numpy as np
 
 from cuvil_edge.errors import ShapeInferenceError, UnsupportedAttributeError
 from cuvil_edge.ir.graph import TensorType
-from cuvil_edge.ir.ops._contract import OpDef, per_element
+from cuvil_edge.ir.ops import _torch
+from cuvil_edge.ir.ops._contract import OpDef, no_scratch, per_element
 from cuvil_edge.ir.ops._elementwise import ALL, FLOATS, INTS, want
 from cuvil_edge.ir.ops._util import INT, STR, axis_index, choice, need, text
 
@@ -200,7 +201,14 @@ OPS: tuple[OpDef, ...] = (
         attrs=lambda node: {"upper": int(node.attr("upper", 1))},
         ATTRS={"upper": INT},
     ),
-    OpDef("Size", (1, 13, 19, 21, 23, 24, 25), infer=_infer_size, fn=k_size, flops=lambda node, inputs, outputs: 0),
+    OpDef(
+        "Size",
+        (1, 13, 19, 21, 23, 24, 25),
+        infer=_infer_size,
+        fn=k_size,
+        flops=lambda node, inputs, outputs: 0,
+        scratch=no_scratch,
+    ),
     OpDef(
         "CastLike",
         (15, 19, 21, 23, 24, 25),
@@ -208,6 +216,8 @@ OPS: tuple[OpDef, ...] = (
         fn=k_cast_like,
         flops=per_element(1),
         ATTRS={"saturate": INT},
+        torch=_torch.cast_like,
+        scratch=no_scratch,
     ),
     OpDef(
         "DepthToSpace",
@@ -309,5 +319,6 @@ OPS = OPS + (
         flops=_einsum_flops,
         attrs=lambda node: {"equation": text(node, "equation", "")},
         ATTRS={"equation": STR},
+        torch=_torch.einsum,
     ),
 )

@@ -13,8 +13,10 @@ from cuvil_edge.errors import ShapeInferenceError
 from cuvil_edge.ir import dims
 from cuvil_edge.ir.dims import Expr
 from cuvil_edge.ir.graph import TensorType
-from cuvil_edge.ir.ops._contract import OpDef, per_element
+from cuvil_edge.ir.ops import _torch
+from cuvil_edge.ir.ops._contract import OpDef, no_scratch, per_element
 from cuvil_edge.ir.ops._elementwise import ALL, FLOATS, INTS, want
+from cuvil_edge.ir.ops._scratch import upsample_scratch
 from cuvil_edge.ir.ops._shape import vector
 from cuvil_edge.ir.ops._util import FLOATS as FLOAT_LIST, INT, STR, axis_index, choice, need, required
 
@@ -201,8 +203,26 @@ def _zero(node, inputs, outputs):
 
 
 OPS = (
-    OpDef("Tile", (6, 13), infer=_infer_tile, fn=k_tile, flops=_zero, CONST_INPUTS=(1,)),
-    OpDef("Range", (11,), infer=_infer_range, fn=k_range, flops=per_element(2), CONST_INPUTS=(0, 1, 2)),
+    OpDef(
+        "Tile",
+        (6, 13),
+        infer=_infer_tile,
+        fn=k_tile,
+        flops=_zero,
+        CONST_INPUTS=(1,),
+        torch=_torch.tile,
+        scratch=no_scratch,
+        cost_kind="gather",
+    ),
+    OpDef(
+        "Range",
+        (11,),
+        infer=_infer_range,
+        fn=k_range,
+        flops=per_element(2),
+        CONST_INPUTS=(0, 1, 2),
+        torch=_torch.range_,
+    ),
     OpDef(
         "TopK",
         (1, 10, 11),
@@ -231,5 +251,6 @@ OPS = (
         attrs=_upsample_attrs,
         ATTRS={"mode": STR, "scales": FLOAT_LIST},
         CONST_INPUTS=(1,),
+        scratch=upsample_scratch,
     ),
 )

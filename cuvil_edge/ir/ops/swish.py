@@ -7,9 +7,11 @@ from __future__ import annotations
 import numpy as np
 
 from cuvil_edge.errors import ShapeInferenceError
+from cuvil_edge.ir.ops import _torch
 from cuvil_edge.ir.ops._contract import OpDef, per_element
 from cuvil_edge.ir.ops._elementwise import FLOATS, TRANSCENDENTAL, infer_unary
 from cuvil_edge.ir.ops._native import _native_lib, _native_map
+from cuvil_edge.ir.ops._scratch import swish_scratch
 from cuvil_edge.ir.ops._util import DEFAULT_CAPABILITIES, FLOAT, need
 
 TARGET_NATIVE = DEFAULT_CAPABILITIES["TARGET_NATIVE"]
@@ -53,6 +55,10 @@ OPS = (
         attrs=lambda node: {"alpha": float(node.attr("alpha", 1.0))},
         helpers=(_native_lib, _native_map),
         ATTRS={"alpha": FLOAT},
+        torch=_torch.swish,
+        scratch=swish_scratch,
+        transcendental=True,
+        cost_native="map",
     ),
     OpDef(
         "SwiGLU",
