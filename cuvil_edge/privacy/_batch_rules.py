@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from cuvil_edge.errors import BatchMixingError
+from cuvil_edge.errors import BatchMixingError, CuvilError
 from cuvil_edge.ir import dims as dim_exprs, ops
 from cuvil_edge.ir.graph import Dim, Node, TensorType
 from cuvil_edge.ir.ops._contract import BATCH_KINDS
@@ -519,7 +519,12 @@ RULES: dict[str, Callable[..., State | Sequence[State]]] = {
     "resize": _resize,
     "quantize": _quantize,
 }
-assert RULES.keys() == BATCH_KINDS.keys(), "a batch kind without a rule, or a rule of no kind"
+if RULES.keys() != BATCH_KINDS.keys():  # checked even under python -O: a kind without a rule mixes unchecked
+    raise CuvilError(
+        f"batch kinds without a rule: {sorted(BATCH_KINDS.keys() - RULES.keys())}, rules of no kind: "
+        f"{sorted(RULES.keys() - BATCH_KINDS.keys())}; add the rule to privacy/_batch_rules.RULES or the kind "
+        "to ir/ops/_contract.BATCH_KINDS"
+    )
 
 #: the data inputs of the parameterless kinds named by string (every other kind is a BatchRule)
 _DATA: dict[str, tuple[int, ...] | None] = {"broadcast": None}
