@@ -7,6 +7,13 @@ structure digest holds every value's type) and which the module checks its input
 dim that is an int in the graph is that int at run time; symbolic dims (the batch) stay reads.
 A local is folded only when the whole function stores it once, at the top level of its body, from
 a literal: every read comes after that statement, and nothing can change it.
+
+A top-level loop over a literal tuple (or a ``range`` of literals) whose body only rebinds names
+from arithmetic of literals and of names holding literals (``p = 1`` then ``for size in (8, 8):
+p *= size``) is run at build time (:func:`_loops`): the loop becomes the assignments it ends
+with (``p = 64``), and the literal it started from goes when nothing read it in between, so the
+name is stored once and folds like any other literal local. The body's arithmetic is the same
+Python arithmetic on the same literals at run time, so the values are the ones the loop makes.
 """
 
 from __future__ import annotations
@@ -23,6 +30,8 @@ from cuvil_edge.device_targets.prune import _MISSING, Fold, _is_literal, _litera
 #: builtins folded when every argument is a literal (and the function does not rebind the name)
 _PURE = {"len": len, "max": max, "min": min, "sum": sum, "abs": abs, "tuple": tuple, "any": any, "all": all}
 _ROUNDS = 6
+#: the most iterations of a literal loop :func:`_loops` runs at build time
+_ITERATIONS = 256
 
 
 def refine(function: ast.FunctionDef, shapes: Mapping[str, tuple]) -> tuple[ast.FunctionDef, bool]:
@@ -39,8 +48,11 @@ def refine(function: ast.FunctionDef, shapes: Mapping[str, tuple]) -> tuple[ast.
         stored = _stored(function)
         folded = _Builtins(stored)
         function = folded.visit(function)
+        function, looped = _loops(function)
+        if looped:
+            stored = _stored(function)
         function, propagated = _propagate(function, stored)
-        if not (propagated or folded.changed):
+        if not (propagated or folded.changed or looped):
             break
         changed = True
     return function, changed
@@ -191,3 +203,125 @@ def _split(stmt: ast.stmt) -> list[ast.stmt]:
         ast.copy_location(ast.Assign([ast.Name(t.id, ast.Store())], v), stmt)  # type: ignore[attr-defined]
         for t, v in zip(stmt.targets[0].elts, stmt.value.elts, strict=True)
     ]
+
+
+def _loaded(node: ast.AST, name: str) -> bool:
+    return any(isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load) for n in ast.walk(node))
+
+
+def _binds(node: ast.AST) -> set[str]:
+    """The names a statement may bind (targets, loop variables, imports, definitions)."""
+    names = {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load)}
+    names.update((a.asname or a.name).split(".")[0] for a in ast.walk(node) if isinstance(a, ast.alias))
+    names.update(n.name for n in ast.walk(node) if isinstance(n, (ast.FunctionDef, ast.ClassDef)))
+    return names
+
+
+def _iterated(node: ast.expr) -> list[Any] | None:
+    """The items of a literal tuple or list, or of ``range`` over int literals; else None."""
+    value = literal(node)
+    if isinstance(value, (tuple, list)):
+        return list(value)
+    if (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Name)
+        and node.func.id == "range"
+        and not node.keywords
+        and 1 <= len(node.args) <= 3
+    ):
+        bounds = [literal(a) for a in node.args]
+        if all(isinstance(b, int) and not isinstance(b, bool) for b in bounds):
+            try:
+                items = range(*bounds)
+            except ValueError:  # range(0, 4, 0): left to raise at run time
+                return None
+            return list(items) if len(items) <= _ITERATIONS else None
+    return None
+
+
+def _run_loop(loop: ast.For, known: Mapping[str, Any], stored: Counter) -> dict[str, Any] | None:
+    """What ``loop`` leaves in the names its body binds, run on ``known``; None when it is not a
+    loop of literal arithmetic (see :func:`_loops`)."""
+    if (
+        loop.orelse
+        or not isinstance(loop.target, ast.Name)
+        or stored["range"]
+        or not all(
+            (isinstance(s, ast.Assign) and len(s.targets) == 1 and isinstance(s.targets[0], ast.Name))
+            or (isinstance(s, ast.AugAssign) and isinstance(s.target, ast.Name))
+            for s in loop.body
+        )
+    ):
+        return None
+    items = _iterated(loop.iter)
+    variable = loop.target.id
+    if items is None or len(items) > _ITERATIONS or variable in _binds(ast.Module(loop.body, [])):
+        return None
+    env = dict(known)
+    for item in items:
+        env[variable] = item
+        for stmt in loop.body:
+            if isinstance(stmt, ast.AugAssign) and isinstance(stmt.target, ast.Name):
+                name = stmt.target.id
+                expr: ast.expr = ast.BinOp(ast.Name(name, ast.Load()), stmt.op, stmt.value)
+            elif isinstance(stmt, ast.Assign) and isinstance(stmt.targets[0], ast.Name):
+                name, expr = stmt.targets[0].id, stmt.value
+            else:  # refused above
+                return None
+            folded = Fold().visit(_Reads(env).visit(_copy(expr)))
+            folded = _Builtins(stored).visit(folded)
+            value = literal(folded)
+            if value is _MISSING or not _is_literal(value) or not _small(value):
+                return None
+            env[name] = value
+    return {name: env[name] for name in env if name not in known or env[name] is not known[name]}
+
+
+def _copy(node: ast.expr) -> ast.expr:
+    return ast.parse(ast.unparse(node), mode="eval").body
+
+
+def _loops(function: ast.FunctionDef) -> tuple[ast.FunctionDef, bool]:
+    """Top-level ``for`` loops of literal arithmetic, run at build time (see the module's
+    docstring). The names known are those a top-level ``name = literal`` bound with no statement
+    since binding them again; a function with nested scopes or ``global``/``nonlocal`` is left as
+    it is (something else could rebind its names)."""
+    if any(
+        n is not function
+        and isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef))
+        or isinstance(n, (ast.Global, ast.Nonlocal))
+        for n in ast.walk(function)
+    ):
+        return function, False
+    stored = _stored(function)
+    known: dict[str, Any] = {}
+    origin: dict[str, int] = {}  # name -> index in body of the literal assignment that bound it
+    body: list[ast.stmt | None] = []
+    changed = False
+    for stmt in function.body:
+        result = _run_loop(stmt, known, stored) if isinstance(stmt, ast.For) else None
+        if result is None:
+            if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name):
+                value = literal(stmt.value)
+                if value is not _MISSING and _is_literal(value):
+                    known[stmt.targets[0].id], origin[stmt.targets[0].id] = value, len(body)
+                    body.append(stmt)
+                    continue
+            for name in _binds(stmt):
+                known.pop(name, None)
+                origin.pop(name, None)
+            body.append(stmt)
+            continue
+        changed = True
+        variable = stmt.target.id  # type: ignore[attr-defined]  # a Name: _run_loop checked it
+        outside = any(_loaded(s, variable) for s in function.body if s is not stmt)
+        for name, value in result.items():
+            if name == variable and not outside:
+                continue  # nothing outside the loop reads its variable
+            start = origin.get(name)
+            if start is not None and not any(s is not None and _loaded(s, name) for s in body[start + 1 :]):
+                body[start] = None  # the literal it started from: read by the loop only, now folded in
+            known[name], origin[name] = value, len(body)
+            body.append(ast.copy_location(ast.Assign([ast.Name(name, ast.Store())], _literal_node(value)), stmt))
+    function.body = [s for s in body if s is not None] or [ast.Pass()]
+    return function, changed
