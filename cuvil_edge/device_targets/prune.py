@@ -13,6 +13,10 @@ Passes, in order (each an :class:`ast.NodeTransformer` or a small walk):
    It runs before the other passes too: they only remove references, so what
    is unreachable then stays unreachable, and is not folded for nothing.
 
+Before any of them, the kernels' ``# fallback: <why>`` comments become marker statements
+(:mod:`.fallbacks`), so that a declaration goes wherever its branch goes: a branch folded away
+takes its marker along, and a branch that always runs, spliced into its block, loses it.
+
 Top-level statements the passes did not change are copied from the input
 text, so comments inside untouched functions survive; changed ones are
 re-rendered with :func:`ast.unparse`.  Pruning is idempotent.  Whether a
@@ -35,6 +39,7 @@ import threading
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from cuvil_edge.device_targets.fallbacks import declare, is_marker
 from cuvil_edge.errors import BuildError
 
 _UNARY: dict[type, Callable[[Any], Any]] = {
@@ -229,7 +234,7 @@ class Fold(_Tracking):
                 self.changed = True
                 node.body = [ast.Pass()]
             return node
-        return (node.body if test else node.orelse) or None
+        return _undeclared(node.body if test else node.orelse) or None
 
     def visit_While(self, node: ast.While) -> Any:
         self.generic_visit(node)
@@ -239,7 +244,7 @@ class Fold(_Tracking):
                 self.changed = True
                 node.body = [ast.Pass()]
             return node
-        return node.orelse or None
+        return _undeclared(node.orelse) or None
 
     def generic_visit(self, node: ast.AST) -> ast.AST:
         """Visit children; drop statements after return/raise/break/continue; an emptied body gets ``pass``."""
@@ -302,6 +307,12 @@ class Fold(_Tracking):
         return _const(value, node) if _small(value) else node
 
 
+def _undeclared(block: list[ast.stmt]) -> list[ast.stmt]:
+    """A branch that always runs, spliced into the block around it: it is no fallback now, and a
+    marker left in it would declare the statements after the branch too (:mod:`.fallbacks`)."""
+    return [s for s in block if not is_marker(s)]
+
+
 def _references(node: ast.AST) -> set[str]:
     return {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
 
@@ -339,6 +350,7 @@ def prune(source: str, constants: Mapping[str, object], *, roots: tuple[str, ...
     # Folding only ever removes references, so what is unreachable now stays unreachable: drop it
     # before folding (the generic kernels every call site replaced by a specialised copy).
     tree = remove_unused_functions(tree, roots)
+    declared = declare(tree, source)  # a verbatim template's fallback comments, as markers
     substitute, fold = Substitute(constants), Fold()
     body: list[ast.stmt] = []
     unchanged: set[int] = set()
@@ -348,7 +360,7 @@ def prune(source: str, constants: Mapping[str, object], *, roots: tuple[str, ...
         substitute.changed = fold.changed = False
         result = fold.visit(substitute.visit(stmt))
         kept = result if isinstance(result, list) else [] if result is None else [result]
-        if not (substitute.changed or fold.changed):
+        if not (substitute.changed or fold.changed or id(stmt) in declared):
             unchanged.add(id(stmt))
         body.extend(kept)
     for index, stmt in enumerate(body):  # as Fold does in any block: nothing runs after a raise
@@ -486,6 +498,7 @@ def _specialise(
     tree = ast.parse(source)
     if len(tree.body) != 1 or not isinstance(tree.body[0], ast.FunctionDef):
         raise BuildError(f"cannot specialise {name!r}: its source is not one function definition")
+    declare(tree, source)  # unparse drops comments: the fallbacks they declare become markers
     function = tree.body[0]
     fixed: set[str] = set()  # names the body rebinds, and parameters of nested functions and lambdas
     for n in ast.walk(function):
@@ -526,6 +539,7 @@ def _specialise(
             and isinstance(body[0], ast.Expr)
             and isinstance(body[0].value, ast.Constant)
             and isinstance(body[0].value.value, str)
+            and not is_marker(body[0])
         )
         function.body = [ast.Expr(ast.Constant(doc))] + (body[1:] if has_doc else body)
     function = Fold().visit(function)

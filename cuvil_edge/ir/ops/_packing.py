@@ -136,6 +136,6 @@ def _native_conv_gemm(lib, x, w, b, st, pd, di, out, lo, hi, res=None):
             hi,
         )
         != 0
-    ):
+    ):  # fallback: the library reports a failed allocation of its packed block as a typed error
         raise MemoryError("the native convolution could not allocate its packed input block")
     return y

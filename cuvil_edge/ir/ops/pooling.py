@@ -69,7 +69,7 @@ def k_max_pool(x, *, kernel_shape, strides, pads, dilations, auto_pad, ceil_mode
                     (out[1] - 1) * strides[1] + dilations[1] * (kernel_shape[1] - 1) + 1,
                 )
                 != 0
-            ):
+            ):  # fallback: the library reports a failed allocation of its padded plane as a typed error
                 raise MemoryError("the native max pooling could not allocate its padded plane")
             return y
     if not indices:

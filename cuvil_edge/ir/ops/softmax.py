@@ -17,7 +17,7 @@ TARGET_NATIVE = DEFAULT_CAPABILITIES["TARGET_NATIVE"]
 
 
 def k_softmax(x, *, axis, legacy):
-    if x.size == 0:
+    if x.size == 0:  # fallback: an empty input (a batch of none) has no rows to normalise
         return x.copy()
     if TARGET_NATIVE:
         first = axis + x.ndim if axis < 0 else axis
@@ -40,7 +40,7 @@ def k_softmax(x, *, axis, legacy):
 
 
 def k_log_softmax(x, *, axis, legacy):
-    if x.size == 0:
+    if x.size == 0:  # fallback: an empty input (a batch of none) has no rows to normalise
         return x.copy()
     v = x.reshape(int(np.prod(x.shape[:axis], dtype=np.int64)), -1) if legacy else x
     on = 1 if legacy else axis

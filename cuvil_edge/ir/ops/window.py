@@ -86,8 +86,11 @@ def _win_padded(x, kernel, strides, pads, dilations, out, fill):
         begin.append(pads[i])
         shape.append(pads[i] + size + max(pads[i + n], need))
         inner.append(slice(pads[i], pads[i] + size))
-    if tuple(shape) == x.shape:
+    # which of the two exits a call site takes follows from its pads and the input's dims, and
+    # helper copies are not given those dims: each exit is declared, for the sites that take the other
+    if tuple(shape) == x.shape:  # fallback: no pad needed (zero pads, windows within the input)
         return np.ascontiguousarray(x)
+    # fallback: a pad the windows need (nonzero pads, or ceil_mode windows past the input's end)
     padded = np.full(shape, fill, dtype=x.dtype)
     padded[tuple(inner)] = x
     return padded
@@ -220,7 +223,7 @@ def k_conv(x, w, b=None, *, strides, pads, dilations, auto_pad, group, activatio
             per_tap = wt.reshape(c, -1)
             for index, tap in enumerate(np.ndindex(*kernel)):
                 y += win[(Ellipsis,) + tap] * per_tap[:, index].reshape((1, c) + (1,) * k)
-        elif path == "im2col blocks":
+        elif path == "im2col blocks":  # fallback: an im2col past 2 MiB, or a target with little scratch
             # im2col in blocks of output rows whose columns stay in cache (~1 MiB; the whole im2col
             # would be over 2 MiB, or the target has little memory), one matmul per block into y
             rows = im2col_block_rows(out[0], w.size // m * out[1] * xt.itemsize)
@@ -250,7 +253,7 @@ def k_conv(x, w, b=None, *, strides, pads, dilations, auto_pad, group, activatio
         # bias and activation in one pass over y instead of two (under ~32k elements numpy's two
         # in-place passes cost less than the foreign call)
         fits = t == np.float32 and (b is not None or activation != "none") and y.size >= 1 << 15
-        if fits and _native_epilogue(y, b, n * m, m, p, 0, activation):
+        if fits and _native_epilogue(y, b, n * m, m, p, 0, activation):  # fallback: outputs of 32k elements or more
             return y.astype(x.dtype, copy=False)
     if b is not None:  # y is this call's own array: add in place
         y += b.astype(t, copy=False).reshape((1, m) + (1,) * len(out))
