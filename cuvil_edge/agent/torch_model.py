@@ -46,12 +46,6 @@ from cuvil_edge.ir import ops
 from cuvil_edge.ir.graph import Graph, Node
 from cuvil_edge.ir.ops._torch import torch_pads, window_pads
 
-#: Ops whose output is their first input reshaped: a weight read through one is still that
-#: initializer (torch's exporter shares equal parameters that way). Kept here rather than as a
-#: facet: it is this converter's rule for binding weights (memory_plan's VIEW_OPS, a different
-#: set with Dropout, is the memory plan's rule for aliasing buffers).
-_VIEW_OPS = ("Identity", "Reshape", "Unsqueeze", "Squeeze", "Flatten")
-
 
 @dataclass(frozen=True)
 class _Step:
@@ -294,12 +288,14 @@ class IRTorchModule(nn.Module):
 
 
 def _initializer_views(graph: Graph) -> dict[str, str]:
-    """Value name -> the initializer it is (a pure reshape of) when its shape is static."""
+    """Value name -> the initializer it is (a pure reshape of) when its shape is static: a weight
+    read through a view op (its ``view`` facet) is still that initializer, as torch's exporter
+    shares equal parameters."""
     source = {name: name for name in graph.initializers}
     for node in graph.nodes:
         settings = all(not name or name in graph.initializers for name in node.inputs[1:])
         if (
-            node.op_type in _VIEW_OPS
+            ops.get(node.op_type, node.describe()).view
             and node.inputs
             and node.inputs[0] in source
             and settings

@@ -41,6 +41,8 @@ from cuvil_edge.device_targets.cost_model import NUMPY_PAD, WINDOW_TAP
 from cuvil_edge.device_targets.spec import TargetSpec, load_target
 from cuvil_edge.errors import TargetSpecError
 from cuvil_edge.extras import require
+from cuvil_edge.ir import ops
+from cuvil_edge.ir.ops._contract import Probe
 
 logger = logging.getLogger(__name__)
 
@@ -310,25 +312,10 @@ def _module_costs(spec: TargetSpec, budget: float) -> tuple[float, float, float 
     return call * 1e6, run * 1e6, native, None if plane is None else plane * 1e6
 
 
-#: Per kernel kind, a probe: (op, attributes, the chained value's shape, constant inputs after it).
-#: The kind each probe measures is what cost_model labels its node on the spec being written.
-_PROBES: tuple[tuple[str, dict, tuple[int, ...], tuple[np.ndarray, ...]], ...] = (
-    # the fixed cost of a call includes numpy's setup for views, strides and small blocks, not just
-    # the call; the convolutions are small (4 channels of 8 x 8) so that it dominates their time and
-    # the terms measured for their work (gemm_*, gather, dw_*) leave little to subtract
-    ("Conv", {"pads": [1, 1, 1, 1]}, (1, 4, 8, 8), (np.full((4, 4, 3, 3), 0.02, np.float32),)),
-    ("Conv", {}, (1, 4, 8, 8), (np.full((4, 4, 1, 1), 0.05, np.float32),)),
-    ("Conv", {"pads": [1, 1, 1, 1], "group": 4}, (1, 4, 8, 8), (np.full((4, 1, 3, 3), 0.1, np.float32),)),
-    ("Gemm", {"transB": 1}, (16, 64), (np.eye(64, dtype=np.float32), np.zeros(64, np.float32))),
-    ("MatMul", {}, (16, 64), (np.eye(64, dtype=np.float32),)),
-    ("MatMul", {}, (1, 16, 64), (np.eye(64, dtype=np.float32),)),
-    ("Softmax", {"axis": -1}, (1, 16, 64), ()),
-    ("LayerNormalization", {"axis": -1}, (1, 16, 64), (np.ones(64, np.float32), np.zeros(64, np.float32))),
-    ("MaxPool", {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]}, (1, 16, 8, 8), ()),
-    ("InstanceNormalization", {}, (1, 16, 16, 16), (np.ones(16, np.float32), np.zeros(16, np.float32))),
-    ("Gather", {"axis": 0}, (16, 64), (np.arange(16, dtype=np.int64),)),
-    ("Reshape", {}, (1, 16, 64), (np.array([1, 16, 64], np.int64),)),
-)
+def kind_probes() -> tuple[tuple[str, Probe], ...]:
+    """Every op's calibration probes (its ``probes`` facet), ops in name order: (op type, probe).
+    The kind each probe measures is what cost_model labels its node on the spec being written."""
+    return tuple((op_type, probe) for op_type, op in sorted(ops.registry().items()) for probe in op.probes)
 
 
 def _kind_overheads(spec: TargetSpec, budget: float, count: int = 8, rounds: int = 3) -> dict[str, float]:
@@ -340,13 +327,13 @@ def _kind_overheads(spec: TargetSpec, budget: float, count: int = 8, rounds: int
 
     probes: dict[str, tuple] = {}
     with tempfile.TemporaryDirectory() as cache:
-        for op, attrs, shape, consts in _PROBES:
-            graph = _chain(op, attrs, shape, consts, count)
+        for op, probe in kind_probes():
+            graph = _chain(op, probe, count)
             node = predict(graph, spec).nodes[0]
-            if node.kernel in probes:
+            if node.kernel in probes or (probe.kinds and node.kernel not in probe.kinds):
                 continue
             model = build(_Package(graph), spec, cache_dir=cache)
-            feeds = {"x": np.random.default_rng(0).standard_normal(shape, dtype=np.float32)}
+            feeds = {"x": np.random.default_rng(0).standard_normal(probe.shape, dtype=np.float32)}
             probes[node.kernel] = (node, lambda model=model, feeds=feeds: model.run(feeds))
         times = _fastest_interleaved({kind: probe for kind, (_, probe) in probes.items()}, budget, rounds)
     out: dict[str, float] = {}
@@ -368,7 +355,9 @@ def _window_tap_us(spec: TargetSpec, budget: float, count: int = 8) -> float:
         models = {
             k: build(
                 _Package(
-                    _chain("MaxPool", {"kernel_shape": [k, k], "pads": [k - 2, k - 2, 1, 1]}, (1, 16, 8, 8), (), count)
+                    _chain(
+                        "MaxPool", Probe((1, 16, 8, 8), {"kernel_shape": [k, k], "pads": [k - 2, k - 2, 1, 1]}), count
+                    )
                 ),
                 spec,
                 cache_dir=cache,
@@ -379,32 +368,30 @@ def _window_tap_us(spec: TargetSpec, budget: float, count: int = 8) -> float:
     return max(0.0, (times[3] - times[2]) / 5 / count * 1e6)
 
 
-def _chain_parts(
-    op: str, attrs: dict, shape: tuple[int, ...], consts: tuple[np.ndarray, ...], count: int, prefix: str = ""
-):
+def _chain_parts(op: str, probe: Probe, count: int, prefix: str = ""):
     """(nodes, initializers, input info, output info) of ``count`` chained ``op`` nodes."""
     from onnx import TensorProto, helper, numpy_helper
 
-    inits = [numpy_helper.from_array(c, f"{prefix}c{i}") for i, c in enumerate(consts)]
+    inits = [numpy_helper.from_array(c, f"{prefix}c{i}") for i, c in enumerate(probe.consts())]
     x, y = f"{prefix}x", "y" if not prefix else f"{prefix}y"
     nodes = [
         helper.make_node(
             op,
             [x if i == 0 else f"{prefix}v{i}", *(t.name for t in inits)],
             [y if i == count - 1 else f"{prefix}v{i + 1}"],
-            **attrs,
+            **probe.attrs,
         )
         for i in range(count)
     ]
-    info = lambda name: helper.make_tensor_value_info(name, TensorProto.FLOAT, list(shape))  # noqa: E731
+    info = lambda name: helper.make_tensor_value_info(name, TensorProto.FLOAT, list(probe.shape))  # noqa: E731
     return nodes, inits, info(x), info(y)
 
 
-def _chain(op: str, attrs: dict, shape: tuple[int, ...], consts: tuple[np.ndarray, ...], count: int):
-    """``count`` ``op`` nodes, each fed the previous one's output (same shape) and ``consts``."""
+def _chain(op: str, probe: Probe, count: int):
+    """``count`` ``op`` nodes, each fed the previous one's output (same shape) and the probe's constants."""
     from onnx import helper
 
-    nodes, inits, x, y = _chain_parts(op, attrs, shape, consts, count)
+    nodes, inits, x, y = _chain_parts(op, probe, count)
     return _graph(helper.make_graph(nodes, f"probe_{op.lower()}", [x], [y], inits))
 
 
@@ -413,7 +400,7 @@ def _mixed(count: int):
     real model's calls are: caches and branch predictors do not stay warm for one kernel."""
     from onnx import helper
 
-    parts = [_chain_parts(*probe, count, prefix=f"p{i}_") for i, probe in enumerate(_PROBES)]
+    parts = [_chain_parts(op, probe, count, prefix=f"p{i}_") for i, (op, probe) in enumerate(kind_probes())]
     nodes = [part[0][step] for step in range(count) for part in parts]
     return _graph(
         helper.make_graph(
@@ -437,7 +424,7 @@ def _softmax_excess(spec: TargetSpec, budget: float, shape: tuple[int, int], zer
     from cuvil_edge.device_targets.build import build
     from cuvil_edge.device_targets.cost_model import predict
 
-    graph = _chain("Softmax", {"axis": -1}, shape, (), count)
+    graph = _chain("Softmax", Probe(shape, {"axis": -1}), count)
     rest = predict(graph, spec.model_copy(update=zeroed)).nodes[0].seconds
     feeds = {"x": np.random.default_rng(0).standard_normal(shape, dtype=np.float32)}
     with tempfile.TemporaryDirectory() as cache:

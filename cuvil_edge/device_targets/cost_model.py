@@ -40,7 +40,6 @@ model against measured latency on a calibrated host (``cuvil-edge calibrate``).
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
@@ -52,61 +51,15 @@ from cuvil_edge.device_targets.cost_kernels import (
     max_pool_ns,
     softmax_tail_ns,
 )
-from cuvil_edge.device_targets.memory_plan import VIEW_OPS, plan_memory
+from cuvil_edge.device_targets.cost_work import Work, work_of
+from cuvil_edge.device_targets.memory_plan import plan_memory
 from cuvil_edge.device_targets.spec import PRECISIONS, TargetSpec, resolve
 from cuvil_edge.errors import BuildError, CuvilError
-from cuvil_edge.ir import cost, dims, dtypes, ops
+from cuvil_edge.ir import cost, dims, dtypes
 from cuvil_edge.ir.graph import Graph, Node, TensorType
-from cuvil_edge.ir.ops._conv_path import conv_path, im2col_block_rows
 
 Bound = Literal["compute", "memory", "overhead"]
 
-#: Ops with a native C path (float32), besides depthwise conv: elementwise maps, Softmax, LayerNorm.
-NATIVE_OPS = frozenset({"Erf", "Gelu", "Sigmoid", "Swish", "Softmax", "LayerNormalization", "MaxPool"})
-#: GEMM-like ops and the kernel family that costs them.
-CONV_OPS = frozenset({"Conv", "CuvilFusedConv", "CuvilConvAdd"})
-MATMUL_OPS = frozenset({"MatMul", "CuvilFusedMatMul", "Gemm", "CuvilFusedGemm", "ConvTranspose"})
-#: numpy kernels that loop over window taps, each a pass over the output (when not native).
-TAP_OPS = frozenset({"MaxPool", "AveragePool"})
-#: numpy kernels making several passes and many small calls (statistics, casts, broadcasts).
-NORMALIZATION_OPS = frozenset(
-    {
-        "InstanceNormalization",
-        "BatchNormalization",
-        "LRN",
-        "LayerNormalization",
-        "GroupNormalization",
-        "MeanVarianceNormalization",
-    }
-)
-#: index and broadcast kernels: index normalisation (np.where), then a take or a broadcast copy.
-GATHER_OPS = frozenset({"Gather", "GatherElements", "GatherND", "Expand", "Tile", "ScatterND"})
-#: Ops (and fused activations) that evaluate an exp-class function per element: transcendental_ns each
-#: (with every op whose OpDef declares it: its ``transcendental`` facet).
-TRANSCENDENTAL_OPS = frozenset(
-    {
-        "Softmax",
-        "LogSoftmax",
-        "Swish",
-    }
-)
-TRANSCENDENTAL_ACTIVATIONS = frozenset({"sigmoid", "swish", "gelu", "tanh"})
-#: Reductions over axes (means, sums, maxima): numpy's reduction machinery and a keepdims reshape.
-REDUCE_OPS = frozenset(
-    {
-        "GlobalAveragePool",
-        "GlobalMaxPool",
-        "ReduceMean",
-        "ReduceSum",
-        "ReduceMax",
-        "ReduceMin",
-        "ReduceProd",
-        "ReduceL2",
-        "ReduceSumSquare",
-        "ArgMax",
-        "ArgMin",
-    }
-)
 #: kernel_overhead_us key of the cost of each tap of the numpy window loop (else numpy_call_us)
 WINDOW_TAP = "numpy window tap"
 #: kernel_overhead_us key of one np.pad call (its Python-level argument handling: ~25x a ufunc)
@@ -200,31 +153,6 @@ class CostPrediction:
         return "\n".join(lines)
 
 
-@dataclass(frozen=True)
-class _Work:
-    """What a kernel does: its products, Python-loop calls, memory traffic and native FLOPs."""
-
-    kernel: str
-    gemm: tuple[tuple[int, int, int, int], ...] = ()
-    calls: int = 0  # numpy calls in Python loops beyond the first
-    traffic: int = 0  # bytes moved beyond read + written + 2 x scratch (repeated passes)
-    native: bool = False  # its arithmetic runs in the C kernels at native_gflops
-    planes: int = 0  # image planes a native kernel pads and loops over, native_plane_us each
-    exp_elements: int = 0  # exp-class function evaluations, transcendental_ns each
-    rows: int = 0  # rows of a row-wise kernel (softmax rows, reduction outputs), row_ns each
-    gathered: int = 0  # elements a window copy (im2col) moves, kernel_ns["gather"] each
-    strided: bool = False  # the convolution has a stride > 1: kernel_ns["gather_strided"] per element
-    native_calls: int = 0  # foreign calls beyond the first (an epilogue's activation), "native" overhead each
-    reduced: int = 0  # input elements a numpy reduction reads, kernel_ns["reduce_element"] each
-    layer_norm: int = 0  # elements the native LayerNorm normalises, kernel_ns["ln_element"] each
-    depthwise: tuple | None = None  # native depthwise: (planes, (ph, pw), (oh, ow), taps, strided)
-    products: int = 0  # np.matmul calls making the products (a batched call makes several); 0: one each
-    pad_calls: int = 0  # numpy calls padding a window loop's input (np.full, the assignment), its counts' arrays
-    np_pads: int = 0  # np.pad calls (AveragePool's count_include_pad window counts), kernel_overhead_us[NUMPY_PAD] each
-    width: int = 0  # a native Softmax's row length (its remainder past the SIMD width runs scalar)
-    pool: bool = False  # the native max pooling (its own measured terms, else the depthwise kernel's)
-
-
 def predict(graph: Graph, target: TargetSpec | str, *, precision: str = "fp32", batch: int = 1) -> CostPrediction:
     """Predict the latency of ``graph`` built for ``target`` and run on ``batch`` samples.
 
@@ -254,7 +182,7 @@ def predict(graph: Graph, target: TargetSpec | str, *, precision: str = "fp32", 
         ins = tuple(_bound(graph, i, bindings, fp16) if i else None for i in node.inputs)
         outs = tuple(_bound(graph, o, bindings, fp16) if o else None for o in node.outputs)
         try:
-            work = int8_work(node, ins, outs, caps) or _work(node, ins, outs, large, native)
+            work = int8_work(node, ins, outs, caps) or work_of(node, ins, outs, large=large, native=native)
         except CuvilError:
             raise
         except Exception as e:  # a node this model cannot read must name itself
@@ -295,9 +223,9 @@ def kernel_overhead_us(spec: TargetSpec, kind: str) -> float:
 
 
 def _cost(
-    spec: TargetSpec, node: Node, ins, outs, work: _Work, flops: int, scratch: int, peak: float, chunks: int
+    spec: TargetSpec, node: Node, ins, outs, work: Work, flops: int, scratch: int, peak: float, chunks: int
 ) -> NodeCost:
-    view = node.op_type in VIEW_OPS
+    view = work.kernel == "view"
     read = (
         0
         if view
@@ -363,7 +291,7 @@ def _cost(
     )
 
 
-def _compute_s(spec: TargetSpec, work: _Work, flops: int, peak: float) -> float:
+def _compute_s(spec: TargetSpec, work: Work, flops: int, peak: float) -> float:
     """The arithmetic: a GEMM's products (the measured sgemm terms, else the roofline), the native
     kernels (measured per-kernel terms, else native_gflops), reductions, exp-class functions, rows."""
     terms = spec.kernel_ns
@@ -393,260 +321,12 @@ def _compute_s(spec: TargetSpec, work: _Work, flops: int, peak: float) -> float:
     return (compute + rows + tail + work.exp_elements * spec.transcendental_ns) * 1e-9
 
 
-def _work(node: Node, ins, outs, large: bool, native: bool) -> _Work:
-    """The kernel path ``node`` takes on the target, mirroring the kernels' branches."""
-    op = node.op_type
-    if op in CONV_OPS:
-        return _conv(node, ins, outs, large, native)
-    if op in MATMUL_OPS:
-        return _matmul(node, ins, outs, native)
-    if op in VIEW_OPS:
-        return _Work("view")
-    fp32 = ins and ins[0] is not None and ins[0].dtype == "float32"
-    exp = outs[0].numel() if _transcendental(op) and outs and outs[0] is not None else 0
-    if op in NATIVE_OPS and native and fp32 and (op != "MaxPool" or ins[0].rank == 4):
-        if op == "MaxPool":  # the strided depthwise kernel's loop: a padded plane, every tap per output row
-            attrs = ops.get(op, node.describe()).attrs(node)
-            kernel, out = tuple(attrs["kernel_shape"]), tuple(outs[0].shape[2:])
-            st, di = attrs.get("strides") or (1,) * len(kernel), attrs.get("dilations") or (1,) * len(kernel)
-            padded_plane = tuple((o - 1) * s + d * (k - 1) + 1 for o, s, d, k in zip(out, st, di, kernel, strict=True))
-            planes = math.prod(ins[0].shape[:2])
-            return _Work(
-                "native",
-                native=True,
-                planes=planes,
-                pool=True,
-                depthwise=(planes, padded_plane, out, math.prod(kernel), True) if len(out) == 2 else None,
-            )
-        if op == "LayerNormalization":  # the C kernel's three passes per row, measured (kernel_ns ln_*)
-            # its own kind: four arrays passed (x, scale, bias, y), each pointer read through .ctypes
-            return _Work("native layer norm", native=True, rows=_rows(node, ins[0]), layer_norm=ins[0].numel())
-        rows = _rows(node, ins[0])
-        width = ins[0].numel() // max(rows, 1) if op == "Softmax" else 0
-        return _Work("native", native=True, exp_elements=exp, rows=rows, width=width)
-    if op in NORMALIZATION_OPS:  # numpy's passes: each reads its operands and writes a new array
-        passes, reductions, powers = _normalization_passes(node)
-        size = _bytes(ins[0])
-        return _Work(
-            "normalization",
-            calls=passes + reductions,
-            traffic=3 * passes * size,
-            reduced=reductions * ins[0].numel(),
-            exp_elements=powers * ins[0].numel(),
-        )
-    if op in GATHER_OPS:
-        return _Work("gather")
-    if op in REDUCE_OPS:
-        # numpy's reduction sets up its inner loop per output element (GlobalAveragePool over
-        # 1280 x 7 x 7: 87 ns per row, vs 29 for native Softmax rows: row_ns x 3 without reduce_row)
-        return _Work("reduce", rows=outs[0].numel(), reduced=ins[0].numel())
-    if op == "Transpose":  # a strided copy: each element read from a different cache line
-        return _Work("transpose", traffic=2 * _bytes(outs[0]))
-    if op in TAP_OPS:  # per tap a strided view and a ufunc pass; a padded input is first copied (np.full, assign)
-        attrs = ops.get(op, node.describe()).attrs(node)
-        taps = math.prod(attrs["kernel_shape"])
-        padded = any(attrs.get("pads") or ()) or attrs.get("auto_pad", "NOTSET") not in ("NOTSET", "VALID")
-        traffic = 2 * taps * _bytes(outs[0]) + 3 * padded * _bytes(ins[0])
-        if op == "AveragePool":  # and a second tap loop counting each window's cells, then the division
-            include = bool(attrs.get("count_include_pad", 0))
-            return _Work(
-                "numpy window taps",
-                calls=2 * taps,
-                traffic=traffic + 3 * _bytes(outs[0]),
-                pad_calls=4 * padded + 4,
-                np_pads=int(include),
-            )
-        return _Work("numpy window taps", calls=taps, traffic=traffic, pad_calls=2 * padded)
-    return _Work("elementwise", exp_elements=exp)
-
-
-def _conv(node: Node, ins, outs, large: bool, native: bool) -> _Work:
-    """k_conv's branches, by :func:`conv_path`: native depthwise, native GEMM, 1x1 matmul, im2col
-    whole or in blocks, numpy depthwise per tap, low-memory per-tap products; then the epilogue."""
-    attrs = ops.get(node.op_type, node.describe()).attrs(node)
-    x, w, y = ins[0], ins[1], outs[0]
-    n, c, m, kernel = x.shape[0], x.shape[1], w.shape[0], tuple(w.shape[2:])
-    group, k, taps = int(attrs.get("group", 1)), len(kernel), math.prod(w.shape[2:])
-    cg, mg, out = c // group, m // group, tuple(y.shape[2:])
-    p, item = math.prod(out), 4 if x.dtype == "float16" else dtypes.itemsize(x.dtype)
-    y_bytes = n * m * p * item
-    padded = bool(any(attrs.get("pads") or ())) or attrs.get("auto_pad", "NOTSET") not in ("NOTSET", "VALID")
-    act = str(attrs.get("activation", "none"))
-    exp = n * m * p if act in TRANSCENDENTAL_ACTIVATIONS else 0
-    bias = len(ins) > 2 and ins[2] is not None
-    epilogue = 2 * y_bytes * ((bias + (act != "none")) if not native or y.numel() < 1 << 15 else 1)
-    calls, foreign = _epilogue_calls(bias, act, native and x.dtype != "float16", y.numel())
-    strided = any(s != 1 for s in attrs.get("strides") or ())
-    path = conv_path(
-        k, c, m, group, max(kernel, default=1) == 1, padded, native and x.dtype == "float32", large, c * taps * p * item
-    )
-    if path == "native depthwise":
-        st, di = attrs.get("strides") or (1, 1), attrs.get("dilations") or (1, 1)
-        padded_plane = tuple((o - 1) * s + d * (kk - 1) + 1 for o, s, d, kk in zip(out, st, di, kernel, strict=True))
-        # bias and Relu/Clip inside the C kernel; sigmoid/swish/GELU one more foreign call
-        return _Work(
-            "conv depthwise native",
-            native=True,
-            planes=n * c,
-            exp_elements=exp,
-            depthwise=(n * c, padded_plane, out, taps, tuple(st) != (1, 1)),
-            native_calls=int(act in TRANSCENDENTAL_ACTIVATIONS),
-            calls=4 * (act == "hardswish"),
-        )
-    if path == "native gemm":  # im2col packing, bias and Relu/Clip in the C GEMM: costed as the sgemm
-        return _Work(
-            "conv native gemm",
-            ((m, c * taps, p, n),),
-            exp_elements=exp,
-            products=n,
-            native_calls=int(act in TRANSCENDENTAL_ACTIVATIONS),
-            calls=4 * (act == "hardswish"),
-        )
-    if path == "1x1 matmul":
-        # a strided 1x1 reads every s-th pixel: the reshape copies that view (a strided gather)
-        return _Work(
-            "conv 1x1 gemm",
-            ((mg, cg, p, n * group),),
-            traffic=epilogue,
-            exp_elements=exp,
-            calls=calls,
-            native_calls=foreign,
-            gathered=n * c * p if strided else 0,
-            strided=strided,
-            products=1,
-        )
-    if path == "depthwise taps":  # y += window * w per tap: the product written, then y read and written
-        return _Work(
-            "conv depthwise taps",
-            calls=2 * taps + calls,
-            traffic=4 * taps * y_bytes + epilogue,
-            exp_elements=exp,
-            native_calls=foreign,
-        )
-    if path == "im2col blocks":  # each block's strided gather is one more read and write of its columns
-        rows = im2col_block_rows(out[0], c * taps * out[1] * item)
-        blocks = n * -(-out[0] // rows)
-        return _Work(
-            "conv im2col blocks",
-            ((m, c * taps, rows * out[1], blocks),),
-            calls=2 * blocks + calls,
-            traffic=2 * n * c * taps * p * item + epilogue,
-            exp_elements=exp,
-            gathered=n * c * taps * p,
-            native_calls=foreign,
-            strided=strided,
-        )
-    if path == "im2col":
-        return _Work(
-            "conv im2col",
-            ((mg, cg * taps, p, n * group),),
-            traffic=epilogue,
-            exp_elements=exp,
-            gathered=n * c * taps * p,
-            calls=calls,
-            native_calls=foreign,
-            strided=strided,
-            products=1,
-        )
-    return _Work(
-        "conv per-tap gemm",
-        ((mg, cg, p, n * group * taps),),
-        calls=2 * taps + calls,
-        traffic=2 * taps * y_bytes + epilogue,
-        exp_elements=exp,
-        native_calls=foreign,
-        products=taps,
-    )
-
-
-def _matmul(node: Node, ins, outs, native: bool) -> _Work:
-    """k_mat_mul (one product over collapsed rows when b is 2-D, else numpy's batched loop),
-    k_fused_mat_mul (collapsed rows), k_gemm, k_conv_transpose (one product per tap)."""
-    a, b, y = ins[0], ins[1], outs[0]
-    op = node.op_type
-    act = str(ops.get(op, node.describe()).attrs(node).get("activation", "none")) if op.startswith("Cuvil") else ""
-    exp = y.numel() if act in TRANSCENDENTAL_ACTIVATIONS else 0
-    if op == "ConvTranspose":
-        taps, group = math.prod(b.shape[2:]), int(node.attr("group", 1) or 1)
-        return _Work(
-            "conv-transpose gemm",
-            ((b.shape[1], b.shape[0] // group, math.prod(a.shape[2:]), a.shape[0] * group * taps),),
-            calls=taps,
-        )
-    bias = len(ins) > 2 and ins[2] is not None
-    if op in ("Gemm", "CuvilFusedGemm"):
-        m, k = reversed(a.shape) if node.attr("transA", 0) else a.shape
-        n = b.shape[0] if node.attr("transB", 0) else b.shape[1]
-        calls, foreign = _epilogue_calls(bias, act or "none", False, y.numel())
-        return _Work(
-            "gemm", ((m, k, n, 1),), traffic=2 * _bytes(y) * bias, exp_elements=exp, calls=calls, native_calls=foreign
-        )
-    if b.rank == 2 and (a.rank > 2 or op == "CuvilFusedMatMul"):
-        rows = math.prod(a.shape[:-1])
-        fused = op == "CuvilFusedMatMul"
-        epilogue = 2 * _bytes(y) if fused and bias else 0
-        calls, foreign = _epilogue_calls(bias and fused, act or "none", native and y.dtype == "float32", y.numel())
-        return _Work(
-            "gemm rows collapsed",
-            ((rows, a.shape[-1], b.shape[-1], 1),),
-            traffic=epilogue,
-            exp_elements=exp,
-            calls=calls,
-            native_calls=foreign,
-        )
-    m = a.shape[-2] if a.rank > 1 else 1
-    n = b.shape[-1] if b.rank > 1 else 1
-    count = math.prod(y.shape[:-2]) if y.rank > 2 else 1
-    return _Work("gemm batched" if count > 1 else "gemm", ((m, a.shape[-1], n, count),), products=1)
-
-
-def _normalization_passes(node: Node) -> tuple[int, int, int]:
-    """(elementwise passes, reductions, exp-class evaluations per element) of the numpy kernel of a
-    normalisation op (normalization.py): statistics by reductions, then centring, scaling, the affine
-    terms and the final astype as separate passes; LRN's window is one pass per channel tap and its
-    power a log and an exp."""
-    op = node.op_type
-    if op == "LRN":
-        return 6 + int(node.attr("size", 5) or 5), 0, 2
-    if op == "BatchNormalization":
-        return 4, 0, 0
-    return 7, 2, 0  # Instance/Group/LayerNormalization (numpy path), MeanVarianceNormalization
-
-
-def _epilogue_calls(bias: bool, act: str, native: bool, size: int) -> tuple[int, int]:
-    """(numpy calls, foreign calls) of a kernel's bias and activation epilogue: one native pass
-    from 32k outputs, else an in-place add, Relu/Clip as one ufunc, sigmoid/swish/GELU as a
-    foreign map (numpy's several passes without the native library), HardSwish in numpy."""
-    if not bias and act == "none":
-        return 0, 0
-    if native and size >= 1 << 15 and act != "hardswish":
-        return 0, 1
-    calls = int(bias) + {"none": 0, "relu": 1, "relu6": 1, "hardswish": 4}.get(act, 0 if native else 5)
-    return calls, int(native and act in TRANSCENDENTAL_ACTIVATIONS)
-
-
-def _transcendental(op_type: str) -> bool:
-    """Whether ``op_type`` evaluates an exp-class function per element: listed here, or declared by
-    its OpDef (the ``transcendental`` facet, read at each call)."""
-    declared = ops.registry().get(op_type)
-    return op_type in TRANSCENDENTAL_OPS or (declared is not None and declared.transcendental)
-
-
-def _rows(node: Node, x: TensorType) -> int:
-    """Rows a row-wise kernel loops over: the elements before its (last, or given) axis."""
-    axis = int(node.attr("axis", -1) or -1) if node.op_type != "Softmax" or node.attr("axis", -1) is not None else -1
-    axis = axis % x.rank if x.rank else 0
-    # int(): a symbolic dim raises rather than multiplying as a string
-    shape = tuple(int(d) for d in x.shape)
-    return math.prod(shape[:axis]) if node.op_type == "LayerNormalization" else x.numel() // max(shape[-1], 1)
+def _bytes(t: TensorType | None) -> int:
+    return 0 if t is None else t.numel() * dtypes.itemsize(t.dtype)
 
 
 def _item(t: TensorType) -> int:
     return 4 if t.dtype == "float16" else dtypes.itemsize(t.dtype)  # float16 is computed in float32
-
-
-def _bytes(t: TensorType | None) -> int:
-    return 0 if t is None else t.numel() * dtypes.itemsize(t.dtype)
 
 
 def _bound(graph: Graph, name: str, bindings: dict[str, int], fp16: bool) -> TensorType:

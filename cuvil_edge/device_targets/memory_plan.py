@@ -27,9 +27,11 @@ from cuvil_edge.ir.ops._packing import packed_conv_bytes
 #: Python objects one run creates (frames, argument tuples, the feeds and outputs dicts): 1-4 KiB measured.
 OVERHEAD_BYTES = 2048
 
-#: Kernels returning a view of their first input (``reshape``, ``expand_dims``, the array itself):
-#: no allocation, and the input's buffer lives as long as the view.
-VIEW_OPS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Dropout"})
+
+def is_view(node: Node) -> bool:
+    """Whether ``node``'s kernel returns a view of its first input as output 0 (its op's ``view``
+    facet): no allocation, and the input's buffer lives as long as the view."""
+    return ops.get(node.op_type, node.describe()).view
 
 
 @dataclass(frozen=True)
@@ -289,7 +291,7 @@ def _simulate(
     pair = tuple(sorted(size.items(), key=lambda kv: -kv[1])[:2])
     for index, (node, dead) in enumerate(zip(graph.nodes, release_schedule(graph), strict=True)):
         for position, out in enumerate(node.outputs):
-            if out and node.op_type in VIEW_OPS and position == 0 and node.inputs and node.inputs[0]:
+            if out and position == 0 and is_view(node) and node.inputs and node.inputs[0]:
                 base = owner[out] = owner.get(node.inputs[0])
                 if base is not None:
                     names[base] += 1

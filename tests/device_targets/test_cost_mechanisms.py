@@ -215,5 +215,5 @@ def test_native_layer_norm_is_its_own_kernel_kind_with_a_calibrated_call_cost():
     bumped = predict(ln, base.model_copy(update={"kernel_overhead_us": {"native layer norm": 50.0}})).nodes[0]
     assert bumped.overhead_s == pytest.approx(50e-6)
     # calibrate probes it apart from the other native kernels (Softmax: two arrays passed, not four)
-    kinds = {predict(calibrate._chain(*probe, 2), base).nodes[0].kernel for probe in calibrate._PROBES}
+    kinds = {predict(calibrate._chain(op, probe, 2), base).nodes[0].kernel for op, probe in calibrate.kind_probes()}
     assert {"native", "native layer norm"} <= kinds

@@ -1,6 +1,6 @@
 """The memory plan reads each op's scratch from its ``scratch`` facet and from nowhere else: every
 registered op declares one but the few listed here, and memory_plan.py keeps no table of op types
-(besides VIEW_OPS, which is liveness, not scratch)."""
+(which ops alias their input is their ``view`` facet)."""
 
 from __future__ import annotations
 
@@ -62,7 +62,7 @@ def test_memory_plan_keeps_no_table_of_op_types():
         for key, value in vars(memory_plan).items()
         if isinstance(value, (Mapping, Set)) and names & {k for k in value if isinstance(k, str)}
     }
-    assert tables == {"VIEW_OPS"}
+    assert tables == set()
 
 
 def _window_graph():

@@ -152,3 +152,25 @@ def test_op_rows_name_their_fields():
             if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "OpDef" and len(node.args) > 2:
                 positional.append(f"{path.name}:{node.lineno}")
     assert positional == []
+
+
+@pytest.mark.parametrize(
+    ("facets", "target", "kernel"),
+    [
+        ('batch="same"', "x86-64", "elementwise"),  # no cost facet: one numpy pass
+        ('cost_native="map"', "x86-64", "native"),  # its C kernel, where the target builds them
+        ('cost_native="map"', "ascend-310", "elementwise"),  # ... and not where it does not
+        ('cost_kind="reduce"', "x86-64", "reduce"),
+        ("view=True", "x86-64", "view"),
+    ],
+)
+def test_the_cost_model_reads_a_new_op_s_cost_facets(tmp_path, monkeypatch, facets, target, kernel):
+    _declare(tmp_path, monkeypatch, facets)
+    graph = graph_from_text(TEXT)
+    cube = next(n for n in predict(graph, target, batch=4).nodes if n.op_type == "CuvilCube")
+    assert cube.kernel == kernel
+    if kernel == "view":  # nothing moves, and the plan aliases its output to its input's buffer
+        assert cube.bytes_read == cube.bytes_written == 0
+        aliased = plan_memory(graph, target, batch=4).peak_bytes
+        _declare(tmp_path, monkeypatch, "")
+        assert plan_memory(graph, target, batch=4).peak_bytes == aliased + 4 * 3 * 4  # y's own buffer

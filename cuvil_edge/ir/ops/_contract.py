@@ -121,10 +121,8 @@ TRAINABLE_KINDS = (
     "layer_norm",  # nn.LayerNorm over the axes from ``axis`` on; first output only
 )
 
-#: The values the ``cost_kind`` facet takes: the kernel family the cost model costs the op as (an op
-#: declaring none: one elementwise numpy pass). NOT READ YET, like ``cost_native`` and ``probes``:
-#: cost_model.py's op-type sets and calibrate._PROBES still decide, and these rows are what they
-#: are to be replaced by (the same ops, kinds and probes).
+#: The values the ``cost_kind`` facet takes: the kernel family the cost model
+#: (device_targets/cost_work.py) costs the op as; an op declaring none is one elementwise numpy pass.
 COST_KINDS = (
     "conv",  # k_conv's paths (conv_path): im2col, 1x1, depthwise, native GEMM
     "matmul",  # np.matmul: rows collapsed onto a 2-D weight, else numpy's batched products
@@ -149,15 +147,16 @@ COST_NATIVE_KINDS = ("map", "softmax", "layer norm", "max pool")
 
 @dataclass(frozen=True)
 class Probe:
-    """One calibration probe of an op's kernel kind (as calibrate._PROBES holds them): a chain of
-    the op on a float32 input of ``shape``, with ``attrs`` and constant inputs after the chained one
-    (made by ``consts()`` when calibrating, not at import)."""
+    """One calibration probe of an op's kernel kind (device_targets/calibrate.py times it): a chain
+    of the op on a float32 input of ``shape``, with ``attrs`` and constant inputs after the chained
+    one (made by ``consts()`` when calibrating, not at import)."""
 
     shape: tuple[int, ...]
     attrs: Mapping[str, Any] = field(default_factory=dict)
     consts: Callable[[], tuple[Any, ...]] = tuple
-    #: the kernel kinds (cost_model's labels) it calibrates; () any: a probe that a spec costs as
-    #: another op's kind is then only one of the interleaved calls (calibrate._mixed)
+    #: the kernel kinds (cost_model's labels) it calibrates; () any. A probe that a spec costs as a
+    #: kind it does not list, or as a kind an earlier probe has measured (ops in name order), is
+    #: then only one of the interleaved calls of the mixed module
     kinds: tuple[str, ...] = ()
 
 
@@ -188,6 +187,10 @@ class OpDef:
     macs: Callable[..., int] | None = None
     # Facets: what the layers above know of the op, declared here so that adding an op is one
     # row (None / False: not declared; the consumer's own table, then its default, decides).
+    #: memory plan and cost model: the kernel returns its first input's data as output 0 (a
+    #: reshape, ``expand_dims``, the array itself): nothing is allocated or moved, and the input's
+    #: buffer lives as long as the view
+    view: bool = False
     #: memory plan: transient bytes of one call, given its ``memory_plan.Site`` (:func:`no_scratch`:
     #: the kernel allocates its outputs only)
     scratch: Callable[[Any], int] | None = None
@@ -213,7 +216,7 @@ class OpDef:
     #: :data:`COST_NATIVE_KINDS`: "map" per element and row, "softmax" with its row remainder,
     #: "layer norm" per element and row, "max pool" the depthwise kernel's padded planes
     cost_native: str | None = None
-    #: calibration: probes of its kernel kinds (see COST_KINDS: not read yet)
+    #: calibration: probes of its kernel kinds, each timed by ``cuvil-edge calibrate``
     probes: tuple[Probe, ...] = ()
 
     def __post_init__(self) -> None:

@@ -177,6 +177,7 @@ def _arg_row(op_type, fn):
         flops=per_element(1),
         attrs=_arg_attrs,
         ATTRS={"axis": INT, "keepdims": INT, "select_last_index": INT},
+        cost_kind="reduce",  # numpy's reduction loop, as ReduceMax
     )
 
 

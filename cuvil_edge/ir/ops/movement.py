@@ -254,6 +254,7 @@ OPS = (
         ATTRS={"allowzero": INT},
         CONST_INPUTS=(1,),
         torch=_torch.reshape,
+        view=True,
         scratch=no_scratch,
         probes=(Probe((1, 16, 64), consts=lambda: (np.array([1, 16, 64], np.int64),)),),
     ),
@@ -267,6 +268,7 @@ OPS = (
         attrs=lambda node: {"axis": int(node.attr("axis", 1))},
         ATTRS={"axis": INT},
         torch=_torch.flatten,
+        view=True,
         scratch=no_scratch,
     ),
     OpDef(
@@ -280,6 +282,7 @@ OPS = (
         ATTRS={"axes": INTS},
         CONST_INPUTS=(1,),
         torch=_torch.squeeze,
+        view=True,
         scratch=no_scratch,
     ),
     OpDef(
@@ -293,6 +296,7 @@ OPS = (
         ATTRS={"axes": INTS},
         CONST_INPUTS=(1,),
         torch=_torch.unsqueeze,
+        view=True,
         scratch=no_scratch,
     ),
     OpDef(

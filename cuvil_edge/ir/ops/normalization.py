@@ -277,7 +277,15 @@ OPS = (
         scratch=layer_norm_scratch,
         cost_kind="normalization",
         cost_native="layer norm",
-        probes=(Probe((1, 16, 64), {"axis": -1}, lambda: (np.ones(64, np.float32), np.zeros(64, np.float32))),),
+        # its C kernel's own kind; the numpy path's "normalization" is InstanceNormalization's probe
+        probes=(
+            Probe(
+                (1, 16, 64),
+                {"axis": -1},
+                lambda: (np.ones(64, np.float32), np.zeros(64, np.float32)),
+                kinds=("native layer norm",),
+            ),
+        ),
     ),
     OpDef(
         "InstanceNormalization",

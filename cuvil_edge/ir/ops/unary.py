@@ -442,6 +442,7 @@ OPS = (
         fn=k_identity,
         flops=per_element(0),
         torch=_torch.identity,
+        view=True,
         scratch=no_scratch,
     ),
     OpDef(
@@ -480,6 +481,7 @@ OPS = (
         ATTRS={"ratio": FLOAT, "seed": INT},
         CONST_INPUTS=(1, 2),
         torch=_torch.identity,
+        view=True,
         scratch=no_scratch,
     ),
     # 13 adds bfloat16 (not an IR dtype); 14 adds int8/16/32/64
