@@ -1,12 +1,13 @@
 """What the cost model knows about the int8 kernels (``ir/ops/native_int8.c``).
 
 The ops of cost kind "int8 conv" and "int8 matmul" (QLinearConv, ConvInteger, QLinearMatMul,
-MatMulInteger) run one int8 GEMM with int32 sums (im2col'd per image for a convolution) where the target has native kernels (``TARGET_INT8_DOT`` is
-not "none"); its products are costed at the int8 rate of the target's dot-product instruction, not
-as float: ``kernel_ns["int8_mac"]`` (ns per multiply-accumulate, measured) where the spec has it,
-else ``native_gflops`` (the one-thread rate of the auto-vectorised float C kernels) times the
-instruction's factor in :data:`INT8_FACTORS`. Calls the C kernel does not take (grouped
-convolutions, per-row zero points) fall back to numpy's int32 products, at the numpy rate.
+MatMulInteger) run one int8 GEMM with int32 sums (im2col'd per image for a convolution) where the
+target has native kernels (``TARGET_INT8_DOT`` is not "none"); its products are costed at the int8
+rate of the target's dot-product instruction, not as float: ``kernel_ns["int8_mac"]`` (ns per
+multiply-accumulate, measured) where the spec has it, else ``native_gflops`` (the one-thread rate
+of the auto-vectorised float C kernels) times the instruction's factor in :data:`INT8_FACTORS`.
+Calls the C kernel does not take (grouped convolutions, per-row zero points) fall back to numpy's
+int32 products, at the numpy rate.
 """
 
 from __future__ import annotations
