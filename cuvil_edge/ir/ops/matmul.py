@@ -212,6 +212,9 @@ OPS = (
     OpDef(
         "CuvilFusedMatMul",
         (1,),
+        # B and C are the Linear's weight and bias: a sample on B's columns would meet C's entries by
+        # its position in the batch, so only A carries samples
+        batch=BatchRule("matmul", data=(0,), slots=(0, 1)),
         infer=_infer_fused_mat_mul,
         fn=k_fused_mat_mul,
         flops=_fused_flops,
