@@ -18,7 +18,6 @@ speed; the spec then describes the host as configured).
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import logging
 import os
 import platform
@@ -35,13 +34,12 @@ import yaml
 from pydantic import ValidationError
 
 from cuvil_edge.atomic import atomic_write
-from cuvil_edge.device_targets import cost_kernels
+from cuvil_edge.device_targets import calibrate_probes as probe_graphs, cost_kernels
 from cuvil_edge.device_targets.cost_kernels import fit_gemm
 from cuvil_edge.device_targets.cost_model import NUMPY_PAD, WINDOW_TAP
 from cuvil_edge.device_targets.spec import TargetSpec, load_target
 from cuvil_edge.errors import TargetSpecError
 from cuvil_edge.extras import require
-from cuvil_edge.ir import ops
 from cuvil_edge.ir.ops._contract import Probe
 
 logger = logging.getLogger(__name__)
@@ -287,7 +285,10 @@ def _module_costs(spec: TargetSpec, budget: float) -> tuple[float, float, float 
 
     x = np.ones((1, 8), np.float32)
     with tempfile.TemporaryDirectory() as cache:
-        chains = {blocks: build(_Package(_probe_chain(blocks)), spec, cache_dir=cache) for blocks in (1, 11)}
+        chains = {
+            blocks: build(probe_graphs.ProbePackage(probe_graphs.probe_chain(blocks)), spec, cache_dir=cache)
+            for blocks in (1, 11)
+        }
         forward, weights = chains[1]._entry.__globals__["_forward"], chains[1].graph.initializers
 
         def runner(m: Any) -> Callable[[], Any]:
@@ -304,18 +305,12 @@ def _module_costs(spec: TargetSpec, budget: float) -> tuple[float, float, float 
         if spec.native_kernels:  # big planes give the rate, many small ones the cost per plane
             seconds = {}
             for c, size in ((32, 56), (512, 7)):
-                model = build(_Package(_depthwise(c, size)), spec, cache_dir=cache)
+                model = build(probe_graphs.ProbePackage(probe_graphs.depthwise(c, size)), spec, cache_dir=cache)
                 feeds = {"x": np.random.default_rng(0).standard_normal((1, c, size, size), dtype=np.float32)}
                 seconds[c] = max(_time_per_call(partial(model.run, feeds), budget) - run - call, 1e-7)
             native = 2.0 * 9 * 32 * 56 * 56 / seconds[32] / 1e9
             plane = max(0.0, (seconds[512] - 2.0 * 9 * 512 * 49 / (native * 1e9)) / 512)
     return call * 1e6, run * 1e6, native, None if plane is None else plane * 1e6
-
-
-def kind_probes() -> tuple[tuple[str, Probe], ...]:
-    """Every op's calibration probes (its ``probes`` facet), ops in name order: (op type, probe).
-    The kind each probe measures is what cost_model labels its node on the spec being written."""
-    return tuple((op_type, probe) for op_type, op in sorted(ops.registry().items()) for probe in op.probes)
 
 
 def _kind_overheads(spec: TargetSpec, budget: float, count: int = 8, rounds: int = 3) -> dict[str, float]:
@@ -327,12 +322,12 @@ def _kind_overheads(spec: TargetSpec, budget: float, count: int = 8, rounds: int
 
     probes: dict[str, tuple] = {}
     with tempfile.TemporaryDirectory() as cache:
-        for op, probe in kind_probes():
-            graph = _chain(op, probe, count)
+        for op, probe in probe_graphs.kind_probes():
+            graph = probe_graphs.chain(op, probe, count)
             node = predict(graph, spec).nodes[0]
             if node.kernel in probes or (probe.kinds and node.kernel not in probe.kinds):
                 continue
-            model = build(_Package(graph), spec, cache_dir=cache)
+            model = build(probe_graphs.ProbePackage(graph), spec, cache_dir=cache)
             feeds = {"x": np.random.default_rng(0).standard_normal(probe.shape, dtype=np.float32)}
             probes[node.kernel] = (node, lambda model=model, feeds=feeds: model.run(feeds))
         times = _fastest_interleaved({kind: probe for kind, (_, probe) in probes.items()}, budget, rounds)
@@ -354,8 +349,8 @@ def _window_tap_us(spec: TargetSpec, budget: float, count: int = 8) -> float:
     with tempfile.TemporaryDirectory() as cache:
         models = {
             k: build(
-                _Package(
-                    _chain(
+                probe_graphs.ProbePackage(
+                    probe_graphs.chain(
                         "MaxPool", Probe((1, 16, 8, 8), {"kernel_shape": [k, k], "pads": [k - 2, k - 2, 1, 1]}), count
                     )
                 ),
@@ -366,47 +361,6 @@ def _window_tap_us(spec: TargetSpec, budget: float, count: int = 8) -> float:
         }
         times = _fastest_interleaved({k: (lambda model=model: model.run(x)) for k, model in models.items()}, budget)
     return max(0.0, (times[3] - times[2]) / 5 / count * 1e6)
-
-
-def _chain_parts(op: str, probe: Probe, count: int, prefix: str = ""):
-    """(nodes, initializers, input info, output info) of ``count`` chained ``op`` nodes."""
-    from onnx import TensorProto, helper, numpy_helper
-
-    inits = [numpy_helper.from_array(c, f"{prefix}c{i}") for i, c in enumerate(probe.consts())]
-    x, y = f"{prefix}x", "y" if not prefix else f"{prefix}y"
-    nodes = [
-        helper.make_node(
-            op,
-            [x if i == 0 else f"{prefix}v{i}", *(t.name for t in inits)],
-            [y if i == count - 1 else f"{prefix}v{i + 1}"],
-            **probe.attrs,
-        )
-        for i in range(count)
-    ]
-    info = lambda name: helper.make_tensor_value_info(name, TensorProto.FLOAT, list(probe.shape))  # noqa: E731
-    return nodes, inits, info(x), info(y)
-
-
-def _chain(op: str, probe: Probe, count: int):
-    """``count`` ``op`` nodes, each fed the previous one's output (same shape) and the probe's constants."""
-    from onnx import helper
-
-    nodes, inits, x, y = _chain_parts(op, probe, count)
-    return _graph(helper.make_graph(nodes, f"probe_{op.lower()}", [x], [y], inits))
-
-
-def _mixed(count: int):
-    """Every probe's chain in one module, their calls interleaved (one of each kind in turn), as a
-    real model's calls are: caches and branch predictors do not stay warm for one kernel."""
-    from onnx import helper
-
-    parts = [_chain_parts(op, probe, count, prefix=f"p{i}_") for i, (op, probe) in enumerate(kind_probes())]
-    nodes = [part[0][step] for step in range(count) for part in parts]
-    return _graph(
-        helper.make_graph(
-            nodes, "probe_mixed", [p[2] for p in parts], [p[3] for p in parts], [t for p in parts for t in p[1]]
-        )
-    )
 
 
 def _transcendental_ns(spec: TargetSpec, budget: float) -> float:
@@ -424,11 +378,11 @@ def _softmax_excess(spec: TargetSpec, budget: float, shape: tuple[int, int], zer
     from cuvil_edge.device_targets.build import build
     from cuvil_edge.device_targets.cost_model import predict
 
-    graph = _chain("Softmax", Probe(shape, {"axis": -1}), count)
+    graph = probe_graphs.chain("Softmax", Probe(shape, {"axis": -1}), count)
     rest = predict(graph, spec.model_copy(update=zeroed)).nodes[0].seconds
     feeds = {"x": np.random.default_rng(0).standard_normal(shape, dtype=np.float32)}
     with tempfile.TemporaryDirectory() as cache:
-        model = build(_Package(graph), spec, cache_dir=cache)
+        model = build(probe_graphs.ProbePackage(graph), spec, cache_dir=cache)
         per_call = (_time_per_call(lambda: model.run(feeds), budget) - spec.run_overhead_us * 1e-6) / count
     return max(0.0, (per_call - rest) * 1e9)
 
@@ -439,87 +393,17 @@ def _cold_scale(spec: TargetSpec, budget: float, count: int = 4) -> float:
     from cuvil_edge.device_targets.build import build
     from cuvil_edge.device_targets.cost_model import predict
 
-    graph = _mixed(count)
+    graph = probe_graphs.mixed(count)
     prediction = predict(graph, spec)
     feeds = {
         v.name: np.random.default_rng(0).standard_normal(tuple(v.type.shape), dtype=np.float32) for v in graph.inputs
     }
     with tempfile.TemporaryDirectory() as cache:
-        model = build(_Package(graph), spec, cache_dir=cache)
+        model = build(probe_graphs.ProbePackage(graph), spec, cache_dir=cache)
         seconds = min(_time_per_call(lambda: model.run(feeds), budget / 2) for _ in range(2))
     overhead = sum(n.overhead_s for n in prediction.nodes)
     work = prediction.seconds - overhead - prediction.run_overhead_s
     return max(1.0, (seconds - prediction.run_overhead_s - work) / overhead)
-
-
-class _Package:
-    """What build() needs: a graph and a payload digest (sha256 of its description)."""
-
-    def __init__(self, graph) -> None:
-        self.graph = graph
-        self.payload_digest = hashlib.sha256(repr(graph.to_dict()).encode()).hexdigest()
-
-
-def _probe_chain(blocks: int):
-    """``blocks`` x (Add, Mul, Reshape, Transpose, Reshape, Relu) on a (1, 8) tensor: the kinds of small
-    calls a real module makes (a broadcast operand, views, a copy), so per-node overhead is typical."""
-    from onnx import TensorProto, helper, numpy_helper  # lazily: only the probe graphs need onnx
-
-    inits = [
-        numpy_helper.from_array(np.full((8,), 0.5, np.float32), "c"),
-        numpy_helper.from_array(np.array([2, 4], np.int64), "s24"),
-        numpy_helper.from_array(np.array([1, 8], np.int64), "s18"),
-    ]
-    nodes, v = [], "x"
-    steps: list[tuple[str, list[str | None], dict[str, Any]]]
-    for b in range(blocks):
-        steps = [
-            ("Add", [v, "c"], {}),
-            ("Mul", [None, "c"], {}),
-            ("Reshape", [None, "s24"], {}),
-            ("Transpose", [None], {"perm": [1, 0]}),
-            ("Reshape", [None, "s18"], {}),
-            ("Relu", [None], {}),
-        ]
-        for i, (op, args, attrs) in enumerate(steps):
-            out = "y" if b == blocks - 1 and i == len(steps) - 1 else f"b{b}_{i}"
-            nodes.append(helper.make_node(op, [a or v for a in args], [out], **attrs))
-            v = out
-    return _graph(
-        helper.make_graph(
-            nodes,
-            "probe",
-            [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8])],
-            [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8])],
-            inits,
-        )
-    )
-
-
-def _depthwise(c: int, size: int):
-    from onnx import TensorProto, helper, numpy_helper
-
-    w = numpy_helper.from_array(np.full((c, 1, 3, 3), 0.1, np.float32), "w")
-    node = helper.make_node("Conv", ["x", "w"], ["y"], group=c, pads=[1, 1, 1, 1], kernel_shape=[3, 3])
-    shape = [1, c, size, size]
-    return _graph(
-        helper.make_graph(
-            [node],
-            "depthwise",
-            [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
-            [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)],
-            [w],
-        )
-    )
-
-
-def _graph(onnx_graph):
-    from onnx import helper
-
-    from cuvil_edge.frontend import load_model
-
-    model = helper.make_model(onnx_graph, opset_imports=[helper.make_opsetid("", 17)])
-    return load_model(model.SerializeToString())
 
 
 # ---------------------------------------------------------------- the host

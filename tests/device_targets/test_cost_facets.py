@@ -84,11 +84,11 @@ def test_each_facet_gives_its_kernel_label(label):
 def _measured_kinds(target: str) -> dict[str, str]:
     """Kernel kind -> the op whose probe calibrate times for it on ``target`` (first in name order,
     among the probes that list the kind or list none)."""
-    from cuvil_edge.device_targets import calibrate
+    from cuvil_edge.device_targets import calibrate_probes
 
     kinds: dict[str, str] = {}
-    for op, probe in calibrate.kind_probes():
-        kind = predict(calibrate._chain(op, probe, 2), target).nodes[0].kernel
+    for op, probe in calibrate_probes.kind_probes():
+        kind = predict(calibrate_probes.chain(op, probe, 2), target).nodes[0].kernel
         if not probe.kinds or kind in probe.kinds:
             kinds.setdefault(kind, op)
     return kinds
@@ -116,11 +116,11 @@ def test_calibrate_times_each_kernel_kind_by_a_probe_its_op_declares():
 def test_a_probe_declared_on_a_new_row_is_calibrated(monkeypatch):
     import dataclasses
 
-    from cuvil_edge.device_targets import calibrate
+    from cuvil_edge.device_targets import calibrate_probes
     from cuvil_edge.ir.ops._contract import Probe
 
     relu = dataclasses.replace(ops.get("Relu"), probes=(Probe((4, 16)),))
     monkeypatch.setitem(ops.registry(), "Relu", relu)
-    assert ("Relu", relu.probes[0]) in calibrate.kind_probes()
-    mixed = calibrate._mixed(2)
+    assert ("Relu", relu.probes[0]) in calibrate_probes.kind_probes()
+    mixed = calibrate_probes.mixed(2)
     assert sum(n.op_type == "Relu" for n in mixed.nodes) == 2

@@ -203,7 +203,7 @@ def test_calibration_measures_the_window_tap_and_np_pad_costs(monkeypatch):
 
 
 def test_native_layer_norm_is_its_own_kernel_kind_with_a_calibrated_call_cost():
-    from cuvil_edge.device_targets import calibrate
+    from cuvil_edge.device_targets import calibrate_probes
     from cuvil_edge.device_targets.cost_model import KIND_FACTORS
 
     scale = numpy_helper.from_array(np.ones(64, np.float32), "s")
@@ -215,5 +215,7 @@ def test_native_layer_norm_is_its_own_kernel_kind_with_a_calibrated_call_cost():
     bumped = predict(ln, base.model_copy(update={"kernel_overhead_us": {"native layer norm": 50.0}})).nodes[0]
     assert bumped.overhead_s == pytest.approx(50e-6)
     # calibrate probes it apart from the other native kernels (Softmax: two arrays passed, not four)
-    kinds = {predict(calibrate._chain(op, probe, 2), base).nodes[0].kernel for op, probe in calibrate.kind_probes()}
+    kinds = {
+        predict(calibrate_probes.chain(op, probe, 2), base).nodes[0].kernel for op, probe in calibrate_probes.kind_probes()
+    }
     assert {"native", "native layer norm"} <= kinds
