@@ -12,7 +12,12 @@ helper that took no argument but literals at specialisation (``_win_out_1()``) i
   every return is a string literal (``path = conv_path_1(native, ...)``) holds one of those
   strings, so comparing it with any other string is decided and the branch it guards goes;
 - a branch test is read for its truth, not its value: ``native and False`` is false and
-  ``native and True`` is ``native`` (names and comparisons have no effects to keep).
+  ``native and True`` is ``native`` (names and comparisons have no effects to keep);
+- a parameter of a module function to which every call passes the same literal (a helper called
+  from one site: ``conv_path_1(native, True, 2304)``) becomes that literal in its body, and the
+  calls drop it (:func:`_bind_constant_arguments`), as kernels are specialised per call site;
+  the function must be referenced by calls alone (not passed as a value, not a root the caller
+  of the module calls), so that its every call is seen.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ import sys
 from collections import Counter
 from typing import Any
 
-from cuvil_edge.device_targets.prune import _MISSING, _is_literal, _literal_node, literal
+from cuvil_edge.device_targets.prune import _MISSING, _Bind, _is_literal, _literal_node, _tag, literal
 
 #: builtins a build-time evaluation may call: pure functions of their arguments
 _SAFE = ("range", "len", "max", "min", "tuple", "list", "int", "abs", "sum", "any", "all", "zip", "enumerate")
@@ -33,9 +38,9 @@ _BUDGET = 10_000
 _LONGEST = 200
 
 
-def fold_calls(tree: ast.Module) -> set[int]:
+def fold_calls(tree: ast.Module, roots: tuple[str, ...] = ("run",)) -> set[int]:
     """Apply the folds above to ``tree``'s functions in place; the ids of the top-level
-    statements that changed."""
+    statements that changed. ``roots``: the functions called from outside the module."""
     defs = _module_functions(tree)
     pure = {name for name, f in defs.items() if _is_pure(f)}
     strings = {name: s for name, f in defs.items() if (s := _returned_strings(f)) is not None}
@@ -50,7 +55,88 @@ def fold_calls(tree: ast.Module) -> set[int]:
         tested.visit(stmt)
         if evaluated.changed or decided or tested.changed:
             changed.add(id(stmt))
-    return changed
+    return changed | _bind_constant_arguments(tree, {n: f for n, f in defs.items() if n not in roots})
+
+
+def _bind_constant_arguments(tree: ast.Module, defs: dict[str, ast.FunctionDef]) -> set[int]:
+    """Parameters every call passes the same literal (or leaves at the same literal default),
+    substituted in the function's body and dropped from the def and its calls (see the module's
+    docstring); the ids of the top-level statements that changed. Dropping a literal argument
+    leaves the others in their order, so they are evaluated as before."""
+    calls: dict[str, list[ast.Call]] = {name: [] for name in defs}
+    callees: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in calls:
+            calls[node.func.id].append(node)
+            callees.add(id(node.func))
+    escaped = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and n.id in calls and id(n) not in callees}
+    edited: set[str] = set()
+    for name, function in defs.items():
+        args = function.args
+        if (
+            name in escaped
+            or not calls[name]
+            or function.decorator_list
+            or args.vararg
+            or args.kwarg
+            or args.posonlyargs
+            or args.kwonlyargs
+        ):
+            continue
+        params = [a.arg for a in args.args]
+        defaults = dict(zip(params[len(params) - len(args.defaults) :], args.defaults, strict=True))
+        if any(
+            len(c.args) > len(params)
+            or any(isinstance(a, ast.Starred) for a in c.args)
+            or any(k.arg is None or k.arg not in params for k in c.keywords)
+            for c in calls[name]
+        ):
+            continue  # a call that raises as written, or passes what cannot be seen: left alone
+        rebound = {n.id for n in ast.walk(function) if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load)}
+        rebound |= {a.arg for n in ast.walk(function) if n is not function for a in _params_of(n)}
+        bound: dict[str, object] = {}
+        for index, param in enumerate(params):
+            if param in rebound:
+                continue
+            values = [_given(c, index, param, defaults) for c in calls[name]]
+            if all(v is not _MISSING and _is_literal(v) for v in values) and len({_tag(v) for v in values}) == 1:
+                bound[param] = values[0]
+        if not bound:
+            continue
+        function.body = [_Bind(bound).visit(stmt) for stmt in function.body]
+        for call in calls[name]:
+            call.args = [a for i, a in enumerate(call.args) if params[i] not in bound]
+            call.keywords = [k for k in call.keywords if k.arg not in bound]
+        kept = [a for a in args.args if a.arg not in bound]
+        args.args = kept
+        args.defaults = [defaults[a.arg] for a in kept if a.arg in defaults]
+        edited.add(name)
+        edited.update(_caller(tree, c) for c in calls[name])
+    return {id(s) for s in tree.body if getattr(s, "name", None) in edited}
+
+
+def _params_of(node: ast.AST) -> list[ast.arg]:
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+        return [a for a in ast.walk(node.args) if isinstance(a, ast.arg)]
+    return []
+
+
+def _given(call: ast.Call, index: int, param: str, defaults: dict[str, ast.expr]) -> Any:
+    """The literal ``call`` passes for the parameter at ``index`` (or its default), else ``_MISSING``."""
+    if index < len(call.args):
+        return literal(call.args[index])
+    for keyword in call.keywords:
+        if keyword.arg == param:
+            return literal(keyword.value)
+    return literal(defaults[param]) if param in defaults else _MISSING
+
+
+def _caller(tree: ast.Module, call: ast.Call) -> str:
+    """The name of the top-level statement that holds ``call`` (empty when it is not a def)."""
+    for stmt in tree.body:
+        if any(n is call for n in ast.walk(stmt)):
+            return getattr(stmt, "name", "")
+    return ""
 
 
 def _module_functions(tree: ast.Module) -> dict[str, ast.FunctionDef]:

@@ -25,6 +25,8 @@ from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
+
 from cuvil_edge.device_targets.prune import _MISSING, Fold, _is_literal, _literal_node, _small, literal
 
 #: builtins folded when every argument is a literal (and the function does not rebind the name)
@@ -34,25 +36,31 @@ _ROUNDS = 6
 _ITERATIONS = 256
 
 
-def refine(function: ast.FunctionDef, shapes: Mapping[str, tuple]) -> tuple[ast.FunctionDef, bool]:
-    """``function`` with the static dims of ``shapes``' parameters and its literal locals folded
-    in; and whether anything changed."""
+def refine(
+    function: ast.FunctionDef, shapes: Mapping[str, tuple], dtypes: Mapping[str, str] | None = None
+) -> tuple[ast.FunctionDef, bool]:
+    """``function`` with the static dims of ``shapes``' parameters, the element types of
+    ``dtypes``' (numpy dtype names) and its literal locals folded in; and whether anything
+    changed."""
     stored = _stored(function)
     changed = False
     if shapes:
         binder = _Shapes({p: s for p, s in shapes.items() if stored[p] <= 1})  # a parameter counts once
         function = binder.visit(function)
         changed = binder.changed
+    known = {p: np.dtype(d) for p, d in (dtypes or {}).items() if stored[p] <= 1}
     for _ in range(_ROUNDS):
         function = Fold().visit(function)
         stored = _stored(function)
+        typed = _Dtypes(function, known, stored)
+        function = typed.visit(function)
         folded = _Builtins(stored)
         function = folded.visit(function)
         function, looped = _loops(function)
         if looped:
             stored = _stored(function)
         function, propagated = _propagate(function, stored)
-        if not (propagated or folded.changed or looped):
+        if not (propagated or folded.changed or looped or typed.changed):
             break
         changed = True
     return function, changed
@@ -128,6 +136,87 @@ class _Shapes(ast.NodeTransformer):
         ):
             return self._lit(len(self._of(node.args[0])), node)  # type: ignore[arg-type]  # checked above
         return self.generic_visit(node)
+
+
+class _Dtypes(ast.NodeTransformer):
+    """Element types the graph makes known: ``x.dtype == np.float16`` (either way round, ``==`` or
+    ``!=``), ``x.dtype.kind``, ``x.dtype.itemsize`` and ``x.itemsize``, for an array parameter of
+    known dtype and for a local stored once, at the top of the body, from ``y.astype(t, ...)``
+    with ``t`` a known dtype; and ``t == np.float32`` for a local ``t`` stored once from a known
+    dtype (``t = x.dtype``). numpy compares the same dtypes the same way at build time as at run
+    time, so each fold gives the value the expression has. A local stored from a bare scalar type
+    (``t = np.float32``) is not an alias: ``t == np.int64`` then compares classes, which may differ
+    where their dtypes are equal (``np.longlong`` and ``np.int64``)."""
+
+    _ATTRIBUTES = ("kind", "itemsize", "name")  # not ``char``: 'l' and 'q' are both int64
+
+    def __init__(self, function: ast.FunctionDef, arrays: Mapping[str, np.dtype], stored: Counter):
+        self.stored, self.changed = stored, False
+        self.arrays = dict(arrays)  # name -> dtype of an array it holds
+        self.aliases: dict[str, np.dtype] = {}  # name -> the dtype it holds (or a numpy scalar type)
+        if stored["np"]:
+            self.arrays = {}
+            return
+        for stmt in function.body:  # top level: each read of a name stored once comes after it
+            if not (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name)):
+                continue
+            name, value = stmt.targets[0].id, stmt.value
+            if stored[name] != 1:
+                continue
+            if (
+                isinstance(value, ast.Call)
+                and isinstance(value.func, ast.Attribute)
+                and value.func.attr == "astype"
+                and value.args
+                and (dtype := self._dtype(value.args[0])) is not None
+            ):
+                self.arrays[name] = dtype
+            elif not _bare(value) and (dtype := self._dtype(value)) is not None:
+                self.aliases[name] = dtype  # a dtype object: compared with a scalar type as numpy does
+
+    def _dtype(self, node: ast.AST) -> np.dtype | None:
+        """The dtype ``node`` stands for: ``np.float32``, ``x.dtype`` of a known array, a known alias."""
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
+            if node.value.id == "np" and isinstance(getattr(np, node.attr, None), type):
+                scalar = getattr(np, node.attr)
+                return np.dtype(scalar) if issubclass(scalar, np.generic) else None
+            if node.attr == "dtype":
+                return self.arrays.get(node.value.id)
+        if isinstance(node, ast.Name):
+            return self.aliases.get(node.id)
+        return None
+
+    def _lit(self, value: Any, like: ast.AST) -> ast.AST:
+        self.changed = True
+        return ast.copy_location(ast.Constant(value), like)
+
+    def visit_Compare(self, node: ast.Compare) -> ast.AST:
+        self.generic_visit(node)
+        if len(node.ops) != 1 or not isinstance(node.ops[0], (ast.Eq, ast.NotEq)):
+            return node
+        left, right = node.left, node.comparators[0]
+        a, b = self._dtype(left), self._dtype(right)
+        if a is None or b is None or (_bare(left) and _bare(right)):  # two classes: compared as classes
+            return node
+        return self._lit((a == b) == isinstance(node.ops[0], ast.Eq), node)
+
+    def visit_Attribute(self, node: ast.Attribute) -> ast.AST:
+        self.generic_visit(node)
+        if not isinstance(node.ctx, ast.Load) or node.attr not in self._ATTRIBUTES:
+            return node
+        inner = node.value
+        if isinstance(inner, ast.Attribute) and inner.attr == "dtype" and isinstance(inner.value, ast.Name):
+            dtype = self.arrays.get(inner.value.id)  # an array's dtype: a dtype object, with these attributes
+        elif node.attr == "itemsize" and isinstance(inner, ast.Name):
+            dtype = self.arrays.get(inner.id)  # ndarray.itemsize
+        else:
+            return node
+        return node if dtype is None else self._lit(getattr(dtype, node.attr), node)
+
+
+def _bare(node: ast.AST) -> bool:
+    """``np.<name>``: a numpy scalar type (a class), not a dtype object."""
+    return isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "np"
 
 
 class _Builtins(ast.NodeTransformer):

@@ -77,8 +77,9 @@ _COMPARE: dict[type, Callable[[Any, Any], Any]] = {
 _TERMINAL = (ast.Return, ast.Raise, ast.Break, ast.Continue)
 _LITERALS = (bool, int, float, complex, str, bytes, type(None))
 _MISSING = object()
-#: rounds of module-wide folding (fold_calls): a call evaluated may make another one literal
-_MODULE_ROUNDS = 4
+#: rounds of module-wide folding (fold_calls): a call evaluated, or a parameter bound, may make
+#: another one literal (a kernel's literal reaches its helper's helper in two)
+_MODULE_ROUNDS = 6
 
 
 def literal(node: ast.AST) -> Any:
@@ -372,7 +373,10 @@ def prune(source: str, constants: Mapping[str, object], *, roots: tuple[str, ...
     from cuvil_edge.device_targets.fold_locals import refine
 
     for _ in range(_MODULE_ROUNDS):  # what the module's functions make certain, now that constants are in
-        touched = fold_calls(tree)
+        # a function nothing reaches any more still calls the others: its calls would keep their
+        # arguments from looking constant (fold_calls binds what every call passes alike)
+        tree = remove_unused_functions(tree, roots)
+        touched = fold_calls(tree, roots)
         if not touched:
             break
         unchanged -= touched
@@ -434,11 +438,13 @@ def specialise_function(
     present: Iterable[str] = (),
     doc: str | None = None,
     shapes: Mapping[str, tuple] | None = None,
+    dtypes: Mapping[str, str] | None = None,
 ) -> tuple[str, tuple[str, ...], bool]:
     """One call site's copy of a kernel: the parameters in ``values`` become literals, the
     parameters in ``present`` are known to hold arrays (``p is None`` is False), and the branches
     these decide are pruned (:class:`Fold`). ``shapes``: the graph's dims of array parameters (ints
-    or symbols), and the locals assigned once from literals, are folded in too (:mod:`.fold_locals`).
+    or symbols), their element types in ``dtypes`` (numpy dtype names), and the locals assigned
+    once from literals, are folded in too (:mod:`.fold_locals`).
 
     ``source`` holds a single ``def``; the copy is renamed ``name`` and, with ``doc``, gets that
     docstring. A parameter is substituted only when its value is a plain literal (or a tuple of
@@ -460,11 +466,12 @@ def specialise_function(
         frozenset(present),
         tuple(sorted((k, _tag(v)) for k, v in values.items() if _is_literal(v))),
         tuple(sorted((k, _tag(tuple(v))) for k, v in (shapes or {}).items())),
+        tuple(sorted((k, str(v)) for k, v in (dtypes or {}).items())),
     )
     with _MEMO_LOCK:
         done = _SPECIALISED.get(key)
     if done is None:
-        done = _specialise(source, name, values, key[3], doc, shapes or {})
+        done = _specialise(source, name, values, key[3], doc, shapes or {}, dtypes or {})
         with _MEMO_LOCK:
             if len(_SPECIALISED) >= _MEMO_SIZE:  # a long-lived daemon meets a bounded set of models
                 _SPECIALISED.clear()
@@ -492,6 +499,7 @@ def _specialise(
     present: Iterable[str],
     doc: str | None,
     shapes: Mapping[str, tuple],
+    dtypes: Mapping[str, str],
 ) -> tuple[str, tuple[str, ...], bool]:
     from cuvil_edge.device_targets.fold_locals import refine  # it builds on this module's Fold
 
@@ -515,7 +523,7 @@ def _specialise(
     binder = _Bind(chosen, arrays)
     function = binder.visit(function)
     known = {p: tuple(s) for p, s in shapes.items() if p in arrays}
-    function, refined = refine(function, known)
+    function, refined = refine(function, known, {p: str(d) for p, d in dtypes.items() if p in arrays})
     if not chosen and not binder.changed and not refined:
         return source, (), False
     # drop the substituted parameters, keeping each remaining one's default

@@ -9,7 +9,7 @@ import textwrap
 import numpy as np
 import pytest
 
-from cuvil_edge.device_targets.prune import specialise_function
+from cuvil_edge.device_targets.prune import prune, specialise_function
 
 
 def _specialised(source: str, shapes: dict | None = None) -> str:
@@ -158,3 +158,116 @@ def test_a_start_value_read_before_the_loop_stays():
     folded = _specialised(source)
     assert "for " not in folded and "p = 2" in folded and "p = 6" in folded, folded
     _same_results(source, folded, np.ones(2))
+
+
+# --- element types the graph makes known (fold_locals._Dtypes) -------------------------------------
+DTYPED = """
+def k(x, w):
+    t = np.float32 if x.dtype == np.float16 else x.dtype
+    xt = x.astype(t, copy=False)
+    cols = 9 * xt.itemsize
+    native = "native" if x.dtype == np.float32 else "numpy"
+    fits = t == np.float32 and x.size > 3
+    floating = x.dtype.kind == "f"
+    other = w.dtype == np.float32
+    u = np.float32
+    classes = u == np.float32
+    return cols, native, fits, floating, other, classes
+"""
+
+
+def _typed(dtype: str) -> str:
+    return specialise_function(DTYPED, "k_1", {}, present=["x", "w"], dtypes={"x": dtype})[0]
+
+
+def test_known_element_types_fold_their_comparisons_and_sizes():
+    folded = _typed("float32")
+    assert "cols" not in folded and "native =" not in folded and "floating" not in folded, folded
+    assert "fits = x.size > 3" in folded and "(36, 'native', fits, True," in folded, folded
+    x, w = np.ones(4, np.float32), np.ones(2, np.float64)
+    _same_results(DTYPED, folded, x, w)
+    halves = _typed("float16")
+    assert "'numpy'" in halves, halves  # x.dtype == np.float32 is False for a float16 x
+    _same_results(DTYPED, halves, x.astype(np.float16), w)
+
+
+def test_unknown_element_types_and_class_comparisons_stay():
+    folded = _typed("float32")
+    assert "w.dtype == np.float32" in folded  # w's dtype is not given
+    assert "u == np.float32" in folded  # two classes: numpy scalar types compared as classes
+    untyped = specialise_function(DTYPED, "k_2", {}, present=["x", "w"])[0]
+    assert "x.dtype == np.float16" in untyped and "xt.itemsize" in untyped
+    halves = _typed("float16")
+    assert "xt.itemsize" in halves  # t = np.float32 (a class) is not taken for a dtype alias
+
+
+# --- parameters every call passes alike (fold_calls._bind_constant_arguments) -----------------------
+BOUND = """
+def _path(native, large, cols):
+    if native:
+        return "native"
+    return "blocks" if not large or cols > 100 else "whole"
+
+
+def _pad(x, out, fill=0):
+    return x + out[0] + fill
+
+
+def _view(x, out):
+    return _pad(x, out)
+
+
+def _two_sites(x, k):
+    return x * k
+
+
+def _rebinds(x, k):
+    k = k + 1
+    return x * k
+
+
+def _passed(x, k):
+    return x - k
+
+
+def _apply(f, x):
+    return f(x, 1)
+
+
+def run(W, feeds):
+    x = feeds["x"]
+    path = _path(x.flags.writeable, TARGET_LARGE, 64)
+    y = _view(x, (8, 8))
+    z = _two_sites(x, 2) + _two_sites(x, 3)
+    r = _rebinds(x, 1)
+    q = _apply(_passed, x)
+    if path == "blocks":
+        y = y + 100
+    return {"y": (path, y, z, r, q)}
+
+
+def helper_root(x, k):
+    return x * k
+"""
+
+
+def test_a_parameter_every_call_passes_alike_becomes_a_literal():
+    pruned = prune(BOUND, {"TARGET_LARGE": True}, roots=("run", "helper_root"))
+    assert "def _path(native):" in pruned and "_path(x.flags.writeable)" in pruned
+    assert "y + 100" not in pruned  # _path can no longer return "blocks": the branch goes
+    assert "def _pad(x):" in pruned and "return x + 8 + 0" in pruned  # through _view, and a default
+    assert "def _view(x):" in pruned and "_view(x)" in pruned
+    namespace: dict = {}
+    exec(pruned, namespace)  # noqa: S102 - the pruned module
+    original: dict = {"TARGET_LARGE": True}
+    exec(BOUND, original)  # noqa: S102 - the same module unpruned
+    x = np.ones(2)
+    assert repr(namespace["run"]({}, {"x": x})) == repr(original["run"]({}, {"x": x}))
+
+
+def test_parameters_calls_pass_differently_or_that_cannot_be_seen_stay():
+    pruned = prune(BOUND, {"TARGET_LARGE": True}, roots=("run", "helper_root"))
+    assert "def _two_sites(x, k):" in pruned  # 2 at one call, 3 at the other
+    assert "def _rebinds(x, k):" in pruned  # the body stores k
+    assert "def _passed(x, k):" in pruned  # passed as a value: not every call is in sight
+    assert "def helper_root(x, k):" in pruned  # a root: called from outside the module
