@@ -22,8 +22,8 @@ skipping its trip through memory saves little).
 from __future__ import annotations
 
 from cuvil_edge.ir.graph import Graph, Node
+from cuvil_edge.ir.ops.conv import _conv_attrs
 from cuvil_edge.ir.ops.fused_block import CLAMPS
-from cuvil_edge.ir.ops.window import _conv_attrs
 from cuvil_edge.passes._infra import (
     Pass,
     PassResult,

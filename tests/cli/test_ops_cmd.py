@@ -15,7 +15,7 @@ def test_ops_lists_every_op(capsys):
 def test_ops_conv_shows_its_versions(capsys):
     assert main(["ops", "Conv"]) == 0
     out = capsys.readouterr().out
-    assert "1, 11, 22" in out and "window.py" in out and "kernel_shape" in out
+    assert "1, 11, 22" in out and "conv.py" in out and "kernel_shape" in out
 
 
 def test_ops_of_a_misspelt_name_fails_with_the_right_one(capsys):

@@ -15,7 +15,7 @@ from onnx import TensorProto, helper, numpy_helper
 from cuvil_edge.device_targets import build, load_target, memory_plan
 from cuvil_edge.device_targets.cost_model import predict
 from cuvil_edge.frontend import load_model
-from cuvil_edge.ir.ops import _native, _packing, _scratch, window
+from cuvil_edge.ir.ops import _native, _packing, _scratch, conv
 from cuvil_edge.passes import optimize
 
 from native_targets import NATIVE, NUMPY, needs_compiler
@@ -95,8 +95,8 @@ def test_the_store_adds_the_residual_and_clamps(monkeypatch):
     shape = np.array([2, 9, 5, 6, 11, 3, 3, 1, 1, 1, 1, 1, 1, 5, 6], np.int64)
     assert lib.cuvil_conv_gemm_f32(address, x.ctypes.data, b.ctypes.data, res.ctypes.data, y.ctypes.data,
                                    shape.ctypes.data, 0.0, 6.0) == 0
-    conv = window.k_conv(x, w, b, strides=(1, 1), pads=(1, 1, 1, 1), dilations=(1, 1), auto_pad="NOTSET", group=1)
-    np.testing.assert_allclose(y, np.clip(conv + res, 0, 6), rtol=1e-5, atol=1e-5)
+    want = conv.k_conv(x, w, b, strides=(1, 1), pads=(1, 1, 1, 1), dilations=(1, 1), auto_pad="NOTSET", group=1)
+    np.testing.assert_allclose(y, np.clip(want + res, 0, 6), rtol=1e-5, atol=1e-5)
 
 
 @needs_compiler
@@ -167,11 +167,11 @@ def test_kernel_memory_plan_and_cost_model_take_the_same_path(monkeypatch, case,
         [node], "paths", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [n, c, *spatial])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None] * (rank + 2))], [numpy_helper.from_array(w, "w")]),
         opset_imports=[helper.make_opsetid("", 17)]).SerializeToString())
-    kernel_paths, plan_paths = _recorder(monkeypatch, window), _recorder(monkeypatch, _scratch)
-    monkeypatch.setattr(window, "TARGET_NATIVE", native)
-    monkeypatch.setattr(window, "TARGET_LARGE_SCRATCH", bool(spec.capabilities()["TARGET_LARGE_SCRATCH"]))
+    kernel_paths, plan_paths = _recorder(monkeypatch, conv), _recorder(monkeypatch, _scratch)
+    monkeypatch.setattr(conv, "TARGET_NATIVE", native)
+    monkeypatch.setattr(conv, "TARGET_LARGE_SCRATCH", bool(spec.capabilities()["TARGET_LARGE_SCRATCH"]))
     x = np.ones((n, c, *spatial), np.float32)
-    window.k_conv(x, w, strides=(1,) * rank, pads=(pad,) * 2 * rank, dilations=(1,) * rank, auto_pad="NOTSET",
+    conv.k_conv(x, w, strides=(1,) * rank, pads=(pad,) * 2 * rank, dilations=(1,) * rank, auto_pad="NOTSET",
                   group=group)
     memory_plan.plan_memory(graph, spec, native=native)
     cost_kind = predict(graph, spec).nodes[0].kernel

@@ -22,7 +22,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from cuvil_edge.ir.ops import _int8, matmul, window
+from cuvil_edge.ir.ops import _int8, conv, matmul
 
 U8, I8, F32 = np.uint8, np.int8, np.float32
 SOURCE = Path(_int8.__file__).with_name("native_int8.c")
@@ -61,7 +61,7 @@ def _paths(monkeypatch, portable, call):
     out = {}
     for name in ("native", "portable", "numpy"):
         with monkeypatch.context() as m:
-            for module in (window, matmul):
+            for module in (conv, matmul):
                 m.setattr(module, "TARGET_INT8_DOT", "none" if name == "numpy" else "avx2")
             if name == "portable":
                 m.setattr(_int8, "lib", lambda: portable)
@@ -106,7 +106,7 @@ def test_q_linear_conv_matches_onnxruntime(case, monkeypatch, portable):
     ys, yz = np.array(float(xs) * float(ws.max()) * np.sqrt(w[0].size) * 40, F32), np.array(rng.integers(0, 20), xdt)
     b = rng.integers(-3000, 3000, m).astype(np.int32)
     attrs = {"strides": strides, "pads": pads, "dilations": dilations, "auto_pad": "NOTSET", "group": 1}
-    got = _paths(monkeypatch, portable, lambda: window.k_q_linear_conv(x, xs, xz, w, ws, wz, ys, yz, b, **attrs))
+    got = _paths(monkeypatch, portable, lambda: conv.k_q_linear_conv(x, xs, xz, w, ws, wz, ys, yz, b, **attrs))
     node = helper.make_node("QLinearConv", ["x", "xs", "xz", "w", "ws", "wz", "ys", "yz", "b"], ["y"],
                             strides=list(strides), pads=list(pads), dilations=list(dilations))
     ow, owz = (np.array(w), wz) if xdt == I8 else ((w.astype(np.int16) + 128).astype(U8), np.full(m, 128, U8))
@@ -125,13 +125,13 @@ def test_conv_integer_is_exact(xdt, wdt, monkeypatch, portable):
     x, w = _rand(rng, xdt, (2, 6, 9, 8)), _rand(rng, wdt, (11, 6, 3, 3))
     xz, wz = np.array(rng.integers(0, 60), xdt), rng.integers(0, 30, 11).astype(wdt)  # per-channel w zero point
     attrs = {"strides": (2, 1), "pads": (1, 0, 1, 2), "dilations": (1, 1), "auto_pad": "NOTSET", "group": 1}
-    got = _paths(monkeypatch, portable, lambda: window.k_conv_integer(x, w, xz, wz, **attrs))
+    got = _paths(monkeypatch, portable, lambda: conv.k_conv_integer(x, w, xz, wz, **attrs))
     assert all(np.array_equal(y, got["numpy"]) and y.dtype == np.int32 for y in got.values())
     if xdt == U8:  # onnxruntime's ConvInteger takes uint8 x (and a per-tensor w zero point)
         node = helper.make_node("ConvInteger", ["x", "w", "xz", "wz"], ["y"], strides=[2, 1], pads=[1, 0, 1, 2])
         wz0 = np.array(wz[0], wdt)
         want = _ort(node, {"x": x, "w": w, "xz": xz, "wz": wz0}, TensorProto.INT32)
-        assert np.array_equal(window.k_conv_integer(x, w, xz, wz0, **attrs), want)
+        assert np.array_equal(conv.k_conv_integer(x, w, xz, wz0, **attrs), want)
 
 
 # a shape, K, N, a dtype, b dtype

@@ -20,9 +20,9 @@ from cuvil_edge.frontend import load_model
 from cuvil_edge.frontend.demo_model import digits_cnn_onnx
 from cuvil_edge.ir import interpreter
 from cuvil_edge.ir.infer import with_initializers
+from cuvil_edge.ir.ops.conv import k_conv
 from cuvil_edge.ir.ops.quant import k_dequantize_linear, k_quantize_linear
 from cuvil_edge.passes import optimize
-from cuvil_edge.ir.ops.window import k_conv
 from cuvil_edge.passes.quantize import (METHODS, activation_params, calibrate_ranges, dequantize_at_load, quantizable,
                                         quantize_int8, store_fp16, weight_scales)
 from cuvil_edge.passes.quantize_weights import as_matrix, from_matrix, gptq, layer_inputs, output_error

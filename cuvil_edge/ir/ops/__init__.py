@@ -3,7 +3,7 @@
 Every op is an :class:`~cuvil_edge.ir.ops._contract.OpDef` (see ``_contract.py``): one kernel
 function shared by the interpreter and the code generator, ``attrs(node)`` computed once for both,
 ``infer``, ``flops`` and, for contractions, ``macs``. Modules list their ops in ``OPS``: families
-as table rows (``unary.py``, ``binary.py``, ``reduce.py``, ``window.py``, ``pooling.py``, ...);
+as table rows (``unary.py``, ``binary.py``, ``reduce.py``, ``conv.py``, ``pooling.py``, ...);
 modules whose name starts with ``_`` hold shared helpers and register nothing.
 
 ``VERSIONS`` are the opsets at which ONNX changed an op's schema, oldest first (what was checked
@@ -71,7 +71,7 @@ SEE_ALSO = "see docs/OPS.md or run `cuvil-edge ops`"
 
 @lru_cache(maxsize=1)
 def op_modules() -> dict[str, str]:
-    """The module of this package that defines each op (``"unary"``, ``"window"``...)."""
+    """The module of this package that defines each op (``"unary"``, ``"conv"``...)."""
     registry()  # refuses a broken module first, with registry's message
     return {
         op.OP_TYPE: info.name

@@ -1,7 +1,7 @@
 """Python side of the native int8 kernels (``native_int8.c``): int8/uint8 convolution and matrix
 products with int32 accumulation, stored as int32 or requantized in the same pass.
 
-The quantized kernels (ConvInteger, QLinearConv in :mod:`.window`; MatMulInteger, QLinearMatMul in
+The quantized kernels (ConvInteger, QLinearConv in :mod:`.conv`; MatMulInteger, QLinearMatMul in
 :mod:`.matmul`) call :func:`_i8_ops` inside ``if TARGET_NATIVE:`` and use :func:`conv` / :func:`matmul`
 from what it returns; each returns None for a call it does not take (grouped or non-2-D convolutions,
 per-row zero points, batched weights), and so does :func:`_i8_ops` where the library is missing or

@@ -32,7 +32,7 @@ from cuvil_edge.ir.ops._util import (
     need,
     same_dtype,
 )
-from cuvil_edge.ir.ops.window import _CONV_HELPERS, k_conv
+from cuvil_edge.ir.ops.conv import _CONV_HELPERS, k_conv
 
 TARGET_NATIVE = DEFAULT_CAPABILITIES["TARGET_NATIVE"]
 
