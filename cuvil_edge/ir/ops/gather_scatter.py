@@ -1,6 +1,7 @@
 """Index-driven reads and writes, one table row each (the op contract: ``_contract.py``):
-GatherElements, GatherND, ScatterElements, ScatterND, OneHot. Negative indices count from the end,
-as ONNX allows; scatter reductions (none, add, mul, max, min) apply duplicates in index order.
+Gather, GatherElements, GatherND, ScatterElements, ScatterND, OneHot. Negative indices count from
+the end, as ONNX allows; scatter reductions (none, add, mul, max, min) apply duplicates in index
+order. Gather also reads symbolic shape vectors (``dtype=object`` arrays, see ``_shape.py``).
 """
 
 from __future__ import annotations
@@ -9,10 +10,21 @@ import numpy as np
 
 from cuvil_edge.errors import ShapeInferenceError
 from cuvil_edge.ir.graph import TensorType
-from cuvil_edge.ir.ops._contract import OpDef, per_element
+from cuvil_edge.ir.ops import _torch
+from cuvil_edge.ir.ops._contract import BatchRule, OpDef, Probe, per_element
+from cuvil_edge.ir.ops._scratch import gather_scratch
 from cuvil_edge.ir.ops._util import INT, STR, axis_index, choice, need
 
 _INDEX = frozenset({"int32", "int64"})
+
+
+def k_gather(data, indices, axis):
+    size = data.shape[axis]
+    where = np.asarray(indices).astype(np.int64)
+    if where.size and (where.min() < -size or where.max() >= size):
+        raise IndexError(f"Gather index out of range for axis {axis} of size {size}")
+    y = np.take(data, np.where(where < 0, where + size, where), axis=axis)
+    return y if isinstance(y, np.ndarray) else np.array(y, dtype=data.dtype)  # object data gives a bare element
 
 
 def k_gather_elements(data, indices, axis):
@@ -86,6 +98,18 @@ def _index_type(node, t, what="indices"):
         raise ShapeInferenceError(f"{node.describe()}: {what} must be int32 or int64, got {t}")
 
 
+def _infer_gather(node, inputs):
+    """data.shape[:axis] + indices.shape + data.shape[axis+1:]; negative indices count from the end."""
+    need(node, inputs, 2)
+    data, indices = inputs
+    if indices.dtype not in ("int32", "int64"):
+        raise ShapeInferenceError(f"{node.describe()}: indices must be int32 or int64, got {indices.dtype}")
+    if data.rank == 0:
+        raise ShapeInferenceError(f"{node.describe()}: data must have rank >= 1")
+    axis = axis_index(node, int(node.attr("axis", 0)), data.rank)
+    return [TensorType(data.dtype, data.shape[:axis] + indices.shape + data.shape[axis + 1 :])]
+
+
 def _infer_gather_elements(node, inputs):
     need(node, inputs, 2)
     data, indices = inputs
@@ -155,6 +179,20 @@ def _zero(node, inputs, outputs):
 
 
 OPS = (
+    OpDef(
+        "Gather",
+        (1, 11, 13),
+        batch=BatchRule("gather", data=(0, 1)),
+        infer=_infer_gather,
+        fn=k_gather,
+        flops=_zero,
+        attrs=lambda node: {"axis": int(node.attr("axis", 0))},
+        ATTRS={"axis": INT},
+        torch=_torch.gather,
+        scratch=gather_scratch,
+        cost_kind="gather",
+        probes=(Probe((16, 64), {"axis": 0}, lambda: (np.arange(16, dtype=np.int64),)),),
+    ),
     OpDef(
         "GatherElements",
         (11, 13),

@@ -1,11 +1,11 @@
-"""Ops that cut, join, pick or pad along axes, one table row each (the op contract:
-``_contract.py``): Concat, Split, Slice, Gather, Pad. They move data without arithmetic (0 FLOPs).
+"""Ops that cut, join or pad along axes, one table row each (the op contract: ``_contract.py``):
+Concat, Split, Slice, Pad. They move data without arithmetic (0 FLOPs).
 
 Parameters that are attributes at old opsets and inputs at newer ones (Split's split from 13,
 Slice's starts/ends/axes from 10, Pad's pads and value from 11) reach the kernel as keywords (from
 ``attrs``) or as arguments (the input's value); the kernel is one function either way. Constant
-inputs the output shape depends on are listed in ``CONST_INPUTS``; Concat, Gather and Slice also
-take symbolic shape vectors (``dtype=object`` arrays, see ``_shape.py``).
+inputs the output shape depends on are listed in ``CONST_INPUTS``; Concat and Slice also take
+symbolic shape vectors (``dtype=object`` arrays, see ``_shape.py``).
 """
 
 from __future__ import annotations
@@ -19,8 +19,7 @@ from cuvil_edge.ir import dims
 from cuvil_edge.ir.dims import Expr
 from cuvil_edge.ir.graph import TensorType
 from cuvil_edge.ir.ops import _torch
-from cuvil_edge.ir.ops._contract import BatchRule, OpDef, Probe, no_scratch
-from cuvil_edge.ir.ops._scratch import gather_scratch
+from cuvil_edge.ir.ops._contract import BatchRule, OpDef, no_scratch
 from cuvil_edge.ir.ops._shape import attr_or_input, axes as norm_axes, same_rank, vector
 from cuvil_edge.ir.ops._util import FLOAT, INT, INTS, STR, axis_index, need, same_dtype, text
 
@@ -53,15 +52,6 @@ def k_slice(x, starts=None, ends=None, axes=None, steps=None):
         first, stop, stride = slice(int(start), int(end), int(step)).indices(x.shape[a])
         index[a] = slice(first, stop if stop >= 0 else None, stride)
     return x[tuple(index)].copy()
-
-
-def k_gather(data, indices, axis):
-    size = data.shape[axis]
-    where = np.asarray(indices).astype(np.int64)
-    if where.size and (where.min() < -size or where.max() >= size):
-        raise IndexError(f"Gather index out of range for axis {axis} of size {size}")
-    y = np.take(data, np.where(where < 0, where + size, where), axis=axis)
-    return y if isinstance(y, np.ndarray) else np.array(y, dtype=data.dtype)  # object data gives a bare element
 
 
 def k_pad(x, pads, value=None, axes=None, mode="constant"):
@@ -258,19 +248,6 @@ def _slice_attrs(node):
     }
 
 
-# --- Gather -------------------------------------------------------------------------------------
-def _infer_gather(node, inputs):
-    """data.shape[:axis] + indices.shape + data.shape[axis+1:]; negative indices count from the end."""
-    need(node, inputs, 2)
-    data, indices = inputs
-    if indices.dtype not in ("int32", "int64"):
-        raise ShapeInferenceError(f"{node.describe()}: indices must be int32 or int64, got {indices.dtype}")
-    if data.rank == 0:
-        raise ShapeInferenceError(f"{node.describe()}: data must have rank >= 1")
-    axis = axis_index(node, int(node.attr("axis", 0)), data.rank)
-    return [TensorType(data.dtype, data.shape[:axis] + indices.shape + data.shape[axis + 1 :])]
-
-
 # --- Pad ----------------------------------------------------------------------------------------
 def _mode(node):
     mode = text(node, "mode", "constant")
@@ -378,20 +355,6 @@ OPS = (
         CONST_INPUTS=(1, 2, 3, 4),
         torch=_torch.slice_,
         scratch=no_scratch,
-    ),
-    OpDef(
-        "Gather",
-        (1, 11, 13),
-        batch=BatchRule("gather", data=(0, 1)),
-        infer=_infer_gather,
-        fn=k_gather,
-        flops=_zero,
-        attrs=lambda node: {"axis": int(node.attr("axis", 0))},
-        ATTRS={"axis": INT},
-        torch=_torch.gather,
-        scratch=gather_scratch,
-        cost_kind="gather",
-        probes=(Probe((16, 64), {"axis": 0}, lambda: (np.arange(16, dtype=np.int64),)),),
     ),
     OpDef(
         "Pad",
