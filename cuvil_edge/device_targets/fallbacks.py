@@ -45,7 +45,7 @@ from cuvil_edge.errors import BuildError
 
 #: how a marker statement's string starts
 MARK = "fallback: "
-_COMMENT = re.compile(r"#\s*fallback:(.*)$")
+_COMMENT = re.compile(r"#\s*fallback:(.*)$")  # matched on a comment token; searched on a line
 #: a header line past any source: a block without one (a ``case``) takes no comment before it
 _NOWHERE = 1 << 30
 
@@ -69,19 +69,33 @@ def is_marker(stmt: ast.AST) -> bool:
     )
 
 
-def _comments(source: str) -> dict[int, str]:
-    """Line -> reason of each ``# fallback:`` comment of ``source``.
+def _comments(source: str, tree: ast.Module) -> dict[int, str]:
+    """Line -> reason of each ``# fallback:`` comment of ``source`` (``tree`` parsed from it).
+
+    Only the top-level statements holding a line that looks like one are tokenized (to tell a
+    comment from the same text in a string): a module is mostly kernels that declare nothing, and
+    tokenizing all of it costs more than the rest of declaring.
 
     Raises:
         BuildError: a fallback comment gives no reason.
     """
     found: dict[int, str] = {}
-    if "fallback:" not in source:  # most kernels declare none: skip tokenizing them
+    lines = source.splitlines(keepends=True)
+    candidates = [n for n, line in enumerate(lines, 1) if _COMMENT.search(line)]
+    if not candidates:
         return found
-    try:
-        tokens = list(tokenize.generate_tokens(io.StringIO(source).readline))
-    except (tokenize.TokenError, SyntaxError):  # the parse that follows says what is wrong
-        return found
+    tokens: list[tokenize.TokenInfo] = []
+    for top in tree.body:
+        first, last = top.lineno, top.end_lineno or top.lineno
+        if not any(first <= n <= last for n in candidates):
+            continue
+        text = io.StringIO("".join(lines[first - 1 : last]))
+        try:
+            tokens.extend(
+                t._replace(start=(t.start[0] + first - 1, t.start[1])) for t in tokenize.generate_tokens(text.readline)
+            )
+        except (tokenize.TokenError, SyntaxError):  # it parsed, so this is unexpected: declare nothing here
+            continue
     for token in tokens:
         if token.type != tokenize.COMMENT:
             continue
@@ -111,11 +125,13 @@ def declare(tree: ast.Module, source: str) -> set[int]:
     Raises:
         BuildError: a fallback comment gives no reason.
     """
-    comments = _comments(source)
+    comments = _comments(source, tree)
     if not comments:
         return set()
     changed: set[int] = set()
     for top in tree.body:
+        if not any(top.lineno <= n <= (top.end_lineno or top.lineno) for n in comments):
+            continue
         for parent, field, block in list(_blocks(top)):
             start = _header(parent, field)
             inserted = 0

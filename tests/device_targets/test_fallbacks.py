@@ -96,3 +96,8 @@ def test_a_marker_runs_no_code():
 
 def _opnames(code) -> list[str]:
     return [i.opname for i in dis.get_instructions(code) if i.opname != "NOP"]
+
+
+def test_the_same_text_in_a_string_declares_nothing():
+    source = 'def run(x):\n    if x:\n        return "# fallback: in a string"\n    return 2\n'
+    assert fallbacks(prune(source, {})) == []
