@@ -6,7 +6,9 @@ on every axis (of size >= 2) of every data input the rule takes, alone and in pa
 rule accepts the placement, each sample is replaced in turn (values resampled from the same input,
 so indices stay in range and domains hold) and every *other* sample's slice of each batched output
 must stay as it was, and each output the rule calls sample-free (constant or batch size) must not
-move at all. A placement the rule refuses is not run: refusing is always safe.
+move at all. Then the samples are rolled by one: each batched output must roll with them (a sample's
+output follows the sample, not its position in the batch) and each sample-free one stay put. A
+placement the rule refuses is not run: refusing is always safe.
 
 The nodes come from ONNX's node test suite (single-node models with valid inputs, as
 tests/conformance collects them), from the op tests' cases in tests/ir (symbolic batch on axis 0,
@@ -30,9 +32,10 @@ each on all its nodes of those sources (about 850). Not covered by the per-op ch
   reach, so there is no rule to attack. A kernel whose two identical runs differ would make the
   comparison meaningless, so that fails the check too.
 
-The attack itself: ops whose kernels centre or reverse the samples on axis 0 but declare
+The attack itself: ops whose kernels centre, reverse or number the samples on axis 0 but declare
 ``batch="same"`` are registered for one test each, and the same check catches them; so it does
-real kernels (Softmax, LayerNormalization, BatchNormalization, Transpose) given ``same``.
+real kernels (Softmax, LayerNormalization, BatchNormalization, Transpose) given ``same``, and
+CuvilFusedMatMul given MatMul's rule unchanged.
 """
 
 from __future__ import annotations
@@ -277,7 +280,26 @@ def check_rule_holds(sample: Sample) -> tuple[int, bool]:
                 moved = _run(graph, changed)
                 where = f"{candidate.name} with the samples on {placement} (input: axis), sample {k} replaced"
                 moved_own |= _compare_outputs(base, moved, out_states, size, k, where)
+            _check_rolled(graph, feeds, base, by_name, out_states, f"{candidate.name} with the samples on {placement}")
     return accepted, moved_own
+
+
+def _check_rolled(
+    graph: Graph,
+    feeds: Mapping[str, np.ndarray],
+    base: Mapping[str, np.ndarray],
+    by_name: Mapping[str, int],
+    states: Mapping[str, State],
+    where: str,
+) -> None:
+    """Each sample's output follows the sample, not its position: with the samples rolled by one along
+    their axes, each batched output is rolled the same way and each sample-free one stays as it was
+    (a constant with one entry per position would give each sample a different one)."""
+    rolled = _run(graph, {**feeds, **{n: np.roll(feeds[n], 1, axis=a) for n, a in by_name.items()}})
+    for name, want in base.items():
+        state = states[name]
+        expected = np.roll(want, 1, axis=int(state)) if batched(state) else want
+        _compare(name, expected, rolled[name], f"does not follow its samples when they are rolled by one: {where}")
 
 
 def _run(graph: Graph, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -403,15 +425,26 @@ def k_batch_reverse(x):
     return np.ascontiguousarray(x[::-1])
 
 
+def k_batch_position(x):
+    return x + np.arange(x.shape[0], dtype=x.dtype).reshape((-1,) + (1,) * (x.ndim - 1))
+
+
 def _infer_unary(node, inputs):
     return infer_unary(node, inputs, ((1, FLOATS),))
 
 
-#: kernels that combine or reorder the samples on axis 0, each declared as if row-wise
+#: kernels that combine, reorder or number the samples on axis 0, each declared as if row-wise
 WRONG = {
     "centre": OpDef("CuvilBatchCentre", (1,), _infer_unary, k_batch_centre, per_element(2), batch="same"),
     # sample 1 of 3 stays in place: only replacing the others shows the reordering
     "reverse": OpDef("CuvilBatchReverse", (1,), _infer_unary, k_batch_reverse, per_element(0), batch="same"),
+    # no sample meets another, but each meets the constant of its position: only rolling shows it
+    "position": OpDef("CuvilBatchPosition", (1,), _infer_unary, k_batch_position, per_element(1), batch="same"),
+}
+CAUGHT = {
+    "centre": r"output 'y' slice \d along axis 0 changes: .* on \{0: 0\}",
+    "reverse": r"output 'y' slice \d along axis 0 changes: .* on \{0: 0\}",
+    "position": r"output 'y' does not follow its samples when they are rolled by one: .* on \{0: 0\}",
 }
 
 
@@ -421,7 +454,7 @@ def test_an_op_that_mixes_samples_but_declares_same_is_caught(monkeypatch, kind)
     monkeypatch.setitem(ops.registry(), op.OP_TYPE, op)
     x = np.random.default_rng(0).standard_normal((SAMPLES, 4)).astype(np.float32)
     sample = Sample(kind, Node("wrong", op.OP_TYPE, ("x",), ("y",), {}, 1), (x,))
-    with pytest.raises(BatchMixingError, match=r"output 'y' slice \d along axis 0 changes: .* on \{0: 0\}"):
+    with pytest.raises(BatchMixingError, match=CAUGHT[kind]):
         check_rule_holds(sample)
 
 
@@ -447,3 +480,17 @@ def test_a_real_kernel_declared_row_wise_is_caught(monkeypatch, op_type):
         except BatchMixingError:
             caught += 1
     assert caught
+
+
+def test_the_fused_linear_given_matmuls_rule_unchanged_would_be_caught(monkeypatch):
+    """MatMul's rule as it stands (B a data input too) lets samples sit on the weight's columns,
+    where each meets the bias entry of its position: why CuvilFusedMatMul takes A as its only data."""
+    from cuvil_edge.ir.ops._contract import BatchRule
+
+    fused = ops.get("CuvilFusedMatMul")
+    monkeypatch.setitem(
+        ops.registry(), fused.OP_TYPE, dataclasses.replace(fused, batch=BatchRule("matmul", data=(0, 1), slots=(0, 1)))
+    )
+    for sample in _fused_mat_mul():
+        with pytest.raises(BatchMixingError, match=r"rolled by one: .* on \{1: 1\}"):
+            check_rule_holds(sample)
