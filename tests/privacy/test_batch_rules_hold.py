@@ -2,26 +2,26 @@
 
 The static check (privacy/_batch_rules.py) trusts each op's ``batch`` facet. Here every registered
 op that declares one is run by the IR interpreter on representative nodes, with the samples placed
-on every axis (of size >= 2) of every data input the rule takes, alone and in pairs. Wherever the
-rule accepts the placement, each sample is replaced in turn (values resampled from the same input,
-so indices stay in range and domains hold) and every *other* sample's slice of each batched output
-must stay as it was, and each output the rule calls sample-free (constant or batch size) must not
-move at all. Then the samples are rolled by one: each batched output must roll with them (a sample's
-output follows the sample, not its position in the batch) and each sample-free one stay put. A
-placement the rule refuses is not run: refusing is always safe.
+on every axis (of size >= 2) of every data input the rule takes: alone, in pairs, and all on one
+axis. Where the rule accepts the placement, each sample is replaced in turn (values resampled from
+the same input, so indices stay in range and domains hold) and every *other* sample's slice of each
+batched output must stay as it was, and each output the rule calls sample-free (constant or batch
+size) must not move at all. Then the samples are rolled by one: each batched output must roll with
+them (a sample's output follows the sample, not its position in the batch) and each sample-free one
+stay put. A placement the rule refuses is not run: refusing is always safe.
 
 The nodes come from ONNX's node test suite (single-node models with valid inputs, as
 tests/conformance collects them), from the op tests' cases in tests/ir (symbolic batch on axis 0,
-given 3 samples), and for the fused ops the passes make (which no ONNX test has) from the Conv and
-Gemm node tests renamed, plus hand-made CuvilFusedMatMul nodes. Inputs of size 1 on axis 0 are also
-widened to 3 samples so that convolutions and pools see a real batch.
+given 3 samples; the quantized ops' too), and for the fused ops the passes make (which no ONNX test
+has) from the Conv and Gemm node tests renamed, plus hand-made CuvilFusedMatMul nodes. Inputs of
+size 1 on axis 0 are also widened to 3 samples so that convolutions and pools see a real batch.
 
 The placements are the rules' own inputs (states given to each node alone), with static shapes.
 A second test runs the check as training does on the tests/ir cases with a symbolic batch: the
 static check over the whole graph, then the probe on every graph it accepts.
 
 Covered: every op of the registry with a batch facet (:data:`DECLARED`, 102 ops, asserted below),
-each on all its nodes of those sources (about 850). Not covered by the per-op check:
+each on all its nodes of those sources (about 870). Not covered by the per-op check:
 
 * ConstantOfShape has no data input: its batched output is made from ``Shape`` of the batch, which
   a single node with static shapes cannot hold; a graph test below checks that path (and Expand's)
@@ -65,6 +65,7 @@ TESTS = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(TESTS / "conformance"), str(TESTS / "ir")]
 import test_ops  # noqa: E402
 import test_ops_elementwise  # noqa: E402
+import test_ops_quant  # noqa: E402
 import test_ops_shape  # noqa: E402
 from onnx_cases import Case, build_model, feeds_for  # noqa: E402
 from test_conformance_node import node_cases  # noqa: E402
@@ -114,24 +115,26 @@ def _onnx_suite() -> dict[str, list[Sample]]:
 
 
 @cache
-def _ir_graphs() -> tuple[tuple[Case, Graph], ...]:
-    """The op tests' single-node cases of declared ops, imported (the batch symbolic)."""
+def _ir_graphs() -> tuple[tuple[str, str, Graph, dict[str, np.ndarray]], ...]:
+    """The op tests' single-node cases of declared ops, imported (the batch symbolic, given
+    :data:`SAMPLES` in the feeds): (id, op type, graph, feeds)."""
     found = []
     for c in (*test_ops.CASES, *test_ops_elementwise.CASES, *test_ops_shape.CASES):
-        if not isinstance(c, Case) or c.op not in DECLARED:
-            continue
-        try:
-            found.append((c, load_model(build_model(c))))
-        except Exception:  # noqa: BLE001 - a case built for another purpose (an error path)
-            continue
+        if isinstance(c, Case) and c.op in DECLARED:
+            try:
+                found.append((c.id, c.op, load_model(build_model(c)), feeds_for(c, SAMPLES)))
+            except Exception:  # noqa: BLE001 - a case built for another purpose (an error path)
+                continue
+    for q in test_ops_quant.CASES:  # (id, op, args, attrs, opset, output dtype), built by its own helper
+        found.append((q[0], q[1], load_model(test_ops_quant.build(q)), test_ops_quant.feeds(q)))
     return tuple(found)
 
 
 @cache
 def _ir_cases() -> dict[str, list[Sample]]:
     found: dict[str, list[Sample]] = {}
-    for c, graph in _ir_graphs():
-        sample = _from_graph(c.id, graph, feeds_for(c, SAMPLES))
+    for name, _, graph, feeds in _ir_graphs():
+        sample = _from_graph(name, graph, feeds)
         if sample is not None:
             found.setdefault(sample.node.op_type, []).append(sample)
     return found
@@ -370,7 +373,7 @@ def test_rules_hold_with_a_symbolic_batch():
     from cuvil_edge.privacy.batch_independence import batch_axes, probe_batch_independence
 
     accepted: set[str] = set()
-    for c, graph in _ir_graphs():
+    for _, op_type, graph, _ in _ir_graphs():
         batched = [v.name for v in graph.inputs if v.type.rank and v.type.shape[0] == "batch"]
         if not batched:
             continue
@@ -386,7 +389,7 @@ def test_rules_hold_with_a_symbolic_batch():
                 output_axes={v.name: axes[v.name] for v in graph.outputs},
                 probe_rows=SAMPLES,
             )
-        accepted.add(c.op)
+        accepted.add(op_type)
     assert len(accepted) > 50, sorted(set(DECLARED) - accepted)  # 63 ops when written
 
 
