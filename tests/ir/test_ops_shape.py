@@ -127,7 +127,8 @@ CASES = [
     case("rsum13_empty_noop", "ReduceSum", In((B, 3)), np.zeros(0, np.int64), noop_with_empty_axes=1),
     case("rsum13_int64", "ReduceSum", In((B, 3, 4), np.int64), I64(2)),
     case("rsum13_int32", "ReduceSum", In((2, 3, 4), np.int32), I64(0, 2), keepdims=0),
-    # --- normalization.py and indexing.py
+    # --- normalization.py; ArgMax, ArgMin, CumSum (reduce.py), Trilu (linalg.py), Size, DepthToSpace,
+    # SpaceToDepth (movement.py), CastLike (unary.py)
     case("instnorm_eps", "InstanceNormalization", In((B, 3, 4, 5)), const(3), const(3), epsilon=1e-3),
     case("groupnorm21_per_channel", "GroupNormalization", In((B, 4, 3, 3)), const(4), const(4), num_groups=2, opset=21),
     case("lrn", "LRN", In((B, 6, 4, 3)), size=3, alpha=2e-3, beta=0.7, bias=1.5),  # ORT: odd sizes, 4-D only

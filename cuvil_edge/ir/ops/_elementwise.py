@@ -20,6 +20,8 @@ from cuvil_edge.ir.ops._util import broadcast, need, same_dtype
 FLOATS = dtypes.FLOATS
 SIGNED = frozenset({"int8", "int16", "int32", "int64"})
 INTS = SIGNED | {"uint8", "uint16", "uint32", "uint64"}
+#: Every numeric IR dtype (floats and integers; not bool).
+NUMERIC = FLOATS | INTS
 #: Add/Sub/Mul/Div before opset 14 (int32/int64/uint32/uint64 and floats).
 ARITH_OLD = FLOATS | {"int32", "int64", "uint32", "uint64"}
 ARITH_14 = FLOATS | INTS

@@ -21,6 +21,7 @@ from cuvil_edge.ir.ops._elementwise import (
     ARITH_OLD,
     FLOATS,
     INTS,
+    NUMERIC,
     TRANSCENDENTAL,
     broadcast_all,
     infer_binary,
@@ -29,7 +30,6 @@ from cuvil_edge.ir.ops._elementwise import (
 )
 from cuvil_edge.ir.ops._util import INT, STR, broadcast, choice, need, same_dtype
 
-NUMERIC = FLOATS | INTS
 UNSIGNED = frozenset({"uint8", "uint16", "uint32", "uint64"})
 
 

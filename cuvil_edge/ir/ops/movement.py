@@ -1,5 +1,6 @@
-"""Ops that rearrange a tensor without computing on it, one table row each (the op contract:
-``_contract.py``): Reshape, Flatten, Squeeze, Unsqueeze, Transpose, Expand, Shape.
+"""Ops that rearrange a tensor or read its shape without computing on it, one table row each (the
+op contract: ``_contract.py``): Reshape, Flatten, Squeeze, Unsqueeze, Transpose, DepthToSpace,
+SpaceToDepth, Expand, Shape, Size.
 
 Parameters that are attributes at old opsets and inputs at newer ones (Squeeze/Unsqueeze axes
 from opset 13) reach the kernel as keywords (from ``attrs``) or as arguments (the input's value);
@@ -12,14 +13,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from cuvil_edge.errors import ShapeInferenceError
+from cuvil_edge.errors import ShapeInferenceError, UnsupportedAttributeError
 from cuvil_edge.ir import dims
 from cuvil_edge.ir.dims import Expr
 from cuvil_edge.ir.graph import TensorType
 from cuvil_edge.ir.ops import _torch
 from cuvil_edge.ir.ops._contract import BatchRule, OpDef, Probe, no_scratch
 from cuvil_edge.ir.ops._shape import attr_or_input, axes as norm_axes, vector
-from cuvil_edge.ir.ops._util import INT, INTS, axis_index, broadcast, dim_product, ints, need
+from cuvil_edge.ir.ops._util import INT, INTS, STR, axis_index, broadcast, choice, dim_product, ints, need
 
 
 # --- kernels: plain numpy; the same source runs in compiled modules ---------------------------
@@ -56,6 +57,23 @@ def k_transpose(x, perm):
     return np.ascontiguousarray(np.transpose(x, perm or None))
 
 
+def k_depth_to_space(x, blocksize, crd):
+    n, c, h, w = x.shape
+    b = blocksize
+    if crd:
+        y = x.reshape(n, c // (b * b), b, b, h, w).transpose(0, 1, 4, 2, 5, 3)
+    else:
+        y = x.reshape(n, b, b, c // (b * b), h, w).transpose(0, 3, 4, 1, 5, 2)
+    return np.ascontiguousarray(y).reshape(n, c // (b * b), h * b, w * b)
+
+
+def k_space_to_depth(x, blocksize, crd):
+    n, c, h, w = x.shape
+    b = blocksize
+    y = x.reshape(n, c, h // b, b, w // b, b).transpose((0, 1, 3, 5, 2, 4) if crd else (0, 3, 5, 1, 2, 4))
+    return np.ascontiguousarray(y).reshape(n, c * b * b, h // b, w // b)
+
+
 def k_expand(x, shape):
     out = np.broadcast_shapes(x.shape, tuple(int(d) for d in shape))
     return np.array(np.broadcast_to(x, out))
@@ -63,6 +81,10 @@ def k_expand(x, shape):
 
 def k_shape(x, start, end):
     return np.array(x.shape[start:end], dtype=np.int64)
+
+
+def k_size(x):
+    return np.array(x.size, dtype=np.int64)
 
 
 # --- Reshape ------------------------------------------------------------------------------------
@@ -139,7 +161,7 @@ def _rest(node, x, shape, given):
     return dims.floordiv(total, part).to_dim()
 
 
-# --- Flatten, Transpose, Expand, Shape ---------------------------------------------------------
+# --- Flatten, Transpose, Expand, Shape, Size ----------------------------------------------------
 def _infer_flatten(node, inputs):
     """2-D (prod(shape[:axis]), prod(shape[axis:])); axis may be negative (opset >= 11)."""
     need(node, inputs, 1)
@@ -190,6 +212,51 @@ def _infer_shape(node, inputs):
     need(node, inputs, 1)
     start, end = bounds(node, inputs[0].rank)
     return [TensorType("int64", (max(end - start, 0),))]
+
+
+def _infer_size(node, inputs):
+    need(node, inputs, 1)
+    return [TensorType("int64", ())]
+
+
+# --- DepthToSpace, SpaceToDepth -----------------------------------------------------------------
+def _blocksize(node):
+    b = node.attr("blocksize")
+    if not isinstance(b, int) or b < 1:
+        raise UnsupportedAttributeError(f"{node.describe()} needs a positive blocksize attribute, got {b!r}")
+    return b
+
+
+def _crd(node):
+    return choice(node, "mode", "DCR", ("DCR", "CRD")) == "CRD"
+
+
+def _infer_depth_to_space(node, inputs):
+    need(node, inputs, 1)
+    x = inputs[0]
+    b = _blocksize(node)
+    _crd(node)
+    if x.rank != 4:
+        raise ShapeInferenceError(f"{node.describe()} needs a 4-D input, got {x}")
+    n, c, h, w = x.shape
+    if not isinstance(c, int) or c % (b * b):
+        raise ShapeInferenceError(f"{node.describe()}: channels {c} must be a multiple of blocksize² = {b * b}")
+    scale = lambda d: d * b if isinstance(d, int) else None  # noqa: E731
+    if scale(h) is None or scale(w) is None:
+        raise ShapeInferenceError(f"{node.describe()}: height and width must be known, got {x}")
+    return [TensorType(x.dtype, (n, c // (b * b), scale(h), scale(w)))]
+
+
+def _infer_space_to_depth(node, inputs):
+    need(node, inputs, 1)
+    x = inputs[0]
+    b = _blocksize(node)
+    if x.rank != 4:
+        raise ShapeInferenceError(f"{node.describe()} needs a 4-D input, got {x}")
+    n, c, h, w = x.shape
+    if not all(isinstance(d, int) for d in (c, h, w)) or h % b or w % b:
+        raise ShapeInferenceError(f"{node.describe()}: height and width must be known multiples of {b}, got {x}")
+    return [TensorType(x.dtype, (n, c * b * b, h // b, w // b))]
 
 
 # --- Squeeze, Unsqueeze ------------------------------------------------------------------------
@@ -313,6 +380,24 @@ OPS = (
         cost_kind="transpose",
     ),
     OpDef(
+        "DepthToSpace",
+        (1, 11, 13, 28),
+        infer=_infer_depth_to_space,
+        fn=k_depth_to_space,
+        flops=lambda node, inputs, outputs: 0,
+        attrs=lambda node: {"blocksize": _blocksize(node), "crd": _crd(node) if node.version >= 11 else False},
+        ATTRS={"blocksize": INT, "mode": STR},
+    ),
+    OpDef(
+        "SpaceToDepth",
+        (1, 13, 28),
+        infer=_infer_space_to_depth,
+        fn=k_space_to_depth,
+        flops=lambda node, inputs, outputs: 0,
+        attrs=lambda node: {"blocksize": _blocksize(node), "crd": _crd(node) if node.version >= 28 else False},
+        ATTRS={"blocksize": INT, "mode": STR},
+    ),
+    OpDef(
         "Expand",
         (8, 13),
         batch=BatchRule("created", shape=(1,), creates=True),
@@ -334,6 +419,14 @@ OPS = (
         attrs=_shape_attrs,
         ATTRS={"start": INT, "end": INT},
         torch=_torch.shape,
+        scratch=no_scratch,
+    ),
+    OpDef(
+        "Size",
+        (1, 13, 19, 21, 23, 24, 25),
+        infer=_infer_size,
+        fn=k_size,
+        flops=lambda node, inputs, outputs: 0,
         scratch=no_scratch,
     ),
 )

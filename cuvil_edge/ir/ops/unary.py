@@ -1,6 +1,7 @@
 """Elementwise unary ops, one table row each (the op contract: ``_contract.py``), and the
-one-tensor ops with optional extras: Cast (``to``), Clip (bounds: attributes before opset 11,
-optional inputs from it) and Dropout (inference only; the optional mask output).
+one-tensor ops with optional extras: Cast (``to``), CastLike (to input 1's dtype), Clip (bounds:
+attributes before opset 11, optional inputs from it) and Dropout (inference only; the optional
+mask output).
 
 Each kernel is the numpy function compiled modules run; results keep the input's dtype (float16
 is computed by numpy's float32 loops, or in float32 by ``_wide``, and rounded once). Attribute
@@ -24,6 +25,7 @@ from cuvil_edge.ir.ops._elementwise import (
     ERF,
     FLOATS,
     INTS,
+    NUMERIC,
     SIGNED,
     TRANSCENDENTAL,
     _erf64,
@@ -36,8 +38,6 @@ from cuvil_edge.ir.ops._scratch import clip_scratch, erf_scratch, gelu_scratch, 
 from cuvil_edge.ir.ops._util import DEFAULT_CAPABILITIES, FLOAT, INT, STR, choice, need, same_dtype
 
 TARGET_NATIVE = DEFAULT_CAPABILITIES["TARGET_NATIVE"]
-
-NUMERIC = FLOATS | INTS
 
 
 # --- kernels: plain numpy; the same source runs in compiled modules ---------------------------
@@ -125,6 +125,11 @@ def k_cast(x, to):
     # floats to ints truncate toward zero; to bool is != 0 (NaN is True); narrowing rounds to nearest even
     with np.errstate(all="ignore"):
         return np.asarray(x.astype(to))
+
+
+def k_cast_like(x, like):
+    with np.errstate(all="ignore"):
+        return np.asarray(x.astype(like.dtype))
 
 
 def k_clip(x, lo=None, hi=None):
@@ -289,6 +294,12 @@ def _cast_attrs(node):
 def _infer_cast(node, inputs):
     (x,) = infer_unary(node, inputs, ((6, ALL),))
     return [TensorType(_cast_attrs(node)["to"], x.shape)]
+
+
+def _infer_cast_like(node, inputs):
+    need(node, inputs, 2)
+    want(node, inputs[0], ((15, ALL),))
+    return [TensorType(inputs[1].dtype, inputs[0].shape)]
 
 
 # --- Clip: bounds are float attributes before opset 11 (defaults: float32 lowest/highest), optional
@@ -457,6 +468,16 @@ OPS = (
         torch=_torch.cast,
         scratch=no_scratch,
     ),  # saturate only affects float8, which the IR lacks
+    OpDef(
+        "CastLike",
+        (15, 19, 21, 23, 24, 25),
+        infer=_infer_cast_like,
+        fn=k_cast_like,
+        flops=per_element(1),
+        ATTRS={"saturate": INT},
+        torch=_torch.cast_like,
+        scratch=no_scratch,
+    ),
     OpDef(
         "Clip",
         (6, 11, 12, 13),
