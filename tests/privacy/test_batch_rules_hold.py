@@ -153,7 +153,7 @@ def _renamed(samples: list[Sample], op_type: str, activation: str) -> list[Sampl
 
 
 def _fused_mat_mul() -> list[Sample]:
-    """A Linear on (N, T, D) and on (N, H, T, D): A @ W + c, as passes/fuse_bias.py makes it."""
+    """A Linear on (N, T, D), on (N, H, T, D) and on (N, D): A @ W + c, as passes/fuse_bias.py makes it."""
     rng = np.random.default_rng(3)
     out = []
     for shape, activation in (((3, 4, 5), "none"), ((3, 2, 4, 5), "relu"), ((2, 5), "gelu")):
