@@ -444,7 +444,9 @@ def specialise_function(
     parameters in ``present`` are known to hold arrays (``p is None`` is False), and the branches
     these decide are pruned (:class:`Fold`). ``shapes``: the graph's dims of array parameters (ints
     or symbols), their element types in ``dtypes`` (numpy dtype names), and the locals assigned
-    once from literals, are folded in too (:mod:`.fold_locals`).
+    once from literals, are folded in too (:mod:`.fold_locals`). ``dtypes`` must be the types the
+    kernel runs on: the graph's only where the module computes in them (an fp16 build casts its
+    inputs to float16 at run time, so the graph's float32 would fold the wrong branches).
 
     ``source`` holds a single ``def``; the copy is renamed ``name`` and, with ``doc``, gets that
     docstring. A parameter is substituted only when its value is a plain literal (or a tuple of
