@@ -23,7 +23,7 @@ from cuvil_edge.errors import MalformedModelError, ModelFileError, UnsupportedAt
 from cuvil_edge.ir import dims as dim_exprs, dtypes, ops
 from cuvil_edge.ir.graph import Dim, Graph, Node, TensorType, Value
 from cuvil_edge.ir.infer import build_graph, topological_order
-from cuvil_edge.ir.ops import constant
+from cuvil_edge.ir.ops import generator
 from cuvil_edge.passes.naming import fresh_graph_name, fresh_tensor_name, is_graph_name, is_tensor_name
 
 log = logging.getLogger(__name__)
@@ -63,7 +63,7 @@ def load_model(source: str | Path | bytes | onnx.ModelProto) -> Graph:
     nodes = []
     for node in all_nodes:
         if node.op_type == "Constant":
-            initializers[node.outputs[0]] = constant.value_of(node)
+            initializers[node.outputs[0]] = generator.value_of(node)
         else:
             nodes.append(node)
     outputs = [vi.name for vi in graph.output]

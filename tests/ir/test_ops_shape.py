@@ -155,7 +155,8 @@ CASES = [
          reduction="mul", opset=16),
     case("onehot_axis1", "OneHot", np.array([[1, -1], [0, 2]], np.int64), np.array(3, np.int64),
          np.array([0.0, 5.0], np.float32), axis=1, opset=11),
-    # --- shaping.py
+    # --- Tile (movement.py), Range (generator.py), TopK (selection.py), Hardmax (softmax.py), Upsample
+    # (resize.py); Einsum (linalg.py)
     case("tile", "Tile", In((B, 2, 3)), I64(1, 2, 3)),
     case("range_int64", "Range", np.array(2, np.int64), np.array(11, np.int64), np.array(3, np.int64), opset=11),
     case("range_float_negative_delta", "Range", np.array(1.0, np.float32), np.array(-2.0, np.float32),

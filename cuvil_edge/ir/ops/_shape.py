@@ -54,6 +54,14 @@ def vector(
     return out
 
 
+def scalar(node: Node, consts, index: int, what: str) -> np.ndarray:
+    """The one-element constant input ``index`` as a 0-d array (``what`` names it in the error)."""
+    value = (consts or {}).get(index)
+    if value is None or np.asarray(value).size != 1:
+        raise ShapeInferenceError(f"{node.describe()}: {what} must be a constant scalar; it decides the output shape")
+    return np.asarray(value).reshape(())
+
+
 def floats(node: Node, consts, index: int, what: str) -> list[float] | None:
     """Entries of a float constant input (None when absent or empty)."""
     present = index < len(node.inputs) and bool(node.inputs[index])

@@ -1,6 +1,6 @@
 """Ops that rearrange a tensor or read its shape without computing on it, one table row each (the
 op contract: ``_contract.py``): Reshape, Flatten, Squeeze, Unsqueeze, Transpose, DepthToSpace,
-SpaceToDepth, Expand, Shape, Size.
+SpaceToDepth, Expand, Tile, Shape, Size.
 
 Parameters that are attributes at old opsets and inputs at newer ones (Squeeze/Unsqueeze axes
 from opset 13) reach the kernel as keywords (from ``attrs``) or as arguments (the input's value);
@@ -77,6 +77,10 @@ def k_space_to_depth(x, blocksize, crd):
 def k_expand(x, shape):
     out = np.broadcast_shapes(x.shape, tuple(int(d) for d in shape))
     return np.array(np.broadcast_to(x, out))
+
+
+def k_tile(x, repeats):
+    return np.tile(x, [int(r) for r in np.asarray(repeats).reshape(-1)])
 
 
 def k_shape(x, start, end):
@@ -189,6 +193,15 @@ def _infer_expand(node, inputs, consts=None):
     need(node, inputs, 2)
     shape = vector(node, consts, 1, "shape", symbols=True)
     return [TensorType(inputs[0].dtype, broadcast(node, inputs[0].shape, shape))]
+
+
+def _infer_tile(node, inputs, consts=None):
+    need(node, inputs, 2)
+    x = inputs[0]
+    reps = vector(node, consts, 1, "repeats", symbols=True)
+    if len(reps) != x.rank or any(isinstance(r, int) and r < 0 for r in reps):
+        raise ShapeInferenceError(f"{node.describe()}: repeats {reps} must give one count >= 0 per axis of {x}")
+    return [TensorType(x.dtype, tuple(dims.product((d, r)) for d, r in zip(x.shape, reps, strict=True)))]
 
 
 def bounds(node, rank: int) -> tuple[int, int]:
@@ -406,6 +419,17 @@ OPS = (
         flops=_zero,
         CONST_INPUTS=(1,),
         torch=_torch.expand,
+        scratch=no_scratch,
+        cost_kind="gather",
+    ),
+    OpDef(
+        "Tile",
+        (6, 13),
+        infer=_infer_tile,
+        fn=k_tile,
+        flops=_zero,
+        CONST_INPUTS=(1,),
+        torch=_torch.tile,
         scratch=no_scratch,
         cost_kind="gather",
     ),

@@ -1,8 +1,8 @@
-"""Resize: nearest, (multi)linear or (multi)cubic resampling to ``scales`` or ``sizes`` (the op
-contract: ``_contract.py``; one file for one op).
+"""Resize and its predecessor Upsample, one table row each (the op contract: ``_contract.py``).
 
-Opset 10 takes (X, scales) with asymmetric coordinates and onnxruntime's "simple" nearest
-rounding (nearest and linear only); from 11 (X, roi, scales, sizes) with
+Resize is nearest, (multi)linear or (multi)cubic resampling to ``scales`` or ``sizes``. Opset 10
+takes (X, scales) with asymmetric coordinates and onnxruntime's "simple" nearest rounding
+(nearest and linear only); from 11 (X, roi, scales, sizes) with
 coordinate_transformation_mode half_pixel, half_pixel_symmetric (19), pytorch_half_pixel,
 align_corners, asymmetric, tf_half_pixel_for_nn, tf_crop_and_resize (roi input,
 extrapolation_value), nearest_mode round_prefer_floor/ceil, floor, ceil, mode cubic
@@ -11,6 +11,9 @@ extrapolation_value), nearest_mode round_prefer_floor/ceil, floor, ceil, mode cu
 weights renormalised).  Axes are resampled one at a time (the ONNX definition is separable).
 Cubic, antialiased and cropped resampling weigh taps in float64 (as ONNX's reference does)
 and cast back to X's dtype.
+
+Upsample (opsets 7 and 9; deprecated at 10) scales each axis by a factor >= 1 with asymmetric
+coordinates, nearest (floor) or linear; its scales are an attribute at 7 and a constant input at 9.
 """
 
 from __future__ import annotations
@@ -22,10 +25,23 @@ import numpy as np
 from cuvil_edge.errors import ShapeInferenceError, UnsupportedAttributeError
 from cuvil_edge.ir import dtypes
 from cuvil_edge.ir.graph import MAX_DIM, TensorType
-from cuvil_edge.ir.ops._contract import BatchRule, OpDef
-from cuvil_edge.ir.ops._scratch import resize_scratch
+from cuvil_edge.ir.ops._contract import BatchRule, OpDef, per_element
+from cuvil_edge.ir.ops._elementwise import ALL, want
+from cuvil_edge.ir.ops._scratch import resize_scratch, upsample_scratch
 from cuvil_edge.ir.ops._shape import axes as norm_axes, floats, vector
-from cuvil_edge.ir.ops._util import FLOAT, INT, INTS, STR, ints, need, text, want_dtype
+from cuvil_edge.ir.ops._util import (
+    FLOAT,
+    FLOATS as FLOAT_LIST,
+    INT,
+    INTS,
+    STR,
+    choice,
+    ints,
+    need,
+    required,
+    text,
+    want_dtype,
+)
 
 _COORDS = (
     "half_pixel",
@@ -339,6 +355,62 @@ def _attrs(node):
     }
 
 
+# --- Upsample: Resize's predecessor (opsets 7 and 9) ---------------------------------------------
+def k_upsample(x, scales, linear):
+    out = x
+    for axis, s in enumerate(np.asarray(scales, dtype=np.float64).reshape(-1)):
+        size = x.shape[axis]
+        new = int(np.floor(size * float(s)))
+        src = np.arange(new, dtype=np.float64) / float(s)  # asymmetric: out index / scale
+        if not linear:
+            out = np.take(out, np.minimum(np.floor(src).astype(np.int64), size - 1), axis=axis)
+            continue
+        lo = np.minimum(np.floor(src).astype(np.int64), size - 1)
+        hi = np.minimum(lo + 1, size - 1)
+        frac = (src - lo).reshape([-1 if i == axis else 1 for i in range(x.ndim)])
+        w = out.astype(np.float64)
+        out = np.take(w, lo, axis=axis) * (1 - frac) + np.take(w, hi, axis=axis) * frac
+    return np.asarray(out).astype(x.dtype)
+
+
+def _upsample_mode(node):
+    return choice(node, "mode", "nearest", ("nearest", "linear")) == "linear"
+
+
+def _upsample_scales(node, consts):
+    if node.version < 9:
+        scales = node.attr("scales")
+    else:
+        value = (consts or {}).get(1)
+        scales = None if value is None else np.asarray(value, dtype=np.float64).reshape(-1).tolist()
+    if not scales:
+        raise ShapeInferenceError(f"{node.describe()}: scales must be an attribute (opset 7) or a constant input")
+    return [float(s) for s in scales]
+
+
+def _infer_upsample(node, inputs, consts=None):
+    need(node, inputs, 1 if node.version < 9 else 2)
+    x = inputs[0]
+    want(node, x, ((7, ALL),))
+    _upsample_mode(node)
+    scales = _upsample_scales(node, consts)
+    if len(scales) != x.rank or any(s < 1 for s in scales):
+        raise ShapeInferenceError(f"{node.describe()}: scales {scales} must give one factor >= 1 per axis of {x}")
+    shape = []
+    for d, s in zip(x.shape, scales, strict=True):
+        if not isinstance(d, int) and s != 1:
+            raise ShapeInferenceError(f"{node.describe()}: cannot scale the symbolic dim {d!r}")
+        shape.append(int(math.floor(d * s)) if isinstance(d, int) else d)
+    return [TensorType(x.dtype, tuple(shape))]
+
+
+def _upsample_attrs(node):
+    out = {"linear": _upsample_mode(node)}
+    if node.version < 9:
+        out["scales"] = tuple(float(s) for s in required(node, "scales"))
+    return out
+
+
 OPS = (
     OpDef(
         "Resize",
@@ -362,5 +434,16 @@ OPS = (
         },
         CONST_INPUTS=(1, 2, 3),
         scratch=resize_scratch,
+    ),
+    OpDef(
+        "Upsample",
+        (7, 9),
+        infer=_infer_upsample,
+        fn=k_upsample,
+        flops=per_element(4),
+        attrs=_upsample_attrs,
+        ATTRS={"mode": STR, "scales": FLOAT_LIST},
+        CONST_INPUTS=(1,),
+        scratch=upsample_scratch,
     ),
 )

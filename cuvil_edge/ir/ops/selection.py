@@ -1,9 +1,10 @@
 """Ops that select, reorder or frame elements, one table row each (the op contract:
-``_contract.py``): NonZero, Compress, Unique, ReverseSequence, EyeLike, CenterCropPad.
+``_contract.py``): NonZero, Compress, Unique, ReverseSequence, CenterCropPad, TopK.
 
 NonZero, Unique and Compress (with a condition known only at run time) have an output length
 that depends on the data: inference names it with a symbol of its own (``<output>_count``),
-which the run binds like any other symbol.
+which the run binds like any other symbol. TopK's ``k`` is an attribute before opset 10 and a
+constant input from then on: it decides the output shape.
 """
 
 from __future__ import annotations
@@ -11,15 +12,11 @@ from __future__ import annotations
 import numpy as np
 
 from cuvil_edge.errors import ShapeInferenceError, UnsupportedAttributeError
-from cuvil_edge.ir import dtypes
 from cuvil_edge.ir.graph import TensorType
 from cuvil_edge.ir.ops._contract import OpDef, per_element
-from cuvil_edge.ir.ops._elementwise import ALL, want
-from cuvil_edge.ir.ops._shape import vector
-from cuvil_edge.ir.ops._util import INT, INTS, axis_index, data_dependent_dim, dim_product, ints, need
-
-#: EyeLike's dtypes (the IR's numeric types and bool).
-EYE = ALL
+from cuvil_edge.ir.ops._elementwise import ALL, FLOATS, NUMERIC, want
+from cuvil_edge.ir.ops._shape import scalar, vector
+from cuvil_edge.ir.ops._util import INT, INTS, axis_index, data_dependent_dim, dim_product, ints, need, required
 
 
 def k_non_zero(x):
@@ -70,10 +67,6 @@ def k_reverse_sequence(x, sequence_lens, batch_axis, time_axis):
     return np.take_along_axis(x, index, axis=time_axis)
 
 
-def k_eye_like(x, k, dtype):
-    return np.eye(x.shape[0], x.shape[1], k=k, dtype=x.dtype if dtype is None else dtype)
-
-
 def k_center_crop_pad(x, shape, axes):
     chosen = tuple(range(x.ndim)) if axes is None else tuple(a % x.ndim for a in axes)
     sizes = [int(s) for s in np.asarray(shape).reshape(-1)]
@@ -92,6 +85,17 @@ def k_center_crop_pad(x, shape, axes):
     out = np.zeros(out_shape, dtype=x.dtype)
     out[tuple(target)] = x[tuple(source)]
     return out
+
+
+def k_topk(x, k, axis, largest, sorted_):
+    kk = int(np.asarray(k).reshape(-1)[0])
+    n = x.shape[axis]
+    if largest:  # descending; among equal values the lower index first
+        order = n - 1 - np.flip(np.argsort(np.flip(x, axis), axis=axis, kind="stable"), axis)
+    else:
+        order = np.argsort(x, axis=axis, kind="stable")
+    index = np.take(order, np.arange(kk), axis=axis).astype(np.int64)
+    return np.take_along_axis(x, index, axis=axis), index
 
 
 # --- inference and attributes -----------------------------------------------------------------
@@ -172,25 +176,6 @@ def _reverse_attrs(node):
     return {"batch_axis": int(node.attr("batch_axis", 1)), "time_axis": int(node.attr("time_axis", 0))}
 
 
-def _eye_dtype(node):
-    code = node.attr("dtype")
-    if code is None:
-        return None
-    name = dtypes.FROM_ONNX_CODE.get(int(code))
-    if name is None:
-        raise UnsupportedAttributeError(f"{node.describe()}: dtype {code} is not an IR dtype")
-    return name
-
-
-def _infer_eye_like(node, inputs):
-    need(node, inputs, 1)
-    x = inputs[0]
-    want(node, x, ((9, EYE),))
-    if x.rank != 2:
-        raise ShapeInferenceError(f"{node.describe()} needs a 2-D input, got {x}")
-    return [TensorType(_eye_dtype(node) or x.dtype, x.shape)]
-
-
 def _infer_center_crop_pad(node, inputs, consts=None):
     need(node, inputs, 2)
     x, shape = inputs
@@ -213,6 +198,40 @@ def _infer_center_crop_pad(node, inputs, consts=None):
 def _crop_attrs(node):
     axes = node.attr("axes")
     return {"axes": None if axes is None else tuple(ints(node, "axes"))}
+
+
+def _topk_attrs(node):
+    return {
+        "axis": int(node.attr("axis", -1)),
+        "largest": int(node.attr("largest", 1)) if node.version >= 11 else 1,
+        "sorted_": int(node.attr("sorted", 1)) if node.version >= 11 else 1,
+    }
+
+
+def _infer_topk(node, inputs, consts=None):
+    x = inputs[0]
+    want(node, x, ((1, FLOATS), (11, NUMERIC)))
+    axis = axis_index(node, int(node.attr("axis", -1)), x.rank)
+    if node.version < 10:
+        need(node, inputs, 1)
+        k = node.attr("k")
+    else:
+        need(node, inputs, 2)
+        k = scalar(node, consts, 1, "k")
+        if inputs[1].dtype != "int64" or k.dtype.kind not in "iu":
+            raise ShapeInferenceError(f"{node.describe()}: K must be an int64 tensor of one element, got {inputs[1]}")
+        k = int(k)
+    if not isinstance(k, int) or k < 0 or (isinstance(x.shape[axis], int) and k > x.shape[axis]):
+        raise ShapeInferenceError(f"{node.describe()}: k={k!r} must be in [0, {x.shape[axis]}]")
+    shape = tuple(k if i == axis else d for i, d in enumerate(x.shape))
+    return [TensorType(x.dtype, shape), TensorType("int64", shape)]
+
+
+def _topk_kernel_attrs(node):
+    out = _topk_attrs(node)
+    if node.version < 10:
+        out["k"] = int(required(node, "k"))
+    return out
 
 
 OPS = (
@@ -248,15 +267,6 @@ OPS = (
         ATTRS={"batch_axis": INT, "time_axis": INT},
     ),
     OpDef(
-        "EyeLike",
-        (9, 22),
-        infer=_infer_eye_like,
-        fn=k_eye_like,
-        flops=per_element(0),
-        attrs=lambda node: {"k": int(node.attr("k", 0)), "dtype": _eye_dtype(node)},
-        ATTRS={"k": INT, "dtype": INT},
-    ),
-    OpDef(
         "CenterCropPad",
         (18,),
         infer=_infer_center_crop_pad,
@@ -264,6 +274,16 @@ OPS = (
         flops=per_element(0),
         attrs=_crop_attrs,
         ATTRS={"axes": INTS},
+        CONST_INPUTS=(1,),
+    ),
+    OpDef(
+        "TopK",
+        (1, 10, 11),
+        infer=_infer_topk,
+        fn=k_topk,
+        flops=lambda node, inputs, outputs: 2 * inputs[0].numel(),
+        attrs=_topk_kernel_attrs,
+        ATTRS={"axis": INT, "k": INT, "largest": INT, "sorted": INT},
         CONST_INPUTS=(1,),
     ),
 )

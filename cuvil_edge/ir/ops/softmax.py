@@ -1,6 +1,7 @@
-"""Softmax and LogSoftmax, one table row each (the op contract: ``_contract.py``). Before opset 13
-they normalise the 2-D flattening at ``axis`` (default 1); from 13 along ``axis`` alone (default
--1). The ``legacy`` keyword says which; a call site specialised for it keeps one of the two."""
+"""Softmax, LogSoftmax and Hardmax (1 at the first maximum, 0 elsewhere), one table row each (the
+op contract: ``_contract.py``). Before opset 13 they normalise the 2-D flattening at ``axis``
+(default 1); from 13 along ``axis`` alone (default -1). The ``legacy`` keyword (Hardmax's
+``flatten``) says which; a call site specialised for it keeps one of the two."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ import numpy as np
 
 from cuvil_edge.ir import dtypes
 from cuvil_edge.ir.ops import _torch
-from cuvil_edge.ir.ops._contract import OpDef, Probe
+from cuvil_edge.ir.ops._contract import OpDef, Probe, per_element
+from cuvil_edge.ir.ops._elementwise import FLOATS, want
 from cuvil_edge.ir.ops._native import _native_lib
 from cuvil_edge.ir.ops._scratch import log_softmax_scratch, softmax_scratch
 from cuvil_edge.ir.ops._util import DEFAULT_CAPABILITIES, INT, axis_index, need, want_dtype
@@ -48,6 +50,14 @@ def k_log_softmax(x, *, axis, legacy):
     return (shifted - np.log(np.exp(shifted).sum(axis=on, keepdims=True))).reshape(x.shape)
 
 
+def k_hardmax(x, axis, flatten):
+    w = x.reshape(int(np.prod(x.shape[:axis], dtype=np.int64)), -1) if flatten else x
+    a = 1 if flatten else axis + x.ndim if axis < 0 else axis
+    first = np.expand_dims(np.argmax(w, axis=a), a)
+    out = (np.arange(w.shape[a]).reshape([-1 if i == a else 1 for i in range(w.ndim)]) == first).astype(x.dtype)
+    return out.reshape(x.shape)
+
+
 def _attrs(node):
     return {"axis": int(node.attr("axis", -1 if node.version >= 13 else 1)), "legacy": int(node.version < 13)}
 
@@ -61,6 +71,19 @@ def _infer(node, inputs):
 
 def _flops(node, inputs, outputs):
     return 4 * outputs[0].numel()  # subtract max, exp, sum, divide (LogSoftmax: subtract the log)
+
+
+def _hardmax_attrs(node):
+    return {"axis": int(node.attr("axis", 1 if node.version < 13 else -1)), "flatten": node.version < 13}
+
+
+def _infer_hardmax(node, inputs):
+    need(node, inputs, 1)
+    x = inputs[0]
+    want(node, x, ((1, FLOATS),))
+    a = _hardmax_attrs(node)
+    axis_index(node, a["axis"], x.rank, extra=1 if a["flatten"] else 0)
+    return [x]
 
 
 OPS = (
@@ -92,5 +115,14 @@ OPS = (
         torch=_torch.softmax,
         scratch=log_softmax_scratch,
         transcendental=True,
+    ),
+    OpDef(
+        "Hardmax",
+        (1, 11, 13),
+        infer=_infer_hardmax,
+        fn=k_hardmax,
+        flops=per_element(2),
+        attrs=_hardmax_attrs,
+        ATTRS={"axis": INT},
     ),
 )
