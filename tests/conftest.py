@@ -118,8 +118,35 @@ def _seconds(item: pytest.Item) -> float:
     return LONGEST.get(item.nodeid, LONGEST.get(item.nodeid.split("::")[0], 0))
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist appends group names to the node ids
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+def _group_suffix(items: list[pytest.Item]) -> None:
+    """Append each ``xdist_group`` name to its tests' node ids, as xdist's ``--dist loadgroup``
+    does: its scheduler keeps tests with the same ``@name`` on one worker. xdist 3.8 sets the
+    private ``_nodeid``, which pytest 9 no longer reads, so without this every test of a group went
+    to whichever worker was free and a module fixture (a federation) started once per worker."""
+    for item in items:
+        names = sorted({str(m.args[0] if m.args else m.kwargs.get("name", "default"))
+                        for m in item.iter_markers("xdist_group")})
+        if not names or "@" in item.nodeid.rsplit("]", 1)[-1]:
+            continue  # no group, or xdist's own suffix took effect
+        nodeid = f"{item.nodeid}@{'_'.join(names)}"
+        if hasattr(item, "_id"):  # pytest >= 9 keeps the id as a NodeId
+            from _pytest.nodeid import coerce_node_id
+
+            item._id = coerce_node_id(nodeid)
+        else:
+            item._nodeid = nodeid
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)  # orders before xdist appends group names to the node ids
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]):
+    _order(items)
+    result = yield
+    if getattr(config.option, "loadgroup", False):  # a worker of `--dist loadgroup`
+        _group_suffix(items)
+    return result
+
+
+def _order(items: list[pytest.Item]) -> None:
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     units: dict[str, list[pytest.Item]] = {}  # a module one worker runs whole stays together
     rest = []

@@ -101,7 +101,9 @@ def _wait_rejoined(home: Path, node_id: str, since: float, timeout: float = 300)
                 at = datetime.strptime(str(node.get("online-at")), "%Y-%m-%d %H:%M:%SZ").replace(tzinfo=timezone.utc)
                 if at.timestamp() > since:
                     return
-        time.sleep(2)
+        # each look is a `flwr` start-up (about a second of CPU, taken from the other workers), and a
+        # refused agent tries again only every 5 s (REFUSED_RETRY_S)
+        time.sleep(4)
     raise AssertionError(f"node {node_id} did not rejoin within {timeout:.0f} s")
 
 
@@ -124,14 +126,14 @@ def test_enrolled_devices_run_a_rogue_is_refused_and_a_killed_coordinator_resume
                                  env=flwr_env(tmp_path / "rogue"), stdout=open(tmp_path / "rogue.log", "wb"),
                                  stderr=subprocess.STDOUT)
         try:
-            assert rogue.wait(timeout=120) != 0
+            # (a) meanwhile (the rogue's start-up and refusal need no wait of their own), three enrolled
+            # devices with TLS and node authentication complete two rounds
+            assert submit_run(home, APP_DIR, fed_path, rounds=2, timeout=900) == "finished:completed"
+            assert rogue.wait(timeout=120) != 0, "the rogue node was not refused"
         finally:
             if rogue.poll() is None:
                 rogue.kill()
         assert REFUSED_MARK in (tmp_path / "rogue.log").read_text(errors="replace")
-
-        # (a) three enrolled devices with TLS and node authentication complete two rounds
-        assert submit_run(home, APP_DIR, fed_path, rounds=2, timeout=900) == "finished:completed"
         registry = json.loads((home / "sites.json").read_text())["sites"]
         assert all(entry.get("node_id") for entry in registry.values())
         st = federation_status(home)  # `cuvil-edge status`
@@ -247,11 +249,13 @@ def test_a_killed_clientapp_fails_only_its_site_and_a_killed_supernode_rejoins_w
                                   "--partition", "0/3"], env=flwr_env(device),
                                  stdout=open(tmp_path / "agent-restarted.log", "wb"), stderr=subprocess.STDOUT)
         fed.supernodes[0] = agent  # stopped (SIGTERM, which stops its SuperNode) with the others
-        _wait_rejoined(home, node_id, since=killed_at)  # the same node id, in a new session
 
-        with pytest.raises(DeploymentError, match="finished:failed") as refused:  # 1 of 1 rounds done: the
-            submit_run(home, APP_DIR, fed_path, rounds=1, timeout=600, resume=True)  # ServerApp refuses, we say why
+        # while the SuperLink keeps the killed node's old session (about a minute), which no site is
+        # needed for: 1 of 1 rounds done, the ServerApp refuses at its start, and we say why
+        with pytest.raises(DeploymentError, match="finished:failed") as refused:
+            submit_run(home, APP_DIR, fed_path, rounds=1, timeout=600, resume=True)
         assert refused.value.reason.startswith("federation 'digits-demo' already completed 1 of 1 rounds")
+        _wait_rejoined(home, node_id, since=killed_at)  # the same node id, in a new session
         assert submit_run(home, APP_DIR, fed_path, rounds=2, timeout=600, resume=True) == "finished:completed"
         second_run = max(r for r in (home / "runs").iterdir() if (r / "metrics.json").exists())
         r2 = json.loads((second_run / "metrics.json").read_text())["rounds"][-1]
@@ -354,6 +358,12 @@ def test_run_checks_its_sites_first_and_interrupting_it_or_the_coordinator_stops
         assert list_runs(home)[0].status == "finished:stopped"
 
         # a run mid-round, and the coordinator stops
+        earlier = {key for d in fed.device_homes for key, _ in _train_rows(d)}  # the stopped run's claims
+
+        def training() -> bool:  # a site has claimed this run's spend: packages are out, it trains
+            return any(status == "reserved" and key not in earlier for d in fed.device_homes
+                       for key, status in _train_rows(d))
+
         proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         lines: list[str] = []
         reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
@@ -363,7 +373,11 @@ def test_run_checks_its_sites_first_and_interrupting_it_or_the_coordinator_stops
             while time.monotonic() < deadline and not any(line.startswith("round 0:") for line in lines):
                 assert proc.poll() is None, "".join(lines)
                 time.sleep(0.5)
-            time.sleep(5)  # round 1: packages out, the sites training
+            deadline = time.monotonic() + 120  # round 1, once a site trains (not a fixed pause)
+            while time.monotonic() < deadline and not training():
+                assert proc.poll() is None, "".join(lines)
+                time.sleep(0.2)
+            assert training(), "no site started training round 1"
             serverapps = [cmd for cmd in _naming(home) if "flwr-serverapp" in cmd]
             assert serverapps, _naming(home)
             began = time.monotonic()
