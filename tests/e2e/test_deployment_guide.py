@@ -185,13 +185,17 @@ class Walk:
             assert path.is_file(), f"scp {source}: no such file on {machine}"
             shutil.copy(path, target / path.name if dest.endswith("/") else target)
 
-    def wait(self, condition, what: str, timeout: float = 240) -> None:
-        deadline = time.monotonic() + timeout
+    def wait(self, condition, what: str, timeout: float = 240, slowest: float = 1) -> None:
+        """Until ``condition()``, looking every second, or (``slowest`` > 1) a second longer after
+        each look, up to ``slowest`` s: for a condition that starts `flwr` (about a second of CPU,
+        taken from the other workers) while it waits on something slow (a heartbeat timeout)."""
+        deadline, pause = time.monotonic() + timeout, 1.0
         while not condition():
             serve = self.daemons.get("serve")
             assert serve is None or serve.poll() is None, f"serve stopped while waiting for {what}"
             assert time.monotonic() < deadline, f"timed out waiting for {what}"
-            time.sleep(1)
+            time.sleep(pause)
+            pause = min(pause + 1, slowest)
 
     def online_since(self, site: str, since: float) -> bool:
         """``site``'s node is online in a session the SuperLink opened after ``since`` (epoch s)."""
@@ -262,7 +266,8 @@ def _do(walk: Walk, step: Step) -> None:
             return  # joins once it is enrolled (the next block)
         # a killed node's old session reads "online" until the SuperLink misses its heartbeats
         # (about a minute, §5): rejoined means online in a session opened after the kill
-        walk.wait(lambda: walk.online_since(_site(step.machine), since), f"{step.machine} online", timeout=300)
+        walk.wait(lambda: walk.online_since(_site(step.machine), since), f"{step.machine} online", timeout=300,
+                  slowest=5)
     elif argv[:2] == ["cuvil-edge", "status"]:
         _status(walk, step, argv)
     elif words[:2] == ["cuvil-edge", "run"]:
@@ -279,7 +284,7 @@ def _site(machine: str) -> str:
 
 def _status(walk: Walk, step: Step, argv: list[str]) -> None:
     if step.section == "4":  # the reader checks once both devices are up
-        walk.wait(lambda: walk.online("hospital-a", "factory-b"), "both devices online", timeout=300)
+        walk.wait(lambda: walk.online("hospital-a", "factory-b"), "both devices online", timeout=300, slowest=5)
     done = walk.cli(step.machine, argv)
     assert "hospital-a" in done.stdout and "factory-b" in done.stdout, done.stdout
     if step.section == "4":
