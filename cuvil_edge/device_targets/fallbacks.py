@@ -46,6 +46,10 @@ from cuvil_edge.errors import BuildError
 #: how a marker statement's string starts
 MARK = "fallback: "
 _COMMENT = re.compile(r"#\s*fallback:(.*)$")  # matched on a comment token; searched on a line
+#: _comments' memo: source -> its (line, reason) pairs (a build specialises each kernel per site)
+_SEEN: dict[str, tuple[tuple[int, str], ...]] = {}
+_SEEN_SIZE = 1024
+_SEEN_LONGEST = 20_000
 #: a header line past any source: a block without one (a ``case``) takes no comment before it
 _NOWHERE = 1 << 30
 
@@ -80,6 +84,11 @@ def _comments(source: str, tree: ast.Module) -> dict[int, str]:
         BuildError: a fallback comment gives no reason.
     """
     found: dict[int, str] = {}
+    if "fallback:" not in source:  # most kernels declare nothing
+        return found
+    seen = _SEEN.get(source)
+    if seen is not None:  # a kernel's source, specialised again for another call site
+        return dict(seen)
     lines = source.splitlines(keepends=True)
     candidates = [n for n, line in enumerate(lines, 1) if _COMMENT.search(line)]
     if not candidates:
@@ -106,6 +115,10 @@ def _comments(source: str, tree: ast.Module) -> dict[int, str]:
         if not reason:
             raise BuildError(f"line {token.start[0]}: a fallback comment must say why the code is there")
         found[token.start[0]] = reason
+    if len(source) <= _SEEN_LONGEST:  # a kernel's, not a whole module's (each built once)
+        if len(_SEEN) >= _SEEN_SIZE:
+            _SEEN.clear()
+        _SEEN[source] = tuple(found.items())
     return found
 
 

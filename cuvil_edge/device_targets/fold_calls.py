@@ -38,12 +38,19 @@ _BUDGET = 10_000
 _LONGEST = 200
 
 
-def fold_calls(tree: ast.Module, roots: tuple[str, ...] = ("run",)) -> set[int]:
+def fold_calls(tree: ast.Module, roots: tuple[str, ...] = ("run",), facts: dict[int, tuple] | None = None) -> set[int]:
     """Apply the folds above to ``tree``'s functions in place; the ids of the top-level
-    statements that changed. ``roots``: the functions called from outside the module."""
+    statements that changed. ``roots``: the functions called from outside the module.
+    ``facts``: what an earlier round found of each function, by id (whether it is pure, the
+    strings it returns), kept across the rounds of one prune; the caller drops the entries of
+    the functions a round changed, as this does of those it changes."""
     defs = _module_functions(tree)
-    pure = {name for name, f in defs.items() if _is_pure(f)}
-    strings = {name: s for name, f in defs.items() if (s := _returned_strings(f)) is not None}
+    facts = {} if facts is None else facts
+    for f in defs.values():
+        if id(f) not in facts:
+            facts[id(f)] = (_is_pure(f), _returned_strings(f))
+    pure = {name for name, f in defs.items() if facts[id(f)][0]}
+    strings = {name: s for name, f in defs.items() if (s := facts[id(f)][1]) is not None}
     changed: set[int] = set()
     for stmt in tree.body:
         if not isinstance(stmt, ast.FunctionDef):
@@ -55,7 +62,10 @@ def fold_calls(tree: ast.Module, roots: tuple[str, ...] = ("run",)) -> set[int]:
         tested.visit(stmt)
         if evaluated.changed or decided or tested.changed:
             changed.add(id(stmt))
-    return changed | _bind_constant_arguments(tree, {n: f for n, f in defs.items() if n not in roots})
+    changed |= _bind_constant_arguments(tree, {n: f for n, f in defs.items() if n not in roots})
+    for key in changed:
+        facts.pop(key, None)
+    return changed
 
 
 def _bind_constant_arguments(tree: ast.Module, defs: dict[str, ast.FunctionDef]) -> set[int]:
@@ -65,11 +75,17 @@ def _bind_constant_arguments(tree: ast.Module, defs: dict[str, ast.FunctionDef])
     leaves the others in their order, so they are evaluated as before."""
     calls: dict[str, list[ast.Call]] = {name: [] for name in defs}
     callees: set[int] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in calls:
-            calls[node.func.id].append(node)
-            callees.add(id(node.func))
-    escaped = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and n.id in calls and id(n) not in callees}
+    holder: dict[int, str] = {}  # id of a call -> the name of the top-level statement holding it
+    names: list[ast.Name] = []
+    for top in tree.body:
+        for node in ast.walk(top):
+            if isinstance(node, ast.Name) and node.id in calls:
+                names.append(node)
+            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in calls:
+                calls[node.func.id].append(node)
+                callees.add(id(node.func))
+                holder[id(node)] = getattr(top, "name", "")
+    escaped = {n.id for n in names if id(n) not in callees}
     edited: set[str] = set()
     for name, function in defs.items():
         args = function.args
@@ -92,15 +108,19 @@ def _bind_constant_arguments(tree: ast.Module, defs: dict[str, ast.FunctionDef])
             for c in calls[name]
         ):
             continue  # a call that raises as written, or passes what cannot be seen: left alone
-        rebound = {n.id for n in ast.walk(function) if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load)}
-        rebound |= {a.arg for n in ast.walk(function) if n is not function for a in _params_of(n)}
         bound: dict[str, object] = {}
         for index, param in enumerate(params):
-            if param in rebound:
-                continue
             values = [_given(c, index, param, defaults) for c in calls[name]]
             if all(v is not _MISSING and _is_literal(v) for v in values) and len({_tag(v) for v in values}) == 1:
                 bound[param] = values[0]
+        if bound:  # only a parameter the body never rebinds (nor a nested scope's own) is bound
+            rebound = set()
+            for n in ast.walk(function):
+                if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load):
+                    rebound.add(n.id)
+                elif n is not function:
+                    rebound.update(a.arg for a in _params_of(n))
+            bound = {p: v for p, v in bound.items() if p not in rebound}
         if not bound:
             continue
         function.body = [_Bind(bound).visit(stmt) for stmt in function.body]
@@ -111,7 +131,7 @@ def _bind_constant_arguments(tree: ast.Module, defs: dict[str, ast.FunctionDef])
         args.args = kept
         args.defaults = [defaults[a.arg] for a in kept if a.arg in defaults]
         edited.add(name)
-        edited.update(_caller(tree, c) for c in calls[name])
+        edited.update(holder[id(c)] for c in calls[name])
     return {id(s) for s in tree.body if getattr(s, "name", None) in edited}
 
 
@@ -129,14 +149,6 @@ def _given(call: ast.Call, index: int, param: str, defaults: dict[str, ast.expr]
         if keyword.arg == param:
             return literal(keyword.value)
     return literal(defaults[param]) if param in defaults else _MISSING
-
-
-def _caller(tree: ast.Module, call: ast.Call) -> str:
-    """The name of the top-level statement that holds ``call`` (empty when it is not a def)."""
-    for stmt in tree.body:
-        if any(n is call for n in ast.walk(stmt)):
-            return getattr(stmt, "name", "")
-    return ""
 
 
 def _module_functions(tree: ast.Module) -> dict[str, ast.FunctionDef]:

@@ -53,7 +53,8 @@ def refine(
         function = Fold().visit(function)
         stored = _stored(function)
         typed = _Dtypes(function, known, stored)
-        function = typed.visit(function)
+        if known:  # with no array of known dtype there is nothing to fold
+            function = typed.visit(function)
         folded = _Builtins(stored)
         function = folded.visit(function)
         function, looped = _loops(function)
@@ -154,7 +155,7 @@ class _Dtypes(ast.NodeTransformer):
         self.stored, self.changed = stored, False
         self.arrays = dict(arrays)  # name -> dtype of an array it holds
         self.aliases: dict[str, np.dtype] = {}  # name -> the dtype it holds (or a numpy scalar type)
-        if stored["np"]:
+        if stored["np"] or not arrays:  # np rebound, or nothing known to start from
             self.arrays = {}
             return
         for stmt in function.body:  # top level: each read of a name stored once comes after it
@@ -375,6 +376,8 @@ def _loops(function: ast.FunctionDef) -> tuple[ast.FunctionDef, bool]:
     docstring). The names known are those a top-level ``name = literal`` bound with no statement
     since binding them again; a function with nested scopes or ``global``/``nonlocal`` is left as
     it is (something else could rebind its names)."""
+    if not any(isinstance(s, ast.For) and _iterated(s.iter) is not None for s in function.body):
+        return function, False  # no literal loop at the top level: nothing to run
     if any(
         n is not function
         and isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef))

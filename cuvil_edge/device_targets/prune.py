@@ -372,11 +372,12 @@ def prune(source: str, constants: Mapping[str, object], *, roots: tuple[str, ...
     from cuvil_edge.device_targets.fold_calls import fold_calls  # both built on this module's literals
     from cuvil_edge.device_targets.fold_locals import refine
 
+    facts: dict[int, tuple] = {}  # fold_calls' findings of the functions no round has changed since
     for _ in range(_MODULE_ROUNDS):  # what the module's functions make certain, now that constants are in
         # a function nothing reaches any more still calls the others: its calls would keep their
         # arguments from looking constant (fold_calls binds what every call passes alike)
         tree = remove_unused_functions(tree, roots)
-        touched = fold_calls(tree, roots)
+        touched = fold_calls(tree, roots, facts)
         if not touched:
             break
         unchanged -= touched
