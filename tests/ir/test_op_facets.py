@@ -130,9 +130,9 @@ def test_a_batch_facet_outside_the_vocabulary_is_refused_when_the_row_is_made():
 
 
 def test_every_elementwise_unary_op_declares_its_batch_rule_and_torch_lowering():
-    from cuvil_edge.ir.ops import trigonometric, unary
+    from cuvil_edge.ir.ops import activation, trigonometric, unary
 
-    elementwise = [op for op in unary.OPS + trigonometric.OPS if op.batch == "same"]
+    elementwise = [op for op in unary.OPS + activation.OPS + trigonometric.OPS if op.batch == "same"]
     assert len(elementwise) > 30
     missing = [op.OP_TYPE for op in elementwise if op.torch is None and op.OP_TYPE not in ("IsInf",)]
     assert missing == []

@@ -197,7 +197,7 @@ CASES = [
     case("relu_int32_opset14", "Relu", In((B, 3), I32), opset=14),
     case("relu_f16_opset13", "Relu", In((B, 3), F16)),
     case("relu_f32_opset7", "Relu", In((B, 3)), opset=7),
-    # --- the unary table (cuvil_edge/ir/ops/unary.py)
+    # --- the unary tables (cuvil_edge/ir/ops/unary.py, activation.py, trigonometric.py)
     case("abs_i32", "Abs", In((B, 5), I32)),
     case("abs_f16", "Abs", In((B, 5), F16)),
     case("neg_i64", "Neg", In((B, 5), I64)),

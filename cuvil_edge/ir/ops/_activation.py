@@ -17,8 +17,8 @@ from cuvil_edge.ir.graph import Node
 from cuvil_edge.ir.ops._elementwise import _erf64, _wide
 from cuvil_edge.ir.ops._native import _native_lib, _native_map
 from cuvil_edge.ir.ops._util import text
+from cuvil_edge.ir.ops.activation import k_gelu, k_hard_swish, k_sigmoid
 from cuvil_edge.ir.ops.swish import k_swish
-from cuvil_edge.ir.ops.unary import k_gelu, k_hard_swish, k_sigmoid
 
 #: Activation name -> the registered op it applies; relu6 is Clip(0, 6).
 ACTIVATIONS = {

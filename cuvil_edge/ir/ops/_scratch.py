@@ -42,7 +42,7 @@ def window_geometry(s: Any, kernel) -> tuple[tuple, tuple, tuple, tuple]:
 
 
 def activation_bytes(kind: str, out: int, native: bool) -> int:
-    """Bytes ``_activate(y, kind)`` holds beside y and its result (_activation.py, unary.py)."""
+    """Bytes ``_activate(y, kind)`` holds beside y and its result (_activation.py, activation.py)."""
     if kind in ("none", "relu", "relu6") or (native and kind in ("sigmoid", "gelu", "swish")):
         return 0
     # numpy sigmoid: e, the mask (1 byte/element), 1/(1+e), e/(1+e), np.where's result before astype;
