@@ -23,14 +23,13 @@ from cuvil_edge.ir.ops._native import _native_lib
 from cuvil_edge.ir.ops._packing import _native_conv_gemm
 from cuvil_edge.ir.ops._scratch import conv_scratch
 from cuvil_edge.ir.ops._util import DEFAULT_CAPABILITIES, INT, STR, WINDOW_ATTRS
+from cuvil_edge.ir.ops._window import _win_out, _win_same_pads
 from cuvil_edge.ir.ops.conv import (
     _CONV_HELPERS,
     _conv_attrs,
     _conv_flops,
     _conv_macs,
     _infer_conv,
-    _win_out,
-    _win_same_pads,
     k_conv,
 )
 

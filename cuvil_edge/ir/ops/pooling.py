@@ -1,7 +1,7 @@
 """Pooling, one table row each (the op contract: ``_contract.py``): MaxPool (with its optional
 Indices output), AveragePool, GlobalAveragePool and GlobalMaxPool.
 
-They share the window helpers and attribute resolution of :mod:`.conv` (``SAME_*`` pads in a
+They share the window helpers and attribute resolution of ``_window.py`` (``SAME_*`` pads in a
 branch that call sites with explicit pads lose when specialised). Float32 2-D max pooling runs the
 native kernel where the target has it, at every plane size (on 8x8 planes too it costs a third of
 numpy's four strided maxima, which allocate a padded copy and a buffer per tap).
@@ -28,7 +28,7 @@ from cuvil_edge.ir.ops._util import (
     spatial_attrs,
     want_dtype,
 )
-from cuvil_edge.ir.ops.conv import _WINDOW, _win_out, _win_same_pads, _win_taps, _window_attrs
+from cuvil_edge.ir.ops._window import _WINDOW, _win_out, _win_same_pads, _win_taps, _window_attrs
 
 TARGET_NATIVE = DEFAULT_CAPABILITIES["TARGET_NATIVE"]
 
