@@ -220,7 +220,8 @@ def build(
             if spec.static_shapes:
                 codegen.batch_plan(graph)
             with _AST_LOCK:
-                pruned = prune(codegen.generate_source(graph), constants)
+                generated = codegen.generate_source(graph, compute_fp16=bool(constants["COMPUTE_FP16"]))
+                pruned = prune(generated, constants)
         except BuildError as e:
             raise BuildError(f"cannot build graph {graph.name!r} for target {spec.name!r}: {e}") from e
         source = f"# target {spec.name}, precision {precision}, {COMPILER_VERSION}, cache key {key}\n" + pruned

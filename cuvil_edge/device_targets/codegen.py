@@ -36,7 +36,8 @@ from cuvil_edge.ir.ops._contract import OpDef, source_literal, source_of
 from cuvil_edge.ir.ops._util import DEFAULT_CAPABILITIES
 
 #: Bump when the generated code's shape changes (part of every cache key).
-CODEGEN_VERSION = "3"  # 2: kernels specialised per call site; 3: shape vectors as literals
+CODEGEN_VERSION = "4"  # 2: kernels specialised per call site; 3: shape vectors as literals; 4: element types
+# folded, declared fallbacks
 
 #: Names the generated wrapper defines; op templates must not reuse them.
 RESERVED = frozenset({"np", "run", "_forward", "_run_static_batches", "BUILT_FOR", "W", "feeds"})
@@ -205,8 +206,12 @@ def _defined_names(stmt: ast.stmt) -> list[str]:
     return []
 
 
-def generate_source(graph: Graph) -> str:
-    """The unpruned, target-independent module source for ``graph``.
+def generate_source(graph: Graph, *, compute_fp16: bool | None = None) -> str:
+    """The unpruned module source for ``graph``, independent of the target but for one fact:
+    ``compute_fp16``, whether the build computes float32 values in float16 (the target's
+    COMPUTE_FP16). Kernel copies are specialised for the element types their inputs hold at run
+    time, which are the graph's except float32 in a float16 build; None (not known): float32
+    inputs are not specialised for their type.
 
     Raises:
         BuildError: a template is invalid, or writing the call of a node failed.
@@ -228,7 +233,7 @@ def generate_source(graph: Graph) -> str:
     used = {node.op_type for node in graph.nodes}
     for op_type, text in templates_for(used):  # the pruner would drop the others' anyway
         parts.append(f"\n# --- op {op_type}\n{text}")
-    specialised = Specialiser()
+    specialised = Specialiser(compute_fp16)
     forward = _forward_source(graph, specialised)
     if specialised.functions:
         parts.append("\n# --- kernels specialised per call site")
@@ -244,7 +249,9 @@ class Specialiser:
 
     PLACEHOLDER = "__cuvil_specialised__"
 
-    def __init__(self) -> None:
+    def __init__(self, compute_fp16: bool | None = None) -> None:
+        #: float32 values are float32 at run time (False), float16 (True), or not known (None)
+        self.compute_fp16 = compute_fp16
         self.functions: list[str] = []
         self._names: dict[str, str] = {}  # specialised text -> its name
         self._count: dict[str, int] = {}
@@ -279,10 +286,19 @@ class Specialiser:
             for i, name in enumerate(node.inputs[: len(args)])
             if types is not None and args[i] and i < len(positional) and name in types
         }
+        dtypes = {
+            param: dtype
+            for param, dtype in (
+                (positional[i], types[name].dtype)
+                for i, name in enumerate(node.inputs[: len(args)])
+                if types is not None and args[i] and i < len(positional) and name in types
+            )
+            if dtype != "float32" or self.compute_fp16 is False
+        }
         shown = ", ".join(f"{k}={source_literal(v)}" for k, v in values.items())
         doc = f"{function.__name__} specialised for {shown or 'its inputs'}"
         text, bound, changed = specialise_function(
-            source_of(function), self.PLACEHOLDER, values, present, doc[:400], shapes
+            source_of(function), self.PLACEHOLDER, values, present, doc[:400], shapes, dtypes
         )
         if not changed:
             return op.emit(node, args, outs)

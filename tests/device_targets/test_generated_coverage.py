@@ -5,19 +5,17 @@ came from (``device_targets/fallbacks.py``: a ``# fallback: <why>`` comment the 
 marker), and the module may hold only :data:`FALLBACKS` markers: no count of unrun lines is
 tolerated, so a dead line the build stops removing, or a new one, fails here.
 
-Measured: 24 of 165 executable lines never run, all declared, by 9 markers: the two typed
+Measured: 14 of 154 executable lines never run, all declared, by 8 markers: the two typed
 ``MemoryError`` guards of native allocations (1 line each), softmax's empty-input guard (1), the
 bias epilogue only outputs of 32k elements take, a batch of 16 here (1, and the 6 of
-``_native_epilogue_1``, which only it calls), the im2col-blocks path (9, and the 1 of
-``im2col_block_rows``, which only it calls), and both exits of each of the two ``_win_padded``
+``_native_epilogue_1``, which only it calls), and both exits of each of the two ``_win_padded``
 copies (4: the exit a site takes follows from the input's dims, which helper copies are not
-given). The im2col-blocks path is decided by the input's itemsize: given the graph's dtypes
-(``specialise_function(dtypes=...)``, which codegen does not pass yet) the module has 14 unrun
-lines of 154 and 8 markers. Before fallbacks were declared this test allowed a count: helpers
-specialised per call site took it from 80 of 349 lines to 49 of 223, the graph's static dims and
-literal locals to 44 of 209, the pure helpers of literals, conv_path's impossible paths and
-branch-test truth to 24 of 175; loops of literal arithmetic (``p *= size`` over ``(8, 8)``) and
-helper parameters every call passes alike now fold too."""
+given). The im2col-blocks path, decided by the input's itemsize, is gone since kernel copies are
+specialised for their inputs' element types (the graph's, float32 only where the build computes
+in it). Before fallbacks were declared this test allowed a count: helpers specialised per call
+site took it from 80 of 349 lines to 49 of 223, the graph's static dims and literal locals to 44
+of 209, the pure helpers of literals, conv_path's impossible paths and branch-test truth to 24 of
+175; then loops of literal arithmetic (``p *= size`` over ``(8, 8)``), helper parameters every call passes alike now fold too."""
 
 from __future__ import annotations
 
@@ -34,8 +32,8 @@ from cuvil_edge.frontend import demo_model, load_model
 from cuvil_edge.ir.ops import _native
 from cuvil_edge.passes import optimize
 
-#: the fallback markers the digits module holds (measured: 9, listed in this module's docstring)
-FALLBACKS = 9
+#: the fallback markers the digits module holds (measured: 8, listed in this module's docstring)
+FALLBACKS = 8
 
 
 class _Payload:
@@ -150,3 +148,19 @@ def test_the_checker_reads_a_hand_written_module():
             return 3
         """)
     assert _undeclared(source, _reached(compile(source, "<generated>", "exec"), {}, {})) == [7]
+
+
+def test_kernel_copies_fold_element_types_only_where_the_build_computes_in_them():
+    """A float16 build casts float32 inputs to float16 at run time, so its kernel copies must keep
+    the branches that depend on a float32 input's type; an fp32 build folds them (the im2col
+    block-size test reads the input's itemsize)."""
+    from cuvil_edge.device_targets.codegen import generate_source
+    from cuvil_edge.device_targets.spec import load_target
+
+    graph, _ = optimize(load_model(demo_model.digits_cnn_onnx()))
+    constants = load_target("x86-64").capabilities()
+    fp32 = prune(generate_source(graph, compute_fp16=False), constants)
+    fp16 = prune(generate_source(graph, compute_fp16=True), constants)
+    unknown = prune(generate_source(graph), constants)
+    assert "im2col_block_rows" not in fp32 and "float16" not in fp32
+    assert "im2col_block_rows" in fp16 and fp16 == unknown

@@ -115,7 +115,7 @@ def test_pruning_gives_different_smaller_sources(tmp_path, mlp):
 def test_cache_hit_reuses_source_without_codegen(tmp_path, mlp, monkeypatch):
     graph, _ = mlp
     first = build(Package(graph, DIGEST), "rpi4", cache_dir=tmp_path)
-    monkeypatch.setattr(codegen, "generate_source", lambda g: pytest.fail("codegen ran on a cache hit"))
+    monkeypatch.setattr(codegen, "generate_source", lambda g, **_: pytest.fail("codegen ran on a cache hit"))
     second = build(Package(graph, DIGEST), "rpi4", cache_dir=tmp_path)
     assert (first.cache_hit, second.cache_hit) == (False, True)
     assert second.source == first.source and second.key == first.key
@@ -209,7 +209,7 @@ def test_tampered_cache_entry_is_rebuilt(tmp_path, mlp):
 
 def test_compile_error_names_target(tmp_path, mlp, monkeypatch):
     graph, _ = mlp
-    monkeypatch.setattr(codegen, "generate_source", lambda g: "def run(W, feeds):\n    return undefined_name(\n")
+    monkeypatch.setattr(codegen, "generate_source", lambda g, **_: "def run(W, feeds):\n    return undefined_name(\n")
     with pytest.raises(BuildError, match="rpi4"):
         build(Package(graph, DIGEST), "rpi4", cache_dir=tmp_path)
 
