@@ -334,8 +334,11 @@ def test_run_checks_its_sites_first_and_interrupting_it_or_the_coordinator_stops
 
         command = [sys.executable, "-m", "cuvil_edge", "run", "--federation", str(without_one), "--home", str(home),
                    "--rounds", "5"]
+        # as a terminal starts it: SIGINT at its default, which a test run started in the background
+        # (`cmd &` in a non-interactive shell ignores SIGINT, and children inherit that) would not be
         proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                start_new_session=True)
+                                start_new_session=True,
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
         try:
             deadline = time.monotonic() + 180
             while time.monotonic() < deadline and not any(r.status == "running" for r in list_runs(home)):
