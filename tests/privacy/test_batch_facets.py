@@ -94,7 +94,7 @@ def test_a_fused_linear_on_sequences_keeps_the_samples_apart():
 
 
 def test_a_transformer_block_whose_linears_are_fused_passes():
-    torch = pytest.importorskip("torch")
+    import torch
     import io
     import sys
     import warnings
