@@ -9,7 +9,7 @@ The generated (unpruned) module is target-independent:
   functions no call reaches);
 * per call site of an op-contract kernel, a copy specialised for that node: its static
   attributes (and absent optional inputs) substituted as literals and the branches they decide
-  pruned (``prune.specialise_function``); identical copies are shared, the generic kernel is
+  pruned (``specialise.specialise_function``); identical copies are shared, the generic kernel is
   then unused and the pruner drops it;
 * ``_forward(W, feeds)``: straight-line code, one call per node (a comment names the node),
   values named ``v0, v1, ...`` and deleted after their last use;
@@ -28,7 +28,8 @@ from functools import cache, lru_cache
 from typing import Any
 
 from cuvil_edge.device_targets import shape_code
-from cuvil_edge.device_targets.prune import _MISSING, literal, segmenter, specialise_function
+from cuvil_edge.device_targets.prune import _MISSING, literal, segmenter
+from cuvil_edge.device_targets.specialise import specialise_function
 from cuvil_edge.errors import BuildError
 from cuvil_edge.ir import ops
 from cuvil_edge.ir.graph import Graph, Node

@@ -28,7 +28,8 @@ import sys
 from collections import Counter
 from typing import Any
 
-from cuvil_edge.device_targets.prune import _MISSING, _Bind, _is_literal, _literal_node, _tag, literal
+from cuvil_edge.device_targets.prune import _MISSING, literal
+from cuvil_edge.device_targets.specialise import _Bind, _is_literal, _literal_node, _tag
 
 #: builtins a build-time evaluation may call: pure functions of their arguments
 _SAFE = ("range", "len", "max", "min", "tuple", "list", "int", "abs", "sum", "any", "all", "zip", "enumerate")

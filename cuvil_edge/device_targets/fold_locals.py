@@ -27,7 +27,8 @@ from typing import Any
 
 import numpy as np
 
-from cuvil_edge.device_targets.prune import _MISSING, Fold, _is_literal, _literal_node, _small, literal
+from cuvil_edge.device_targets.prune import _MISSING, Fold, _small, literal
+from cuvil_edge.device_targets.specialise import _is_literal, _literal_node
 
 #: builtins folded when every argument is a literal (and the function does not rebind the name)
 _PURE = {"len": len, "max": max, "min": min, "sum": sum, "abs": abs, "tuple": tuple, "any": any, "all": all}

@@ -23,6 +23,7 @@ import pytest
 from cuvil_edge import private_dir
 from cuvil_edge.device_targets import build, codegen, load_target
 from cuvil_edge.device_targets import prune as prune_module
+from cuvil_edge.device_targets import specialise as specialise_module
 from cuvil_edge.errors import UnsafePathError
 from cuvil_edge.ir import interpreter, ops
 from cuvil_edge.ir.graph import Node, TensorType, Value
@@ -92,7 +93,7 @@ def test_new_float_weights_hit_without_codegen_and_run_with_the_new_weights(tmp_
         raise AssertionError("code generation ran on a cache hit")
 
     monkeypatch.setattr(codegen, "generate_source", refuse)
-    monkeypatch.setattr(prune_module, "specialise_function", refuse)
+    monkeypatch.setattr(specialise_module, "specialise_function", refuse)
     model = build(Package(newer, _digest(2)), target, cache_dir=tmp_path)
     assert (first.cache_hit, model.cache_hit) == (False, True) and model.key == first.key
     np.testing.assert_allclose(model.run({"x": X})["y"], interpreter.run(newer, {"x": X})["y"], rtol=1e-3, atol=1e-3)
@@ -270,10 +271,10 @@ def test_two_threads_building_one_key_at_once_both_succeed(tmp_path, round_):
 # --- the cold path's shortcuts leave the module as it was ---------------------------------------------
 def test_specialisations_are_memoised_by_exact_literal_values():
     source = "def k(x, a):\n    if a is True:\n        return x\n    return x * a\n"
-    results = {repr(v): prune_module.specialise_function(source, "k_1", {"a": v})[0] for v in (1, 1.0, True, -0.0, 0.0)}
+    results = {repr(v): specialise_module.specialise_function(source, "k_1", {"a": v})[0] for v in (1, 1.0, True, -0.0, 0.0)}
     assert len(set(results.values())) == 5, results
-    assert prune_module.specialise_function(source, "k_1", {"a": 1.0}) is \
-        prune_module.specialise_function(source, "k_1", {"a": 1.0})  # the memo answers
+    assert specialise_module.specialise_function(source, "k_1", {"a": 1.0}) is \
+        specialise_module.specialise_function(source, "k_1", {"a": 1.0})  # the memo answers
 
 
 def test_pruning_marks_exactly_the_statements_it_changes():

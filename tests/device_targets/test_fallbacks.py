@@ -10,7 +10,8 @@ import textwrap
 import pytest
 
 from cuvil_edge.device_targets.fallbacks import declared_lines, fallbacks
-from cuvil_edge.device_targets.prune import prune, specialise_function
+from cuvil_edge.device_targets.prune import prune
+from cuvil_edge.device_targets.specialise import specialise_function
 from cuvil_edge.errors import BuildError
 
 KERNEL = '''

@@ -9,7 +9,8 @@ import textwrap
 import numpy as np
 import pytest
 
-from cuvil_edge.device_targets.prune import prune, specialise_function
+from cuvil_edge.device_targets.prune import prune
+from cuvil_edge.device_targets.specialise import specialise_function
 
 
 def _specialised(source: str, shapes: dict | None = None) -> str:

@@ -13,7 +13,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 from cuvil_edge.device_targets import build
 from cuvil_edge.device_targets.codegen import generate_source
-from cuvil_edge.device_targets.prune import prune, specialise_function
+from cuvil_edge.device_targets.prune import prune
+from cuvil_edge.device_targets.specialise import specialise_function
 from cuvil_edge.errors import BuildError
 from cuvil_edge.frontend import load_model
 from cuvil_edge.ir import interpreter
