@@ -93,7 +93,7 @@ def test_new_float_weights_hit_without_codegen_and_run_with_the_new_weights(tmp_
         raise AssertionError("code generation ran on a cache hit")
 
     monkeypatch.setattr(codegen, "generate_source", refuse)
-    monkeypatch.setattr(specialise_module, "specialise_function", refuse)
+    monkeypatch.setattr(codegen, "specialise_function", refuse)  # the name codegen calls
     model = build(Package(newer, _digest(2)), target, cache_dir=tmp_path)
     assert (first.cache_hit, model.cache_hit) == (False, True) and model.key == first.key
     np.testing.assert_allclose(model.run({"x": X})["y"], interpreter.run(newer, {"x": X})["y"], rtol=1e-3, atol=1e-3)
