@@ -276,3 +276,8 @@ class UnsafePathError(StateError):
     """A state or cache directory, or an entry in it, is not private to the agent's user: a
     symbolic link, owned by another user, or writable by group or others (a key file: readable by
     them). Nothing in it was used; the message names the path and the fix."""
+
+
+# --- the deployment engine ---------------------------------------------------------
+class DeploymentError(CuvilError):
+    """The SuperLink, a registration or a run on the deployment engine failed."""

@@ -9,7 +9,6 @@ the same functions the operator's commands use (`coordinator init/certs/enroll/s
 
 from __future__ import annotations
 
-import json
 import subprocess
 import time
 from collections.abc import Iterator
@@ -22,12 +21,12 @@ from cuvil_edge.agent.daemon import gate_command, start_agent, supernode_command
 from cuvil_edge.agent.enroll import init_site
 from cuvil_edge.config import load_federation, load_site
 from cuvil_edge.config.flower_app import APP_DIR  # noqa: F401 - the app `run` and `demo` submit
+from cuvil_edge.coordinator import control_api
 from cuvil_edge.coordinator.registry import SiteRegistry, init_home
 from cuvil_edge.coordinator.superlink import (
     CONNECTION,
     Coordinator,
     DeploymentError,
-    flwr_cli,
     free_port,
     start_superlink,
 )
@@ -46,10 +45,9 @@ class LocalFederation:
 
     def online(self) -> int:
         """How many SuperNodes the SuperLink sees online."""
-        out = flwr_cli(self.home, "supernode", "list", CONNECTION, "--format", "json", timeout=60)
         try:
-            return sum(n.get("status") == "online" for n in json.loads(out.stdout).get("nodes", []))
-        except ValueError:
+            return sum(n.get("status") == "online" for n in control_api.nodes(self.home, CONNECTION))
+        except DeploymentError:  # not answering yet
             return 0
 
     def wait_online(self, timeout: float = 180) -> None:

@@ -128,16 +128,17 @@ def wait_for_sites(
 
 
 def online_sites(home: Path, registry: Mapping[str, dict]) -> set[str]:
-    """The enrolled sites whose registered node the SuperLink has online (`flwr supernode list`).
+    """The enrolled sites whose registered node the SuperLink has online (what `flwr supernode list` lists).
 
     Raises:
         DeploymentError: no SuperLink is configured in ``home``, or it did not answer.
     """
-    from cuvil_edge.coordinator.superlink import CONNECTION, flwr_json, no_superlink
+    from cuvil_edge.coordinator import control_api
+    from cuvil_edge.coordinator.superlink import CONNECTION, no_superlink
 
-    if not (Path(home) / "flwr" / "config.toml").exists():
+    if not control_api.config_file(home).exists():
         raise no_superlink(home)
-    nodes = flwr_json(home, "supernode", "list", CONNECTION).get("nodes")
+    nodes = control_api.nodes(home, CONNECTION)
     up = {
         str(n.get("node-id"))
         for n in (nodes if isinstance(nodes, list) else [])

@@ -1,7 +1,6 @@
-"""`cuvil-edge runs` and `cuvil-edge stop RUN`: the SuperLink's runs, through Flower's own CLI.
-
-`flwr ls` and `flwr stop` exit 0 even when they fail; :func:`superlink.flwr_json` reads their
-answers for ``success``, and a failure is a :class:`DeploymentError` with Flower's message.
+"""`cuvil-edge runs` and `cuvil-edge stop RUN`: the SuperLink's runs, asked over its Control API
+(what `flwr ls` and `flwr stop` ask; coordinator/control_api.py). A failure is a
+:class:`DeploymentError` with Flower's message.
 """
 
 from __future__ import annotations
@@ -9,7 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from cuvil_edge.coordinator.superlink import CONNECTION, DeploymentError, flwr_json
+from cuvil_edge.coordinator import control_api
+from cuvil_edge.coordinator.superlink import CONNECTION, DeploymentError
 
 
 @dataclass(frozen=True)
@@ -21,12 +21,12 @@ class RunInfo:
     since: str  # when it reached its status (ISO 8601, UTC)
 
 
-def _ask(home: Path, *args: str) -> dict:
-    if not (Path(home) / "flwr" / "config.toml").exists():
+def _configured(home: Path) -> Path:
+    if not control_api.config_file(home).exists():
         raise DeploymentError(
             f"no SuperLink is configured in {home}; start one there with `cuvil-edge coordinator serve`"
         )
-    return flwr_json(home, *args)
+    return home
 
 
 def list_runs(home: Path) -> list[RunInfo]:
@@ -36,7 +36,7 @@ def list_runs(home: Path) -> list[RunInfo]:
         DeploymentError: no SuperLink is configured there, or it is not reachable.
     """
     runs = []
-    for r in _ask(home, "ls", CONNECTION).get("runs", []):
+    for r in control_api.runs(_configured(home), CONNECTION):
         app = f"{r.get('fab-id', '')}=={r.get('fab-version', '')}".strip("=")
         since = next((str(r[k]) for k in ("finished-at", "running-at", "starting-at", "pending-at") if r.get(k)), "")
         runs.append(RunInfo(int(r.get("run-id", 0)), str(r.get("status", "?")), app, str(r.get("elapsed", "")), since))
@@ -54,4 +54,4 @@ def stop_run(home: Path, run_id: int) -> None:
         raise DeploymentError(f"the SuperLink has no run {run_id}; `cuvil-edge runs` lists them")
     if known[run_id].status.startswith("finished"):
         raise DeploymentError(f"run {run_id} has already ended ({known[run_id].status})")
-    _ask(home, "stop", str(run_id), CONNECTION)
+    control_api.stop_run(home, CONNECTION, run_id)

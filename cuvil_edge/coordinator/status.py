@@ -8,7 +8,6 @@ SuperLink (which nodes are online, when it is reachable), the newest run's repor
 from __future__ import annotations
 
 import json
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,49 +41,25 @@ class FederationStatus:
 
 
 def _reason(text: str, limit: int = 200) -> str:
-    """The last non-empty line of what ``flwr`` said (its conclusion; earlier lines are progress
-    such as "Using SuperLink: ..."), shown inert and short."""
+    """The last non-empty line of an error (its conclusion), shown inert and short."""
     lines = [line.strip() for line in str(text).splitlines() if line.strip()]
     return shown(lines[-1] if lines else "no answer", limit)
 
 
 def online_node_ids(home: Path) -> tuple[set[str] | None, str, bool | None]:
-    """(node ids online, what to say about the SuperLink, whether it answered). ``flwr supernode
-    list`` exits 0 with ``{"success": false, "error-message": ...}`` when it cannot connect, so
-    only a JSON answer with ``success: true`` counts as reachable."""
-    from cuvil_edge.coordinator.superlink import CONNECTION, flwr_cli
+    """(node ids online, what to say about the SuperLink, whether it answered): the SuperLink's
+    node list (what `flwr supernode list` asks); any failure to get it is reported, never raised."""
+    from cuvil_edge.coordinator import control_api
+    from cuvil_edge.coordinator.superlink import CONNECTION
 
-    if not (Path(home) / "flwr" / "config.toml").exists():
+    if not control_api.config_file(home).exists():
         return None, "not started here (`cuvil-edge coordinator serve`)", None
     try:
-        proc = flwr_cli(home, "supernode", "list", CONNECTION, "--format", "json", timeout=30)
-    except subprocess.TimeoutExpired:
-        return None, "not reachable (`flwr supernode list` did not answer in 30 s)", False
+        nodes = control_api.nodes(home, CONNECTION)
     except Exception as e:  # noqa: BLE001 - any failure to ask is reported, never raised
-        return None, f"not reachable ({_reason(f'{type(e).__name__}: {e}')})", False
-    return _read_list(proc)
-
-
-def _read_list(proc: subprocess.CompletedProcess) -> tuple[set[str] | None, str, bool]:
-    """What ``flwr supernode list --format json`` answered, as :func:`online_node_ids` returns it."""
-    try:
-        doc = json.loads(proc.stdout)
-    except ValueError:
-        doc = None
-    if not isinstance(doc, dict):
-        said = proc.stderr if proc.stderr.strip() else proc.stdout
-        why = f"exit {proc.returncode}: " if proc.returncode else "no JSON answer: "
-        return None, f"not reachable (`flwr supernode list` {why}{_reason(said)})", False
-    if doc.get("success") is not True or proc.returncode:
-        said = doc.get("error-message") or proc.stderr or f"exit {proc.returncode}"
+        said = str(e) if isinstance(e, control_api.ControlAPIError) else f"{type(e).__name__}: {e}"
         return None, f"not reachable ({_reason(said)})", False
-    listed = doc.get("nodes")
-    nodes = listed if isinstance(listed, list) else []
-    return (
-        {str(n.get("node-id")) for n in nodes if isinstance(n, dict) and n.get("status") == "online"},
-        "reachable",
-        True,
-    )
+    return {str(n.get("node-id")) for n in nodes if n.get("status") == "online"}, "reachable", True
 
 
 def shown(value: object, limit: int = 64) -> str:

@@ -7,7 +7,6 @@ Everything lives in the coordinator home: TLS material (``tls/``), the SuperLink
 
 from __future__ import annotations
 
-import json
 import logging
 import ssl
 import subprocess
@@ -17,10 +16,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from cuvil_edge.config.flower_env import flower_tool, flwr_env
+from cuvil_edge.coordinator import control_api
 from cuvil_edge.coordinator.registry import SiteRegistry
 from cuvil_edge.coordinator.stopping import STOP_GRACE, stop_processes
 from cuvil_edge.coordinator.tls import covers_loopback, tls_files
-from cuvil_edge.errors import ConfigError, CuvilError
+from cuvil_edge.errors import ConfigError, CuvilError, DeploymentError
 
 log = logging.getLogger(__name__)
 
@@ -35,10 +35,6 @@ DEFAULT_OPERATOR_ADDRESS = "127.0.0.1:9092"
 #: `serve` starts (coordinator/serverapp_gate.py) can take ServerApp tasks, not any process that
 #: reaches the loopback port.
 SECRET_FILE = "superexec.secret"
-
-
-class DeploymentError(CuvilError):
-    """The SuperLink, a registration or a run on the deployment engine failed."""
 
 
 def free_port() -> int:
@@ -359,32 +355,15 @@ def register_enrolled(home: Path, pending: dict[str, dict] | None = None) -> tup
     added: dict[str, dict] = {}
     failed: dict[str, str] = {}
 
-    def flwr(command: str, *args: str) -> dict:  # `flwr supernode COMMAND ... --format json`'s answer
-        try:
-            proc = flwr_cli(home, "supernode", command, *args, CONNECTION, "--format", "json")
-        except (OSError, subprocess.TimeoutExpired) as e:
-            raise DeploymentError(f"`flwr supernode {command}` did not finish ({e})") from e
-        try:
-            doc = json.loads(proc.stdout)
-        except ValueError:
-            doc = {"error-message": proc.stdout + proc.stderr}
-        if not isinstance(doc, dict) or doc.get("success") is not True:
-            reason = " ".join(str(doc.get("error-message") if isinstance(doc, dict) else doc).split())
-            raise DeploymentError(f"`flwr supernode {command}` failed: {reason[-300:]}")
-        return doc
-
     for site, entry in todo.items():
         done = {**entry, "unregister": list(entry.get("unregister", []))}
         try:
             if not done.get("node_id"):
                 key = Path(home) / "flwr" / f"{site}.pub"
                 key.write_text(registry.node_key(site, entry) + "\n", encoding="ascii")  # checks the site id too
-                node_id = flwr("register", str(key), "--name", site).get("node-id")
-                if not node_id:
-                    raise DeploymentError("`flwr supernode register` answered no node id")
-                done["node_id"] = str(node_id)
+                done["node_id"] = control_api.register_node(home, CONNECTION, key.read_bytes(), site)
             for old in list(done["unregister"]):  # the replaced device's key must stop working
-                flwr("unregister", str(old))
+                control_api.unregister_node(home, CONNECTION, old)
                 done["unregister"].remove(old)
         except (CuvilError, OSError) as e:
             failed[site] = str(e)
@@ -485,30 +464,6 @@ def flwr_run(
     raise RunEndedError(f"the run ended as {status!r}: {reason}", status, reason)
 
 
-def flwr_json(home: Path, *args: str, timeout: float = 60) -> dict:
-    """``flwr ARGS --format json`` with the CLI configuration of ``home``, its answer checked: `flwr`
-    exits 0 when it fails, printing ``{"success": false, "error-message": ...}``.
-
-    Raises:
-        DeploymentError: no answer in ``timeout`` s, no JSON, or ``success`` false (Flower's message,
-            on one line).
-    """
-    try:
-        proc = flwr_cli(home, *args, "--format", "json", timeout=timeout)
-    except subprocess.TimeoutExpired:
-        raise DeploymentError(f"`flwr {args[0]}` did not answer in {timeout:g} s; is the SuperLink running?") from None
-    try:
-        answer = json.loads(proc.stdout)
-    except ValueError:
-        answer = None
-    if not isinstance(answer, dict):
-        raise DeploymentError(f"`flwr {args[0]}` failed: {' '.join((proc.stdout + proc.stderr).split())[-300:]}")
-    if not answer.get("success", False):
-        message = " ".join(str(answer.get("error-message", "no reason given")).split())
-        raise DeploymentError(f"the SuperLink did not answer `flwr {args[0]}`: {message[:300]}")
-    return answer
-
-
 def _stop_new_runs(home: Path, connection: str, earlier: set) -> None:
     """Stop the runs submitted since ``earlier`` was listed that have not ended; say so on stderr.
     Best effort: the user is leaving, so a failure is reported, not raised."""
@@ -517,16 +472,16 @@ def _stop_new_runs(home: Path, connection: str, earlier: set) -> None:
     try:
         for run in _runs(home, connection):
             if run.get("run-id") not in earlier and not str(run.get("status", "")).startswith("finished"):
-                flwr_json(home, "stop", str(run.get("run-id")), connection)
+                control_api.stop_run(home, connection, str(run.get("run-id")))
                 print(f"stopped run {run.get('run-id')} on the SuperLink", file=sys.stderr)
     except (DeploymentError, OSError) as e:
         print(f"could not stop the run on the SuperLink ({e}); `cuvil-edge runs` and `stop` can", file=sys.stderr)
 
 
 def _runs(home: Path, connection: str) -> list[dict]:
-    """The SuperLink's runs (`flwr ls`).
+    """The SuperLink's runs (what `flwr ls` lists).
 
     Raises:
         DeploymentError: the SuperLink did not answer (so nothing is submitted to it).
     """
-    return list(flwr_json(home, "ls", connection).get("runs", []))
+    return control_api.runs(home, connection)

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import json
-import subprocess
-
 import pytest
 
 from cuvil_edge.cli.main import main
-from cuvil_edge.coordinator import superlink
+from cuvil_edge.coordinator import control_api
+from cuvil_edge.coordinator.control_api import ControlAPIError
 from cuvil_edge.coordinator.registry import init_home
 from cuvil_edge.coordinator.status import SUPERLINK_DOWN_EXIT, federation_status
 from cuvil_edge.coordinator.superlink import free_port, write_connection
@@ -28,7 +26,7 @@ def home(tmp_path, monkeypatch):
 
 
 def test_a_stopped_superlink_is_reported_not_reachable_with_flowers_reason(home, capsys):
-    st = federation_status(home)  # the real `flwr supernode list`: it exits 0 with {"success": false}
+    st = federation_status(home)  # a real request, to a port nothing listens on
 
     assert st.reachable is False and st.superlink.startswith("not reachable (")
     assert "unavailable" in st.superlink and "\n" not in st.superlink
@@ -37,41 +35,32 @@ def test_a_stopped_superlink_is_reported_not_reachable_with_flowers_reason(home,
     assert "SuperLink: not reachable (" in out and "reachable;" not in out.replace("not reachable", "")
 
 
-def _answer(stdout: str = "", stderr: str = "", returncode: int = 0):
-    def flwr_cli(home, *args, timeout=120):
-        return subprocess.CompletedProcess(["flwr", *args], returncode, stdout, stderr)
-    return flwr_cli
+def _nodes(*listed):
+    def nodes(home, connection):
+        return list(listed)
+    return nodes
 
 
-def _timeout(home, *args, timeout=120):
-    raise subprocess.TimeoutExpired(["flwr", *args], timeout)
+def _raises(error):
+    def nodes(home, connection):
+        raise error
+    return nodes
 
 
-ONLINE = json.dumps({"success": True, "nodes": [{"node-id": 7, "status": "online"},
-                                                {"node-id": 8, "status": "offline"}]})
-
-#: (what `flwr supernode list` does, whether status calls the SuperLink reachable, a fragment of what it says)
+#: (what asking the SuperLink for its nodes does, whether status calls it reachable, a fragment of what it says)
 ANSWERS = [
-    ("online", _answer(ONLINE), True, "reachable"),
-    ("success-false", _answer(json.dumps({"success": False, "error-message":
-                                          "Using SuperLink: cuvil\n\nConnection refused by peer."})),
-     False, "not reachable (Connection refused by peer.)"),
-    ("success-missing", _answer(json.dumps({"nodes": []})), False, "not reachable ("),
-    ("not-json", _answer("Traceback (most recent call last):\nboom", "", 0), False, "no JSON answer: boom"),
-    ("non-zero-exit", _answer("", "usage: flwr ...\nError: no such connection 'cuvil'\n", 2), False,
-     "exit 2: Error: no such connection 'cuvil'"),
-    ("json-but-non-zero", _answer(json.dumps({"success": True, "nodes": []}), "killed", 1), False,
-     "not reachable (killed)"),
-    ("timeout", _timeout, False, "did not answer in 30 s"),
-    ("escapes", _answer(json.dumps({"success": False, "error-message": "bad \x1b[2J thing"})), False,
-     "bad \\x1b[2J thing"),
+    ("online", _nodes({"node-id": "7", "status": "online"}, {"node-id": "8", "status": "offline"}), True,
+     "reachable"),
+    ("refused", _raises(ControlAPIError("the SuperLink did not answer `flwr supernode list`: Connection "
+                                        "refused by peer.")), False, "Connection refused by peer.)"),
+    ("not-a-flower-error", _raises(RuntimeError("boom")), False, "not reachable (RuntimeError: boom)"),
+    ("escapes", _raises(ControlAPIError("bad \x1b[2J thing")), False, "bad \\x1b[2J thing"),
 ]
 
 
-@pytest.mark.parametrize("name, flwr_cli, reachable, says", ANSWERS, ids=[a[0] for a in ANSWERS])
-def test_only_a_successful_json_answer_counts_as_reachable(home, monkeypatch, capsys, name, flwr_cli,
-                                                           reachable, says):
-    monkeypatch.setattr(superlink, "flwr_cli", flwr_cli)
+@pytest.mark.parametrize("name, nodes, reachable, says", ANSWERS, ids=[a[0] for a in ANSWERS])
+def test_only_an_answer_counts_as_reachable(home, monkeypatch, capsys, name, nodes, reachable, says):
+    monkeypatch.setattr(control_api, "nodes", nodes)
 
     st = federation_status(home)
     code = main(["status", "--home", str(home)])
@@ -79,6 +68,14 @@ def test_only_a_successful_json_answer_counts_as_reachable(home, monkeypatch, ca
     assert st.reachable is reachable and says in st.superlink and "\n" not in st.superlink
     assert code == (0 if reachable else SUPERLINK_DOWN_EXIT)
     assert f"SuperLink: {'reachable' if reachable else 'not reachable ('}" in capsys.readouterr().out
+
+
+def test_a_ca_that_cannot_be_read_is_reported_not_reachable(home):
+    (home / "tls" / "ca.crt").unlink()
+
+    st = federation_status(home)
+
+    assert st.reachable is False and "CA" in st.superlink and "ca.crt" in st.superlink
 
 
 def test_a_home_that_never_started_a_superlink_is_not_an_outage(tmp_path):

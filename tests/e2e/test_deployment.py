@@ -21,8 +21,9 @@ from cuvil_edge.agent.enroll import init_site
 from cuvil_edge.cli.local_federation import APP_DIR, free_port, local_federation
 from cuvil_edge.config import load_federation, load_site
 from cuvil_edge.config.flower_env import flwr_env
+from cuvil_edge.coordinator import control_api
 from cuvil_edge.coordinator.status import federation_status
-from cuvil_edge.coordinator.superlink import CONNECTION, DeploymentError, flwr_cli, submit_run
+from cuvil_edge.coordinator.superlink import CONNECTION, DeploymentError, submit_run
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.e2e
@@ -95,15 +96,12 @@ def _wait_rejoined(home: Path, node_id: str, since: float, timeout: float = 300)
 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        listed = json.loads(flwr_cli(home, "supernode", "list", CONNECTION, "--format", "json").stdout or "{}")
-        for node in listed.get("nodes", []):
+        for node in control_api.nodes(home, CONNECTION):
             if str(node.get("node-id")) == node_id and node.get("status") == "online":
                 at = datetime.strptime(str(node.get("online-at")), "%Y-%m-%d %H:%M:%SZ").replace(tzinfo=timezone.utc)
                 if at.timestamp() > since:
                     return
-        # each look is a `flwr` start-up (about a second of CPU, taken from the other workers), and a
-        # refused agent tries again only every 5 s (REFUSED_RETRY_S)
-        time.sleep(4)
+        time.sleep(1)
     raise AssertionError(f"node {node_id} did not rejoin within {timeout:.0f} s")
 
 
@@ -170,7 +168,7 @@ def test_enrolled_devices_run_a_rogue_is_refused_and_a_killed_coordinator_resume
         assert cli(["coordinator", "enroll", str(rogue_enrollment), "--home", str(home), "--replace"]) == 0
         new_id = json.loads((home / "sites.json").read_text())["sites"]["hospital-a"]["node_id"]
         assert new_id and new_id != old_id
-        listed = json.loads(flwr_cli(home, "supernode", "list", CONNECTION, "--format", "json").stdout)["nodes"]
+        listed = control_api.nodes(home, CONNECTION)
         assert all(n["status"] != "online" for n in listed if str(n["node-id"]) == old_id)
         replacement = subprocess.Popen(supernode_command(load_site(site_file), site_file, tmp_path / "rogue",
                                                          fed.address, free_port(), (0, 3)),
@@ -322,7 +320,7 @@ def test_run_checks_its_sites_first_and_interrupting_it_or_the_coordinator_stops
         fleet_c = json.loads((home / "sites.json").read_text())["sites"]["fleet-c"]["node_id"]
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
-            listed = json.loads(flwr_cli(home, "supernode", "list", CONNECTION, "--format", "json").stdout)["nodes"]
+            listed = control_api.nodes(home, CONNECTION)
             if all(n["status"] != "online" for n in listed if str(n["node-id"]) == fleet_c):
                 break
             time.sleep(2)

@@ -201,11 +201,11 @@ class Walk:
         """``site``'s node is online in a session the SuperLink opened after ``since`` (epoch s)."""
         from datetime import datetime, timezone
 
-        from cuvil_edge.coordinator.superlink import CONNECTION, flwr_cli
+        from cuvil_edge.coordinator import control_api
+        from cuvil_edge.coordinator.superlink import CONNECTION
 
         node_id = str(json.loads((self.home / "sites.json").read_text())["sites"][site].get("node_id"))
-        listed = json.loads(flwr_cli(self.home, "supernode", "list", CONNECTION, "--format", "json").stdout or "{}")
-        for node in listed.get("nodes", []):
+        for node in control_api.nodes(self.home, CONNECTION):
             if str(node.get("node-id")) == node_id and node.get("status") == "online":
                 at = datetime.strptime(str(node.get("online-at")), "%Y-%m-%d %H:%M:%SZ").replace(tzinfo=timezone.utc)
                 return at.timestamp() > since
