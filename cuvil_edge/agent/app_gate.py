@@ -39,6 +39,49 @@ APP_FAILED_CODE = Failures.APP_FAILED.code
 TOKEN_ENV = "CUVIL_EDGE_TASK_TOKEN"
 #: Seconds a task process outlives the executor that started it before it ends itself.
 ORPHAN_GRACE_S = 5.0
+#: What the executor sends a task process that a newer task has superseded (see :func:`serve_tasks`).
+SUPERSEDED_SIGNAL = signal.SIGUSR1
+
+
+class _Superseded(BaseException):
+    """Raised in a task process once :data:`SUPERSEDED_SIGNAL` came: not an ``Exception``, so the
+    ClientApp's own handlers do not turn it into an error reply."""
+
+
+class _Supersession:
+    """Whether this task process was superseded, and where that may interrupt it: only once it has
+    taken its message. A task that ended before taking it would be handed out again (Flower starts
+    one for a message nobody took), and that one would supersede the newer task in turn; so a
+    superseded task still takes its message, then stops, and reports its task finished, so that
+    its SuperNode neither hands it out again nor invents a "stopped responding" reply for it."""
+
+    def __init__(self) -> None:
+        self.came = self.interruptible = False
+
+    def install(self) -> None:
+        signal.signal(SUPERSEDED_SIGNAL, self._on_signal)
+
+    def _on_signal(self, *_) -> None:
+        self.came = True
+        self._interrupt()
+
+    def taken(self) -> None:
+        """The message is taken: stop now if superseded already, else at the signal."""
+        self.interruptible = True
+        if self.came:
+            self._interrupt()
+
+    def _interrupt(self) -> None:
+        if self.interruptible:
+            self.interruptible = False  # once: a second signal must not interrupt the stopping
+            raise _Superseded
+
+    def done(self) -> None:
+        """What is left (pushing the outputs) runs whole."""
+        self.interruptible = False
+
+
+_supersession = _Supersession()
 
 
 def _runtime_client(address: str, interceptors: list):
@@ -57,7 +100,15 @@ def _runtime_client(address: str, interceptors: list):
 
 def serve_tasks(address: str, secret_file: Path, parent_pid: int | None = None) -> None:
     """Start a ``task`` process for every ClientApp task the SuperNode at ``address`` hands out;
-    return when the parent (the SuperNode) is gone."""
+    return when the parent (the SuperNode) is gone.
+
+    A task still running when the next one is handed out is superseded: it is told to stop and
+    push no reply. Flower's SuperNode takes one message at a time and waits for its reply before it
+    takes the next, so a new task means it took a new message without waiting for the older ones:
+    it reconnected (the SuperLink restarted, say, and the older message's run was stopped with it).
+    It then sends whichever reply comes first as the reply of its newest message and the next one
+    only after another message arrives; a late reply of the stopped run went first, and every reply
+    of the new run was one message late (the round timed out waiting for this site, for good)."""
     from flwr.supercore.constant import TaskType
 
     from cuvil_edge.config.flower_app import acquire_tasks
@@ -66,6 +117,12 @@ def serve_tasks(address: str, secret_file: Path, parent_pid: int | None = None) 
 
     def launch(task, token: str) -> None:
         running[:] = [p for p in running if p.poll() is None]  # reap finished tasks
+        for older in running:
+            log.warning("task process %d superseded by a newer task; it stops and sends no reply", older.pid)
+            try:
+                older.send_signal(SUPERSEDED_SIGNAL)
+            except ProcessLookupError:
+                pass
         running.append(
             subprocess.Popen(
                 [
@@ -110,34 +167,43 @@ def run_task(address: str, token: str) -> int:
     heartbeat = HeartbeatSender(make_task_heartbeat_fn_http(client))
     message = context = reply = None
     status, details = SubStatus.FAILED, "the ClientApp did not finish"
-    try:
-        heartbeat.start()
-        message, context, run, fab = pull_task_input(client)
+    superseded = False
+    try:  # the outer handler also catches a supersession that comes while the inner one runs
         try:
-            check_run_app(fab.content)
-        except ForeignAppError as e:
-            log.error(
-                "refused run %s (app %s %s, FAB %s...): %s",
-                run.run_id,
-                run.fab_id[:80],
-                run.fab_version[:40],
-                fab.hash_str[:16],
-                e,
-            )
-            details = f"refused by the device: {e}"
-            reply = Message(Error(code=APP_REFUSED_CODE, reason=details), reply_to=message)
-        else:
-            from cuvil_edge.agent.client_app import app
+            heartbeat.start()
+            message, context, run, fab = pull_task_input(client)
+            _supersession.taken()
+            try:
+                check_run_app(fab.content)
+            except ForeignAppError as e:
+                log.error(
+                    "refused run %s (app %s %s, FAB %s...): %s",
+                    run.run_id,
+                    run.fab_id[:80],
+                    run.fab_version[:40],
+                    fab.hash_str[:16],
+                    e,
+                )
+                details = f"refused by the device: {e}"
+                reply = Message(Error(code=APP_REFUSED_CODE, reason=details), reply_to=message)
+            else:
+                from cuvil_edge.agent.client_app import app
 
-            reply = app(message=message, context=context)
-            status, details = SubStatus.COMPLETED, ""
-    except Exception as e:  # a failure becomes an error reply naming only its type
-        log.exception("the ClientApp failed")
-        details = f"the ClientApp raised {type(e).__name__}; see the device's log"
-        if message is not None:
-            reply = Message(Error(code=APP_FAILED_CODE, reason=details), reply_to=message)
+                reply = app(message=message, context=context)
+                status, details = SubStatus.COMPLETED, ""
+        except Exception as e:  # a failure becomes an error reply naming only its type
+            log.exception("the ClientApp failed")
+            details = f"the ClientApp raised {type(e).__name__}; see the device's log"
+            if message is not None:
+                reply = Message(Error(code=APP_FAILED_CODE, reason=details), reply_to=message)
+        _supersession.done()
+    except _Superseded:
+        superseded = True
+        status, details = SubStatus.STOPPED, "superseded by a newer task"
+        log.warning("a newer task superseded this one; its reply is not sent")
     finally:
-        if reply is not None and context is not None:
+        _supersession.done()
+        if reply is not None and context is not None and not superseded:
             try:
                 push_message(client, reply, context)
             except Exception:  # logged; the SuperLink reports the missing reply
@@ -164,6 +230,7 @@ def main(argv: list[str] | None = None) -> int:
             parser.error("serve needs --secret-file")
         serve_tasks(args.runtime_api_address, args.secret_file, args.parent_pid)
         return 0
+    _supersession.install()  # first: a task superseded while it starts still takes its message
     token = os.environ.pop(TOKEN_ENV, "")
     if not token:
         parser.error(f"task needs the task token in ${TOKEN_ENV}")
