@@ -6,15 +6,14 @@ API could run code on every device. So `cuvil-edge agent run` starts the SuperNo
 ``--isolation process`` and its Runtime API behind a secret only this executor holds
 (``--superexec-auth-secret-file``), and runs this module instead:
 
-* ``serve``: poll the SuperNode's Runtime API for ClientApp tasks (AcquireTask, signed with the
-  secret) and start one ``task`` process per task, as Flower's executor would;
-* ``task``: take the task's inputs (message, context, run, FAB), compare the FAB entry by entry
-  with the app installed here (config/flower_app.py) *before anything of it is imported*, then
-  run the installed ClientApp (``cuvil_edge.agent.client_app.app``: the FAB is never installed nor
-  put on ``sys.path``) and push its reply. A foreign run is refused, logged on the device, and
-  answered with an error reply of code :data:`APP_REFUSED_CODE`.
-
-The task token travels in the environment (readable only by this user), not on the command line.
+* it polls the SuperNode's Runtime API for ClientApp tasks (AcquireTask, signed with the secret)
+  and starts one task process per task, as Flower's executor would, but forked from a process that
+  has already imported what a task needs (:class:`TaskStarter`);
+* each task process takes its task's inputs (message, context, run, FAB), compares the FAB entry
+  by entry with the app installed here (config/flower_app.py) *before anything of it is
+  imported*, then runs the installed ClientApp (``cuvil_edge.agent.client_app.app``: the FAB is
+  never installed nor put on ``sys.path``) and pushes its reply. A foreign run is refused, logged
+  on the device, and answered with an error reply of code :data:`APP_REFUSED_CODE`.
 """
 
 from __future__ import annotations
@@ -23,20 +22,40 @@ import argparse
 import logging
 import os
 import signal
-import subprocess
 import sys
+from multiprocessing.process import BaseProcess
 from pathlib import Path
 
 from cuvil_edge.config.round_protocol import Failures
 
 log = logging.getLogger(__name__)
+LOG_FORMAT = "%(asctime)s cuvil-edge app-gate %(levelname)s %(message)s"
 
 #: Error code of the reply to a run whose app is not the one installed here (``app-refused``).
 APP_REFUSED_CODE = Failures.APP_REFUSED.code
 #: Error code of the reply when the installed ClientApp itself raised (``app-failed``; its type only
 #: leaves the device).
 APP_FAILED_CODE = Failures.APP_FAILED.code
-TOKEN_ENV = "CUVIL_EDGE_TASK_TOKEN"
+#: The name a task process goes by (``ps -o comm``, ``top``): each is forked from the task starter
+#: and so has its command line.
+TASK_PROCESS_NAME = "cuvil-edge-task"
+#: What a ClientApp task imports: Flower's Runtime API client, the ClientApp, the compiler it builds
+#: packages with, the privacy ledger and, where this installation trains, torch and opacus. The task
+#: starter imports them once; in a fresh process a training task spent about 3 s of CPU on them
+#: (x86-64, every round; several times that on a small ARM board). Modules this installation lacks
+#: (the device profile has no torch) are passed over.
+WARM_MODULES = (
+    "flwr.supernode.runtime.run_clientapp",
+    "flwr.supercore.heartbeat",
+    "cuvil_edge.config.flower_app",
+    "cuvil_edge.agent.client_app",
+    "cuvil_edge.device_targets.build",
+    "cuvil_edge.privacy.ledger",
+    "cuvil_edge.agent.training",
+    "cuvil_edge.agent.torch_model",
+    "cuvil_edge.privacy.dpsgd",
+    "opacus",
+)
 #: Seconds a task process outlives the executor that started it before it ends itself.
 ORPHAN_GRACE_S = 5.0
 #: What the executor sends a task process that a newer task has superseded (see :func:`serve_tasks`).
@@ -99,7 +118,7 @@ def _runtime_client(address: str, interceptors: list):
 
 
 def serve_tasks(address: str, secret_file: Path, parent_pid: int | None = None) -> None:
-    """Start a ``task`` process for every ClientApp task the SuperNode at ``address`` hands out;
+    """Start a task process for every ClientApp task the SuperNode at ``address`` hands out;
     return when the parent (the SuperNode) is gone.
 
     A task still running when the next one is handed out is superseded: it is told to stop and
@@ -113,31 +132,18 @@ def serve_tasks(address: str, secret_file: Path, parent_pid: int | None = None) 
 
     from cuvil_edge.config.flower_app import acquire_tasks
 
-    running: list[subprocess.Popen] = []
+    starter = TaskStarter(address)
+    running: list[BaseProcess] = []
 
     def launch(task, token: str) -> None:
-        running[:] = [p for p in running if p.poll() is None]  # reap finished tasks
+        running[:] = [p for p in running if p.is_alive()]  # reap finished tasks
         for older in running:
             log.warning("task process %d superseded by a newer task; it stops and sends no reply", older.pid)
             try:
-                older.send_signal(SUPERSEDED_SIGNAL)
+                os.kill(older.pid, SUPERSEDED_SIGNAL)  # type: ignore[arg-type]  # a started process has a pid
             except ProcessLookupError:
                 pass
-        running.append(
-            subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "cuvil_edge.agent.app_gate",
-                    "task",
-                    "--runtime-api-address",
-                    address,
-                    "--parent-pid",
-                    str(os.getpid()),
-                ],
-                env={**os.environ, TOKEN_ENV: token},
-            )
-        )
+        running.append(starter.start(token))
 
     acquire_tasks(
         address,
@@ -148,6 +154,73 @@ def serve_tasks(address: str, secret_file: Path, parent_pid: int | None = None) 
         parent_pid=parent_pid,
         component="flwr-clientapp",
     )
+
+
+class TaskStarter:
+    """Starts the task processes of the SuperNode at ``address``, each forked from a process that
+    has imported :data:`WARM_MODULES` (the standard library's fork server: a fresh interpreter this
+    process starts, which forks each task before it has opened a connection or started a thread).
+    A task so pays only for its own work, not for the imports of every round. The fork server
+    starts with the first task, so an executor that is never handed one imports nothing more.
+
+    Who can reach it: it takes requests on a Unix socket of mode 0600 in a private temporary folder,
+    so only this user's processes; what it is sent (the Runtime API address and the task's token)
+    stays among them, as before in a task process's environment. A forked task does not share its
+    siblings' random state: Python's ``random`` reseeds at every fork and the task reseeds numpy's
+    (DP noise comes from the OS CSPRNG in any case, privacy/samplers.py)."""
+
+    def __init__(self, address: str) -> None:
+        import multiprocessing
+
+        self._context = multiprocessing.get_context("forkserver")
+        self._context.set_forkserver_preload(list(WARM_MODULES))
+        self.address = address
+
+    def start(self, token: str) -> BaseProcess:
+        """Start the task ``token`` names; its process (a daemon: it is stopped when this one exits)."""
+        executor = os.getpid()
+        process = self._context.Process(
+            target=_task_process,
+            args=(self.address, token, executor, _started_at(executor)),
+            name=TASK_PROCESS_NAME,
+            daemon=True,
+        )
+        process.start()
+        return process
+
+
+def _task_process(address: str, token: str, executor: int, executor_started: int | None) -> None:
+    """The body of a task process, forked from the task starter; its exit status is run_task's."""
+    _as_new_process()
+    from flwr.supercore.app_utils import start_parent_process_monitor
+
+    start_parent_process_monitor(executor)
+    _exit_when_orphaned(executor, executor_started)
+    sys.exit(run_task(address, token))
+
+
+def _as_new_process() -> None:
+    """Make a process forked from the task starter a task process of its own: its handlers, name
+    and log, and random state of its own (the starter's global numpy state is every sibling's)."""
+    _supersession.install()  # first: a task superseded while it starts still takes its message
+    _name_this_process(TASK_PROCESS_NAME)
+    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT, force=True)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # unwinds run_task's finally: the output is pushed
+    import numpy as np
+
+    np.random.seed()  # from the OS, as a new process's is
+
+
+def _name_this_process(name: str) -> None:
+    """Set the name ``ps -o comm`` and ``top`` show (Linux; elsewhere the process keeps its own)."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        set_name = 15  # PR_SET_NAME, <linux/prctl.h>
+        try:
+            ctypes.CDLL(None).prctl(set_name, name.encode()[:15], 0, 0, 0)
+        except (OSError, AttributeError):
+            pass
 
 
 def run_task(address: str, token: str) -> int:
@@ -218,32 +291,30 @@ def run_task(address: str, token: str) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="cuvil-edge's ClientApp executor (started by `agent run`)")
-    parser.add_argument("mode", choices=("serve", "task"))
+    parser.add_argument("mode", choices=("serve",))
     parser.add_argument("--runtime-api-address", required=True, help="the SuperNode's loopback Runtime API")
-    parser.add_argument("--secret-file", type=Path, help="serve: the Runtime API secret")
+    parser.add_argument("--secret-file", type=Path, required=True, help="the Runtime API secret")
     parser.add_argument("--parent-pid", type=int, help="stop when this process is gone")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s cuvil-edge app-gate %(levelname)s %(message)s")
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # unwinds run_task's finally: the output is pushed
-    if args.mode == "serve":
-        if args.secret_file is None:
-            parser.error("serve needs --secret-file")
-        serve_tasks(args.runtime_api_address, args.secret_file, args.parent_pid)
-        return 0
-    _supersession.install()  # first: a task superseded while it starts still takes its message
-    token = os.environ.pop(TOKEN_ENV, "")
-    if not token:
-        parser.error(f"task needs the task token in ${TOKEN_ENV}")
-    if args.parent_pid is not None:
-        from flwr.supercore.app_utils import start_parent_process_monitor
-
-        start_parent_process_monitor(args.parent_pid)
-        _exit_when_orphaned(args.parent_pid)
-    return run_task(args.runtime_api_address, token)
+    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # exits cleanly: its task processes are stopped
+    serve_tasks(args.runtime_api_address, args.secret_file, args.parent_pid)
+    return 0
 
 
-def _exit_when_orphaned(parent_pid: int, grace_s: float = ORPHAN_GRACE_S) -> None:
-    """End this process once ``parent_pid`` (the executor, under the SuperNode) is gone.
+def _started_at(pid: int) -> int | None:
+    """When process ``pid`` started (clock ticks since boot; Linux), so that a later process given
+    the same pid is not taken for it; None where that cannot be read."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _exit_when_orphaned(executor: int, started: int | None, grace_s: float = ORPHAN_GRACE_S) -> None:
+    """End this process once ``executor`` (the process that started it, under the SuperNode; it
+    started at ``started``, see :func:`_started_at`) is gone.
 
     Flower's monitor raises SIGINT in its own thread, which a main thread inside Flower's
     connection retries never sees: a task of a stopped run whose SuperNode then stopped kept
@@ -253,25 +324,24 @@ def _exit_when_orphaned(parent_pid: int, grace_s: float = ORPHAN_GRACE_S) -> Non
     import time
 
     def orphaned() -> bool:
-        if os.getppid() != parent_pid:  # re-parented: the executor has exited
-            return True
         try:
-            os.kill(parent_pid, 0)
-        except ProcessLookupError:
+            os.kill(executor, 0)
+        except (ProcessLookupError, PermissionError):  # gone, or its pid is another user's now
             return True
-        except PermissionError:
-            return False
-        return False
+        return started is not None and _started_at(executor) != started
 
     def watch() -> None:
         while not orphaned():
             time.sleep(0.5)
         time.sleep(grace_s)
-        log.warning("the executor (pid %d) is gone; this task stops", parent_pid)
+        log.warning("the executor (pid %d) is gone; this task stops", executor)
         os._exit(1)
 
     threading.Thread(target=watch, daemon=True, name="orphan-watch").start()
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # run as the module's own name, so that the task processes run the functions the task starter imported
+    from cuvil_edge.agent.app_gate import main as _main
+
+    sys.exit(_main())

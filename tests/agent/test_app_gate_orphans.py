@@ -8,18 +8,11 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
-from cuvil_edge.agent.app_gate import ORPHAN_GRACE_S, TOKEN_ENV
+from cuvil_edge.agent.app_gate import ORPHAN_GRACE_S
 
-# the executor: starts one task against a Runtime API nobody serves, says its pid, and exits
-EXECUTOR = """
-import os, subprocess, sys, time
-task = subprocess.Popen([sys.executable, "-m", "cuvil_edge.agent.app_gate", "task", "--runtime-api-address",
-                         sys.argv[1], "--parent-pid", str(os.getpid())],
-                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-print(task.pid, flush=True)
-time.sleep(2)
-"""
+EXECUTOR = Path(__file__).with_name("task_executor.py")
 
 
 def _alive(pid: int) -> bool:
@@ -30,15 +23,17 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def test_a_task_whose_executor_exits_ends_itself():
+def test_a_task_whose_executor_crashed_ends_itself():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         address = f"127.0.0.1:{s.getsockname()[1]}"  # closed again: connections are refused, retried
-    env = dict(os.environ, **{TOKEN_ENV: "ab" * 32})
-    executor = subprocess.run([sys.executable, "-c", EXECUTOR, address], env=env, capture_output=True, text=True,
-                              timeout=60)
-    task = int(executor.stdout.split()[0])
+    executor = subprocess.Popen([sys.executable, str(EXECUTOR), address, "die"], stdout=subprocess.PIPE,
+                                stderr=subprocess.DEVNULL)  # the task keeps both: read its pid, not to the end
+    task = int(executor.stdout.readline())
+    executor.wait(timeout=120)
+    executor.stdout.close()
     try:
+        assert _alive(task), "the task ended with its executor, before its orphan watch could show anything"
         deadline = time.monotonic() + ORPHAN_GRACE_S + 15
         while time.monotonic() < deadline and _alive(task):
             time.sleep(0.5)

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from cuvil_edge.agent.app_gate import TASK_PROCESS_NAME
 from cuvil_edge.agent.daemon import REFUSED_MARK, supernode_command
 from cuvil_edge.agent.enroll import init_site
 from cuvil_edge.cli.local_federation import APP_DIR, free_port, local_federation
@@ -57,6 +58,13 @@ def _descendants(pid: int) -> list[tuple[int, str]]:
             found.append(child)
             todo.append(child[0])
     return found
+
+
+def _name(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
 
 
 def _ledger_spent(device: Path, site_file: Path) -> float:
@@ -219,7 +227,7 @@ def test_a_killed_clientapp_fails_only_its_site_and_a_killed_supernode_rejoins_w
         killed = None
         deadline = time.monotonic() + 300
         while killed is None and runner.is_alive() and time.monotonic() < deadline:
-            apps = [pid for pid, cmd in _descendants(fed.gates[0].pid) if "app_gate task" in cmd]
+            apps = [pid for pid, _ in _descendants(fed.gates[0].pid) if _name(pid) == TASK_PROCESS_NAME]
             if apps and _train_claimed(device):  # training: the spend is claimed, the data is in use
                 os.kill(apps[0], signal.SIGKILL)
                 killed = apps[0]

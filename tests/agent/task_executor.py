@@ -1,0 +1,54 @@
+"""An executor of task processes for the tests, started as a script: it starts one task through
+:class:`cuvil_edge.agent.app_gate.TaskStarter`, as `agent run`'s executor does, against a Runtime
+API nobody serves (so the task keeps trying to take its message), and prints the task's pid.
+
+    python tests/agent/task_executor.py ADDRESS die    exits at once, cleaning up nothing (a crash)
+    python tests/agent/task_executor.py ADDRESS wait   stays until it is killed
+    python tests/agent/task_executor.py draws          forks two processes as tasks and prints what
+                                                       each drew from its random sources (JSON)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+from cuvil_edge.agent import app_gate
+
+
+def draws(queue) -> None:
+    """In a forked process set up as a task: a draw from each source of randomness a task has."""
+    import random
+
+    import numpy as np
+
+    from cuvil_edge.privacy.samplers import discrete_laplace
+
+    app_gate._as_new_process()
+    queue.put({"numpy": np.random.random(4).tolist(), "random": random.random(),
+               "noise": discrete_laplace(3, 8).tolist()})
+
+
+def main(argv: list[str]) -> None:
+    if argv[0] == "draws":
+        starter = app_gate.TaskStarter("127.0.0.1:1")
+        queue = starter._context.Queue()
+        tasks = [starter._context.Process(target=draws, args=(queue,)) for _ in range(2)]
+        for task in tasks:
+            task.start()
+        print(json.dumps([queue.get(timeout=120) for _ in tasks]), flush=True)
+        return
+    address, mode = argv
+    task = app_gate.TaskStarter(address).start("ab" * 32)
+    print(task.pid, flush=True)
+    if mode == "die":
+        time.sleep(1)
+        os._exit(0)  # no clean-up: its daemonic task is not stopped by it
+    while True:
+        time.sleep(60)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
