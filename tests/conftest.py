@@ -36,27 +36,26 @@ os.environ["COLUMNS"] = "200"
 os.environ.pop("LINES", None)
 
 #: Seconds the longest tests took (node id, or module for a module one worker runs whole), longest
-#: first, measured in a parallel run (3 workers) on an otherwise idle 2-core machine, less the waits
-#: since taken out of the tests that changed (the attacks module now starts one federation). They
+#: first, as they took in a whole-suite run (3 workers, 2 cores, nothing else running). They
 #: are handed out first, one to each worker, then one short test each (a worker holds two queued
 #: tests, so a worker busy with a long test takes no second long one), then the rest of these, then
 #: everything else in collected order.
 LONGEST = {
-    "tests/e2e/test_deployment_guide.py::test_the_deployment_guide_reaches_rounds_resumes_rejoins_rotates_and_replaces": 267,
-    "tests/e2e/test_deployment.py::test_a_killed_clientapp_fails_only_its_site_and_a_killed_supernode_rejoins_with_its_state": 205,
-    "tests/e2e/test_deployment.py::test_enrolled_devices_run_a_rogue_is_refused_and_a_killed_coordinator_resumes": 130,
-    "tests/e2e/test_deployment_attacks.py": 100,
-    "tests/e2e/test_demo_federation.py::test_central_dp_stops_at_its_cap_and_a_resumed_run_counts_epsilon_from_where_it_stopped": 101,
-    "tests/e2e/test_deployment.py::test_run_checks_its_sites_first_and_interrupting_it_or_the_coordinator_stops_everything": 88,
-    "tests/e2e/test_demo_federation.py::test_demo_federation_learns_accounts_privacy_and_resumes": 79,
-    "tests/e2e/test_breast_cancer_example.py::test_the_example_federation_learns_from_the_hospitals_own_files": 74,
-    "tests/ir_serialize/test_pkg_fuzz_structured.py::test_structured_fuzzer_10k_cases_only_typed_errors": 60,
-    "tests/e2e/test_demo_federation.py::test_a_flower_strategy_chosen_in_the_yaml_runs_and_learns[fedadam]": 40,
-    "tests/e2e/test_demo_federation.py::test_sites_planned_at_fp16_and_int8_train_their_packages_and_the_model_learns": 40,
-    "tests/e2e/test_demo_federation.py::test_site_out_of_budget_drops_out_and_the_run_goes_on": 40,
-    "tests/test_api.py::test_readme_python_api_example_as_written_simulates_one_round": 34,
-    "tests/e2e/test_install_profiles.py::test_the_device_install_is_lean_and_verifies_builds_evaluates_and_infers": 27,
-    "tests/e2e/test_demo_federation.py::test_a_flower_strategy_chosen_in_the_yaml_runs_and_learns[fedprox]": 25,
+    "tests/e2e/test_deployment_guide.py::test_the_deployment_guide_reaches_rounds_resumes_rejoins_rotates_and_replaces": 231,
+    "tests/e2e/test_deployment.py::test_a_killed_clientapp_fails_only_its_site_and_a_killed_supernode_rejoins_with_its_state": 179,
+    "tests/e2e/test_deployment.py::test_enrolled_devices_run_a_rogue_is_refused_and_a_killed_coordinator_resumes": 98,
+    "tests/e2e/test_demo_federation.py::test_demo_federation_learns_accounts_privacy_and_resumes": 72,
+    "tests/e2e/test_breast_cancer_example.py::test_the_example_federation_learns_from_the_hospitals_own_files": 70,
+    "tests/e2e/test_deployment_attacks.py": 60,
+    "tests/e2e/test_deployment.py::test_run_checks_its_sites_first_and_interrupting_it_or_the_coordinator_stops_everything": 59,
+    "tests/e2e/test_demo_federation.py::test_central_dp_stops_at_its_cap_and_a_resumed_run_counts_epsilon_from_where_it_stopped": 57,
+    "tests/ir_serialize/test_pkg_fuzz_structured.py::test_structured_fuzzer_10k_cases_only_typed_errors": 53,
+    "tests/e2e/test_install_profiles.py::test_the_device_install_is_lean_and_verifies_builds_evaluates_and_infers": 42,
+    "tests/e2e/test_demo_federation.py::test_sites_planned_at_fp16_and_int8_train_their_packages_and_the_model_learns": 37,
+    "tests/e2e/test_demo_federation.py::test_a_flower_strategy_chosen_in_the_yaml_runs_and_learns[fedadam]": 33,
+    "tests/test_api.py::test_readme_python_api_example_as_written_simulates_one_round": 24,
+    "tests/e2e/test_demo_federation.py::test_site_out_of_budget_drops_out_and_the_run_goes_on": 23,
+    "tests/e2e/test_demo_federation.py::test_a_flower_strategy_chosen_in_the_yaml_runs_and_learns[fedprox]": 23,
 }
 
 _LOCKS = Path(tempfile.gettempdir()) / "cuvil-edge-test-ports"

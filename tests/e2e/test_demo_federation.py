@@ -32,11 +32,20 @@ def run_demo(tmp_path: Path, rounds: int, federation: Path) -> tuple[subprocess.
     return proc, run_dir
 
 
+def shipped_federation() -> str:
+    """The shipped federation file's text, for a variant of it, on one Ray worker instead of two:
+    the sites then train one after the other, and torch and opacus are imported once, not in both
+    workers (the variants check what a run computes; the shipped demo keeps its two workers)."""
+    text = (ROOT / "configs" / "federation.yaml").read_text()
+    assert "  ray_cpus: 2\n" in text
+    return text.replace("  ray_cpus: 2\n", "  ray_cpus: 1\n")
+
+
 def central_dp_federation(tmp_path: Path, max_epsilon: float | None = None) -> tuple[Path, str]:
     """A copy of the demo federation with central DP on and local DP-SGD off: (its file, its text)."""
     configs = tmp_path / "configs"
     (configs / "sites").mkdir(parents=True, exist_ok=True)
-    text = (ROOT / "configs" / "federation.yaml").read_text()
+    text = shipped_federation()
     text = text.replace("local_dp: true", "local_dp: false").replace("  enabled: false", "  enabled: true")
     text = text.replace("  name: fedavgm", "  name: fedavg").replace("  server_momentum: 0.5\n", "")
     assert "  name: fedavg " in text  # central DP's accountant covers FedAvg's noised mean only
@@ -108,7 +117,7 @@ def test_demo_federation_learns_accounts_privacy_and_resumes(tmp_path):
 def test_site_out_of_budget_drops_out_and_the_run_goes_on(tmp_path):
     configs = tmp_path / "configs"
     (configs / "sites").mkdir(parents=True)
-    (configs / "federation.yaml").write_text((ROOT / "configs" / "federation.yaml").read_text())
+    (configs / "federation.yaml").write_text(shipped_federation())
     for site in (ROOT / "configs" / "sites").glob("*.yaml"):
         text = site.read_text()
         if site.stem == "fleet-c":  # enough for one round of training, not two
@@ -195,7 +204,7 @@ def test_sites_planned_at_fp16_and_int8_train_their_packages_and_the_model_learn
     sizes = {p: len(encode_payload(g)) for p, g in
              precision_variants(graph, [{graph.inputs[0].name: samples[:32]}]).items()}
     between = {"factory-b": (sizes["fp16"] + sizes["fp32"]) / 2, "fleet-c": (sizes["int8"] + sizes["fp16"]) / 2}
-    (configs / "federation.yaml").write_text((ROOT / "configs" / "federation.yaml").read_text()
+    (configs / "federation.yaml").write_text(shipped_federation()
                                              + "quantization:\n  calibration: calibration.npz\n")
     for site in (ROOT / "configs" / "sites").glob("*.yaml"):
         text = site.read_text()
@@ -219,7 +228,7 @@ def test_a_flower_strategy_chosen_in_the_yaml_runs_and_learns(tmp_path, strategy
     around the per-site packages: the demo learns, and every site still pays only its DP-SGD plan."""
     configs = tmp_path / "configs"
     (configs / "sites").mkdir(parents=True)
-    text = (ROOT / "configs" / "federation.yaml").read_text()
+    text = shipped_federation()
     demo = "name: fedavgm                 # fedavg | fedprox | fedadam | fedyogi | fedavgm\n  server_momentum: 0.5"
     assert demo in text
     (configs / "federation.yaml").write_text(text.replace(demo, strategy, 1))
