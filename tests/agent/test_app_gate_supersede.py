@@ -6,18 +6,14 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
 
 from cuvil_edge.agent import app_gate
 from cuvil_edge.agent.app_gate import SUPERSEDED_SIGNAL
+from task_executor import alive, waiting_task
 
-EXECUTOR = Path(__file__).with_name("task_executor.py")
 
 
 @pytest.fixture
@@ -64,30 +60,7 @@ def test_superseded_is_not_an_exception_the_clientapp_could_turn_into_a_reply():
 def test_a_task_process_superseded_before_it_took_its_message_keeps_trying_to_take_it():
     """A real task process, started as the executor starts one, against a Runtime API nobody
     serves (so it is still taking its input)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        address = f"127.0.0.1:{s.getsockname()[1]}"  # closed again: connections are refused, retried
-    executor = subprocess.Popen([sys.executable, str(EXECUTOR), address, "wait"], stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE)
-    task = None
-    try:
-        task = int(executor.stdout.readline())
-        deadline = time.monotonic() + 120
-        while b"Connection attempt failed" not in (line := executor.stderr.readline()):  # it has installed its handler
-            assert line and time.monotonic() < deadline, "the task never tried to take its input"
+    with waiting_task() as (_, task):
         os.kill(task, SUPERSEDED_SIGNAL)
         time.sleep(2)
-        assert _alive(task), "the signal ended a task that had not taken its message"
-    finally:
-        executor.kill()
-        executor.wait(timeout=30)
-        if task is not None and _alive(task):
-            os.kill(task, signal.SIGKILL)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
+        assert alive(task), "the signal ended a task that had not taken its message"
