@@ -179,14 +179,17 @@ class TaskStarter:
     def start(self, token: str) -> BaseProcess:
         """Start the task ``token`` names; its process (a daemon: it is stopped when this one exits)."""
         executor = os.getpid()
-        process = self._context.Process(
-            target=_task_process,
-            args=(self.address, token, executor, _started_at(executor)),
-            name=TASK_PROCESS_NAME,
-            daemon=True,
-        )
+        return self.fork(_task_process, self.address, token, executor, _started_at(executor))
+
+    def fork(self, target, *args) -> BaseProcess:
+        """Run ``target(*args)`` (a module-level function) in a process forked from the warm one."""
+        process = self._context.Process(target=target, args=args, name=TASK_PROCESS_NAME, daemon=True)
         process.start()
         return process
+
+    def queue(self):
+        """A queue a forked process can put its results on."""
+        return self._context.Queue()
 
 
 def _task_process(address: str, token: str, executor: int, executor_started: int | None) -> None:

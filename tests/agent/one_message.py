@@ -5,7 +5,8 @@
 KIND is ``train`` or ``evaluate``; PACKAGE a file holding the package bytes. Prints one JSON line:
 seconds spent importing Flower and the ClientApp, handling the message, which heavy modules the
 process imported, and the reply's error or metrics. :func:`enrolled_device` sets up a device and
-sends it rounds this way (a subprocess each time, so nothing is cached in memory); used by
+sends it rounds this way (a subprocess each time, so nothing is cached in memory, or a process
+forked from the agent's warm task starter); used by
 tests/agent/test_clientapp_process.py and bench/bench_clientapp.py.
 """
 
@@ -53,6 +54,10 @@ def main(kind: str, package_file: str, site_file: str, home: str, server_round: 
             "metrics": {} if reply.has_error() else dict(reply.content["metrics"])}
 
 
+def _reply_into(queue, kind: str, package_file: str, site_file: str, home: str, server_round: int) -> None:
+    queue.put(main(kind, package_file, site_file, home, server_round))
+
+
 def enrolled_device(root: Path):
     """An enrolled device of the demo federation's first site (its packages sealed for it);
     returns (send, device home), where ``send(kind)`` issues the next round's package (same model,
@@ -79,13 +84,22 @@ def enrolled_device(root: Path):
     rng = np.random.default_rng(0)
     rounds = iter(range(1, 1_000_000))
 
-    def send(kind: str) -> dict:
+    def send(kind: str, starter=None) -> dict:
+        """``starter`` (an app_gate.TaskStarter): the process is forked from its warm process, as
+        the agent's executor starts a task, instead of being a new interpreter."""
         server_round = next(rounds)
         weights = {k: (v + 0.01 * rng.standard_normal(v.shape)).astype(v.dtype)
                    for k, v in graph.initializers.items() if v.dtype == np.float32}
         package = root / f"round-{server_round}.cpkg"
         package.write_bytes(factory.issue(site, weights).data)
         start = time.perf_counter()
+        if starter is not None:
+            queue = starter.queue()
+            process = starter.fork(_reply_into, queue, kind, str(package), str(site_file), str(device_home),
+                                   server_round)
+            reply = queue.get(timeout=600)
+            process.join(timeout=60)
+            return {**reply, "process_s": time.perf_counter() - start}
         proc = subprocess.run([sys.executable, __file__, kind, str(package), str(site_file), str(device_home),
                                str(server_round)], capture_output=True, text=True, timeout=600)
         if proc.returncode != 0:

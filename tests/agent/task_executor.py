@@ -77,10 +77,8 @@ def draws(queue) -> None:
 def main(argv: list[str]) -> None:
     if argv[0] == "draws":
         starter = app_gate.TaskStarter("127.0.0.1:1")
-        queue = starter._context.Queue()
-        tasks = [starter._context.Process(target=draws, args=(queue,)) for _ in range(2)]
-        for task in tasks:
-            task.start()
+        queue = starter.queue()
+        tasks = [starter.fork(draws, queue) for _ in range(2)]
         print(json.dumps([queue.get(timeout=120) for _ in tasks]), flush=True)
         return
     address, mode = argv
