@@ -25,7 +25,8 @@ from cuvil_edge.ir.infer import with_initializers
 from cuvil_edge.privacy import PrivacyLedger
 from cuvil_edge.privacy.dpsgd import plan_dp_sgd
 from cuvil_edge.privacy.ledger import dpsgd_epsilon
-from cuvil_edge.privacy.release import CountsMechanism, reserve_release
+from cuvil_edge.privacy.counts import CountsMechanism
+from cuvil_edge.privacy.release import reserve_release
 
 
 @dataclass(frozen=True)

@@ -50,7 +50,8 @@ from cuvil_edge.datasets.split import PUBLIC_SPLIT_KEY, split_records
 from cuvil_edge.ir import interpreter
 from cuvil_edge.privacy import PrivacyLedger
 from cuvil_edge.privacy.dpsgd import plan_dp_sgd
-from cuvil_edge.privacy.release import CountsMechanism, reserve_release
+from cuvil_edge.privacy.counts import CountsMechanism
+from cuvil_edge.privacy.release import reserve_release
 from cuvil_edge.privacy.accounting import Accountant, DpSgd, PureDp
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -80,7 +80,7 @@ def evaluate(package: Path, site_file: Path, home: Path, root: Path) -> dict:
     from cuvil_edge.config.home import site_state_dir
     from cuvil_edge.datasets.site_files import load_site_data
     from cuvil_edge.datasets.split import load_split_key
-    from cuvil_edge.privacy.release import CountsMechanism
+    from cuvil_edge.privacy.counts import CountsMechanism
 
     site = load_site(site_file)
     agent = AgentRuntime(site, site_state_dir(site, home), root)

@@ -364,6 +364,6 @@ def evaluate(msg: Message, context: Context) -> Message:
 def eval_mechanism(site: SiteConfig):
     """(correct, total) under add/remove-one record: one record moves each count by at most 1, so
     the pair's L1 sensitivity is 2; ``eval_epsilon`` per release."""
-    from cuvil_edge.privacy.release import CountsMechanism
+    from cuvil_edge.privacy.counts import CountsMechanism
 
     return CountsMechanism(2, site.privacy.eval_epsilon)

@@ -10,8 +10,9 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from cuvil_edge.privacy.counts import release_counts
 from cuvil_edge.privacy.ledger import PrivacyLedger, Reservation
-from cuvil_edge.privacy.release import GaussianMechanism, LaplaceMechanism, release, release_counts
+from cuvil_edge.privacy.release import GaussianMechanism, LaplaceMechanism, release
 
 _LAZY_DPSGD = (
     "DpSgdPlan",

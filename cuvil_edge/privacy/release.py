@@ -46,14 +46,17 @@ from cuvil_edge.privacy._checks import positive_finite
 from cuvil_edge.privacy.accounting import Event, Gaussian, Laplace, PureDp
 
 if TYPE_CHECKING:
+    from cuvil_edge.privacy.counts import CountsMechanism, CountsPlan
     from cuvil_edge.privacy.ledger import PrivacyLedger, Reservation
 
 logger = logging.getLogger(__name__)
 
 GRID_MARGIN_BITS = 10  # default grid: rounding slack <= 2^-10 of the sensitivity
 _K_RANGE = (-60, 60)
-_MAX_GRID_INT = 1 << 62
-_MAX_SCALE_NUMERATOR = 1 << 62
+#: Bounds of the exact integer arithmetic, shared with privacy/counts.py: the largest magnitude of a
+#: grid or count integer, and of a noise scale's numerator.
+MAX_GRID_INT = 1 << 62
+MAX_SCALE_NUMERATOR = 1 << 62
 
 
 #: Below this integer sensitivity (in grid steps) a discrete Laplace release is charged as a
@@ -221,7 +224,7 @@ def plan_laplace(
     if eff <= 0:
         raise PrivacyError(f"epsilon {epsilon} is too small for grid 2^-{k}")
     scale = Fraction(s_int) / eff
-    if scale.numerator >= _MAX_SCALE_NUMERATOR:  # cannot happen given m; never sample inexactly
+    if scale.numerator >= MAX_SCALE_NUMERATOR:  # cannot happen given m; never sample inexactly
         raise PrivacyError(f"noise scale {scale} is not exactly representable")
     widened = float(Fraction(s_int) / Fraction(2) ** k)
     return LaplacePlan(k, dimension, Fraction(s_int), widened, eff, float(epsilon), scale, clip)
@@ -273,7 +276,7 @@ def to_grid(values: np.ndarray, k: int) -> np.ndarray:
         PrivacyError: a value is too large for the grid.
     """
     scaled = np.rint(np.ldexp(values, k))
-    if not np.all(np.abs(scaled) < _MAX_GRID_INT):
+    if not np.all(np.abs(scaled) < MAX_GRID_INT):
         raise PrivacyError(f"values too large for grid 2^-{k}; clip them (lower/upper) or lower k")
     return scaled.astype(np.int64)
 
@@ -436,77 +439,3 @@ def release(
     plan.prepare(arr, lower, upper)  # refuse bad values and bounds before spending
     pending = PendingRelease(plan, ledger, ledger.reserve(plan.event(), key=key, round=round))
     return pending.publish(arr, lower=lower, upper=upper, rng=rng)
-
-
-@dataclass(frozen=True)
-class CountsPlan:
-    """Integer counts plus exact discrete Laplace noise of scale ``sensitivity / epsilon``;
-    charged as a generic ε-DP event (at a small integer sensitivity a discrete Laplace has
-    randomized response's RDP curve, not the continuous Laplace one)."""
-
-    dimension: int
-    sensitivity: int
-    epsilon: float
-    scale: Fraction
-    k: int = 0
-
-    def event(self) -> Event:
-        return PureDp(self.epsilon)
-
-    def prepare(self, values: object, lower: float | None, upper: float | None) -> np.ndarray:
-        arr = np.asarray(values)
-        if arr.size != self.dimension or arr.dtype.kind not in "iu" or np.any(np.abs(arr) >= _MAX_GRID_INT):
-            raise PrivacyError(f"expected {self.dimension} integer counts, got {arr.dtype} shape {arr.shape}")
-        if lower is not None or upper is not None:
-            raise PrivacyError("counts are not clamped; their sensitivity bounds them")
-        return arr.astype(np.int64)
-
-    def apply(self, x: np.ndarray, rng: random.Random | None) -> np.ndarray:
-        return x + samplers.discrete_laplace(self.scale, x.size, rng).reshape(x.shape)
-
-
-@dataclass(frozen=True)
-class CountsMechanism:
-    """ε-DP noisy integer counts with integer L1 ``sensitivity``."""
-
-    sensitivity: int
-    epsilon: float
-
-    def plan(self, dimension: int, delta: float) -> CountsPlan:
-        """Raises: PrivacyError: bad sensitivity or epsilon."""
-        eps = positive_finite("epsilon", self.epsilon)
-        if (
-            isinstance(self.sensitivity, bool)
-            or not isinstance(self.sensitivity, (int, np.integer))
-            or self.sensitivity < 1
-        ):
-            raise PrivacyError(f"count sensitivity must be an int >= 1, got {self.sensitivity!r}")
-        scale = Fraction(int(self.sensitivity)) / Fraction(eps)
-        if scale.numerator >= _MAX_SCALE_NUMERATOR:
-            raise PrivacyError(f"sensitivity {self.sensitivity} too large for exact sampling")
-        return CountsPlan(dimension, int(self.sensitivity), eps, scale)
-
-
-def release_counts(
-    counts: object,
-    sensitivity: int,
-    epsilon: float,
-    ledger: PrivacyLedger,
-    *,
-    key: str | None = None,
-    round: int | None = None,
-    rng: random.Random | None = None,
-) -> np.ndarray:
-    """Release integer counts (already computed) with :class:`CountsMechanism`.
-
-    Raises:
-        PrivacyError: counts are not integers, or bad sensitivity/epsilon/key.
-        ReplayError: ``key`` was already claimed.
-        BudgetExhaustedError: the site's budget would be exceeded; nothing released.
-        LedgerError: the ledger is unreadable or cannot be written.
-    """
-    arr = np.asarray(counts)
-    plan = CountsMechanism(sensitivity, epsilon).plan(max(arr.size, 1), ledger.delta)
-    plan.prepare(arr, None, None)
-    pending = PendingRelease(plan, ledger, ledger.reserve(plan.event(), key=key, round=round))
-    return pending.publish(arr, rng=rng)

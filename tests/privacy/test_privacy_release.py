@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from cuvil_edge.errors import BudgetExhaustedError, PrivacyError, ReplayError
-from cuvil_edge.privacy import GaussianMechanism, LaplaceMechanism, PrivacyLedger, release
+from cuvil_edge.privacy import GaussianMechanism, LaplaceMechanism, PrivacyLedger, release, release_counts
 # The package re-exports the function ``release`` over the submodule's name, so
 # fetch the module itself to patch its noise source.
 release_mod = importlib.import_module("cuvil_edge.privacy.release")
@@ -218,7 +218,7 @@ def test_integer_counts_get_discrete_noise(tmp_path: Path) -> None:
     led = _ledger(tmp_path)
     counts = np.full(20_000, 7, dtype=np.int64)
 
-    out = release_mod.release_counts(counts, 2, 1.0, led, rng=random.Random(3))
+    out = release_counts(counts, 2, 1.0, led, rng=random.Random(3))
 
     p = math.exp(-1 / 2)
     var = 2 * p / (1 - p) ** 2
@@ -232,6 +232,6 @@ def test_bad_counts_spend_nothing(tmp_path: Path, counts, sensitivity) -> None:
     led = _ledger(tmp_path)
 
     with pytest.raises(PrivacyError):
-        release_mod.release_counts(np.array(counts), sensitivity, 1.0, led)
+        release_counts(np.array(counts), sensitivity, 1.0, led)
 
     assert led.history() == []
