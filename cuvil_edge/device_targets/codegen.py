@@ -28,6 +28,7 @@ from functools import cache, lru_cache
 from typing import Any
 
 from cuvil_edge.device_targets import shape_code
+from cuvil_edge.device_targets.ast_walk import walk
 from cuvil_edge.device_targets.prune import _MISSING, literal, segmenter
 from cuvil_edge.device_targets.specialise import specialise_function
 from cuvil_edge.errors import BuildError
@@ -203,7 +204,7 @@ def _defined_names(stmt: ast.stmt) -> list[str]:
         return [stmt.name]
     if isinstance(stmt, (ast.Assign, ast.AnnAssign)):
         targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
-        return [n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)]
+        return [n.id for t in targets for n in walk(t) if isinstance(n, ast.Name)]
     return []
 
 
@@ -323,7 +324,7 @@ class Specialiser:
             return text
         tree = ast.parse(text)
         changed = False
-        for call in [n for n in ast.walk(tree) if isinstance(n, ast.Call)]:
+        for call in [n for n in walk(tree) if isinstance(n, ast.Call)]:
             func = call.func
             if not isinstance(func, ast.Name):
                 continue

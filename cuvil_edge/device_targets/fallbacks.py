@@ -41,6 +41,7 @@ import tokenize
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from cuvil_edge.device_targets.ast_walk import walk
 from cuvil_edge.errors import BuildError
 
 #: how a marker statement's string starts
@@ -124,7 +125,7 @@ def _comments(source: str, tree: ast.Module) -> dict[int, str]:
 
 def _blocks(node: ast.AST) -> Iterator[tuple[ast.AST, str, list[ast.stmt]]]:
     """Every statement block under ``node``: (the node holding it, its field, the block)."""
-    for parent in ast.walk(node):
+    for parent in walk(node):
         for field in ("body", "orelse", "finalbody", "handlers"):
             block = getattr(parent, field, None)
             if isinstance(block, list) and block and isinstance(block[0], ast.stmt):
@@ -214,13 +215,13 @@ def declared_lines(source: str) -> dict[int, str]:
             reason = stmt.value.value.removeprefix(MARK)  # type: ignore[attr-defined]  # a marker: checked
             tail = block[index + 1 :]
             if index == 0 and isinstance(parent, ast.If) and block is parent.body:
-                inside.update(id(n) for n in ast.walk(parent.test))  # a call in the test runs for it
+                inside.update(id(n) for n in walk(parent.test))  # a call in the test runs for it
             for declared in tail:
-                inside.update(id(n) for n in ast.walk(declared))
+                inside.update(id(n) for n in walk(declared))
                 covered.update(dict.fromkeys(_span(declared), reason))
     functions = {s.name: s for s in tree.body if isinstance(s, ast.FunctionDef)}
     uses: dict[str, list[ast.Name]] = {name: [] for name in functions}
-    for node in ast.walk(tree):
+    for node in walk(tree):
         if isinstance(node, ast.Name) and node.id in uses:
             uses[node.id].append(node)
     done: set[str] = set()
@@ -234,5 +235,5 @@ def declared_lines(source: str) -> dict[int, str]:
             done.add(name)
             function = functions[name]
             for stmt in function.body:
-                inside.update(id(n) for n in ast.walk(stmt))
+                inside.update(id(n) for n in walk(stmt))
                 covered.update(dict.fromkeys(_span(stmt), f"called only from declared fallbacks ({name})"))

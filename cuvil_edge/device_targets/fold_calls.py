@@ -28,6 +28,7 @@ import sys
 from collections import Counter
 from typing import Any
 
+from cuvil_edge.device_targets.ast_walk import Transformer, walk
 from cuvil_edge.device_targets.prune import _MISSING, literal
 from cuvil_edge.device_targets.specialise import _Bind, _is_literal, _literal_node, _tag
 
@@ -79,7 +80,7 @@ def _bind_constant_arguments(tree: ast.Module, defs: dict[str, ast.FunctionDef])
     holder: dict[int, str] = {}  # id of a call -> the name of the top-level statement holding it
     names: list[ast.Name] = []
     for top in tree.body:
-        for node in ast.walk(top):
+        for node in walk(top):
             if isinstance(node, ast.Name) and node.id in calls:
                 names.append(node)
             elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in calls:
@@ -116,7 +117,7 @@ def _bind_constant_arguments(tree: ast.Module, defs: dict[str, ast.FunctionDef])
                 bound[param] = values[0]
         if bound:  # only a parameter the body never rebinds (nor a nested scope's own) is bound
             rebound = set()
-            for n in ast.walk(function):
+            for n in walk(function):
                 if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load):
                     rebound.add(n.id)
                 elif n is not function:
@@ -138,7 +139,7 @@ def _bind_constant_arguments(tree: ast.Module, defs: dict[str, ast.FunctionDef])
 
 def _params_of(node: ast.AST) -> list[ast.arg]:
     if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
-        return [a for a in ast.walk(node.args) if isinstance(a, ast.arg)]
+        return [a for a in walk(node.args) if isinstance(a, ast.arg)]
     return []
 
 
@@ -160,7 +161,7 @@ def _module_functions(tree: ast.Module) -> dict[str, ast.FunctionDef]:
         for name in (
             [stmt.name]
             if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
-            else [n.id for n in ast.walk(stmt) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)]
+            else [n.id for n in walk(stmt) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)]
         )
     )
     return {s.name: s for s in tree.body if isinstance(s, ast.FunctionDef) and bound[s.name] == 1}
@@ -181,10 +182,10 @@ def _is_pure(function: ast.FunctionDef) -> bool:
     ):
         return False
     params = {a.arg for a in args.args}
-    local = {n.id for n in ast.walk(function) if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load)}
+    local = {n.id for n in walk(function) if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load)}
     if local & set(_SAFE):
         return False
-    for node in ast.walk(function):
+    for node in walk(function):
         if node is function:
             continue
         if isinstance(
@@ -222,7 +223,7 @@ def _is_pure(function: ast.FunctionDef) -> bool:
     return True
 
 
-class _Evaluate(ast.NodeTransformer):
+class _Evaluate(Transformer):
     """Calls of pure module functions with literal arguments, replaced by their results."""
 
     def __init__(self, pure: dict[str, ast.FunctionDef]):
@@ -292,13 +293,13 @@ def _strings(node: ast.expr) -> frozenset[str] | None:
 def _returned_strings(function: ast.FunctionDef) -> frozenset[str] | None:
     """The strings ``function`` can return, when every return returns one and it cannot fall off
     its end; else None."""
-    nested = [n for n in ast.walk(function) if n is not function and isinstance(n, (ast.FunctionDef, ast.Lambda))]
-    if nested or any(isinstance(n, (ast.Yield, ast.YieldFrom)) for n in ast.walk(function)):
+    nested = [n for n in walk(function) if n is not function and isinstance(n, (ast.FunctionDef, ast.Lambda))]
+    if nested or any(isinstance(n, (ast.Yield, ast.YieldFrom)) for n in walk(function)):
         return None
     if not function.body or not isinstance(function.body[-1], (ast.Return, ast.Raise)):
         return None
     found: frozenset[str] = frozenset()
-    for node in ast.walk(function):
+    for node in walk(function):
         if isinstance(node, ast.Return):
             values = None if node.value is None else _strings(node.value)
             if values is None:
@@ -310,8 +311,8 @@ def _returned_strings(function: ast.FunctionDef) -> frozenset[str] | None:
 def _decide_strings(function: ast.FunctionDef, strings: dict[str, frozenset[str]]) -> bool:
     """Comparisons with a string of locals assigned once, at the top of ``function``'s body, from a
     call whose returns are all strings: decided where the strings it can return decide them."""
-    stored = Counter(n.id for n in ast.walk(function) if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load))
-    stored.update(a.arg for a in ast.walk(function.args) if isinstance(a, ast.arg))
+    stored = Counter(n.id for n in walk(function) if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load))
+    stored.update(a.arg for a in walk(function.args) if isinstance(a, ast.arg))
     known: dict[str, frozenset[str]] = {}
     changed = False
     for index, stmt in enumerate(function.body):
@@ -332,7 +333,7 @@ def _decide_strings(function: ast.FunctionDef, strings: dict[str, frozenset[str]
     return changed
 
 
-class _Compare(ast.NodeTransformer):
+class _Compare(Transformer):
     def __init__(self, known: dict[str, frozenset[str]]):
         self.known, self.changed = known, False
 
@@ -367,7 +368,7 @@ def _quiet(node: ast.expr) -> bool:
     return False
 
 
-class _Truth(ast.NodeTransformer):
+class _Truth(Transformer):
     """Tests of ``if``, ``while`` and ``x if c else y`` read for their truth: literal operands of an
     ``and``/``or`` that do not decide it are dropped; one that decides it decides the test when
     every operand before it is quiet."""

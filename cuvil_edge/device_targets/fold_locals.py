@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from cuvil_edge.device_targets.ast_walk import Transformer, walk
 from cuvil_edge.device_targets.prune import _MISSING, Fold, _small, literal
 from cuvil_edge.device_targets.specialise import _is_literal, _literal_node
 
@@ -71,7 +72,7 @@ def refine(
 def _stored(function: ast.FunctionDef) -> Counter:
     """How many times each name is bound anywhere in ``function`` (parameters, targets, imports)."""
     stored: Counter = Counter()
-    for n in ast.walk(function):
+    for n in walk(function):
         if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load):
             stored[n.id] += 1
         elif isinstance(n, ast.arg):
@@ -83,7 +84,7 @@ def _stored(function: ast.FunctionDef) -> Counter:
     return stored
 
 
-class _Shapes(ast.NodeTransformer):
+class _Shapes(Transformer):
     """``x.shape``, ``x.shape[i]``, ``x.shape[a:b]``, ``len(x.shape)``, ``x.ndim`` and ``x.size`` of an array
     parameter with known dims: literals where the dims they read are ints."""
 
@@ -140,7 +141,7 @@ class _Shapes(ast.NodeTransformer):
         return self.generic_visit(node)
 
 
-class _Dtypes(ast.NodeTransformer):
+class _Dtypes(Transformer):
     """Element types the graph makes known: ``x.dtype == np.float16`` (either way round, ``==`` or
     ``!=``), ``x.dtype.kind``, ``x.dtype.itemsize`` and ``x.itemsize``, for an array parameter of
     known dtype and for a local stored once, at the top of the body, from ``y.astype(t, ...)``
@@ -221,7 +222,7 @@ def _bare(node: ast.AST) -> bool:
     return isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "np"
 
 
-class _Builtins(ast.NodeTransformer):
+class _Builtins(Transformer):
     """``len((3, 3))``, ``max((3, 3), default=1)``: pure builtins of literals, where the function
     does not rebind their names."""
 
@@ -247,7 +248,7 @@ class _Builtins(ast.NodeTransformer):
         return ast.copy_location(_literal_node(value), node)
 
 
-class _Reads(ast.NodeTransformer):
+class _Reads(Transformer):
     def __init__(self, values: Mapping[str, Any]):
         self.values = values
 
@@ -288,7 +289,7 @@ def _split(stmt: ast.stmt) -> list[ast.stmt]:
     ):
         return [stmt]
     names = {t.id for t in stmt.targets[0].elts}  # type: ignore[attr-defined]  # Names: checked above
-    if any(isinstance(n, ast.Name) and n.id in names for n in ast.walk(stmt.value)):
+    if any(isinstance(n, ast.Name) and n.id in names for n in walk(stmt.value)):
         return [stmt]  # a, b = b, a: simultaneous, not sequential
     return [
         ast.copy_location(ast.Assign([ast.Name(t.id, ast.Store())], v), stmt)  # type: ignore[attr-defined]
@@ -297,14 +298,14 @@ def _split(stmt: ast.stmt) -> list[ast.stmt]:
 
 
 def _loaded(node: ast.AST, name: str) -> bool:
-    return any(isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load) for n in ast.walk(node))
+    return any(isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load) for n in walk(node))
 
 
 def _binds(node: ast.AST) -> set[str]:
     """The names a statement may bind (targets, loop variables, imports, definitions)."""
-    names = {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load)}
-    names.update((a.asname or a.name).split(".")[0] for a in ast.walk(node) if isinstance(a, ast.alias))
-    names.update(n.name for n in ast.walk(node) if isinstance(n, (ast.FunctionDef, ast.ClassDef)))
+    names = {n.id for n in walk(node) if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load)}
+    names.update((a.asname or a.name).split(".")[0] for a in walk(node) if isinstance(a, ast.alias))
+    names.update(n.name for n in walk(node) if isinstance(n, (ast.FunctionDef, ast.ClassDef)))
     return names
 
 
@@ -383,7 +384,7 @@ def _loops(function: ast.FunctionDef) -> tuple[ast.FunctionDef, bool]:
         n is not function
         and isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef))
         or isinstance(n, (ast.Global, ast.Nonlocal))
-        for n in ast.walk(function)
+        for n in walk(function)
     ):
         return function, False
     stored = _stored(function)

@@ -36,6 +36,7 @@ import operator
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from cuvil_edge.device_targets.ast_walk import Transformer, walk
 from cuvil_edge.device_targets.fallbacks import declare, is_marker
 from cuvil_edge.errors import BuildError
 
@@ -107,7 +108,7 @@ def _const(value: Any, like: ast.AST) -> ast.expr:
     return ast.copy_location(ast.Constant(value), like)
 
 
-class _Tracking(ast.NodeTransformer):
+class _Tracking(Transformer):
     """A transformer that sets ``changed`` when a visit returns anything but the node it was given
     (a replacement, a list spliced in, None for a removal); subclasses set it themselves for the
     in-place edits they make. :func:`prune` resets it per top-level statement."""
@@ -312,23 +313,39 @@ def _undeclared(block: list[ast.stmt]) -> list[ast.stmt]:
 
 
 def _references(node: ast.AST) -> set[str]:
-    return {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
+    return {n.id for n in walk(node) if isinstance(n, ast.Name)}
 
 
-def remove_unused_functions(tree: ast.Module, roots: tuple[str, ...] = ("run",)) -> ast.Module:
-    """Drop top-level defs not reachable from ``roots`` or from other top-level statements."""
+#: The names a top-level statement reads, by id, with the statement itself (an id is reused once
+#: its object is gone): kept by one prune across its rounds for the statements no round changed.
+_Known = dict[int, tuple[ast.stmt, set[str]]]
+
+
+def remove_unused_functions(
+    tree: ast.Module, roots: tuple[str, ...] = ("run",), known: _Known | None = None
+) -> ast.Module:
+    """Drop top-level defs not reachable from ``roots`` or from other top-level statements.
+    ``known``: the references of statements unchanged since an earlier call, filled in here."""
+    known = {} if known is None else known
+
+    def references(stmt: ast.stmt) -> set[str]:
+        entry = known.get(id(stmt))
+        if entry is None or entry[0] is not stmt:
+            entry = known[id(stmt)] = (stmt, _references(stmt))
+        return entry[1]
+
     defs = {s.name: s for s in tree.body if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
     pending = [r for r in roots if r in defs]
     for stmt in tree.body:
         if not isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            pending.extend(_references(stmt) & defs.keys())
+            pending.extend(references(stmt) & defs.keys())
     used: set[str] = set()
     while pending:
         name = pending.pop()
         if name in used:
             continue
         used.add(name)
-        pending.extend((_references(defs[name]) & defs.keys()) - used)
+        pending.extend((references(defs[name]) & defs.keys()) - used)
     tree.body = [s for s in tree.body if (n := getattr(s, "name", None)) not in defs or n in used] or [ast.Pass()]
     return tree
 
@@ -370,21 +387,24 @@ def prune(source: str, constants: Mapping[str, object], *, roots: tuple[str, ...
     from cuvil_edge.device_targets.fold_locals import refine
 
     facts: dict[int, tuple] = {}  # fold_calls' findings of the functions no round has changed since
+    known: _Known = {}  # and the names each statement reads
     for _ in range(_MODULE_ROUNDS):  # what the module's functions make certain, now that constants are in
         # a function nothing reaches any more still calls the others: its calls would keep their
         # arguments from looking constant (fold_calls binds what every call passes alike)
-        tree = remove_unused_functions(tree, roots)
+        tree = remove_unused_functions(tree, roots, known)
         touched = fold_calls(tree, roots, facts)
         if not touched:
             break
         unchanged -= touched
+        for key in touched:
+            known.pop(key, None)
         tree.body = [
             (refine(stmt, {})[0] if isinstance(stmt, ast.FunctionDef) else fold.visit(stmt))
             if id(stmt) in touched
             else stmt
             for stmt in tree.body
         ]
-    tree = remove_unused_functions(tree, roots)  # unparse needs no locations: no fix_missing_locations
+    tree = remove_unused_functions(tree, roots, known)  # unparse needs no locations: no fix_missing_locations
     chunks = []
     for stmt in tree.body:
         text = segment(stmt) if id(stmt) in unchanged and not getattr(stmt, "decorator_list", None) else None

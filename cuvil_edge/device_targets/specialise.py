@@ -10,6 +10,7 @@ import ast
 import threading
 from collections.abc import Iterable, Mapping
 
+from cuvil_edge.device_targets.ast_walk import Transformer, walk
 from cuvil_edge.device_targets.fallbacks import declare, is_marker
 from cuvil_edge.device_targets.prune import _LITERALS, Fold, _const, literal
 from cuvil_edge.errors import BuildError
@@ -95,11 +96,11 @@ def _specialise(
     declare(tree, source)  # unparse drops comments: the fallbacks they declare become markers
     function = tree.body[0]
     fixed: set[str] = set()  # names the body rebinds, and parameters of nested functions and lambdas
-    for n in ast.walk(function):
+    for n in walk(function):
         if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load):
             fixed.add(n.id)
         elif n is not function and isinstance(n, (ast.FunctionDef, ast.Lambda)):
-            fixed.update(a.arg for a in ast.walk(n.args) if isinstance(a, ast.arg))
+            fixed.update(a.arg for a in walk(n.args) if isinstance(a, ast.arg))
     args = function.args
     if args.vararg is not None or args.kwarg is not None:
         return source, (), False
@@ -146,7 +147,7 @@ def _is_literal(value: object) -> bool:
     return isinstance(value, _LITERALS)
 
 
-class _Bind(ast.NodeTransformer):
+class _Bind(Transformer):
     """Loads of the given parameters become literals; ``p is None`` / ``p is not None`` of a
     parameter known to hold an array become False / True."""
 
