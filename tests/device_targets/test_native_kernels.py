@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 import os
 import re
+import shutil
 import stat
 import subprocess
 import sys
@@ -213,9 +214,8 @@ def test_no_compiler_means_no_library(monkeypatch, tmp_path):
 
 
 @needs_compiler
-def test_a_damaged_cached_library_is_compiled_again(monkeypatch, tmp_path):
-    monkeypatch.setenv("CUVIL_EDGE_NATIVE_CACHE", str(tmp_path))
-    path, _ = _native._library_bytes(_native._compiler(), tmp_path)
+def test_a_damaged_cached_library_is_compiled_again(first_use, monkeypatch, tmp_path):
+    _, path = _built_cache(first_use, tmp_path, monkeypatch)
     path.write_bytes(b"\x7fELF not really a shared object")
     lib = _native._load()
     assert lib is not None and lib.cuvil_abi_version() == _native.ABI_VERSION
@@ -398,12 +398,38 @@ def _plant(path, marker, tmp_path):
     subprocess.run([_native._compiler(), "-shared", "-fPIC", "-o", str(path), str(source)], check=True)
 
 
-def _first_use_in_another_process(cache):
-    """What an earlier run of the agent leaves: the library compiled into ``cache`` (and, in this
-    process, nothing loaded from there)."""
+@pytest.fixture(scope="session")
+def first_use(tmp_path_factory):
+    """The cache a first use leaves: the library compiled by a real first use in another process
+    (so nothing from it is loaded in this one), once per pytest process. The tests that start from
+    a built cache take a copy of it (:func:`_first_use_in_another_process`) rather than each paying
+    a compile of its own (over a second of CPU); those whose point is a compile still compile."""
+    cache = tmp_path_factory.mktemp("native-first-use") / "cache"
     env = {**os.environ, "CUVIL_EDGE_NATIVE_CACHE": str(cache)}
     subprocess.run([sys.executable, "-c", "from cuvil_edge.ir.ops import _native; assert _native._load()"], env=env,
                    check=True, timeout=300)
+    return cache
+
+
+def _entries(cache):
+    """The folder ``cache`` and each entry in it, by name ("" for the folder): (mode, with the file
+    type; owner; bytes of a file)."""
+    def one(path):
+        st = os.lstat(path)
+        return st.st_mode, st.st_uid, None if stat.S_ISDIR(st.st_mode) else path.read_bytes()
+    return {"": one(cache), **{p.name: one(p) for p in cache.iterdir()}}
+
+
+def _first_use_in_another_process(first_use, cache):
+    """What an earlier run of the agent leaves: the library compiled into ``cache`` by a first use
+    in another process (and, in this process, nothing loaded from there); its name. A copy of
+    ``first_use`` (the fixture): the same bytes, modes and owner, so exactly what that first use
+    left, and its MAC verifies (the MAC covers the library's name and bytes, the key is copied)."""
+    shutil.copytree(first_use, cache, copy_function=shutil.copy2)
+    # the folder's mode (0700) is the loader's first check: copied in so many words, not left to
+    # copytree, which makes the folder under the umask and copies its mode only at the end
+    shutil.copymode(first_use, cache)
+    assert _entries(cache) == _entries(first_use)
     [library] = cache.glob("kernels-*.so")
     return library.name
 
@@ -417,16 +443,16 @@ def _assert_native_kernels_work(lib):
 
 @needs_compiler
 @pytest.mark.parametrize("when", ["before first use", "over the built library", "with a MAC under another key"])
-def test_planted_native_library_is_not_loaded(tmp_path, monkeypatch, when):
+def test_planted_native_library_is_not_loaded(first_use, tmp_path, monkeypatch, when):
     """A library planted under the name the loader computes (with the real one's MAC file beside it,
     or a MAC of the attacker's own key): its MAC does not verify, so it is compiled again; the
     planted constructor never runs, and the kernels work."""
     cache, marker = tmp_path / "cache", tmp_path / "constructor-ran"
     if when == "before first use":  # the name is computable from public inputs: here, from another cache's
-        name = _first_use_in_another_process(tmp_path / "other")
+        name = _first_use_in_another_process(first_use, tmp_path / "other")
         cache.mkdir()
     else:
-        name = _first_use_in_another_process(cache)
+        name = _first_use_in_another_process(first_use, cache)
     _plant(cache / name, marker, tmp_path)
     planted = (cache / name).read_bytes()
     if when == "with a MAC under another key":
@@ -442,13 +468,27 @@ def test_planted_native_library_is_not_loaded(tmp_path, monkeypatch, when):
     assert _native._library_bytes(_native._compiler(), cache)[1] == (cache / name).read_bytes()  # and verifies
 
 
-def _built_cache(tmp_path, monkeypatch):
-    """A cache holding this machine's library, made by a first use; (the cache, the library)."""
+def _built_cache(first_use, tmp_path, monkeypatch):
+    """A cache holding this machine's library, left by a first use (a copy of ``first_use``, see
+    :func:`_first_use_in_another_process`) and set as this test's; (the cache, the library)."""
     cache = tmp_path / "cache"
+    library = cache / _first_use_in_another_process(first_use, cache)
     monkeypatch.setenv("CUVIL_EDGE_NATIVE_CACHE", str(cache))
-    assert _native._load() is not None
-    [library] = cache.glob("kernels-*.so")
     return cache, library
+
+
+@needs_compiler
+def test_a_copied_first_use_is_loaded_as_it_is(first_use, tmp_path, monkeypatch):
+    """What the tests that start from a copy of a first use's cache rely on: the copy verifies, so
+    the loader loads its library without compiling or rewriting anything."""
+    cache, library = _built_cache(first_use, tmp_path, monkeypatch)
+    files = {p.name: (os.lstat(p).st_ino, os.lstat(p).st_mtime_ns) for p in cache.iterdir()}
+    monkeypatch.setattr(_native, "_build", lambda *args: pytest.fail("the copied library was compiled again"))
+    lib = _native._load()
+    assert lib is not None and lib.cuvil_abi_version() == _native.ABI_VERSION
+    _assert_native_kernels_work(lib)
+    assert {p.name: (os.lstat(p).st_ino, os.lstat(p).st_mtime_ns) for p in cache.iterdir()} == files
+    assert _entries(cache) == _entries(first_use)
 
 
 #: what is opened up -> (where, mode, what the message says to run)
@@ -461,9 +501,9 @@ OPENED = {"cache folder": (lambda cache, lib: cache, 0o777, "chmod 700"),
 
 @needs_compiler
 @pytest.mark.parametrize("case", list(OPENED))
-def test_group_writable_native_cache_is_refused(tmp_path, monkeypatch, case):
+def test_group_writable_native_cache_is_refused(first_use, tmp_path, monkeypatch, case):
     where, mode, fix = OPENED[case]
-    cache, library = _built_cache(tmp_path, monkeypatch)
+    cache, library = _built_cache(first_use, tmp_path, monkeypatch)
     path = where(cache, library)
     os.chmod(path, mode)
     named = re.escape(str(path))
@@ -478,9 +518,9 @@ def test_group_writable_native_cache_is_refused(tmp_path, monkeypatch, case):
 @needs_compiler
 @pytest.mark.skipif(os.geteuid() != 0, reason="chown to another user needs root")
 @pytest.mark.parametrize("case", ["cache folder", "library", "library MAC"])
-def test_foreign_owned_native_cache_entry_is_refused(tmp_path, monkeypatch, case):
+def test_foreign_owned_native_cache_entry_is_refused(first_use, tmp_path, monkeypatch, case):
     where, *_ = OPENED[case]
-    cache, library = _built_cache(tmp_path, monkeypatch)
+    cache, library = _built_cache(first_use, tmp_path, monkeypatch)
     path = where(cache, library)
     os.chown(path, 12345, -1)
     with pytest.raises(UnsafePathError, match=f"{re.escape(str(path))} is owned by uid 12345"):
@@ -489,10 +529,10 @@ def test_foreign_owned_native_cache_entry_is_refused(tmp_path, monkeypatch, case
 
 @needs_compiler
 @pytest.mark.parametrize("case", ["cache folder", "library"])
-def test_symlinked_native_cache_entry_is_refused(tmp_path, monkeypatch, case):
+def test_symlinked_native_cache_entry_is_refused(first_use, tmp_path, monkeypatch, case):
     """A link to a genuine copy (whose bytes and MAC would pass): refused, not followed."""
     where, *_ = OPENED[case]
-    cache, library = _built_cache(tmp_path, monkeypatch)
+    cache, library = _built_cache(first_use, tmp_path, monkeypatch)
     path = where(cache, library)
     copy = tmp_path / "elsewhere"
     path.rename(copy)
