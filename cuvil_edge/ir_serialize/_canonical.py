@@ -154,6 +154,10 @@ def get_str(obj: Mapping[str, Any], key: str, where: str, *, max_len: int = 4096
     return check_str(obj[key], f"{where} field {key!r}", max_len=max_len, empty=empty)
 
 
+#: C0 controls and DEL: no string field of a package may hold one.
+_CONTROL = re.compile("[\x00-\x1f\x7f]")
+
+
 def check_str(value: Any, where: str, *, max_len: int = 4096, empty: bool = False) -> str:
     """``value`` if it is an acceptable string (see :func:`get_str`).
 
@@ -166,7 +170,7 @@ def check_str(value: Any, where: str, *, max_len: int = 4096, empty: bool = Fals
         raise PackageFormatError(f"{where} must not be empty")
     if len(value) > max_len:
         raise PackageFormatError(f"{where} is {len(value)} characters, more than {max_len}")
-    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in value):
+    if _CONTROL.search(value):
         raise PackageFormatError(f"{where} contains control characters")
     return value
 
