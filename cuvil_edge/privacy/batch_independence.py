@@ -31,7 +31,8 @@ from cuvil_edge.errors import BatchMixingError, ExecutionError, PrivacyError
 from cuvil_edge.ir import interpreter
 from cuvil_edge.ir.graph import Dim, Graph, Node, TensorType
 from cuvil_edge.ir.infer import known_values
-from cuvil_edge.privacy._batch_rules import CONST, SIZE, State, View, batched, describe, refuse, row_of
+from cuvil_edge.privacy._batch_rules import row_of
+from cuvil_edge.privacy._batch_view import CONST, SIZE, State, View, batched, describe, refuse
 
 log = logging.getLogger(__name__)
 
