@@ -9,10 +9,10 @@ from __future__ import annotations
 import re
 from functools import lru_cache
 
+from cuvil_edge.ir.dim_render import FUNCTIONS
 from cuvil_edge.ir.dims import MAX_DEPTH, MAX_TEXT, SYMBOL, DimError, Expr, floordiv, maximum, minimum, mod
 
 _TOKEN = re.compile(r"\s*(?:(\d+)|([A-Za-z_][A-Za-z0-9_]*)|(//|[-+*%(),]))")
-_FUNCTIONS = ("min", "max")
 
 
 @lru_cache(maxsize=4096)
@@ -103,7 +103,7 @@ class _Parser:
             value = self.expr(depth + 1)
             self._take(")")
             return value
-        if token in _FUNCTIONS and self._peek() == "(":
+        if token in FUNCTIONS and self._peek() == "(":
             self.at += 1
             a = self.expr(depth + 1)
             self._take(",")

@@ -20,6 +20,8 @@ import math
 import re
 from collections.abc import Callable, Mapping
 
+from cuvil_edge.ir.dim_render import FUNCTIONS, factor_key, render
+
 Dim = int | str
 
 #: Longest dim text accepted (a package carries graph input and output dims as text).
@@ -31,7 +33,6 @@ MAX_DEPTH = 32
 #: A symbol: what ONNX exporters write as ``dim_param`` (``batch_size``, ``s0``, ``N``);
 #: the frontend renames anything else to this form.
 SYMBOL = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
-_FUNCTIONS = ("min", "max")
 
 
 class DimError(ValueError):
@@ -157,7 +158,7 @@ class Expr:
         terms: dict[tuple, int] = {}
         for m1, c1 in self.terms.items():
             for m2, c2 in other.terms.items():
-                m = tuple(sorted(m1 + m2, key=_factor_key))
+                m = tuple(sorted(m1 + m2, key=factor_key))
                 terms[m] = terms.get(m, 0) + c1 * c2
         return Expr(terms)
 
@@ -184,7 +185,7 @@ class Expr:
 
     def __str__(self) -> str:
         if self._text is None:
-            self._text = _render(self)
+            self._text = render(self)
         return self._text
 
     def __repr__(self) -> str:
@@ -192,11 +193,11 @@ class Expr:
 
     def python(self, name: Callable[[str], str]) -> str:
         """Python source computing the value, each symbol written as ``name(symbol)``."""
-        return _render(self, name)
+        return render(self, name)
 
 
 def _atom(kind: str, *args: Expr) -> Expr:
-    if kind in _FUNCTIONS:
+    if kind in FUNCTIONS:
         args = tuple(sorted(args, key=str))
     return Expr({((kind, tuple(args)),): 1})
 
@@ -327,7 +328,7 @@ def _divide_monomial(m: tuple, d: tuple) -> tuple | None:
 
 
 def _monomial_order(m: tuple) -> tuple:
-    return (len(m), tuple(_factor_key(f) for f in m))
+    return (len(m), tuple(factor_key(f) for f in m))
 
 
 def _atom_lower_bound(atom: tuple) -> int | None:
@@ -434,48 +435,6 @@ def simpler(a: Dim, b: Dim) -> Dim:
     if isinstance(a, int) or isinstance(b, int):
         return a if isinstance(a, int) else b
     return min(a, b, key=lambda d: (len(d), d))
-
-
-def _factor_key(factor) -> tuple:
-    return (0, factor) if isinstance(factor, str) else (1, _render_atom(factor, str))
-
-
-def _render_atom(atom: tuple, name: Callable[[str], str]) -> str:
-    kind, args = atom
-    a, b = (_render(x, name) for x in args)
-    if kind in _FUNCTIONS:
-        return f"{kind}({a},{b})"
-    return f"({_wrap(args[0], a, False)}{kind}{_wrap(args[1], b, True)})"
-
-
-def _wrap(e: Expr, text: str, right: bool) -> str:
-    """Parentheses where the text would read otherwise: a sum on either side, and on the right of
-    ``//`` or ``%`` anything but one factor or a constant (``a//(b*c)``, not ``a//b*c``)."""
-    if len(e.terms) > 1 or any(c < 0 for c in e.terms.values()):
-        return f"({text})"
-    if right and e.terms and not e.is_const():
-        ((monomial, coefficient),) = e.terms.items()
-        if coefficient != 1 or len(monomial) > 1:
-            return f"({text})"
-    return text
-
-
-def _render(e: Expr, name: Callable[[str], str] = str) -> str:
-    if not e.terms:
-        return "0"
-    ordered = sorted(e.terms.items(), key=lambda item: (-len(item[0]), [_factor_key(f) for f in item[0]]))
-    out = ""
-    for monomial, coefficient in ordered:
-        factors = [name(f) if isinstance(f, str) else _render_atom(f, name) for f in monomial]
-        magnitude = abs(coefficient)
-        if magnitude != 1 or not factors:
-            factors.insert(0, str(magnitude))
-        text = "*".join(factors)
-        if coefficient < 0:
-            out += f"-{text}"
-        else:
-            out += f"+{text}" if out else text
-    return out
 
 
 def parse(text: str) -> Expr:
