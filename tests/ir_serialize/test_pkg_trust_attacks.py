@@ -210,6 +210,35 @@ def test_deeply_nested_signed_header_is_a_typed_error(keys, fed, depth):
     refused(state, sign_raw_payload(build_payload(header, data), tensor_rows(payload), keys), PackageFormatError)
 
 
+# --- control characters in the graph's other string fields (op types, dtypes) -----------------------------
+CONTROLS = [chr(c) for c in range(0x20)] + ["\x7f"]
+STRING_FIELDS = {
+    "op type": lambda d, s: d["graph"]["nodes"][0].update(op=s),
+    "value dtype": lambda d, s: d["graph"]["inputs"][0].update(dtype=s),
+    "tensor dtype": lambda d, s: d["tensors"][0].update(dtype=s),
+}
+
+
+@pytest.mark.parametrize("field", STRING_FIELDS)
+@pytest.mark.parametrize("at", ["first", "inside", "last"])
+def test_every_control_character_is_refused_in_string_fields(field, at):
+    payload = encode_payload(mlp_graph())
+    for control in CONTROLS:
+        text = {"first": control + "Relu", "inside": "Re" + control + "lu", "last": "Relu" + control}[at]
+        with pytest.raises(PackageFormatError, match="contains control characters"):
+            _decode_payload(mutate_header(payload, lambda d, text=text: STRING_FIELDS[field](d, text)))
+
+
+@pytest.mark.parametrize("field", STRING_FIELDS)
+@pytest.mark.parametrize("char", [" ", "~", "\x80", "\u00e9"], ids=["space", "tilde", "c1-first", "e-acute"])
+def test_printable_neighbours_of_the_controls_are_not_refused_as_controls(field, char):
+    payload = encode_payload(mlp_graph())
+    try:
+        _decode_payload(mutate_header(payload, lambda d: STRING_FIELDS[field](d, "Re" + char + "lu")))
+    except PackageFormatError as e:  # refused for what it names (an unknown op or dtype), not as a control
+        assert "control characters" not in str(e)
+
+
 # --- names: controls, bidi, separators and paths refused in every field an agent reads --------------------
 BAD_NAMES = {
     "c1-control": "a\x85b", "bidi-override": "a\u202eb", "bidi-isolate": "a\u2066b", "line-separator": "a\u2028b",
