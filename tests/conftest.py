@@ -51,11 +51,9 @@ LONGEST = {
     "tests/e2e/test_demo_federation.py::test_central_dp_stops_at_its_cap_and_a_resumed_run_counts_epsilon_from_where_it_stopped": 57,
     "tests/ir_serialize/test_pkg_fuzz_structured.py::test_structured_fuzzer_10k_cases_only_typed_errors": 53,
     "tests/e2e/test_install_profiles.py::test_the_device_install_is_lean_and_verifies_builds_evaluates_and_infers": 42,
-    "tests/e2e/test_demo_federation.py::test_sites_planned_at_fp16_and_int8_train_their_packages_and_the_model_learns": 37,
-    "tests/e2e/test_demo_federation.py::test_a_flower_strategy_chosen_in_the_yaml_runs_and_learns[fedadam]": 33,
+    "tests/e2e/test_demo_federation.py::test_fedadam_from_the_yaml_learns_with_sites_planned_at_fp16_and_int8": 37,
     "tests/test_api.py::test_readme_python_api_example_as_written_simulates_one_round": 24,
-    "tests/e2e/test_demo_federation.py::test_site_out_of_budget_drops_out_and_the_run_goes_on": 23,
-    "tests/e2e/test_demo_federation.py::test_a_flower_strategy_chosen_in_the_yaml_runs_and_learns[fedprox]": 23,
+    "tests/e2e/test_demo_federation.py::test_fedprox_from_the_yaml_learns_and_a_site_out_of_budget_drops_out_while_the_run_goes_on": 24,
 }
 
 _LOCKS = Path(tempfile.gettempdir()) / "cuvil-edge-test-ports"

@@ -114,30 +114,6 @@ def test_demo_federation_learns_accounts_privacy_and_resumes(tmp_path):
     assert (home / "keys" / "root.json").read_bytes() == root
 
 
-def test_site_out_of_budget_drops_out_and_the_run_goes_on(tmp_path):
-    configs = tmp_path / "configs"
-    (configs / "sites").mkdir(parents=True)
-    (configs / "federation.yaml").write_text(shipped_federation())
-    for site in (ROOT / "configs" / "sites").glob("*.yaml"):
-        text = site.read_text()
-        if site.stem == "fleet-c":  # enough for one round of training, not two
-            text = text.replace("epsilon_budget: 8.0", "epsilon_budget: 2.3")
-        (configs / "sites" / site.name).write_text(text)
-    proc, run_dir = run_demo(tmp_path, 2, configs / "federation.yaml")
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    rounds = json.loads((run_dir / "metrics.json").read_text())["rounds"]
-    first, second = rounds[1]["sites"], rounds[2]["sites"]
-    assert first["fleet-c"]["status"] == "ok"
-    assert second["fleet-c"]["status"] == "budget exhausted"
-    assert second["fleet-c"]["eps-spent"] <= 2.3
-    assert second["hospital-a"]["status"] == second["factory-b"]["status"] == "ok"
-    assert rounds[1]["dropped_out"] == [] and rounds[2]["dropped_out"] == ["fleet-c"]
-    assert second["fleet-c"]["train-num-examples"] == 0  # its reply carried no update
-    assert "budget exhausted" in proc.stdout
-    assert "fleet-c: privacy budget exhausted; left out of this round's average" in proc.stdout
-    assert rounds[2]["global_accuracy"] > rounds[0]["global_accuracy"]
-
-
 def test_central_dp_stops_at_its_cap_and_a_resumed_run_counts_epsilon_from_where_it_stopped(tmp_path):
     """Flower's client-side fixed clipping + RDP accountant, local DP-SGD off (nm = 1, 3 of 3 sites,
     δ 1e-5: ε 4.73 after one release, 7.08 after two; notes/flower-1.42.md section 4).
@@ -186,60 +162,92 @@ def test_central_dp_stops_at_its_cap_and_a_resumed_run_counts_epsilon_from_where
         assert stats["eps-spent"] == pytest.approx(0.1)  # only the two evaluation releases (0.05 each) spend
 
 
-def test_sites_planned_at_fp16_and_int8_train_their_packages_and_the_model_learns(tmp_path):
-    """Download limits put factory-b at fp16 and fleet-c at int8 (calibrated on public digits the
-    coordinator holds); every site trains the package it was sent and the global model learns."""
+DEMO_STRATEGY = "name: fedavgm                 # fedavg | fedprox | fedadam | fedyogi | fedavgm\n  server_momentum: 0.5"
+
+
+def strategy_federation(tmp_path: Path, strategy: str) -> Path:
+    """A copy of the demo federation (one Ray worker) with ``strategy`` in place of FedAvgM: its
+    folder, whose ``sites`` folder holds copies of the shipped site files."""
+    configs = tmp_path / "configs"
+    (configs / "sites").mkdir(parents=True)
+    text = shipped_federation()
+    assert DEMO_STRATEGY in text
+    (configs / "federation.yaml").write_text(text.replace(DEMO_STRATEGY, strategy, 1))
+    for site in (ROOT / "configs" / "sites").glob("*.yaml"):
+        (configs / "sites" / site.name).write_text(site.read_text())
+    return configs
+
+
+def assert_each_site_paid_its_plan(configs: Path, sites: dict) -> None:
+    """Every site that trained spent no more ε in the round than its site file plans."""
+    for site, stats in sites.items():
+        planned = load_site(configs / "sites" / f"{site}.yaml").privacy.epsilon_per_round
+        assert stats["train-eps-round"] <= planned + 1e-6, site
+
+
+# Each variant is one simulation run (about half a minute of both cores), so a run checks two things
+# that do not interfere: what a strategy from the YAML does, and what a site's file makes it do.
+def test_fedprox_from_the_yaml_learns_and_a_site_out_of_budget_drops_out_while_the_run_goes_on(tmp_path):
+    """FedProx (each site adds the proximal term under DP-SGD) around the per-site packages: two
+    rounds of all three sites learn, and every site pays only its DP-SGD plan (the proximal term is
+    free). fleet-c's budget is enough for two rounds of training, not three (ε 1.87 after one round
+    with its evaluation, 2.50 after two): round 3 leaves it out of the average, says so, and the
+    others go on."""
+    configs = strategy_federation(tmp_path, "name: fedprox\n  proximal_mu: 0.05")
+    fleet = configs / "sites" / "fleet-c.yaml"
+    assert "epsilon_budget: 8.0" in fleet.read_text()
+    fleet.write_text(fleet.read_text().replace("epsilon_budget: 8.0", "epsilon_budget: 2.7"))
+    proc, run_dir = run_demo(tmp_path, 3, configs / "federation.yaml")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rounds = json.loads((run_dir / "metrics.json").read_text())["rounds"]
+    assert [r["round"] for r in rounds] == [0, 1, 2, 3]
+    for entry in rounds[1:3]:
+        assert all(stats["status"] == "ok" for stats in entry["sites"].values()), entry["sites"]
+        assert entry["dropped_out"] == []
+        assert_each_site_paid_its_plan(configs, entry["sites"])
+    accuracy = [r["global_accuracy"] for r in rounds]
+    assert accuracy[2] > accuracy[0] + 0.2, accuracy
+    last = rounds[3]["sites"]
+    assert last["fleet-c"]["status"] == "budget exhausted"
+    assert last["fleet-c"]["eps-spent"] <= 2.7
+    assert last["hospital-a"]["status"] == last["factory-b"]["status"] == "ok"
+    assert rounds[3]["dropped_out"] == ["fleet-c"]
+    assert last["fleet-c"]["train-num-examples"] == 0  # its reply carried no update
+    assert "fleet-c: privacy budget exhausted; left out of this round's average" in proc.stdout
+    assert accuracy[3] > accuracy[0], accuracy
+
+
+def test_fedadam_from_the_yaml_learns_with_sites_planned_at_fp16_and_int8(tmp_path):
+    """FedAdam (server state across rounds) around the per-site packages, with download limits that
+    put factory-b at fp16 and fleet-c at int8 (calibrated on public digits the coordinator holds):
+    every site trains the package it was sent, pays only its DP-SGD plan, and the model learns."""
     import numpy as np
 
-    from cuvil_edge.coordinator.plan import precision_variants
     from cuvil_edge.coordinator.model import load_federation_model
+    from cuvil_edge.coordinator.plan import precision_variants
     from cuvil_edge.datasets import digits
     from cuvil_edge.ir_serialize import encode_payload
 
-    configs = tmp_path / "configs"
-    (configs / "sites").mkdir(parents=True)
+    configs = strategy_federation(tmp_path, "name: fedadam\n  eta: 0.05")
     graph = load_federation_model("builtin:digits-cnn", 0)
     samples = digits.global_test().x[:96]
     np.savez(configs / "calibration.npz", samples)
     sizes = {p: len(encode_payload(g)) for p, g in
              precision_variants(graph, [{graph.inputs[0].name: samples[:32]}]).items()}
     between = {"factory-b": (sizes["fp16"] + sizes["fp32"]) / 2, "fleet-c": (sizes["int8"] + sizes["fp16"]) / 2}
-    (configs / "federation.yaml").write_text(shipped_federation()
-                                             + "quantization:\n  calibration: calibration.npz\n")
-    for site in (ROOT / "configs" / "sites").glob("*.yaml"):
-        text = site.read_text()
-        if site.stem in between:
-            text += f"limits:\n  download_mb: {between[site.stem] / 2**20}\n"
-        (configs / "sites" / site.name).write_text(text)
-    proc, run_dir = run_demo(tmp_path, 2, configs / "federation.yaml")
+    federation = configs / "federation.yaml"
+    federation.write_text(federation.read_text() + "quantization:\n  calibration: calibration.npz\n")
+    for site, limit in between.items():
+        path = configs / "sites" / f"{site}.yaml"
+        path.write_text(path.read_text() + f"limits:\n  download_mb: {limit / 2**20}\n")
+    proc, run_dir = run_demo(tmp_path, 3, federation)  # FedAdam at eta 0.05 with two narrowed sites: slower
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     rounds = json.loads((run_dir / "metrics.json").read_text())["rounds"]
+    assert [r["round"] for r in rounds] == [0, 1, 2, 3]
     last = rounds[-1]["sites"]
     assert {s: last[s]["precision"] for s in last} == {"hospital-a": "fp32", "factory-b": "fp16", "fleet-c": "int8"}
     assert all(stats["status"] == "ok" for stats in last.values()), last
     assert last["fleet-c"]["package-bytes"] < last["factory-b"]["package-bytes"] < last["hospital-a"]["package-bytes"]
-    assert rounds[-1]["global_accuracy"] > rounds[0]["global_accuracy"] + 0.2
-
-
-@pytest.mark.parametrize("strategy", ["name: fedprox\n  proximal_mu: 0.05", "name: fedadam\n  eta: 0.05"],
-                         ids=["fedprox", "fedadam"])
-def test_a_flower_strategy_chosen_in_the_yaml_runs_and_learns(tmp_path, strategy):
-    """FedProx (each site adds the proximal term under DP-SGD) or FedAdam (server state across rounds)
-    around the per-site packages: the demo learns, and every site still pays only its DP-SGD plan."""
-    configs = tmp_path / "configs"
-    (configs / "sites").mkdir(parents=True)
-    text = shipped_federation()
-    demo = "name: fedavgm                 # fedavg | fedprox | fedadam | fedyogi | fedavgm\n  server_momentum: 0.5"
-    assert demo in text
-    (configs / "federation.yaml").write_text(text.replace(demo, strategy, 1))
-    for site in (ROOT / "configs" / "sites").glob("*.yaml"):
-        (configs / "sites" / site.name).write_text(site.read_text())
-    proc, run_dir = run_demo(tmp_path, 2, configs / "federation.yaml")
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    rounds = json.loads((run_dir / "metrics.json").read_text())["rounds"]
-    assert [r["round"] for r in rounds] == [0, 1, 2]
-    assert rounds[2]["global_accuracy"] > rounds[0]["global_accuracy"] + 0.2, [r["global_accuracy"] for r in rounds]
-    for site, stats in rounds[2]["sites"].items():
-        assert stats["status"] == "ok", (site, stats)
-        planned = load_site(configs / "sites" / f"{site}.yaml").privacy.epsilon_per_round
-        assert stats["train-eps-round"] <= planned + 1e-6  # the proximal term is free: ε per the site's plan
+    accuracy = [r["global_accuracy"] for r in rounds]
+    assert accuracy[3] > accuracy[0] + 0.2, accuracy
+    assert_each_site_paid_its_plan(configs, last)
