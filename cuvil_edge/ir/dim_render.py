@@ -21,7 +21,9 @@ def factor_key(factor) -> tuple:
 
 def _render_atom(atom: tuple, name: Callable[[str], str]) -> str:
     kind, args = atom
-    a, b = (render(x, name) for x in args)
+    # str() of an argument is its render with plain names, kept by the Expr once made: without it,
+    # sorting a monomial's factors (``factor_key``) rendered every nested atom again at every level
+    a, b = (str(x) if name is str else render(x, name) for x in args)
     if kind in FUNCTIONS:
         return f"{kind}({a},{b})"
     return f"({_wrap(args[0], a, False)}{kind}{_wrap(args[1], b, True)})"
