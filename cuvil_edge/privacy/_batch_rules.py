@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from cuvil_edge.errors import CuvilError
-from cuvil_edge.ir import ops
+from cuvil_edge.ir import dims as dim_exprs, ops
 from cuvil_edge.ir.ops._contract import BATCH_KINDS
 from cuvil_edge.privacy._batch_view import (
     CONST,
@@ -37,11 +37,10 @@ from cuvil_edge.privacy._batch_view import (
     Row,
     State,
     View,
-    _norm,
-    _product,
     align,
     batched,
     fits,
+    positive_axis,
 )
 
 
@@ -58,7 +57,7 @@ def _broadcast(v: View) -> State:
 
 def _softmax(v: View) -> State:
     a, rank, legacy = v.states[0], v.rank(), v.node.version < 13
-    axis = _norm(v.node.attr("axis", 1 if legacy else -1), rank)
+    axis = positive_axis(v.node.attr("axis", 1 if legacy else -1), rank)
     fix = "export the model with softmax over the class axis (axis=-1 from opset 13, axis=1 before)"
     if legacy and a >= axis:  # type: ignore[operator]  # an axis or state: an int here
         raise v.refuse(
@@ -89,7 +88,7 @@ def _reduce(v: View, since: int) -> State:
             )
     else:
         axes = None
-    axes = [] if axes is None else [_norm(x, rank) for x in np.asarray(axes).reshape(-1)]
+    axes = [] if axes is None else [positive_axis(x, rank) for x in np.asarray(axes).reshape(-1)]
     if not axes:
         if node.version >= since and int(node.attr("noop_with_empty_axes", 0)):
             return a
@@ -104,9 +103,9 @@ def _reshaped(v: View) -> State:
     dim and the same number of elements before it as the input (row-major order then maps each
     sample's elements onto one slice, whatever the other dims become)."""
     a, src, dst = v.states[0], v.types[0].shape, v.outs[0].shape  # type: ignore[union-attr]  # a required input: present
-    before = _product(src[:a])  # type: ignore[index]  # an axis or state: an int here
+    before = dim_exprs.product(src[:a])  # type: ignore[index]  # an axis or state: an int here
     for k, d in enumerate(dst):
-        if d == src[a] and _product(dst[:k]) == before:  # type: ignore[index]  # an axis or state: an int here
+        if d == src[a] and dim_exprs.product(dst[:k]) == before:  # type: ignore[index]  # an axis or state: an int here
             return k
     raise v.refuse(
         f"it turns {v.types[0]} into {v.outs[0]}, so the batch axis {a} ({src[a]!r}) does not survive "  # type: ignore[index]  # an axis or state: an int here
@@ -123,7 +122,7 @@ def _transpose(v: View) -> State:
 def _concat(v: View) -> State:
     rank = v.rank()
     a = align(v, [i for i, s in enumerate(v.states) if batched(s)], rank)
-    axis = _norm(v.node.attr("axis"), rank)
+    axis = positive_axis(v.node.attr("axis"), rank)
     if axis == a:
         raise v.refuse(f"it concatenates along axis {axis}, the batch axis", "concatenate along a per-sample axis")
     for i, s in enumerate(v.states):
@@ -137,7 +136,7 @@ def _concat(v: View) -> State:
 
 def _split(v: View) -> State:
     a = v.states[0]
-    if _norm(v.node.attr("axis", 0), v.rank()) == a:
+    if positive_axis(v.node.attr("axis", 0), v.rank()) == a:
         raise v.refuse(f"it splits {v.types[0]} along axis {a}, the batch axis", "split along a per-sample axis")
     return a
 
@@ -159,7 +158,7 @@ def _slice(v: View) -> State:
             "its axes or steps are computed while running, so it may cut the batch axis",
             "give starts, ends, axes and steps as constants",
         )
-    axes = [_norm(x, rank) for x in axes]
+    axes = [positive_axis(x, rank) for x in axes]
     if a in axes and (int(steps[axes.index(a)]) != 1 or v.outs[0].shape[a] != v.types[0].shape[a]):  # type: ignore[index, union-attr]  # a required input: present; an axis or state: an int here
         raise v.refuse(
             f"it cuts or reorders the batch axis {a} ({v.types[0]} -> {v.outs[0]})", "slice only per-sample axes"
@@ -169,7 +168,7 @@ def _slice(v: View) -> State:
 
 def _gather(v: View) -> State:
     data, indices = v.states[0], v.states[1]
-    axis = _norm(v.node.attr("axis", 0), v.rank())
+    axis = positive_axis(v.node.attr("axis", 0), v.rank())
     if batched(data) and batched(indices):
         raise v.refuse(
             "both its data and its indices carry samples, so each sample's indices pick from every sample's data",
@@ -192,7 +191,7 @@ def _pad(v: View) -> State:
         raise v.refuse(
             "its pads are computed while running, so it may pad the batch axis", "give pads (and axes) as constants"
         )
-    axes = [_norm(x, rank) for x in axes]
+    axes = [positive_axis(x, rank) for x in axes]
     if a in axes and (pads[axes.index(a)] != 0 or pads[axes.index(a) + len(axes)] != 0):
         raise v.refuse(
             f"it pads axis {a}, the batch axis, with rows that are no sample (or copies of others)",
@@ -251,7 +250,7 @@ def _batch_norm(v: View) -> State:
 
 def _layer_norm(v: View) -> State:
     a, rank = v.states[0], v.rank()
-    axis = _norm(v.node.attr("axis", -1), rank)
+    axis = positive_axis(v.node.attr("axis", -1), rank)
     if a >= axis:  # type: ignore[operator]  # an axis or state: an int here
         raise v.refuse(
             f"it normalises over axes {axis}..{rank - 1} of {v.types[0]}, which include the batch axis {a}",
@@ -352,7 +351,7 @@ _RESIZE_SAFE = ("half_pixel", "half_pixel_symmetric", "pytorch_half_pixel", "ali
 
 def _resize(v: View) -> State:
     node, a, src = v.node, v.states[0], v.types[0].shape  # type: ignore[union-attr]  # a required input: present
-    axes = [_norm(x, v.rank()) for x in node.attr("axes", ())] if node.version >= 18 else []
+    axes = [positive_axis(x, v.rank()) for x in node.attr("axes", ())] if node.version >= 18 else []
     axes = axes or list(range(v.rank()))
     if a not in axes:
         return a
@@ -375,7 +374,7 @@ def _resize(v: View) -> State:
 
 def _quantize(v: View) -> State:
     a, scale = v.states[0], v.types[1]
-    if scale.numel() > 1 and scale.rank and _norm(v.node.attr("axis", 1), v.rank()) == a:  # type: ignore[union-attr]  # a required input: present
+    if scale.numel() > 1 and scale.rank and positive_axis(v.node.attr("axis", 1), v.rank()) == a:  # type: ignore[union-attr]  # a required input: present
         raise v.refuse(
             f"its scale {v.node.inputs[1]!r} {scale} has one entry per position along the batch axis",
             "quantize per tensor or per channel",

@@ -12,8 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from cuvil_edge.errors import BatchMixingError
-from cuvil_edge.ir import dims as dim_exprs
-from cuvil_edge.ir.graph import Dim, Node, TensorType
+from cuvil_edge.ir.graph import Node, TensorType
 
 CONST = "constant"
 SIZE = "batch size"
@@ -83,13 +82,9 @@ def batched(state: State) -> bool:
     return isinstance(state, int)
 
 
-def _norm(axis: int, rank: int) -> int:
+def positive_axis(axis: int, rank: int) -> int:
+    """``axis`` counted from the front (an ONNX attribute may count from the back)."""
     return int(axis) + rank if int(axis) < 0 else int(axis)
-
-
-def _product(dims: Sequence[Dim]) -> Dim:
-    """A product of dims, canonical: equal products are equal for every binding."""
-    return dim_exprs.product(dims)
 
 
 def align(v: View, slots: Sequence[int], rank: int) -> int:
