@@ -53,11 +53,11 @@ def exported(request):
     return request.param, model, shape, data
 
 
-def test_interpreter_and_compiled_module_match_torch(exported, tmp_path):
+def test_interpreter_and_compiled_module_match_torch(exported, build_cache):
     name, model, shape, data = exported
     graph = load_model(data)
     assert isinstance(graph.inputs[0].type.shape[0], str), "batch must stay symbolic"
-    compiled = build(_Package(graph, data), "x86-64", cache_dir=tmp_path)
+    compiled = build(_Package(graph, data), "x86-64", cache_dir=build_cache)
     for batch in (1, 4):
         x = torch.randn(batch, *shape, generator=torch.Generator().manual_seed(batch))
         with torch.no_grad():

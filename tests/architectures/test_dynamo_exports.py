@@ -173,7 +173,7 @@ def check_against_onnxruntime(data: bytes, feeds: Feeds, batches: tuple[int, ...
 
 
 @pytest.mark.parametrize("name, exporter", cases())
-def test_export_with_a_symbolic_batch_matches_onnxruntime(name, exporter, tmp_path):
+def test_export_with_a_symbolic_batch_matches_onnxruntime(name, exporter, build_cache):
     data = exported(name, exporter)
     model = onnx.load_from_string(data)
     opset = next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
@@ -181,17 +181,17 @@ def test_export_with_a_symbolic_batch_matches_onnxruntime(name, exporter, tmp_pa
     assert [d.dim_param for d in model.graph.input[0].type.tensor_type.shape.dim[:1]] == ["batch"]
     graph = load_model(data)
     assert graph.inputs[0].type.shape[0] == "batch"
-    check_against_onnxruntime(data, CASES[name].feeds, BATCHES, tmp_path)
+    check_against_onnxruntime(data, CASES[name].feeds, BATCHES, build_cache)
 
 
-def test_dynamo_export_with_static_shapes_matches_onnxruntime(tmp_path):
+def test_dynamo_export_with_static_shapes_matches_onnxruntime(build_cache):
     data = exported("resnet18", "dynamo", dynamic=False)
     graph = load_model(data)
     assert graph.inputs[0].type.shape == (2, 3, 32, 32)
-    check_against_onnxruntime(data, CASES["resnet18"].feeds, (2,), tmp_path)
+    check_against_onnxruntime(data, CASES["resnet18"].feeds, (2,), build_cache)
 
 
-def test_dynamo_exporter_converts_dynamic_axes(tmp_path):
+def test_dynamo_exporter_converts_dynamic_axes(build_cache):
     """Code written for the TorchScript exporter keeps its symbolic batch under torch 2.13's default."""
     torch.manual_seed(0)
     buffer = io.BytesIO()
@@ -200,7 +200,7 @@ def test_dynamo_exporter_converts_dynamic_axes(tmp_path):
         torch.onnx.export(tm.MLP().eval(), (torch.randn(2, 32),), buffer, input_names=["x"], output_names=["y"],
                           dynamic_axes={"x": {0: "batch"}, "y": {0: "batch"}}, verbose=False)
     assert load_model(buffer.getvalue()).inputs[0].type.shape == ("batch", 32)
-    check_against_onnxruntime(buffer.getvalue(), CASES["mlp"].feeds, BATCHES, tmp_path)
+    check_against_onnxruntime(buffer.getvalue(), CASES["mlp"].feeds, BATCHES, build_cache)
 
 
 def readme_example() -> tuple[str, list[str]]:

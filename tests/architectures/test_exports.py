@@ -155,13 +155,14 @@ def test_export_contains_the_ops_of_its_style(name):
 
 
 @pytest.mark.parametrize("name", list(EXPORTS))
-def test_interpreter_and_compiled_module_match_onnxruntime(name, tmp_path):
-    check_against_onnxruntime(name, exported(name), BATCHES, tmp_path)
+def test_interpreter_and_compiled_module_match_onnxruntime(name, build_cache):
+    check_against_onnxruntime(name, exported(name), BATCHES, build_cache)
 
 
 @pytest.mark.parametrize("target", ["rpi4", "jetson-orin-nano", "ascend-310"])
 @pytest.mark.parametrize("name", list(EXPORTS))
-def test_every_targets_pruned_module_matches_onnxruntime(name, target, tmp_path):
+def test_every_targets_pruned_module_matches_onnxruntime(name, target, build_cache):
     """The other targets' variants: rpi4's low-memory kernels, ascend-310's static batch of 4 and
     pure-numpy kernels (batch 3 runs one padded chunk, 5 two chunks), jetson's build at fp32."""
-    check_against_onnxruntime(name, exported(name), (3, 5) if target == "ascend-310" else (1,), tmp_path, target)
+    check_against_onnxruntime(name, exported(name), (3, 5) if target == "ascend-310" else (1,), build_cache,
+                              target)

@@ -170,11 +170,6 @@ def coordinator(tmp_path_factory) -> Coordinator:
     return Coordinator(tmp_path_factory.mktemp("coordinator-home"))
 
 
-@pytest.fixture(scope="module")
-def build_cache(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("site-build-cache")
-
-
 # --- the agent -------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class _Loaded:

@@ -22,7 +22,7 @@ from onnx import TensorProto, helper, numpy_helper
 import shape_patterns as patterns
 import test_site_path as site_path
 from test_exports import _Package
-from test_site_path import build_cache, coordinator  # noqa: F401 (fixtures)
+from test_site_path import coordinator  # noqa: F401 (a fixture)
 from cuvil_edge.device_targets import build, load_target
 from cuvil_edge.errors import BuildError, ExecutionError
 from cuvil_edge.frontend import load_model
@@ -131,9 +131,9 @@ def match_onnxruntime(name: str, data: bytes, feeds_of: Callable, sizes, cache_d
 
 
 @pytest.mark.parametrize("name", list(CASES))
-def test_interpreter_and_compiled_module_match_onnxruntime(name, tmp_path):
+def test_interpreter_and_compiled_module_match_onnxruntime(name, build_cache):
     match_onnxruntime(name, exported(name), lambda batch, size, seed: feeds_for(name, batch, size, seed),
-                      CASES[name].sizes, tmp_path)
+                      CASES[name].sizes, build_cache)
 
 
 def _buffer_sliced_to_the_sequence() -> bytes:
@@ -163,12 +163,12 @@ def test_a_run_that_breaks_a_shape_the_build_took_on_trust_names_the_node():
         interpreter.run(graph, {"x": np.zeros((2, 10, 4), np.float32)})
 
 
-def test_the_compiled_module_computes_no_shape_per_call(tmp_path):
+def test_the_compiled_module_computes_no_shape_per_call(build_cache):
     """Shape arithmetic the build evaluated is not recomputed per call: the module reads the sizes
     of its inputs and writes the shapes as expressions of them."""
     data = exported("vit_class_token")
     optimized, _ = optimize(load_model(data))
-    compiled = build(_Package(optimized, data), "x86-64", cache_dir=tmp_path)
+    compiled = build(_Package(optimized, data), "x86-64", cache_dir=build_cache)
     forward = compiled.source[compiled.source.index("def _forward"):].split("\ndef ")[0]
     assert "d_batch = v0.shape[0]" in forward and "d_height = v0.shape[2]" in forward
     assert "np.array([d_batch, 32, (d_height//8)*(d_width//8)], dtype=np.int64)" in forward

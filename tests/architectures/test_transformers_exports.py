@@ -207,6 +207,6 @@ def test_onnxruntime_runs_the_export_as_torch_runs_the_model(name):
 
 
 @pytest.mark.parametrize("name", list(CASES))
-def test_interpreter_and_compiled_module_match_onnxruntime(name, tmp_path):
+def test_interpreter_and_compiled_module_match_onnxruntime(name, build_cache):
     match_onnxruntime(name, exported(name), lambda batch, size, seed: feeds_for(name, batch, size, seed),
-                      CASES[name].sizes, tmp_path)
+                      CASES[name].sizes, build_cache)

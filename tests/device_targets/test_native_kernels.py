@@ -20,6 +20,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from cuvil_edge import private_dir
 from cuvil_edge.device_targets import build
+from cuvil_edge.device_targets.spec import list_targets
 from cuvil_edge.errors import UnsafePathError
 from cuvil_edge.frontend import load_model
 from cuvil_edge.ir import interpreter
@@ -200,6 +201,29 @@ def test_a_module_built_with_the_capability_runs_without_the_library(tmp_path, m
     monkeypatch.setitem(_native._state, "lib", None)
     np.testing.assert_allclose(compiled.run({"x": x})["y"], interpreter.run(graph, {"x": x})["y"], rtol=1e-6,
                                atol=1e-7)
+
+
+@needs_compiler
+@pytest.mark.parametrize("target", list_targets())
+def test_a_build_writes_the_same_module_with_or_without_the_library(tmp_path, monkeypatch, target):
+    """The library decides which kernel calls run, not what the build writes: a module built where it
+    loaded and one built where it did not are the same entry (key and source). tests/conftest.py's
+    numpy rerun relies on this to run the first run's build again with the library withheld."""
+    rng = np.random.default_rng(6)
+    model = _model([helper.make_node("Conv", ["x", "dw"], ["a"], group=8, pads=[1, 1, 1, 1]),
+                    helper.make_node("Conv", ["a", "pw"], ["b"]),
+                    helper.make_node("Erf", ["b"], ["c"]),
+                    helper.make_node("MaxPool", ["c"], ["d"], kernel_shape=[2, 2], strides=[2, 2]),
+                    helper.make_node("Softmax", ["d"], ["y"], axis=-1)],
+                   [("x", ["batch", 8, 12, 12])],
+                   [("dw", rng.standard_normal((8, 1, 3, 3)).astype(np.float32)),
+                    ("pw", rng.standard_normal((16, 8, 1, 1)).astype(np.float32))])
+    graph, _ = optimize(load_model(model))
+    assert _native.library() is not None
+    loaded = build(_Package(graph), target, cache_dir=tmp_path / "loaded")
+    monkeypatch.setitem(_native._state, "lib", None)
+    withheld = build(_Package(graph), target, cache_dir=tmp_path / "withheld")
+    assert (withheld.key, withheld.source) == (loaded.key, loaded.source)
 
 
 def test_the_environment_switch_turns_the_library_off(monkeypatch):
