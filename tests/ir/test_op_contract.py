@@ -5,6 +5,7 @@ The rows' numerics against onnxruntime are in test_ops_elementwise.py (cases per
 from __future__ import annotations
 
 import ast
+from functools import lru_cache
 
 import numpy as np
 import pytest
@@ -30,11 +31,18 @@ def test_a_kernel_reads_only_numpy_and_its_listed_helpers(op_type):
         assert free_names(function) <= listed, (function.__name__, free_names(function) - listed)
 
 
+@lru_cache(maxsize=None)
+def pasted_functions() -> dict[str, str]:
+    """``ast.dump`` of every function a compiled module pastes, by name (parsed once: the text is
+    that of every op's kernels, the same for each op's test)."""
+    pasted = "\n\n".join(text for _, text in codegen.template_functions())  # shared kernels are pasted once
+    return {f.name: ast.dump(f) for f in ast.parse(pasted).body if isinstance(f, ast.FunctionDef)}
+
+
 @pytest.mark.parametrize("op_type", CONTRACT_OPS)
 def test_compiled_modules_run_the_kernel_functions_own_source(op_type):
     op = ops.registry()[op_type]
-    pasted = "\n\n".join(text for _, text in codegen.template_functions())  # shared kernels are pasted once
-    functions = {f.name: ast.dump(f) for f in ast.parse(pasted).body if isinstance(f, ast.FunctionDef)}
+    functions = pasted_functions()
     for function in (*op.helpers, op.fn):
         assert functions[function.__name__] == ast.dump(ast.parse(source_of(function)).body[0])
 
