@@ -42,8 +42,11 @@ case "$command" in
   # parallel workers (pytest-xdist; tests/conftest.py keeps them apart): more workers than cores,
   # since the end-to-end tests mostly wait on Flower's polling; CUVIL_EDGE_TEST_WORKERS=0 runs
   # serially. loadgroup hands out one test (or one xdist_group) at a time, in collection order,
-  # which tests/conftest.py starts with the longest tests.
-  test) setup; exec "$VENV/bin/python" -m pytest -n "${CUVIL_EDGE_TEST_WORKERS:-3}" --dist loadgroup \
+  # which tests/conftest.py starts with the longest tests. Bytecode is written even where the
+  # environment says not to (PYTHONDONTWRITEBYTECODE): the suite starts some hundred Python processes
+  # (workers, agents, Flower's), and each would otherwise compile cuvil_edge, and pytest rewrite
+  # every test module, again (git ignores __pycache__; the wheel and Flower App builds leave it out).
+  test) setup; unset PYTHONDONTWRITEBYTECODE; exec "$VENV/bin/python" -m pytest -n "${CUVIL_EDGE_TEST_WORKERS:-3}" --dist loadgroup \
           --no-loadscope-reorder "$@" ;;
   setup) setup ;;
   *) echo "usage: ./run.sh demo|test|setup [options]" >&2; exit 64 ;;
