@@ -10,7 +10,8 @@ where the library is missing, only slower.
 The shared object is cached per (source, compiler, flags, machine) under
 ``$CUVIL_EDGE_NATIVE_CACHE`` (default ``~/.cache/cuvil-edge/native``), written to a temporary
 name and renamed, so concurrent first uses and a crash mid-compile never leave a half-written
-library that a later process would load. A cold compile takes ~0.5 s once per machine.
+library that a later process would load. A cold compile takes a few seconds of one core (3.7 CPU-s
+for the five C files at -O3 on a 2.6 GHz EPYC), once per machine.
 
 A library in the cache is code this process will run, so the cache is private
 (:mod:`cuvil_edge.private_dir`): the folder is created 0700, and it or an entry that is a link,
