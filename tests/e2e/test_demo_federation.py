@@ -41,21 +41,33 @@ def shipped_federation() -> str:
     return text.replace("  ray_cpus: 2\n", "  ray_cpus: 1\n")
 
 
-def central_dp_federation(tmp_path: Path, max_epsilon: float | None = None) -> tuple[Path, str]:
-    """A copy of the demo federation with central DP on and local DP-SGD off: (its file, its text)."""
+DEMO_STRATEGY = "name: fedavgm                 # fedavg | fedprox | fedadam | fedyogi | fedavgm\n  server_momentum: 0.5"
+
+
+def strategy_federation(tmp_path: Path, strategy: str) -> Path:
+    """A copy of the demo federation (one Ray worker) with ``strategy`` in place of FedAvgM: its
+    folder, whose ``sites`` folder holds copies of the shipped site files."""
     configs = tmp_path / "configs"
-    (configs / "sites").mkdir(parents=True, exist_ok=True)
+    (configs / "sites").mkdir(parents=True)
     text = shipped_federation()
-    text = text.replace("local_dp: true", "local_dp: false").replace("  enabled: false", "  enabled: true")
-    text = text.replace("  name: fedavgm", "  name: fedavg").replace("  server_momentum: 0.5\n", "")
-    assert "  name: fedavg " in text  # central DP's accountant covers FedAvg's noised mean only
+    assert DEMO_STRATEGY in text
+    (configs / "federation.yaml").write_text(text.replace(DEMO_STRATEGY, strategy, 1))
+    for site in (ROOT / "configs" / "sites").glob("*.yaml"):
+        (configs / "sites" / site.name).write_text(site.read_text())
+    return configs
+
+
+def central_dp_federation(tmp_path: Path, max_epsilon: float | None = None) -> tuple[Path, str]:
+    """A copy of the demo federation with central DP on and local DP-SGD off, under FedAvg (central
+    DP's accountant covers FedAvg's noised mean only): (its file, its text)."""
+    federation = strategy_federation(tmp_path, "name: fedavg") / "federation.yaml"
+    text = federation.read_text().replace("local_dp: true", "local_dp: false")
+    text = text.replace("  enabled: false", "  enabled: true")
     if max_epsilon is not None:
         text = text.replace("  # max_epsilon: 10.0", f"  max_epsilon: {max_epsilon}")
         assert f"  max_epsilon: {max_epsilon}" in text
-    (configs / "federation.yaml").write_text(text)
-    for site in (ROOT / "configs" / "sites").glob("*.yaml"):
-        (configs / "sites" / site.name).write_text(site.read_text())
-    return configs / "federation.yaml", text
+    federation.write_text(text)
+    return federation, text
 
 
 def test_demo_federation_learns_accounts_privacy_and_resumes(tmp_path):
@@ -160,22 +172,6 @@ def test_central_dp_stops_at_its_cap_and_a_resumed_run_counts_epsilon_from_where
         assert stats["train-num-examples"] == 1  # equal weights, as the accountant requires
         assert stats["train-eps-round"] == float("inf")  # local DP-SGD off: no record-level guarantee
         assert stats["eps-spent"] == pytest.approx(0.1)  # only the two evaluation releases (0.05 each) spend
-
-
-DEMO_STRATEGY = "name: fedavgm                 # fedavg | fedprox | fedadam | fedyogi | fedavgm\n  server_momentum: 0.5"
-
-
-def strategy_federation(tmp_path: Path, strategy: str) -> Path:
-    """A copy of the demo federation (one Ray worker) with ``strategy`` in place of FedAvgM: its
-    folder, whose ``sites`` folder holds copies of the shipped site files."""
-    configs = tmp_path / "configs"
-    (configs / "sites").mkdir(parents=True)
-    text = shipped_federation()
-    assert DEMO_STRATEGY in text
-    (configs / "federation.yaml").write_text(text.replace(DEMO_STRATEGY, strategy, 1))
-    for site in (ROOT / "configs" / "sites").glob("*.yaml"):
-        (configs / "sites" / site.name).write_text(site.read_text())
-    return configs
 
 
 def assert_each_site_paid_its_plan(configs: Path, sites: dict) -> None:
